@@ -1,0 +1,1 @@
+"""The node agent: collectors, sampler, exporter, daemon."""

@@ -1,0 +1,172 @@
+"""Typed snapshots: what one sampling cycle saw.
+
+Collectors return these; the exporter only formats them; the reporter serializes them.
+Units are in the field names; ``None`` means the value is not available on this node
+(not supported, file absent) and the series is left out, never exported as NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sn_monitor.model import Event
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkSample:
+    """One NVLink of one GPU."""
+
+    link: int
+    up: bool | None = None
+    crc_errors_total: int | None = None
+    replay_errors_total: int | None = None
+    recovery_errors_total: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU as NVML saw it in one cycle. A lost GPU keeps its identity, ``lost=True``."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    serial: str | None = None
+    vbios_version: str | None = None
+    lost: bool = False
+    utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    memory_bandwidth_utilization_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    temperature_celsius: float | None = None
+    memory_temperature_celsius: float | None = None
+    slowdown_temperature_celsius: float | None = None
+    shutdown_temperature_celsius: float | None = None
+    gpu_max_temperature_celsius: float | None = None
+    memory_max_temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    power_default_limit_watts: float | None = None
+    power_min_limit_watts: float | None = None
+    power_max_limit_watts: float | None = None
+    energy_joules_total: float | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    sm_max_clock_hertz: float | None = None
+    memory_max_clock_hertz: float | None = None
+    throttle_reasons: tuple[tuple[str, bool], ...] | None = None
+    ecc_corrected_errors_total: int | None = None
+    ecc_uncorrected_errors_total: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    row_remap_pending: bool | None = None
+    row_remap_failed: bool | None = None
+    pcie_receive_bytes_per_second: float | None = None
+    pcie_transmit_bytes_per_second: float | None = None
+    pcie_replays_total: int | None = None
+    pcie_link_generation: int | None = None
+    pcie_link_generation_max: int | None = None
+    pcie_link_width: int | None = None
+    pcie_link_width_max: int | None = None
+    nvlinks: tuple[NvLinkSample, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NetDeviceSample:
+    """One network interface from /proc/net/dev and /sys/class/net/<device>."""
+
+    device: str
+    receive_bytes_total: int
+    receive_packets_total: int
+    receive_errors_total: int
+    receive_drops_total: int
+    transmit_bytes_total: int
+    transmit_packets_total: int
+    transmit_errors_total: int
+    transmit_drops_total: int
+    carrier_up: bool | None = None
+    carrier_changes_total: int | None = None
+    speed_bytes_per_second: int | None = None
+    mtu_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IbPortSample:
+    """One port of one InfiniBand / RoCE device from /sys/class/infiniband.
+
+    ``counters`` holds cumulative counters under their metric stems (``received_bytes``,
+    ``symbol_errors``, ``link_downed``, ``out_of_sequence`` ...), data already in bytes:
+    the exporter turns a stem into ``sn_infiniband_port_<stem>_total``.
+    """
+
+    device: str
+    port: int
+    state: int | None = None
+    phys_state: int | None = None
+    rate_bytes_per_second: float | None = None
+    link_layer: str | None = None
+    counters: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBandwidthSample:
+    """Bytes moved to and from memory by one resctrl monitoring domain (L3 cache id)."""
+
+    domain: str
+    bytes_total: int
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    """Host CPU and memory from /proc, memory bandwidth from resctrl where mounted."""
+
+    cpu_seconds_total: tuple[tuple[str, float], ...] = ()
+    memory_total_bytes: int | None = None
+    memory_available_bytes: int | None = None
+    load1: float | None = None
+    memory_bandwidth: tuple[MemoryBandwidthSample, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Collected:
+    """What one collector contributes to a cycle; the sampler merges them."""
+
+    gpus: tuple[GpuSample, ...] = ()
+    net: tuple[NetDeviceSample, ...] = ()
+    infiniband: tuple[IbPortSample, ...] = ()
+    host: HostSample | None = None
+    events: tuple[Event, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorStatus:
+    """How one collector fared in one cycle."""
+
+    name: str
+    success: bool
+    duration_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class XidCount:
+    """How many times one XID code was seen on one GPU since the agent started."""
+
+    gpu: int | None
+    xid: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """Everything one cycle saw on one node."""
+
+    node: str
+    timestamp_seconds: float
+    gpus: tuple[GpuSample, ...] = ()
+    net: tuple[NetDeviceSample, ...] = ()
+    infiniband: tuple[IbPortSample, ...] = ()
+    host: HostSample | None = None
+    events: tuple[Event, ...] = ()
+    xid_counts: tuple[XidCount, ...] = ()
+    collectors: tuple[CollectorStatus, ...] = field(default=())

@@ -1,0 +1,275 @@
+"""The one config loader: YAML -> validated, typed settings.
+
+Every error names the file, the key path and the line, so that an operator can fix a
+bad file without reading a traceback. Settings are plain dataclasses (grouped, with safe
+defaults); :func:`bind` fills one from a YAML mapping and rejects unknown keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+import yaml
+
+T = TypeVar("T")
+KeyPath = tuple[str | int, ...]
+
+
+class ConfigError(Exception):
+    """A bad config file: which file, which key, which line, and what is wrong."""
+
+    def __init__(self, file: str, key: str, line: int | None, message: str) -> None:
+        self.file = file
+        self.key = key
+        self.line = line
+        self.message = message
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line is not None else self.file
+        key = f" {self.key}:" if self.key else ""
+        return f"{where}:{key} {self.message}"
+
+
+class Duration(float):
+    """Seconds, written in YAML as ``1s``, ``500ms``, ``5m``, ``1h30m`` or a plain number."""
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: object) -> float:
+    """Parse a duration; raise ValueError with a readable message."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as 1s or 500ms, got {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"a duration cannot be negative, got {value}")
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        parts = _DURATION_PART.findall(text)
+        if parts and "".join(n + u for n, u in parts) == text:
+            return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+    raise ValueError(f"expected a duration such as 1s or 500ms, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Document:
+    """A parsed YAML file with the line of every key path."""
+
+    path: str
+    data: Any
+    lines: dict[KeyPath, int]
+
+    def line(self, key: KeyPath) -> int | None:
+        """The line of ``key``, or of its nearest ancestor that has one."""
+        for cut in range(len(key), -1, -1):
+            found = self.lines.get(key[:cut])
+            if found is not None:
+                return found
+        return None
+
+    def error(self, key: KeyPath, message: str) -> ConfigError:
+        """A ConfigError pointing at ``key`` in this document."""
+        return ConfigError(self.path, format_key(key), self.line(key), message)
+
+
+def format_key(key: KeyPath) -> str:
+    """``("collectors", "net", "exclude")`` -> ``collectors.net.exclude``; ints as ``[i]``."""
+    out = ""
+    for part in key:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def parse_yaml(text: str, path: str) -> Document:
+    """Parse YAML text into a Document; syntax errors become ConfigError with a line."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = err.problem or err.context or "invalid YAML"
+        raise ConfigError(path, "", line, f"invalid YAML: {problem}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(path, "", None, f"invalid YAML: {err}") from None
+    lines: dict[KeyPath, int] = {}
+    data = _to_python(node, (), lines, path)
+    return Document(path=path, data=data, lines=lines)
+
+
+def load_yaml(path: str | Path) -> Document:
+    """Read and parse a YAML file; a missing or unreadable file is a ConfigError."""
+    name = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(name, "", None, "no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(name, "", None, f"cannot read: {err}") from None
+    return parse_yaml(text, name)
+
+
+def _to_python(node: yaml.Node | None, key: KeyPath, lines: dict[KeyPath, int], path: str) -> Any:
+    if node is None:
+        return None
+    lines.setdefault(key, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for knode, vnode in node.value:
+            name = yaml.SafeLoader(  # construct scalars exactly as safe_load would
+                ""
+            ).construct_object(knode)
+            if not isinstance(name, str | int):
+                raise ConfigError(path, format_key(key), knode.start_mark.line + 1,
+                                  f"keys must be strings, got {name!r}")
+            if name in out:
+                raise ConfigError(path, format_key((*key, name)), knode.start_mark.line + 1,
+                                  "duplicate key")
+            lines[(*key, name)] = knode.start_mark.line + 1
+            out[name] = _to_python(vnode, (*key, name), lines, path)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_to_python(item, (*key, i), lines, path) for i, item in enumerate(node.value)]
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node)
+    except yaml.constructor.ConstructorError as err:
+        raise ConfigError(path, format_key(key), node.start_mark.line + 1, str(err.problem)) from None
+
+
+Check = Callable[[Any], None]
+
+
+def setting(*, key: str | None = None, check: Check | None = None, **kwargs: Any) -> Any:
+    """A dataclass field with a YAML name (``key``, e.g. ``for``) and a validator.
+
+    ``check(value)`` raises ValueError to reject a value; the message reaches the user
+    with the file, key path and line.
+    """
+    metadata: dict[str, Any] = {}
+    if key is not None:
+        metadata["key"] = key
+    if check is not None:
+        metadata["check"] = check
+    return dataclasses.field(metadata=metadata, **kwargs)
+
+
+def bind(cls: type[T], doc: Document, data: Any = dataclasses.MISSING, key: KeyPath = ()) -> T:
+    """Build settings dataclass ``cls`` from ``data`` (default: the whole document)."""
+    value = doc.data if data is dataclasses.MISSING else data
+    if value is None:
+        value = {}
+    return typing.cast(T, _convert(cls, value, doc, key))
+
+
+def _convert(tp: Any, value: Any, doc: Document, key: KeyPath) -> Any:
+    origin = get_origin(tp)
+    if origin is Union or origin is types.UnionType:
+        options = get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        real = [o for o in options if o is not type(None)]
+        if len(real) == 1:
+            return _convert(real[0], value, doc, key)
+        errors = []
+        for option in real:
+            try:
+                return _convert(option, value, doc, key)
+            except ConfigError as err:
+                errors.append(err.message)
+        raise doc.error(key, " or ".join(errors))
+    if origin is Literal:
+        allowed = get_args(tp)
+        if value not in allowed:
+            raise doc.error(key, f"must be one of {', '.join(map(str, allowed))}; got {value!r}")
+        return value
+    if origin is list:
+        (item,) = get_args(tp)
+        if not isinstance(value, list):
+            raise doc.error(key, f"expected a list, got {_kind(value)}")
+        return [_convert(item, v, doc, (*key, i)) for i, v in enumerate(value)]
+    if origin is dict:
+        ktype, vtype = get_args(tp)
+        if not isinstance(value, dict):
+            raise doc.error(key, f"expected a mapping, got {_kind(value)}")
+        return {
+            _convert(ktype, k, doc, (*key, k)): _convert(vtype, v, doc, (*key, k))
+            for k, v in value.items()
+        }
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return _convert_dataclass(tp, value, doc, key)
+    if tp is Duration:
+        try:
+            return Duration(parse_duration(value))
+        except ValueError as err:
+            raise doc.error(key, str(err)) from None
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise doc.error(key, f"expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise doc.error(key, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise doc.error(key, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise doc.error(key, f"expected a string, got {value!r}")
+        return value
+    if tp is Any:
+        return value
+    raise TypeError(f"settings type {tp!r} is not supported by the loader")
+
+
+def _convert_dataclass(cls: type, value: Any, doc: Document, key: KeyPath) -> Any:
+    if not isinstance(value, dict):
+        raise doc.error(key, f"expected a mapping, got {_kind(value)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.metadata.get("key", f.name): f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in value if k not in fields]
+    if unknown:
+        name = unknown[0]
+        known = ", ".join(sorted(fields))
+        raise doc.error((*key, name), f"unknown key (known keys: {known})")
+    kwargs: dict[str, Any] = {}
+    for yaml_name, field in fields.items():
+        if yaml_name not in value:
+            if (field.default is dataclasses.MISSING
+                    and field.default_factory is dataclasses.MISSING):
+                raise doc.error(key, f"missing required key '{yaml_name}'")
+            continue
+        converted = _convert(hints[field.name], value[yaml_name], doc, (*key, yaml_name))
+        validator = field.metadata.get("check")
+        if validator is not None:
+            try:
+                validator(converted)
+            except ValueError as err:
+                raise doc.error((*key, yaml_name), str(err)) from None
+        kwargs[field.name] = converted
+    try:
+        return cls(**kwargs)
+    except ValueError as err:
+        raise doc.error(key, str(err)) from None
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
