@@ -144,7 +144,8 @@ def _to_python(node: yaml.Node | None, key: KeyPath, lines: dict[KeyPath, int], 
     try:
         return loader.construct_object(node)
     except yaml.constructor.ConstructorError as err:
-        raise ConfigError(path, format_key(key), node.start_mark.line + 1, str(err.problem)) from None
+        line = node.start_mark.line + 1
+        raise ConfigError(path, format_key(key), line, str(err.problem)) from None
 
 
 Check = Callable[[Any], None]

@@ -33,6 +33,7 @@ class GpuSample:
     pci_bus_id: str
     serial: str | None = None
     vbios_version: str | None = None
+    driver_version: str | None = None
     lost: bool = False
     utilization_ratio: float | None = None
     memory_utilization_ratio: float | None = None
@@ -169,4 +170,5 @@ class NodeSnapshot:
     host: HostSample | None = None
     events: tuple[Event, ...] = ()
     xid_counts: tuple[XidCount, ...] = ()
+    event_counts: tuple[tuple[str, int], ...] = ()
     collectors: tuple[CollectorStatus, ...] = field(default=())

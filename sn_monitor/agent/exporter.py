@@ -1,0 +1,333 @@
+"""Exposition: formats the latest :class:`NodeSnapshot` into Prometheus metric families.
+
+A custom collector in the style of client_python's ``process_collector``: nothing is
+registered globally, nothing is set in a loop, and a series missing from the snapshot
+(``None``) is simply not yielded, so stale label sets never linger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sn_monitor import __version__
+from sn_monitor.agent.snapshot import GpuSample, IbPortSample, NetDeviceSample, NodeSnapshot
+
+SnapshotSource = Callable[[], NodeSnapshot | None]
+
+GPU_LABELS = ["gpu", "uuid"]
+
+# (metric suffix, GpuSample attribute, help); gauges unless the name ends in _total.
+_GPU_VALUES: Sequence[tuple[str, str, str]] = (
+    ("utilization_ratio", "utilization_ratio", "Fraction of time one or more SMs were busy."),
+    ("memory_utilization_ratio", "memory_utilization_ratio",
+     "Fraction of time device memory was being read or written (NVML utilization.memory)."),
+    ("memory_bandwidth_utilization_ratio", "memory_bandwidth_utilization_ratio",
+     "DRAM bandwidth used against the theoretical maximum (GPM on Hopper+, else NVML)."),
+    ("memory_used_bytes", "memory_used_bytes", "Framebuffer memory in use."),
+    ("memory_total_bytes", "memory_total_bytes", "Framebuffer memory installed."),
+    ("temperature_celsius", "temperature_celsius", "GPU core temperature."),
+    ("memory_temperature_celsius", "memory_temperature_celsius", "HBM temperature."),
+    ("slowdown_temperature_celsius", "slowdown_temperature_celsius",
+     "Temperature at which the GPU slows its clocks (NVML threshold)."),
+    ("shutdown_temperature_celsius", "shutdown_temperature_celsius",
+     "Temperature at which the GPU shuts down (NVML threshold)."),
+    ("max_operating_temperature_celsius", "gpu_max_temperature_celsius",
+     "Highest GPU temperature for normal operation (NVML GPU_MAX threshold)."),
+    ("memory_max_operating_temperature_celsius", "memory_max_temperature_celsius",
+     "Highest HBM temperature for normal operation (NVML MEM_MAX threshold)."),
+    ("power_watts", "power_watts", "Power draw."),
+    ("power_limit_watts", "power_limit_watts", "Enforced power limit."),
+    ("power_default_limit_watts", "power_default_limit_watts", "Default power limit."),
+    ("power_min_limit_watts", "power_min_limit_watts", "Lowest power limit that can be set."),
+    ("power_max_limit_watts", "power_max_limit_watts", "Highest power limit that can be set."),
+    ("energy_joules_total", "energy_joules_total", "Energy consumed since the driver loaded."),
+    ("ecc_corrected_errors_total", "ecc_corrected_errors_total",
+     "Corrected ECC errors since the driver loaded (volatile)."),
+    ("ecc_uncorrected_errors_total", "ecc_uncorrected_errors_total",
+     "Uncorrected ECC errors since the driver loaded (volatile)."),
+    ("remapped_rows_correctable", "remapped_rows_correctable",
+     "HBM rows remapped because of correctable errors."),
+    ("remapped_rows_uncorrectable", "remapped_rows_uncorrectable",
+     "HBM rows remapped because of uncorrectable errors."),
+    ("row_remap_pending", "row_remap_pending", "1 when a row remap waits for a GPU reset."),
+    ("row_remap_failed", "row_remap_failed", "1 when a row remap has failed."),
+    ("pcie_receive_bytes_per_second", "pcie_receive_bytes_per_second",
+     "PCIe receive throughput over NVML's last 20 ms window."),
+    ("pcie_transmit_bytes_per_second", "pcie_transmit_bytes_per_second",
+     "PCIe transmit throughput over NVML's last 20 ms window."),
+    ("pcie_replays_total", "pcie_replays_total", "PCIe replays (link-level retransmissions)."),
+    ("pcie_link_generation", "pcie_link_generation", "Current PCIe link generation."),
+    ("pcie_link_generation_max", "pcie_link_generation_max",
+     "Highest PCIe generation the GPU and system support."),
+    ("pcie_link_width", "pcie_link_width", "Current PCIe link width (lanes)."),
+    ("pcie_link_width_max", "pcie_link_width_max", "Highest PCIe link width (lanes)."),
+)
+
+_NVLINK_VALUES: Sequence[tuple[str, str, str]] = (
+    ("nvlink_crc_errors_total", "crc_errors_total", "NVLink CRC errors (flit and data)."),
+    ("nvlink_replay_errors_total", "replay_errors_total", "NVLink replays."),
+    ("nvlink_recovery_errors_total", "recovery_errors_total", "NVLink recoveries."),
+)
+
+_NET_COUNTERS: Sequence[tuple[str, str, str]] = (
+    ("receive_bytes_total", "receive_bytes_total", "Bytes received."),
+    ("receive_packets_total", "receive_packets_total", "Packets received."),
+    ("receive_errors_total", "receive_errors_total", "Receive errors."),
+    ("receive_drops_total", "receive_drops_total", "Received packets dropped."),
+    ("transmit_bytes_total", "transmit_bytes_total", "Bytes transmitted."),
+    ("transmit_packets_total", "transmit_packets_total", "Packets transmitted."),
+    ("transmit_errors_total", "transmit_errors_total", "Transmit errors."),
+    ("transmit_drops_total", "transmit_drops_total", "Transmitted packets dropped."),
+    ("carrier_changes_total", "carrier_changes_total", "Link carrier up/down transitions."),
+)
+
+_IB_HELP = {
+    "received_bytes": "Data bytes received (the kernel counts 4-byte words).",
+    "transmitted_bytes": "Data bytes transmitted (the kernel counts 4-byte words).",
+    "symbol_errors": "Minor link errors detected on one or more physical lanes.",
+    "link_downed": "Times the link error recovery process failed and the link went down.",
+    "link_error_recovery": "Times the link error recovery process completed.",
+}
+
+
+def _value(v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return 1.0 if v else 0.0
+    return float(v)
+
+
+def _family(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily | CounterMetricFamily:
+    if name.endswith("_total"):
+        return CounterMetricFamily(name[: -len("_total")], doc, labels=labels)
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+class SnapshotCollector(Collector):
+    """Yields the metric families of the latest snapshot; register it in a fresh registry."""
+
+    def __init__(self, source: SnapshotSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("sn_agent_info", "The agent's version.", labels=["version"])
+        info.add_metric([__version__], 1.0)
+        yield info
+        snapshot = self._source()
+        if snapshot is None:
+            return
+        yield GaugeMetricFamily(
+            "sn_agent_last_sample_timestamp_seconds",
+            "When the latest sample was taken (the agent samples on its own clock).",
+            value=snapshot.timestamp_seconds,
+        )
+        yield from self._collectors(snapshot)
+        yield from self._gpus(snapshot.gpus)
+        yield from self._xids(snapshot)
+        yield from self._net(snapshot.net)
+        yield from self._infiniband(snapshot.infiniband)
+        yield from self._host(snapshot)
+
+    @staticmethod
+    def _collectors(snapshot: NodeSnapshot) -> Iterator[Metric]:
+        ok = GaugeMetricFamily("sn_agent_collector_success",
+                               "1 when the collector's last run succeeded.",
+                               labels=["collector"])
+        took = GaugeMetricFamily("sn_agent_collector_duration_seconds",
+                                 "How long the collector's last run took.", labels=["collector"])
+        for status in snapshot.collectors:
+            ok.add_metric([status.name], 1.0 if status.success else 0.0)
+            took.add_metric([status.name], status.duration_seconds)
+        yield ok
+        yield took
+
+    @staticmethod
+    def _gpus(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
+        if not gpus:
+            return
+        info = GaugeMetricFamily(
+            "sn_gpu_info", "Identity of each GPU.",
+            labels=["gpu", "uuid", "name", "pci_bus_id", "driver_version", "serial",
+                    "vbios_version"],
+        )
+        lost = GaugeMetricFamily("sn_gpu_lost",
+                                 "1 when NVML reports the GPU lost or fallen off the bus.",
+                                 labels=GPU_LABELS)
+        for g in gpus:
+            info.add_metric([str(g.index), g.uuid, g.name, g.pci_bus_id, g.driver_version or "",
+                             g.serial or "", g.vbios_version or ""], 1.0)
+            lost.add_metric([str(g.index), g.uuid], 1.0 if g.lost else 0.0)
+        yield info
+        yield lost
+        for suffix, attr, doc in _GPU_VALUES:
+            family = _family(f"sn_gpu_{suffix}", doc, GPU_LABELS)
+            for g in gpus:
+                value = _value(getattr(g, attr))
+                if value is not None:
+                    family.add_metric([str(g.index), g.uuid], value)
+            if family.samples:
+                yield family
+        yield from _gpu_clocks(gpus)
+        yield from _gpu_throttle(gpus)
+        yield from _gpu_nvlinks(gpus)
+
+    @staticmethod
+    def _xids(snapshot: NodeSnapshot) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "sn_gpu_xid_errors", "XID errors by code, from NVML events and the kernel log.",
+            labels=["gpu", "uuid", "xid"],
+        )
+        uuids = {g.index: g.uuid for g in snapshot.gpus}
+        for count in snapshot.xid_counts:
+            gpu = "" if count.gpu is None else str(count.gpu)
+            uuid = uuids.get(count.gpu, "") if count.gpu is not None else ""
+            family.add_metric([gpu, uuid, str(count.xid)], float(count.count))
+        yield family
+        events = CounterMetricFamily(
+            "sn_agent_events", "Fault events seen since the agent started, by kind.",
+            labels=["kind"],
+        )
+        for kind, n in snapshot.event_counts:
+            events.add_metric([kind], float(n))
+        yield events
+
+    @staticmethod
+    def _net(devices: Sequence[NetDeviceSample]) -> Iterator[Metric]:
+        if not devices:
+            return
+        for suffix, attr, doc in _NET_COUNTERS:
+            family = _family(f"sn_network_{suffix}", doc, ["device"])
+            for d in devices:
+                value = _value(getattr(d, attr))
+                if value is not None:
+                    family.add_metric([d.device], value)
+            if family.samples:
+                yield family
+        for suffix, attr, doc in (
+            ("carrier_up", "carrier_up", "1 when the interface has a carrier."),
+            ("speed_bytes_per_second", "speed_bytes_per_second", "Negotiated link speed."),
+            ("mtu_bytes", "mtu_bytes", "Maximum transmission unit."),
+        ):
+            family = _family(f"sn_network_{suffix}", doc, ["device"])
+            for d in devices:
+                value = _value(getattr(d, attr))
+                if value is not None:
+                    family.add_metric([d.device], value)
+            if family.samples:
+                yield family
+
+    @staticmethod
+    def _infiniband(ports: Sequence[IbPortSample]) -> Iterator[Metric]:
+        if not ports:
+            return
+        labels = ["device", "port"]
+        info = GaugeMetricFamily("sn_infiniband_port_info", "Link layer of each port.",
+                                 labels=[*labels, "link_layer"])
+        for p in ports:
+            info.add_metric([p.device, str(p.port), p.link_layer or ""], 1.0)
+        yield info
+        for suffix, attr, doc in (
+            ("state", "state", "Logical port state (1 down, 2 init, 3 armed, 4 active)."),
+            ("phys_state", "phys_state", "Physical port state (5 link up, 3 disabled, 2 polling)."),
+            ("rate_bytes_per_second", "rate_bytes_per_second", "Negotiated port data rate."),
+        ):
+            gauge = GaugeMetricFamily(f"sn_infiniband_port_{suffix}", doc, labels=labels)
+            for p in ports:
+                value = _value(getattr(p, attr))
+                if value is not None:
+                    gauge.add_metric([p.device, str(p.port)], value)
+            if gauge.samples:
+                yield gauge
+        counters: dict[str, CounterMetricFamily] = {}
+        for p in ports:
+            for stem, value in p.counters:
+                family = counters.get(stem)
+                if family is None:
+                    doc = _IB_HELP.get(stem, f"InfiniBand port counter {stem}.")
+                    family = CounterMetricFamily(f"sn_infiniband_port_{stem}", doc, labels=labels)
+                    counters[stem] = family
+                family.add_metric([p.device, str(p.port)], float(value))
+        yield from (counters[stem] for stem in sorted(counters))
+
+    @staticmethod
+    def _host(snapshot: NodeSnapshot) -> Iterator[Metric]:
+        host = snapshot.host
+        if host is None:
+            return
+        if host.cpu_seconds_total:
+            cpu = CounterMetricFamily("sn_host_cpu_seconds", "CPU time spent in each mode.",
+                                      labels=["mode"])
+            for mode, seconds in host.cpu_seconds_total:
+                cpu.add_metric([mode], seconds)
+            yield cpu
+        for name, value, doc in (
+            ("sn_host_memory_total_bytes", host.memory_total_bytes, "Installed host memory."),
+            ("sn_host_memory_available_bytes", host.memory_available_bytes,
+             "Host memory available for new work."),
+            ("sn_host_load1", host.load1, "One-minute load average."),
+        ):
+            if value is not None:
+                yield GaugeMetricFamily(name, doc, value=float(value))
+        if host.memory_bandwidth:
+            bw = CounterMetricFamily(
+                "sn_host_memory_bandwidth_bytes",
+                "Bytes moved to and from memory per resctrl domain (MBM; does not see DMA).",
+                labels=["domain"],
+            )
+            for sample in host.memory_bandwidth:
+                bw.add_metric([sample.domain], float(sample.bytes_total))
+            yield bw
+
+
+def _gpu_clocks(gpus: Iterable[GpuSample]) -> Iterator[Metric]:
+    current = GaugeMetricFamily("sn_gpu_clock_hertz", "Current clock frequency.",
+                                labels=[*GPU_LABELS, "clock"])
+    highest = GaugeMetricFamily("sn_gpu_max_clock_hertz", "Highest clock frequency.",
+                                labels=[*GPU_LABELS, "clock"])
+    for g in gpus:
+        for family, clock, value in (
+            (current, "sm", g.sm_clock_hertz),
+            (current, "memory", g.memory_clock_hertz),
+            (highest, "sm", g.sm_max_clock_hertz),
+            (highest, "memory", g.memory_max_clock_hertz),
+        ):
+            if value is not None:
+                family.add_metric([str(g.index), g.uuid, clock], value)
+    yield from (f for f in (current, highest) if f.samples)
+
+
+def _gpu_throttle(gpus: Iterable[GpuSample]) -> Iterator[Metric]:
+    family = GaugeMetricFamily(
+        "sn_gpu_throttle_active", "1 while the clock event (throttle) reason is active.",
+        labels=[*GPU_LABELS, "reason"],
+    )
+    for g in gpus:
+        for reason, active in g.throttle_reasons or ():
+            family.add_metric([str(g.index), g.uuid, reason], 1.0 if active else 0.0)
+    if family.samples:
+        yield family
+
+
+def _gpu_nvlinks(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
+    labels = [*GPU_LABELS, "link"]
+    up = GaugeMetricFamily("sn_gpu_nvlink_up", "1 when the NVLink is active.", labels=labels)
+    for g in gpus:
+        for link in g.nvlinks:
+            if link.up is not None:
+                up.add_metric([str(g.index), g.uuid, str(link.link)], 1.0 if link.up else 0.0)
+    if up.samples:
+        yield up
+    for suffix, attr, doc in _NVLINK_VALUES:
+        family = _family(f"sn_gpu_{suffix}", doc, labels)
+        for g in gpus:
+            for link in g.nvlinks:
+                value = _value(getattr(link, attr))
+                if value is not None:
+                    family.add_metric([str(g.index), g.uuid, str(link.link)], value)
+        if family.samples:
+            yield family

@@ -1,0 +1,138 @@
+"""The agent's settings: grouped dataclasses with safe defaults, read by the one loader."""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from sn_monitor.config import Document, Duration, bind, load_yaml, setting
+
+
+def _regex(value: str | None) -> None:
+    if value is None:
+        return
+    try:
+        re.compile(value)
+    except re.error as err:
+        raise ValueError(f"invalid regular expression {value!r}: {err}") from None
+
+
+def _listen_address(value: str) -> None:
+    _, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT with a port 1-65535, got {value!r}")
+
+
+def _positive(value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"must be greater than 0, got {value}")
+
+
+def _temperature(value: float) -> None:
+    if not 20 <= value <= 120:
+        raise ValueError(f"must be a GPU temperature between 20 and 120 °C, got {value}")
+
+
+def _fraction(value: float) -> None:
+    if not 0 < value <= 1:
+        raise ValueError(f"must be a fraction in (0, 1], got {value}")
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """Where the agent reports (used once the controller exists)."""
+
+    url: str | None = None
+    token_file: str | None = None
+    timeout: Duration = Duration(2.0)
+
+
+@dataclass(frozen=True)
+class PathSettings:
+    """Roots of the kernel's file systems: tests and the simulator point them elsewhere."""
+
+    procfs: str = "/proc"
+    sysfs: str = "/sys"
+    kmsg: str = "/dev/kmsg"
+
+
+@dataclass(frozen=True)
+class CollectorSwitch:
+    """A collector with no options of its own."""
+
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class NetCollectorSettings:
+    """The net collector: which interfaces to read."""
+
+    enabled: bool = True
+    include: str | None = setting(default=None, check=_regex)
+    exclude: str | None = setting(default=r"^(lo|docker.*|veth.*)$", check=_regex)
+
+
+@dataclass(frozen=True)
+class CollectorSettings:
+    """Every collector by name; each can be switched off."""
+
+    nvml: CollectorSwitch = field(default_factory=CollectorSwitch)
+    net: NetCollectorSettings = field(default_factory=NetCollectorSettings)
+    infiniband: CollectorSwitch = field(default_factory=CollectorSwitch)
+    host: CollectorSwitch = field(default_factory=CollectorSwitch)
+    kmsg: CollectorSwitch = field(default_factory=CollectorSwitch)
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    """The agent's own thermal protection (acts without the controller)."""
+
+    mode: Literal["enforce", "dry-run", "off"] = "enforce"
+    throttle_at: float = setting(default=85.0, check=_temperature)
+    release_at: float = setting(default=80.0, check=_temperature)
+    hold: Duration = setting(default=Duration(5.0), key="for")
+    power_cap: float = setting(default=0.7, check=_fraction)
+
+    def __post_init__(self) -> None:
+        if self.release_at >= self.throttle_at:
+            raise ValueError(
+                f"release_at ({self.release_at}) must be below throttle_at ({self.throttle_at})"
+            )
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Everything ``sn-monitor agent`` reads from deploy/agent.yaml."""
+
+    node: str = field(default_factory=socket.gethostname)
+    labels: dict[str, str] = field(default_factory=dict)
+    interval: Duration = setting(default=Duration(1.0), check=_positive)
+    listen: str = setting(default="0.0.0.0:9847", check=_listen_address)
+    controller: ControllerSettings = field(default_factory=ControllerSettings)
+    paths: PathSettings = field(default_factory=PathSettings)
+    collectors: CollectorSettings = field(default_factory=CollectorSettings)
+    guard: GuardSettings = field(default_factory=GuardSettings)
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+def agent_settings_from(doc: Document) -> AgentSettings:
+    """Validate a parsed agent config file."""
+    return bind(AgentSettings, doc)
+
+
+def load_agent_settings(path: str | Path | None) -> AgentSettings:
+    """Read the agent config file, or the defaults when there is none."""
+    if path is None:
+        return AgentSettings()
+    return agent_settings_from(load_yaml(path))
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``0.0.0.0:9847`` -> (``0.0.0.0``, 9847); ``[::1]:9847`` -> (``::1``, 9847)."""
+    host, _, port = value.rpartition(":")
+    return host.strip("[]"), int(port)
+

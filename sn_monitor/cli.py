@@ -1,0 +1,135 @@
+"""The one entry point: ``sn-monitor agent|demo|check-config|version``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from sn_monitor import __version__
+from sn_monitor.agent.settings import AgentSettings, agent_settings_from, load_agent_settings
+from sn_monitor.config import ConfigError, load_yaml
+from sn_monitor.logs import configure_logging
+
+log = logging.getLogger("sn_monitor")
+
+EXIT_CONFIG = 2
+
+
+def _listen(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return value
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of DESIGN.md (subcommands grow with the product)."""
+    parser = argparse.ArgumentParser(prog="sn-monitor", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    agent = sub.add_parser("agent", help="run the node agent",
+                           description="Sample this node's GPUs, network and kernel log; "
+                                       "serve /metrics and /healthz.")
+    agent.add_argument("--config", type=Path, help="agent config file (deploy/agent.yaml)")
+    agent.add_argument("--simulate", type=_positive_int, metavar="GPUS",
+                       help="run on a simulated node with this many GPUs (no GPU needed)")
+    agent.add_argument("--listen", type=_listen, metavar="HOST:PORT",
+                       help="address for /metrics and /healthz (default 0.0.0.0:9847)")
+    agent.add_argument("--node", help="node name (default: config, then the hostname)")
+    agent.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    _log_options(agent)
+
+    demo = sub.add_parser("demo", help="watch a simulated node overheat and recover",
+                          description="Run a simulated 8-GPU node's agent with a live view "
+                                      "of its GPUs and a fault timeline; serves /metrics.")
+    demo.add_argument("--gpus", type=_positive_int, default=8)
+    demo.add_argument("--listen", type=_listen, default="127.0.0.1:9847", metavar="HOST:PORT")
+    demo.add_argument("--speed", type=float, default=10.0,
+                      help="simulated seconds per real second (default 10)")
+    demo.add_argument("--duration", type=float, default=None, metavar="S",
+                      help="stop after S real seconds (default: run until Ctrl-C)")
+    demo.add_argument("--headless", action="store_true",
+                      help="print a status line per second instead of the live table")
+    _log_options(demo, default_level="warning")
+
+    check = sub.add_parser("check-config", help="validate config files; exit 2 on any error")
+    check.add_argument("files", nargs="+", type=Path)
+
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def _log_options(parser: argparse.ArgumentParser, default_level: str = "info") -> None:
+    parser.add_argument("--log-format", choices=["text", "json"], default=None,
+                        help="one line per event as text (default) or JSON for journald")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                        default=None)
+    parser.set_defaults(default_log_level=default_level)
+
+
+def check_config(files: Sequence[Path]) -> int:
+    """Validate each file; print every error as ``file:line: key: message``."""
+    failed = False
+    for path in files:
+        try:
+            agent_settings_from(load_yaml(path))
+        except ConfigError as err:
+            print(err, file=sys.stderr)
+            failed = True
+        else:
+            print(f"{path}: ok")
+    return EXIT_CONFIG if failed else 0
+
+
+def _agent_settings(args: argparse.Namespace) -> AgentSettings:
+    settings = load_agent_settings(args.config)
+    if args.listen:
+        settings = replace(settings, listen=args.listen)
+    if args.node:
+        settings = replace(settings, node=args.node)
+    return settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a subcommand; return the exit status."""
+    args = build_parser().parse_args(argv)
+    if args.command == "version":
+        print(f"sn-monitor {__version__}")
+        return 0
+    if args.command == "check-config":
+        return check_config(args.files)
+    try:
+        settings = _agent_settings(args) if args.command == "agent" else AgentSettings()
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return EXIT_CONFIG
+    default_level = settings.log_level if args.command == "agent" else args.default_log_level
+    configure_logging(args.log_format or settings.log_format, args.log_level or default_level)
+    if args.command == "agent":
+        from sn_monitor.agent.run import run_agent
+
+        return run_agent(settings, simulate=args.simulate, duration=args.duration)
+    if args.command == "demo":
+        from sn_monitor.sim.demo import run_demo
+
+        return run_demo(gpus=args.gpus, listen=args.listen, speed=args.speed,
+                        duration=args.duration, headless=args.headless)
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

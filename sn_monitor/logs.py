@@ -1,0 +1,56 @@
+"""One log line per event, with node/gpu/collector context; JSON for journald shippers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Literal
+
+LogFormat = Literal["text", "json"]
+
+#: Context keys that callers pass through ``extra=`` and that every line carries.
+CONTEXT_KEYS = ("node", "gpu", "collector", "rule", "device", "port", "xid")
+
+
+class TextFormatter(logging.Formatter):
+    """``2026-11-30T12:00:00Z WARNING sn_monitor.agent: message node=a gpu=3``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = self.formatTime(record, "%Y-%m-%dT%H:%M:%S")
+        context = " ".join(
+            f"{key}={getattr(record, key)}" for key in CONTEXT_KEYS if hasattr(record, key)
+        )
+        line = f"{when} {record.levelname} {record.name}: {record.getMessage()}"
+        if context:
+            line += " " + context
+        if record.exc_info:
+            line += " | " + self.formatException(record.exc_info).replace("\n", " | ")
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, object] = {
+            "time": record.created,
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key in CONTEXT_KEYS:
+            if hasattr(record, key):
+                doc[key] = getattr(record, key)
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def configure_logging(fmt: LogFormat = "text", level: str = "INFO") -> None:
+    """Send sn_monitor's logs to stderr in the chosen format."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

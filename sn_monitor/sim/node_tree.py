@@ -1,0 +1,475 @@
+"""A simulated node's /proc and /sys: files shaped like a real 8x H100 node's.
+
+The agent's net, infiniband and host collectors read it exactly as they read the real
+tree (point ``procfs`` at :attr:`SimulatedNodeTree.procfs` and ``sysfs`` at
+:attr:`SimulatedNodeTree.sysfs`). :meth:`SimulatedNodeTree.advance` moves the counters
+as traffic would; the fault hooks take ports down, flap them and add errors.
+
+Every file is replaced atomically (written in ``<root>/.staging`` and moved into place
+with :func:`os.replace`), so a collector reading concurrently sees the old contents or
+the new ones, never half a file; and only files whose contents changed are rewritten.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import random
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Counter file names as the mlx5 driver creates them, copied from the real tree in
+# tests/fixtures/h100-node/sys/class/infiniband/mlx5_0/ports/1/.
+IB_COUNTER_FILES = (
+    "VL15_dropped",
+    "excessive_buffer_overrun_errors",
+    "link_downed",
+    "link_error_recovery",
+    "local_link_integrity_errors",
+    "multicast_rcv_packets",
+    "multicast_xmit_packets",
+    "port_rcv_constraint_errors",
+    "port_rcv_data",
+    "port_rcv_errors",
+    "port_rcv_packets",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_constraint_errors",
+    "port_xmit_data",
+    "port_xmit_discards",
+    "port_xmit_packets",
+    "port_xmit_wait",
+    "symbol_error",
+    "unicast_rcv_packets",
+    "unicast_xmit_packets",
+)
+IB_HW_COUNTER_FILES = (
+    "duplicate_request",
+    "implied_nak_seq_err",
+    "lifespan",
+    "local_ack_timeout_err",
+    "out_of_buffer",
+    "out_of_sequence",
+    "packet_seq_err",
+    "req_cqe_error",
+    "req_cqe_flush_error",
+    "req_remote_access_errors",
+    "req_remote_invalid_request",
+    "resp_cqe_error",
+    "resp_cqe_flush_error",
+    "resp_local_length_error",
+    "resp_remote_access_errors",
+    "rnr_nak_retry_err",
+    "roce_adp_retrans",
+    "roce_adp_retrans_to",
+    "roce_slow_restart",
+    "roce_slow_restart_cnps",
+    "roce_slow_restart_trans",
+    "rx_atomic_requests",
+    "rx_dct_connect",
+    "rx_icrc_encapsulated",
+    "rx_read_requests",
+    "rx_write_requests",
+)
+# RoCE congestion control counters, present on Ethernet (RoCE) ports.
+ROCE_HW_COUNTER_FILES = (
+    "np_cnp_sent",
+    "np_ecn_marked_roce_packets",
+    "rp_cnp_handled",
+    "rp_cnp_ignored",
+)
+
+DEFAULT_NETDEVS = ("lo", "eno1", "ens1f0np0", "ens1f1np1")
+DEFAULT_IB_DEVICES = tuple(f"mlx5_{i}" for i in range(8))
+
+_STATE_ACTIVE = "4: ACTIVE"
+_STATE_DOWN = "1: DOWN"
+_PHYS_LINK_UP = "5: LinkUp"
+_PHYS_POLLING = "2: Polling"
+_IB_MTU_BYTES = 4096
+_MEM_TOTAL_KB = 2_113_389_000  # 2 TiB class host
+_L3_DOMAINS = ("L3_00", "L3_01")  # two sockets
+_USER_HZ = 100
+_NETDEV_HEADER = (
+    "Inter-|   Receive                                                |  Transmit\n"
+    " face |bytes    packets errs drop fifo frame compressed multicast"
+    "|bytes    packets errs drop fifo colls carrier compressed\n"
+)
+
+
+@dataclass
+class _IbPort:
+    device: str
+    ethernet: bool
+    counters: dict[str, int]
+    up: bool = True
+    dirty: set[str] = field(default_factory=set)
+
+    def bump(self, name: str, delta: int) -> None:
+        if delta > 0:
+            self.counters[name] += delta
+            self.dirty.add(name)
+
+
+@dataclass
+class _NetDev:
+    name: str
+    speed_mbit: int | None
+    mtu: int
+    share: float  # fraction of line rate used at full load
+    idle_bytes_per_second: float
+    operstate_up: str
+    carrier_up: bool = True
+    carrier_changes: int = 0
+    counters: list[int] = field(default_factory=lambda: [0] * 16)
+
+
+class SimulatedNodeTree:
+    """Writes and advances ``<root>/proc`` and ``<root>/sys`` of one simulated node.
+
+    ``netdevs`` and ``ib_devices`` name the interfaces and RDMA devices (defaults: four
+    interfaces, ``mlx5_0``..``mlx5_7`` at 400 Gb/s NDR; a device with ``bond`` in its
+    name is a 200 Gb/s RoCE port). ``seed`` makes the starting values and the jitter of
+    :meth:`advance` reproducible. Safe to call from several threads.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        netdevs: Sequence[str] | None = None,
+        ib_devices: Sequence[str] | None = None,
+        seed: int = 0,
+        cpus: int = 224,
+    ) -> None:
+        self.root = Path(root)
+        self.procfs = self.root / "proc"
+        self.sysfs = self.root / "sys"
+        self._staging = self.root / ".staging"
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._written: dict[Path, str] = {}
+        self._tmp_names = itertools.count()
+        self._cpus = cpus
+        self._cpu_ticks = [0.0] * 8  # user nice system idle iowait irq softirq steal
+        self._load1 = 0.0
+        self._load5 = 0.0
+        self._load15 = 0.0
+        self._mem_available_kb = int(_MEM_TOTAL_KB * 0.95)
+        self._mbm = {domain: self._rng.randrange(10**12, 10**13) for domain in _L3_DOMAINS}
+        self._netdevs = {
+            name: self._new_netdev(name) for name in (netdevs or DEFAULT_NETDEVS)
+        }
+        self._ports = {
+            device: self._new_port(device) for device in (ib_devices or DEFAULT_IB_DEVICES)
+        }
+        self._staging.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            self._write_static()
+            for port in self._ports.values():
+                port.dirty.update(port.counters)
+                self._write_port(port)
+            self._write_dynamic()
+
+    # ----- public API -----
+
+    @property
+    def ib_devices(self) -> tuple[str, ...]:
+        return tuple(self._ports)
+
+    @property
+    def netdevs(self) -> tuple[str, ...]:
+        return tuple(self._netdevs)
+
+    def ib_counter(self, device: str, name: str) -> int:
+        """The current value of a counter file (``counters/`` or ``hw_counters/`` name)."""
+        with self._lock:
+            return self._port(device).counters[name]
+
+    def advance(self, dt_seconds: float, load: float) -> None:
+        """Move every counter forward by ``dt_seconds`` of traffic at ``load`` (0..1).
+
+        IB data counters advance in 4-byte words, as the hardware counts them. A port or
+        interface that is down moves nothing.
+        """
+        if dt_seconds < 0:
+            raise ValueError("time does not go backwards")
+        load = min(max(load, 0.0), 1.0)
+        with self._lock:
+            for port in self._ports.values():
+                self._advance_port(port, dt_seconds, load)
+                self._write_port(port)
+            for dev in self._netdevs.values():
+                self._advance_netdev(dev, dt_seconds, load)
+            self._advance_host(dt_seconds, load)
+            self._write_dynamic()
+
+    def set_ib_port_down(self, device: str) -> None:
+        """The link of ``device`` port 1 goes down (``link_downed`` counts it)."""
+        with self._lock:
+            port = self._port(device)
+            if port.up:
+                port.up = False
+                port.bump("link_downed", 1)
+            self._write_port(port)
+
+    def set_ib_port_up(self, device: str) -> None:
+        """The link of ``device`` port 1 trains up again."""
+        with self._lock:
+            port = self._port(device)
+            port.up = True
+            self._write_port(port)
+
+    def flap_ib_port(self, device: str) -> None:
+        """The link goes down and up again within one sample interval.
+
+        ``link_downed`` goes up by one; the state files pass through DOWN and read ACTIVE
+        again when this returns, so only the counter shows what happened.
+        """
+        with self._lock:
+            port = self._port(device)
+            port.up = False
+            port.bump("link_downed", 1)
+            self._write_port(port)
+            port.up = True
+            self._write_port(port)
+
+    def add_ib_symbol_errors(self, device: str, n: int) -> None:
+        """``n`` more physical-layer symbol errors on ``device`` port 1."""
+        if n < 0:
+            raise ValueError("a counter does not go backwards")
+        with self._lock:
+            port = self._port(device)
+            port.bump("symbol_error", n)
+            self._write_port(port)
+
+    def flap_carrier(self, netdev: str) -> None:
+        """The interface loses carrier and gets it back: ``carrier_changes`` += 2."""
+        with self._lock:
+            dev = self._netdev(netdev)
+            dev.carrier_changes += 2
+            self._write_netdev(dev)
+
+    def set_carrier(self, netdev: str, up: bool) -> None:
+        """The interface loses (or regains) carrier and stays so."""
+        with self._lock:
+            dev = self._netdev(netdev)
+            if dev.carrier_up != up:
+                dev.carrier_up = up
+                dev.carrier_changes += 1
+            self._write_netdev(dev)
+
+    # ----- construction -----
+
+    def _new_port(self, device: str) -> _IbPort:
+        ethernet = "bond" in device
+        names = IB_COUNTER_FILES + IB_HW_COUNTER_FILES
+        if ethernet:
+            names += ROCE_HW_COUNTER_FILES
+        counters = dict.fromkeys(names, 0)
+        # A node that has been up a while: tens to hundreds of TiB moved.
+        rcv_words = self._rng.randrange(10**13, 3 * 10**14)
+        xmit_words = int(rcv_words * self._rng.uniform(0.97, 1.03))
+        counters["port_rcv_data"] = rcv_words
+        counters["port_xmit_data"] = xmit_words
+        for direction, words in (("rcv", rcv_words), ("xmit", xmit_words)):
+            packets = words * 4 // _IB_MTU_BYTES
+            counters[f"port_{direction}_packets"] = packets
+            counters[f"unicast_{direction}_packets"] = packets
+        counters["port_xmit_wait"] = self._rng.randrange(10**9, 5 * 10**9)
+        counters["rx_write_requests"] = rcv_words * 4 // 65536
+        counters["rx_read_requests"] = rcv_words * 4 // (65536 * 400)
+        counters["rx_dct_connect"] = self._rng.randrange(10**5, 10**6)
+        counters["lifespan"] = 12
+        return _IbPort(device=device, ethernet=ethernet, counters=counters)
+
+    def _new_netdev(self, name: str) -> _NetDev:
+        if name == "lo":
+            dev = _NetDev(name, None, 65536, 0.0, 20_000.0, "unknown")
+        elif name.startswith("eno"):
+            dev = _NetDev(name, 1000, 1500, 0.05, 5_000.0, "up")
+        else:
+            dev = _NetDev(name, 200_000, 9000, 0.2, 50_000.0, "up")
+        dev.carrier_changes = 2 if dev.speed_mbit is not None else 0
+        start = self._rng.randrange(10**9, 10**12) if dev.speed_mbit else 0
+        dev.counters[0] = start
+        dev.counters[1] = start // max(dev.mtu, 1500)
+        dev.counters[8] = int(start * self._rng.uniform(0.9, 1.1))
+        dev.counters[9] = dev.counters[8] // max(dev.mtu, 1500)
+        return dev
+
+    def _port(self, device: str) -> _IbPort:
+        try:
+            return self._ports[device]
+        except KeyError:
+            raise KeyError(f"no simulated InfiniBand device {device!r}") from None
+
+    def _netdev(self, name: str) -> _NetDev:
+        try:
+            return self._netdevs[name]
+        except KeyError:
+            raise KeyError(f"no simulated network interface {name!r}") from None
+
+    # ----- advancing -----
+
+    def _jitter(self) -> float:
+        return self._rng.uniform(0.9, 1.1)
+
+    def _advance_port(self, port: _IbPort, dt: float, load: float) -> None:
+        if not port.up:
+            return
+        rate = 25e9 if port.ethernet else 50e9  # bytes/s: 200 / 400 Gb/s
+        utilization = 0.001 + 0.85 * load
+        for direction in ("rcv", "xmit"):
+            nbytes = rate * utilization * dt * self._jitter()
+            port.bump(f"port_{direction}_data", int(nbytes / 4))
+            packets = int(nbytes / _IB_MTU_BYTES)
+            port.bump(f"port_{direction}_packets", packets)
+            port.bump(f"unicast_{direction}_packets", packets)
+            if direction == "rcv":
+                port.bump("rx_write_requests", int(nbytes / 65536))
+                port.bump("rx_read_requests", int(nbytes / (65536 * 400)))
+        # Congestion grows faster than load: the send queue waits, RoCE marks ECN.
+        congestion = load * load * dt * self._jitter()
+        port.bump("port_xmit_wait", int(congestion * 2e6))
+        if port.ethernet:
+            marked = int(congestion * 5e3)
+            port.bump("np_ecn_marked_roce_packets", marked)
+            port.bump("np_cnp_sent", marked)
+            port.bump("rp_cnp_handled", marked)
+
+    def _advance_netdev(self, dev: _NetDev, dt: float, load: float) -> None:
+        if not dev.carrier_up:
+            return
+        line_rate = dev.speed_mbit * 125_000 if dev.speed_mbit else 0
+        packet = dev.mtu if dev.mtu < 65536 else 16384
+        for offset in (0, 8):
+            nbytes = int((dev.idle_bytes_per_second + line_rate * dev.share * load) * dt)
+            nbytes = int(nbytes * self._jitter())
+            dev.counters[offset] += nbytes
+            dev.counters[offset + 1] += -(-nbytes // packet)  # at least one per burst
+
+    def _advance_host(self, dt: float, load: float) -> None:
+        total = dt * _USER_HZ * self._cpus
+        busy = min(0.02 + 0.9 * load, 1.0)
+        shares = (0.85, 0.001, 0.12, 0.0, 0.0, 0.0, 0.029, 0.0)
+        for mode, share in enumerate(shares):
+            self._cpu_ticks[mode] += total * busy * share
+        self._cpu_ticks[3] += total * (1 - busy) * 0.995  # idle
+        self._cpu_ticks[4] += total * (1 - busy) * 0.005  # iowait
+        running = busy * self._cpus
+        for attr, period in (("_load1", 60.0), ("_load5", 300.0), ("_load15", 900.0)):
+            decay = math.exp(-dt / period)
+            setattr(self, attr, getattr(self, attr) * decay + running * (1 - decay))
+        target_kb = _MEM_TOTAL_KB * (0.95 - 0.35 * load)
+        decay = math.exp(-dt / 30.0)
+        self._mem_available_kb = int(self._mem_available_kb * decay + target_kb * (1 - decay))
+        for domain in self._mbm:
+            self._mbm[domain] += int((5e9 + 150e9 * load) * dt * self._jitter())
+
+    # ----- writing -----
+
+    def _write(self, path: Path, text: str) -> None:
+        """Replace ``path`` atomically with ``text``, unless it already holds it."""
+        if self._written.get(path) == text:
+            return
+        tmp = self._staging / f"{next(self._tmp_names)}.tmp"
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(text)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, path)
+        self._written[path] = text
+
+    def _remove(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+        self._written.pop(path, None)
+
+    def _write_static(self) -> None:
+        for port in self._ports.values():
+            dev_dir = self.sysfs / "class" / "infiniband" / port.device
+            hca, fw = ("MT41692", "32.38.3056") if port.ethernet else ("MT4129", "28.41.1000")
+            self._write(dev_dir / "hca_type", f"{hca}\n")
+            self._write(dev_dir / "fw_ver", f"{fw}\n")
+            self._write(dev_dir / "board_id", "MT_0000000838\n")
+            port_dir = dev_dir / "ports" / "1"
+            rate = "200 Gb/sec (2X NDR)" if port.ethernet else "400 Gb/sec (4X NDR)"
+            self._write(port_dir / "rate", f"{rate}\n")
+            layer = "Ethernet" if port.ethernet else "InfiniBand"
+            self._write(port_dir / "link_layer", f"{layer}\n")
+        for dev in self._netdevs.values():
+            self._write_netdev(dev)
+            self._write(self.sysfs / "class" / "net" / dev.name / "mtu", f"{dev.mtu}\n")
+        meminfo_static = self.procfs / "meminfo"
+        meminfo_static.parent.mkdir(parents=True, exist_ok=True)
+
+    def _write_port(self, port: _IbPort) -> None:
+        port_dir = self.sysfs / "class" / "infiniband" / port.device / "ports" / "1"
+        self._write(port_dir / "state", f"{_STATE_ACTIVE if port.up else _STATE_DOWN}\n")
+        self._write(port_dir / "phys_state", f"{_PHYS_LINK_UP if port.up else _PHYS_POLLING}\n")
+        hw = set(IB_HW_COUNTER_FILES + ROCE_HW_COUNTER_FILES)
+        for name in port.dirty:
+            sub = "hw_counters" if name in hw else "counters"
+            self._write(port_dir / sub / name, f"{port.counters[name]}\n")
+        port.dirty.clear()
+
+    def _write_netdev(self, dev: _NetDev) -> None:
+        base = self.sysfs / "class" / "net" / dev.name
+        self._write(base / "carrier", f"{1 if dev.carrier_up else 0}\n")
+        self._write(base / "carrier_changes", f"{dev.carrier_changes}\n")
+        operstate = dev.operstate_up if dev.carrier_up else "down"
+        self._write(base / "operstate", f"{operstate}\n")
+        if dev.speed_mbit is None:
+            self._remove(base / "speed")  # virtual: reading speed fails with EINVAL
+        else:
+            self._write(base / "speed", f"{dev.speed_mbit if dev.carrier_up else -1}\n")
+
+    def _write_dynamic(self) -> None:
+        self._write(self.procfs / "net" / "dev", _netdev_text(self._netdevs.values()))
+        self._write(self.procfs / "stat", self._stat_text())
+        mem_free_kb = int(self._mem_available_kb * 0.75)
+        self._write(
+            self.procfs / "meminfo",
+            f"MemTotal:       {_MEM_TOTAL_KB} kB\n"
+            f"MemFree:        {mem_free_kb} kB\n"
+            f"MemAvailable:   {self._mem_available_kb} kB\n"
+            f"Buffers:        {12_345_678} kB\n"
+            f"Cached:         {self._mem_available_kb - mem_free_kb} kB\n"
+            "SwapTotal:              0 kB\n"
+            "SwapFree:               0 kB\n"
+            "HugePages_Total:       0\n"
+            "Hugepagesize:       2048 kB\n",
+        )
+        running = max(1, round(self._load1))
+        self._write(
+            self.procfs / "loadavg",
+            f"{self._load1:.2f} {self._load5:.2f} {self._load15:.2f} {running}/3456 98765\n",
+        )
+        mon_data = self.sysfs / "fs" / "resctrl" / "mon_data"
+        for domain, value in self._mbm.items():
+            self._write(mon_data / f"mon_{domain}" / "mbm_total_bytes", f"{value}\n")
+
+    def _stat_text(self) -> str:
+        ticks = [int(t) for t in self._cpu_ticks]
+        per_cpu = [t // self._cpus for t in ticks]
+        first = [t - p * (self._cpus - 1) for t, p in zip(ticks, per_cpu, strict=True)]
+        lines = ["cpu  " + " ".join(map(str, ticks)) + " 0 0"]
+        lines.append("cpu0 " + " ".join(map(str, first)) + " 0 0")
+        rest = " ".join(map(str, per_cpu)) + " 0 0"
+        lines.extend(f"cpu{i} {rest}" for i in range(1, self._cpus))
+        lines.append("btime 1732900000")
+        lines.append(f"procs_running {max(1, round(self._load1))}")
+        lines.append("procs_blocked 0")
+        return "\n".join(lines) + "\n"
+
+
+def _netdev_text(devs: Iterable[_NetDev]) -> str:
+    rows = [
+        f"{dev.name:>6}:{dev.counters[0]:8d} "
+        + " ".join(f"{v:7d}" if i == 0 else f"{v:4d}" for i, v in enumerate(dev.counters[1:8]))
+        + f" {dev.counters[8]:8d} "
+        + " ".join(f"{v:7d}" if i == 0 else f"{v:4d}" for i, v in enumerate(dev.counters[9:]))
+        for dev in devs
+    ]
+    return _NETDEV_HEADER + "\n".join(rows) + "\n"

@@ -1,0 +1,24 @@
+"""Shared test settings: where the fixture trees are, and which outside tools exist."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+@pytest.fixture
+def fixtures() -> Path:
+    return FIXTURES
+
+
+def require_tool(name: str) -> str:
+    """The path of a Debian tool the test needs; in CI it is installed by .ci/run."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: run .ci/run (apt-get install prometheus)")
+    return path

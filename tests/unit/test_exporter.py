@@ -1,0 +1,126 @@
+"""Exposition: snapshots in, metric families out; promtool's lint over the result."""
+
+from __future__ import annotations
+
+import subprocess
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sn_monitor.agent.exporter import SnapshotCollector
+from sn_monitor.agent.snapshot import (
+    CollectorStatus,
+    GpuSample,
+    HostSample,
+    IbPortSample,
+    MemoryBandwidthSample,
+    NetDeviceSample,
+    NodeSnapshot,
+    NvLinkSample,
+    XidCount,
+)
+from tests.conftest import require_tool
+
+FULL_GPU = GpuSample(
+    index=0, uuid="GPU-0", name="NVIDIA H100 80GB HBM3", pci_bus_id="00000000:18:00.0",
+    serial="1650", vbios_version="96.00", driver_version="550.90.07",
+    utilization_ratio=0.9, memory_utilization_ratio=0.5, memory_bandwidth_utilization_ratio=0.4,
+    memory_used_bytes=10, memory_total_bytes=20, temperature_celsius=70.0,
+    memory_temperature_celsius=75.0, slowdown_temperature_celsius=89.0,
+    shutdown_temperature_celsius=92.0, power_watts=650.5, power_limit_watts=700.0,
+    energy_joules_total=12345.6, sm_clock_hertz=1.98e9, memory_clock_hertz=2.619e9,
+    throttle_reasons=(("sw_power_cap", True), ("hw_thermal_slowdown", False)),
+    ecc_corrected_errors_total=3, ecc_uncorrected_errors_total=0,
+    row_remap_pending=False, pcie_link_width=8, pcie_link_width_max=16,
+    nvlinks=(NvLinkSample(link=0, up=True, crc_errors_total=5),
+             NvLinkSample(link=1, up=False, crc_errors_total=None)),
+)
+BARE_GPU = GpuSample(index=1, uuid="GPU-1", name="NVIDIA A100", pci_bus_id="00000000:2a:00.0",
+                     temperature_celsius=40.0)
+
+
+def _snapshot(**kwargs):
+    base = dict(
+        node="n1", timestamp_seconds=1_700_000_000.0, gpus=(FULL_GPU, BARE_GPU),
+        net=(NetDeviceSample("eno1", 1, 2, 3, 4, 5, 6, 7, 8, carrier_up=True,
+                             carrier_changes_total=2, speed_bytes_per_second=12_500_000_000),),
+        infiniband=(IbPortSample("mlx5_0", 1, state=4, phys_state=5,
+                                 rate_bytes_per_second=5e10, link_layer="InfiniBand",
+                                 counters=(("received_bytes", 400), ("symbol_errors", 0))),),
+        host=HostSample(cpu_seconds_total=(("user", 1.5), ("idle", 9.0)), load1=0.5,
+                        memory_bandwidth=(MemoryBandwidthSample("mon_L3_00", 99),)),
+        xid_counts=(XidCount(gpu=0, xid=79, count=2), XidCount(gpu=None, xid=13, count=1)),
+        event_counts=(("xid", 3),),
+        collectors=(CollectorStatus("nvml", True, 0.002), CollectorStatus("kmsg", False, 0.0)),
+    )
+    base.update(kwargs)
+    return NodeSnapshot(**base)
+
+
+def _scrape(snapshot):
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: snapshot))
+    return generate_latest(registry).decode()
+
+
+def _samples(text):
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _k(name, **labels):
+    return (name, tuple(sorted(labels.items())))
+
+
+def test_values_and_units():
+    samples = _samples(_scrape(_snapshot()))
+    g0 = {"gpu": "0", "uuid": "GPU-0"}
+    assert samples[_k("sn_gpu_power_watts", **g0)] == 650.5
+    assert samples[_k("sn_gpu_energy_joules_total", **g0)] == 12345.6
+    assert samples[_k("sn_gpu_throttle_active", **g0, reason="sw_power_cap")] == 1.0
+    assert samples[_k("sn_gpu_clock_hertz", **g0, clock="sm")] == 1.98e9
+    assert samples[_k("sn_gpu_nvlink_up", **g0, link="1")] == 0.0
+    assert samples[_k("sn_gpu_xid_errors_total", **g0, xid="79")] == 2.0
+    assert samples[_k("sn_gpu_xid_errors_total", gpu="", uuid="", xid="13")] == 1
+    assert samples[_k("sn_infiniband_port_received_bytes_total", device="mlx5_0", port="1")] == 400
+    assert samples[_k("sn_agent_collector_success", collector="kmsg")] == 0.0
+    assert samples[_k("sn_agent_last_sample_timestamp_seconds")] == 1_700_000_000.0
+    assert samples[_k("sn_gpu_row_remap_pending", **g0)] == 0.0
+    assert samples[_k("sn_agent_events_total", kind="xid")] == 3
+
+
+def test_missing_values_are_left_out_not_nan():
+    text = _scrape(_snapshot())
+    g1 = (("gpu", "1"), ("uuid", "GPU-1"))
+    samples = _samples(text)
+    assert samples[("sn_gpu_temperature_celsius", g1)] == 40.0
+    assert ("sn_gpu_power_watts", g1) not in samples
+    assert not any(k[0] == "sn_gpu_nvlink_crc_errors_total" and ("link", "1") in k[1]
+                   for k in samples)
+    assert "NaN" not in text
+
+
+def test_no_hostname_label_anywhere():
+    samples = _samples(_scrape(_snapshot()))
+    assert not any(name in ("node", "hostname", "instance") for _, labels in samples
+                   for name, _ in labels)
+
+
+def test_before_the_first_sample_only_the_info_is_served():
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: None))
+    text = generate_latest(registry).decode()
+    assert "sn_agent_info" in text
+    assert "sn_gpu" not in text
+
+
+def test_promtool_lint_has_no_warnings():
+    promtool = require_tool("promtool")
+    text = _scrape(_snapshot())
+    result = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
+                            capture_output=True, check=False, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "" and result.stderr.strip() == "", result.stderr
