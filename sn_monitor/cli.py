@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -104,6 +105,29 @@ def _agent_settings(args: argparse.Namespace) -> AgentSettings:
     return settings
 
 
+def run_agent(settings: AgentSettings, simulate: int | None, duration: float | None) -> int:
+    """The agent on this node's GPUs, or on a simulated node with ``simulate`` GPUs."""
+    from sn_monitor.agent.daemon import Agent
+    from sn_monitor.agent.registry import build_collectors
+    from sn_monitor.clock import SystemClock
+
+    clock = SystemClock()
+    if simulate is None:
+        from sn_monitor.agent.nvml import load_pynvml
+
+        collectors = build_collectors(settings, load_pynvml(), clock)
+        Agent(settings, collectors, clock).run_until_signalled(duration)
+        return 0
+    from sn_monitor.sim.node import SimulatedNode
+
+    with tempfile.TemporaryDirectory(prefix="sn-sim-") as root:
+        node = SimulatedNode(Path(root), gpus=simulate)
+        settings = node.agent_settings(settings)
+        collectors = build_collectors(settings, node.nvml, clock)
+        Agent(settings, collectors, clock, before_sample=node.step).run_until_signalled(duration)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a subcommand; return the exit status."""
     args = build_parser().parse_args(argv)
@@ -120,8 +144,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     default_level = settings.log_level if args.command == "agent" else args.default_log_level
     configure_logging(args.log_format or settings.log_format, args.log_level or default_level)
     if args.command == "agent":
-        from sn_monitor.agent.run import run_agent
-
         return run_agent(settings, simulate=args.simulate, duration=args.duration)
     if args.command == "demo":
         from sn_monitor.sim.demo import run_demo

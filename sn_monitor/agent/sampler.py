@@ -38,6 +38,10 @@ class _Seen:
     matched: bool = False
 
 
+#: Event kinds that carry an XID code: the kernel log's "fallen off the bus" is Xid 79.
+XID_KINDS = frozenset({"xid", "gpu_fallen_off_bus"})
+
+
 class XidLedger:
     """Counts XIDs per (GPU, code), joining the NVML and kernel-log views of one error.
 
@@ -61,7 +65,7 @@ class XidLedger:
             self._recent.popleft()
         kept: list[Event] = []
         for event in events:
-            if event.kind != "xid" or event.code is None:
+            if event.kind not in XID_KINDS or event.code is None:
                 kept.append(event)
                 continue
             twin = next(

@@ -162,6 +162,8 @@ class SimulatedGpu:
     use it from different threads.
     """
 
+    MAX_SUBSTEP = 1.0
+
     def __init__(
         self,
         index: int,
@@ -245,53 +247,60 @@ class SimulatedGpu:
     # ---------------------------------------------------------------- physics
 
     def step(self, dt_seconds: float) -> None:
-        """Advance the model by ``dt_seconds`` (any size: the thermal step is exact)."""
+        """Advance the model by ``dt_seconds``, in sub-steps of at most :attr:`MAX_SUBSTEP`.
+
+        Each sub-step integrates temperature exactly (``exp(-dt/tau)``), so it is stable
+        for any size; the sub-steps keep the clock/power feedback from lagging a long step.
+        """
         if dt_seconds < 0:
             raise ValueError("time does not go backwards")
         with self.lock:
-            if self.lost or dt_seconds == 0:
-                return
-            p = self.profile
-            target = self._load_override
-            if target is None:
-                target = self.load_function(self._counters.elapsed_seconds, self._rng)
-            self.utilization = min(1.0, max(0.0, target))
-            reasons = 0
-            clock_factor = self._thermal_clock_factor()
-            if clock_factor < 1.0:
-                reasons |= REASON_SW_THERMAL_SLOWDOWN
-            if self.temperature_celsius >= p.slowdown_celsius:
-                reasons |= REASON_HW_THERMAL_SLOWDOWN | REASON_HW_SLOWDOWN
-            dynamic = self.utilization * (p.full_load_power_watts - p.idle_power_watts)
-            demand = p.idle_power_watts + dynamic * clock_factor
-            if demand > self.power_limit_watts:
-                headroom = max(0.0, self.power_limit_watts - p.idle_power_watts)
-                clock_factor *= headroom / max(1e-9, demand - p.idle_power_watts)
-                demand = self.power_limit_watts
-                reasons |= REASON_SW_POWER_CAP
-            self.power_watts = min(
-                self.power_limit_watts, demand * (1.0 + self._rng.gauss(0.0, 0.005))
-            )
-            if self.utilization < 0.05:
-                reasons |= REASON_GPU_IDLE
-                self.sm_clock_mhz = p.sm_idle_clock_mhz
-            else:
-                self.sm_clock_mhz = max(p.sm_idle_clock_mhz, round(p.sm_max_clock_mhz * clock_factor))
-            self.clock_event_reasons = reasons
-            self._advance_temperature(dt_seconds)
-            self.energy_millijoules += self.power_watts * dt_seconds * 1000.0
-            self.dram_utilization = min(1.0, self.utilization * 0.75 * min(1.0, clock_factor))
-            self.memory_used_bytes = int(p.memory_total_bytes * (0.02 + 0.85 * self.utilization))
-            link = self._pcie_link_bytes_per_second()
-            self.pcie_rx_bytes_per_second = link * 0.20 * self.utilization
-            self.pcie_tx_bytes_per_second = link * 0.08 * self.utilization
-            c = self._counters
-            c.elapsed_seconds += dt_seconds
-            c.sm_active_seconds += self.utilization * min(1.0, clock_factor) * dt_seconds
-            c.dram_active_seconds += self.dram_utilization * dt_seconds
-            if self.temperature_celsius >= p.shutdown_celsius:
-                # The driver's thermal shutdown: the GPU drops off the bus.
-                self._fall_off_bus()
+            remaining = dt_seconds
+            while remaining > 1e-12 and not self.lost:
+                substep = min(remaining, self.MAX_SUBSTEP)
+                self._substep(substep)
+                remaining -= substep
+
+    def _substep(self, dt_seconds: float) -> None:
+        p = self.profile
+        target = self._load_override
+        if target is None:
+            target = self.load_function(self._counters.elapsed_seconds, self._rng)
+        self.utilization = min(1.0, max(0.0, target))
+        reasons = 0
+        clock_factor = self._thermal_clock_factor()
+        if clock_factor < 1.0:
+            reasons |= REASON_SW_THERMAL_SLOWDOWN
+        if self.temperature_celsius >= p.slowdown_celsius:
+            reasons |= REASON_HW_THERMAL_SLOWDOWN | REASON_HW_SLOWDOWN
+        dynamic = self.utilization * (p.full_load_power_watts - p.idle_power_watts)
+        demand = p.idle_power_watts + dynamic * clock_factor
+        if demand > self.power_limit_watts:
+            headroom = max(0.0, self.power_limit_watts - p.idle_power_watts)
+            clock_factor *= headroom / max(1e-9, demand - p.idle_power_watts)
+            demand = self.power_limit_watts
+            reasons |= REASON_SW_POWER_CAP
+        self.power_watts = min(self.power_limit_watts, demand * (1.0 + self._rng.gauss(0.0, 0.005)))
+        if self.utilization < 0.05:
+            reasons |= REASON_GPU_IDLE
+            self.sm_clock_mhz = p.sm_idle_clock_mhz
+        else:
+            self.sm_clock_mhz = max(p.sm_idle_clock_mhz, round(p.sm_max_clock_mhz * clock_factor))
+        self.clock_event_reasons = reasons
+        self._advance_temperature(dt_seconds)
+        self.energy_millijoules += self.power_watts * dt_seconds * 1000.0
+        self.dram_utilization = min(1.0, self.utilization * 0.75 * min(1.0, clock_factor))
+        self.memory_used_bytes = int(p.memory_total_bytes * (0.02 + 0.85 * self.utilization))
+        link = self._pcie_link_bytes_per_second()
+        self.pcie_rx_bytes_per_second = link * 0.20 * self.utilization
+        self.pcie_tx_bytes_per_second = link * 0.08 * self.utilization
+        c = self._counters
+        c.elapsed_seconds += dt_seconds
+        c.sm_active_seconds += self.utilization * min(1.0, clock_factor) * dt_seconds
+        c.dram_active_seconds += self.dram_utilization * dt_seconds
+        if self.temperature_celsius >= p.shutdown_celsius:
+            # The driver's thermal shutdown: the GPU drops off the bus.
+            self._fall_off_bus()
 
     def _thermal_clock_factor(self) -> float:
         """1.0 below the max operating temperature, falling 10 % per degree above it."""
@@ -319,7 +328,9 @@ class SimulatedGpu:
         """Set the power cap, clamped to the profile's constraints; returns what was set."""
         with self.lock:
             p = self.profile
-            self.power_limit_watts = min(p.power_max_limit_watts, max(p.power_min_limit_watts, watts))
+            self.power_limit_watts = min(
+                p.power_max_limit_watts, max(p.power_min_limit_watts, watts)
+            )
             return self.power_limit_watts
 
     # ---------------------------------------------------------------- faults
@@ -422,6 +433,8 @@ class SimulatedGpu:
             self.xid_log.append(XID_FALLEN_OFF_BUS)
 
 
-def make_gpus(count: int = 8, profile: GpuProfile = H100_SXM, *, seed: int = 0) -> list[SimulatedGpu]:
+def make_gpus(
+    count: int = 8, profile: GpuProfile = H100_SXM, *, seed: int = 0
+) -> list[SimulatedGpu]:
     """``count`` GPUs of one profile with HGX-like bus ids, deterministic for a seed."""
     return [SimulatedGpu(i, profile, seed=seed) for i in range(count)]

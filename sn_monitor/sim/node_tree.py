@@ -93,6 +93,7 @@ _IB_MTU_BYTES = 4096
 _MEM_TOTAL_KB = 2_113_389_000  # 2 TiB class host
 _L3_DOMAINS = ("L3_00", "L3_01")  # two sockets
 _USER_HZ = 100
+_NETDEV_WIDTHS = (8, 7, 4, 4, 4, 5, 10, 9, 8, 7, 4, 4, 4, 5, 7, 10)
 _NETDEV_HEADER = (
     "Inter-|   Receive                                                |  Transmit\n"
     " face |bytes    packets errs drop fifo frame compressed multicast"
@@ -153,18 +154,22 @@ class SimulatedNodeTree:
         self._written: dict[Path, str] = {}
         self._tmp_names = itertools.count()
         self._cpus = cpus
-        self._cpu_ticks = [0.0] * 8  # user nice system idle iowait irq softirq steal
+        # user nice system idle iowait irq softirq steal, after about 30 days up
+        uptime_ticks = 30 * 86400 * _USER_HZ * cpus
+        self._cpu_ticks = [
+            uptime_ticks * share for share in (0.34, 0.0, 0.05, 0.6, 0.002, 0.0, 0.008, 0.0)
+        ]
         self._load1 = 0.0
         self._load5 = 0.0
         self._load15 = 0.0
         self._mem_available_kb = int(_MEM_TOTAL_KB * 0.95)
         self._mbm = {domain: self._rng.randrange(10**12, 10**13) for domain in _L3_DOMAINS}
-        self._netdevs = {
-            name: self._new_netdev(name) for name in (netdevs or DEFAULT_NETDEVS)
-        }
-        self._ports = {
-            device: self._new_port(device) for device in (ib_devices or DEFAULT_IB_DEVICES)
-        }
+        if netdevs is None:
+            netdevs = DEFAULT_NETDEVS
+        if ib_devices is None:
+            ib_devices = DEFAULT_IB_DEVICES
+        self._netdevs = {name: self._new_netdev(name) for name in netdevs}
+        self._ports = {device: self._new_port(device) for device in ib_devices}
         self._staging.mkdir(parents=True, exist_ok=True)
         with self._lock:
             self._write_static()
@@ -265,7 +270,7 @@ class SimulatedNodeTree:
 
     def _new_port(self, device: str) -> _IbPort:
         ethernet = "bond" in device
-        names = IB_COUNTER_FILES + IB_HW_COUNTER_FILES
+        names: tuple[str, ...] = IB_COUNTER_FILES + IB_HW_COUNTER_FILES
         if ethernet:
             names += ROCE_HW_COUNTER_FILES
         counters = dict.fromkeys(names, 0)
@@ -293,7 +298,7 @@ class SimulatedNodeTree:
         else:
             dev = _NetDev(name, 200_000, 9000, 0.2, 50_000.0, "up")
         dev.carrier_changes = 2 if dev.speed_mbit is not None else 0
-        start = self._rng.randrange(10**9, 10**12) if dev.speed_mbit else 0
+        start = self._rng.randrange(10**9, 10**12)
         dev.counters[0] = start
         dev.counters[1] = start // max(dev.mtu, 1500)
         dev.counters[8] = int(start * self._rng.uniform(0.9, 1.1))
@@ -378,7 +383,8 @@ class SimulatedNodeTree:
         tmp = self._staging / f"{next(self._tmp_names)}.tmp"
         with open(tmp, "w", encoding="ascii") as f:
             f.write(text)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if path not in self._written:
+            path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, path)
         self._written[path] = text
 
@@ -401,8 +407,6 @@ class SimulatedNodeTree:
         for dev in self._netdevs.values():
             self._write_netdev(dev)
             self._write(self.sysfs / "class" / "net" / dev.name / "mtu", f"{dev.mtu}\n")
-        meminfo_static = self.procfs / "meminfo"
-        meminfo_static.parent.mkdir(parents=True, exist_ok=True)
 
     def _write_port(self, port: _IbPort) -> None:
         port_dir = self.sysfs / "class" / "infiniband" / port.device / "ports" / "1"
@@ -465,11 +469,10 @@ class SimulatedNodeTree:
 
 
 def _netdev_text(devs: Iterable[_NetDev]) -> str:
+    """The kernel's ``"%6s:%8llu %7llu ..."``: wide counters run into the colon."""
     rows = [
-        f"{dev.name:>6}:{dev.counters[0]:8d} "
-        + " ".join(f"{v:7d}" if i == 0 else f"{v:4d}" for i, v in enumerate(dev.counters[1:8]))
-        + f" {dev.counters[8]:8d} "
-        + " ".join(f"{v:7d}" if i == 0 else f"{v:4d}" for i, v in enumerate(dev.counters[9:]))
+        f"{dev.name:>6}:"
+        + " ".join(f"{v:{w}d}" for v, w in zip(dev.counters, _NETDEV_WIDTHS, strict=True))
         for dev in devs
     ]
     return _NETDEV_HEADER + "\n".join(rows) + "\n"

@@ -134,3 +134,13 @@ def test_close_closes_every_collector():
 def test_manual_clock_refuses_to_go_back(bad):
     with pytest.raises(ValueError, match="backwards"):
         ManualClock().advance(bad)
+
+
+def test_kernel_fallen_off_the_bus_is_the_nvml_xid_79():
+    ledger = XidLedger(ManualClock())
+    off_bus = Event(
+        kind="gpu_fallen_off_bus", source="kmsg", time_seconds=0, message="m", gpu=3, code=79
+    )
+    kept = ledger.admit([_xid("nvml", 3, 79), off_bus])
+    assert len(kept) == 1
+    assert ledger.counts() == (XidCount(gpu=3, xid=79, count=1),)

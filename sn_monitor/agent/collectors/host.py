@@ -57,8 +57,9 @@ def parse_meminfo(text: str) -> dict[str, int]:
     result: dict[str, int] = {}
     for line in text.splitlines():
         key, sep, rest = line.partition(":")
+        key = key.strip()
         fields = rest.split()
-        if not sep or not fields or len(fields) > 2:
+        if not sep or not key or not fields or len(fields) > 2:
             continue
         try:
             value = int(fields[0])
@@ -68,7 +69,7 @@ def parse_meminfo(text: str) -> dict[str, int]:
             if fields[1] != "kB":
                 continue
             value *= 1024
-        result[key.strip()] = value
+        result[key] = value
     return result
 
 

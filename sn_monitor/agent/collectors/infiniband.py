@@ -135,12 +135,20 @@ def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
 
 
 def _read(path: str) -> str | None:
+    """One small sysfs file; raw ``os.read`` because a port has ~50 and we read every second."""
     try:
-        with open(path, "rb") as f:
-            return f.read().decode("ascii", errors="replace").strip()
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        log.debug("cannot open %s: %s", path, exc)
+        return None
+    try:
+        data = os.read(fd, 4096)
     except OSError as exc:
         log.debug("cannot read %s: %s", path, exc)
         return None
+    finally:
+        os.close(fd)
+    return data.decode("ascii", errors="replace").strip()
 
 
 def _read_dir(path: str) -> dict[str, str]:

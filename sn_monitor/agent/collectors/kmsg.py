@@ -42,6 +42,9 @@ DEFAULT_MAX_LINES_PER_COLLECT = 10_000
 #: than the record, and records are at most 8 KiB including their dictionary.
 _KMSG_READ_SIZE = 16_384
 
+#: Longer lines in a followed file are skipped (a kernel record is at most 8 KiB).
+_MAX_LINE_BYTES = 65_536
+
 #: A second "fallen off the bus" for the same GPU within this many lines is the same
 #: incident told twice (Xid 79 followed by "GPU 0000:3b:00.0: GPU has fallen off the bus.").
 _FALLEN_OFF_DEDUP_LINES = 16
@@ -124,7 +127,7 @@ def split_kmsg_record(raw: str) -> KmsgRecord | None:
 # dmesg / syslog / journald prefixes
 
 _ISO_TS = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[,.]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
-_SYSLOG_TS = r"[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}"
+_SYSLOG_TS = r"[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}(?:\.\d+)?"
 _CONSOLE_LEVEL = re.compile(r"^<\d{1,3}>")
 _DECODE = re.compile(
     r"^(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local[0-7])"
@@ -238,9 +241,7 @@ _SXID = re.compile(
 )
 _PID = re.compile(r"^pid=(?P<pid>'[^']*'|<[^>]*>|[^,]*),\s*")
 _NAME = re.compile(r"^name=(?P<name>[^,]*),\s*")
-_NVLINK5 = re.compile(
-    r"^[A-Z][A-Z0-9_]*,? (?P<severity>Fatal|Nonfatal|Non-fatal)\b", re.IGNORECASE
-)
+_NVLINK5 = re.compile(r"^[A-Z][A-Z0-9_]*,? (?P<severity>Fatal|Nonfatal|Non-fatal)\b", re.IGNORECASE)
 _LINK = re.compile(r"\blink (?P<link>-?\d+)", re.IGNORECASE)
 _SXID_SEVERITY = re.compile(r"^(?P<severity>Fatal|Non-?fatal)\b,?\s*", re.IGNORECASE)
 _FALLEN_OFF_SENTENCE = "fallen off the bus"
@@ -290,7 +291,7 @@ def parse_xid_line(text: str) -> XidEvent | None:
     pid_match = _PID.match(description)
     if pid_match is not None:
         raw_pid = pid_match["pid"].strip("'\" ")
-        pid = int(raw_pid) if raw_pid.isdigit() else None
+        pid = int(raw_pid) if raw_pid.isascii() and raw_pid.isdigit() else None
         description = description[pid_match.end() :]
     name_match = _NAME.match(description)
     if name_match is not None:
@@ -493,6 +494,16 @@ class KernelLogParser:
 # The collector
 
 
+def _skip_rest_of_line(handle: BinaryIO) -> int:
+    """Read past the newline that ends an overlong line; returns the bytes skipped."""
+    skipped = 0
+    while True:
+        chunk = handle.readline(_MAX_LINE_BYTES)
+        skipped += len(chunk)
+        if not chunk or chunk.endswith(b"\n"):
+            return skipped
+
+
 class KmsgCollector:
     """Faults from /dev/kmsg, or from a kernel log text file followed like ``tail -F``.
 
@@ -525,12 +536,13 @@ class KmsgCollector:
         self._offset = 0
         self._opened_before = False
         self._overrun_warned = False
+        self._last_sequence: int | None = None
 
     def collect(self) -> Collected:
         """Return the faults logged since the last call (at most ``max_lines`` read)."""
         if self._fd is None and self._file is None:
             self._open()
-        faults = self._read_device() if self._fd is not None else self._read_file()
+        faults = self._read_device(self._fd) if self._fd is not None else self._read_file()
         if not faults:
             return Collected()
         now = self._clock.time()
@@ -592,12 +604,11 @@ class KmsgCollector:
         self._file = handle
         self._opened_before = True
 
-    def _read_device(self) -> list[KernelFault]:
-        assert self._fd is not None
+    def _read_device(self, fd: int) -> list[KernelFault]:
         faults: list[KernelFault] = []
         for _ in range(self._max_lines):
             try:
-                chunk = os.read(self._fd, _KMSG_READ_SIZE)
+                chunk = os.read(fd, _KMSG_READ_SIZE)
             except BlockingIOError:
                 break
             except BrokenPipeError:
@@ -617,6 +628,9 @@ class KmsgCollector:
             record = split_kmsg_record(chunk.decode("utf-8", errors="replace"))
             if record is None:
                 continue
+            if self._last_sequence is not None and record.sequence <= self._last_sequence:
+                continue  # reopened after close(): this record was reported already
+            self._last_sequence = record.sequence
             fault = self._parser.feed(record.text, record.kernel_time_seconds)
             if fault is not None:
                 faults.append(fault)
@@ -630,9 +644,12 @@ class KmsgCollector:
             st = None
         except PermissionError as exc:
             raise self._permission_error(device=False) from exc
+        budget = self._max_lines
         rotated = st is None or (st.st_dev, st.st_ino) != self._inode
         if rotated:
-            faults.extend(self._read_lines())
+            budget -= self._read_lines(budget, faults)
+            if budget <= 0:
+                return faults  # the rest of the old file first, next cycle
             self.close()
             if st is None:
                 if faults:
@@ -641,24 +658,36 @@ class KmsgCollector:
             self._open_file()
         elif st is not None and st.st_size < self._offset:
             self._offset = 0
-        faults.extend(self._read_lines())
+        self._read_lines(budget, faults)
         return faults
 
-    def _read_lines(self) -> list[KernelFault]:
-        """Read whole lines from the remembered offset; a partial last line waits."""
-        if self._file is None:
-            return []
-        faults: list[KernelFault] = []
-        self._file.seek(self._offset)
-        for _ in range(self._max_lines):
-            raw = self._file.readline()
-            if not raw.endswith(b"\n"):
-                break
-            self._offset += len(raw)
-            fault = self._feed_line(raw.decode("utf-8", errors="replace"))
-            if fault is not None:
-                faults.append(fault)
-        return faults
+    def _read_lines(self, budget: int, faults: list[KernelFault]) -> int:
+        """Read up to ``budget`` whole lines from the offset; returns how many were read.
+
+        A partial last line waits for its newline. A line longer than
+        ``_MAX_LINE_BYTES`` is skipped, so one runaway line cannot fill memory.
+        """
+        handle = self._file
+        if handle is None:
+            return 0
+        read = 0
+        try:
+            handle.seek(self._offset)
+            while read < budget:
+                raw = handle.readline(_MAX_LINE_BYTES)
+                if not raw.endswith(b"\n") and len(raw) < _MAX_LINE_BYTES:
+                    break
+                read += 1
+                self._offset += len(raw)
+                if not raw.endswith(b"\n"):
+                    self._offset += _skip_rest_of_line(handle)
+                    continue
+                fault = self._feed_line(raw.decode("utf-8", errors="replace"))
+                if fault is not None:
+                    faults.append(fault)
+        except OSError as exc:
+            raise CollectorError(f"cannot read {self._path}: {exc.strerror}") from exc
+        return read
 
     def _feed_line(self, line: str) -> KernelFault | None:
         record = split_kmsg_record(line) if _KMSG_HEADER.match(line) else None

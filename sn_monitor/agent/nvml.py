@@ -1,0 +1,821 @@
+"""The one adapter between the agent and NVML.
+
+Every NVML call the agent makes goes through :class:`NvmlLibrary`, built from an NVML
+module passed in: the real ``pynvml`` (:func:`load_pynvml`) or
+:mod:`sn_monitor.sim.fake_nvml`. It owns what a long-running daemon must get right:
+
+* ``nvmlInit`` once, under a lock; ``nvmlShutdown`` on close; the driver version read once.
+* Capability versus fault. ``NotSupported``, ``FunctionNotFound``, ``NoPermission`` and a
+  function missing from the bindings mean the capability is absent: the field is None,
+  remembered per (device, field) and never asked again; missing functions and permission
+  refusals are logged once. ``GpuIsLost``, ``Unknown``, ``DriverNotLoaded`` and the like
+  are faults: the GPU's sample is returned with ``lost=True`` and a ``gpu_lost`` event is
+  emitted once per loss. Any other error leaves the field out for this cycle and is
+  logged once per (device, field, error).
+* Units: NVML's mW, mJ, MHz, KB/s and percent become watts, joules, hertz, bytes/s and
+  0..1 ratios here, nowhere else.
+* XID events from an NVML event set, drained without blocking on every collect.
+
+Nothing else in the agent imports pynvml.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from sn_monitor.agent.pci import canonical_bus_id
+from sn_monitor.agent.snapshot import Collected, GpuSample, NvLinkSample
+from sn_monitor.clock import Clock, SystemClock
+from sn_monitor.model import Event
+
+logger = logging.getLogger(__name__)
+
+# NVML return codes (nvml.h); stable ABI values, so they need no lookup in the module.
+_NOT_SUPPORTED = 3
+_NO_PERMISSION = 4
+_INVALID_ARGUMENT = 2
+_DRIVER_NOT_LOADED = 9
+_TIMEOUT = 10
+_LIBRARY_NOT_FOUND = 12
+_FUNCTION_NOT_FOUND = 13
+_SUCCESS = 0
+
+# Errors that say the capability is not there: leave the field out, for good.
+_ABSENT = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _NO_PERMISSION})
+# Errors that say the GPU (or the driver under it) is broken: an event, never "N/A".
+_FAULTS = frozenset(
+    {
+        1,  # Uninitialized: NVML was torn down under us after init
+        _DRIVER_NOT_LOADED,
+        11,  # IrqIssue
+        14,  # CorruptedInforom
+        15,  # GpuIsLost
+        16,  # ResetRequired
+        17,  # OperatingSystem
+        18,  # LibRmVersionMismatch
+        999,  # Unknown
+    }
+)
+
+# Clocks-event ("throttle") reason bits, identical under both NVML function names.
+THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+)
+
+# NVML reports PCIe throughput in "KB/s" (nvml.h); nvitop and DCGM read that as KiB/s,
+# so 1 KB = 1024 bytes here.
+_PCIE_KB = 1024
+_MAX_EVENTS_PER_COLLECT = 1000
+_NVLINK_MAX_LINKS_FALLBACK = 36
+
+
+class NvmlError(Exception):
+    """NVML could not do what was asked."""
+
+
+class NvmlUnavailable(NvmlError):
+    """No NVML on this node: the library is absent or the kernel driver is not loaded."""
+
+
+class _DeviceFault(Exception):
+    """A fault error from a device call; ends this cycle's read of that device."""
+
+    def __init__(self, function: str, error: BaseException) -> None:
+        super().__init__(f"{function}: {error}")
+        self.function = function
+        self.error = error
+
+
+def load_pynvml() -> ModuleType:
+    """Import NVIDIA's bindings (``nvidia-ml-py``); they load libnvidia-ml at nvmlInit."""
+    return importlib.import_module("pynvml")
+
+
+def _error_code(error: BaseException) -> int | None:
+    value = getattr(error, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def _handle_key(handle: Any) -> object:
+    """A hashable key for a device handle: the address for ctypes pointers, else identity."""
+    if isinstance(handle, ctypes._Pointer):
+        return ("ptr", ctypes.cast(handle, ctypes.c_void_p).value)
+    return ("obj", id(handle))
+
+
+@dataclass(slots=True)
+class _Device:
+    """What the adapter remembers about one NVML device between cycles."""
+
+    index: int
+    handle: Any = None
+    uuid: str = ""
+    name: str = ""
+    pci_bus_id: str = ""
+    serial: str | None = None
+    vbios_version: str | None = None
+    identified: bool = False
+    absent: set[str] = field(default_factory=set)
+    static: dict[str, Any] = field(default_factory=dict)
+    nvlink_count: int | None = None
+    gpm_supported: bool | None = None
+    gpm_previous: Any = None
+    events_registered: bool = False
+    lost: bool = False
+    last_sample: GpuSample | None = None
+
+
+class NvmlLibrary:
+    """NVML for the agent: init once, read typed samples, drain XID events, set power caps.
+
+    ``module`` is ``pynvml`` or :mod:`sn_monitor.sim.fake_nvml`; ``clock`` stamps events.
+    Thread-safe: the sampler and the thermal guard may share one instance.
+    """
+
+    def __init__(self, module: Any, clock: Clock | None = None) -> None:
+        self._nvml = module
+        self._clock: Clock = clock or SystemClock()
+        self._lock = threading.RLock()
+        self._initialized = False
+        self._driver_version: str | None = None
+        self._devices: list[_Device] = []
+        self._by_handle: dict[object, _Device] = {}
+        self._missing_functions: set[str] = set()
+        self._logged: set[tuple[object, ...]] = set()
+        self._event_set: Any = None
+        self._event_set_failed = False
+        self._reasons_function: str | None = "nvmlDeviceGetCurrentClocksEventReasons"
+
+    # ---------------------------------------------------------------- life cycle
+
+    @property
+    def initialized(self) -> bool:
+        return self._initialized
+
+    @property
+    def driver_version(self) -> str | None:
+        """The kernel driver's version, read once at init; None before or if unreadable."""
+        return self._driver_version
+
+    def init(self) -> None:
+        """``nvmlInit`` (once) and enumerate the devices.
+
+        Raises :class:`NvmlUnavailable` when the library or the driver is missing, and
+        :class:`NvmlError` for any other failure to start.
+        """
+        with self._lock:
+            if self._initialized:
+                return
+            nvml_error = self._nvml.NVMLError
+            try:
+                self._nvml.nvmlInit()
+            except nvml_error as error:
+                if _error_code(error) in (_LIBRARY_NOT_FOUND, _DRIVER_NOT_LOADED):
+                    raise NvmlUnavailable(str(error)) from error
+                raise NvmlError(f"nvmlInit failed: {error}") from error
+            self._initialized = True
+            try:
+                self._driver_version = str(self._nvml.nvmlSystemGetDriverVersion())
+            except nvml_error as error:
+                self._log_once(("driver_version",), "cannot read the driver version: %s", error)
+            try:
+                count = int(self._nvml.nvmlDeviceGetCount())
+            except nvml_error as error:
+                self._shutdown()
+                raise NvmlError(f"nvmlDeviceGetCount failed: {error}") from error
+            self._devices = [_Device(index) for index in range(count)]
+            for device in self._devices:
+                self._acquire(device)
+
+    def close(self) -> None:
+        """Free the event set and GPM samples, then ``nvmlShutdown``."""
+        with self._lock:
+            if not self._initialized:
+                return
+            for device in self._devices:
+                if device.gpm_previous is not None:
+                    self._free_gpm_sample(device.gpm_previous)
+                    device.gpm_previous = None
+            if self._event_set is not None:
+                try:
+                    self._nvml.nvmlEventSetFree(self._event_set)
+                except self._nvml.NVMLError as error:
+                    logger.debug("nvmlEventSetFree failed: %s", error)
+                self._event_set = None
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError as error:
+            logger.warning("nvmlShutdown failed: %s", error)
+        self._initialized = False
+        self._devices = []
+        self._by_handle = {}
+
+    # ---------------------------------------------------------------- one cycle
+
+    def collect(self) -> Collected:
+        """Sample every GPU once and drain the XID events queued since the last call."""
+        with self._lock:
+            if not self._initialized:
+                raise NvmlError("NVML is not initialized")
+            gpus: list[GpuSample] = []
+            events: list[Event] = []
+            for device in self._devices:
+                sample, event = self._sample_device(device)
+                gpus.append(sample)
+                if event is not None:
+                    events.append(event)
+            events.extend(self._drain_xid_events())
+            return Collected(gpus=tuple(gpus), events=tuple(events))
+
+    def set_power_limit_watts(self, index: int, watts: float) -> None:
+        """Set GPU ``index``'s power cap (needs root); raises :class:`NvmlError` on refusal."""
+        with self._lock:
+            if not self._initialized or not 0 <= index < len(self._devices):
+                raise NvmlError(f"no NVML device {index}")
+            device = self._devices[index]
+            try:
+                self._nvml.nvmlDeviceSetPowerManagementLimit(device.handle, round(watts * 1000))
+            except self._nvml.NVMLError as error:
+                raise NvmlError(
+                    f"GPU {index}: cannot set power limit to {watts} W: {error}"
+                ) from error
+
+    # ---------------------------------------------------------------- devices
+
+    def _acquire(self, device: _Device) -> None:
+        """Get the handle and the identity; a GPU lost at start stays unidentified until back."""
+        nvml_error = self._nvml.NVMLError
+        if device.handle is None:
+            try:
+                device.handle = self._nvml.nvmlDeviceGetHandleByIndex(device.index)
+            except nvml_error as error:
+                self._log_once(
+                    ("handle", device.index, _error_code(error)),
+                    "GPU %d: no NVML handle: %s",
+                    device.index,
+                    error,
+                )
+                return
+            self._by_handle[_handle_key(device.handle)] = device
+        if device.identified:
+            return
+        uuid = self._call(device, "uuid", "nvmlDeviceGetUUID")
+        name = self._call(device, "name", "nvmlDeviceGetName")
+        pci = self._call(device, "pci", "nvmlDeviceGetPciInfo")
+        device.uuid = str(uuid) if uuid is not None else ""
+        device.name = str(name) if name is not None else ""
+        if pci is not None:
+            raw = str(pci.busId)
+            device.pci_bus_id = canonical_bus_id(raw) or raw
+        device.serial = _text(self._call(device, "serial", "nvmlDeviceGetSerial"))
+        device.vbios_version = _text(self._call(device, "vbios", "nvmlDeviceGetVbiosVersion"))
+        device.identified = True
+
+    def _sample_device(self, device: _Device) -> tuple[GpuSample, Event | None]:
+        try:
+            self._acquire(device)
+            if device.handle is None:
+                raise _DeviceFault("nvmlDeviceGetHandleByIndex", NvmlError("no handle"))
+            sample = self._read(device)
+        except _DeviceFault as fault:
+            return self._lost_sample(device, fault)
+        device.lost = False
+        device.last_sample = sample
+        self._register_events(device)
+        return sample, None
+
+    def _lost_sample(self, device: _Device, fault: _DeviceFault) -> tuple[GpuSample, Event | None]:
+        """The GPU keeps its last known identity; the loss is an event once, not every cycle."""
+        sample = GpuSample(
+            index=device.index,
+            uuid=device.uuid,
+            name=device.name,
+            pci_bus_id=device.pci_bus_id,
+            serial=device.serial,
+            vbios_version=device.vbios_version,
+            driver_version=self._driver_version,
+            lost=True,
+        )
+        if device.gpm_previous is not None:
+            self._free_gpm_sample(device.gpm_previous)
+            device.gpm_previous = None
+        device.events_registered = False
+        if device.lost:
+            return sample, None
+        device.lost = True
+        logger.error("GPU %d (%s) lost: %s", device.index, device.pci_bus_id or "?", fault)
+        event = Event(
+            kind="gpu_lost",
+            source="nvml",
+            time_seconds=self._clock.time(),
+            message=f"GPU {device.index} lost: {fault}",
+            gpu=device.index,
+            pci_bus_id=device.pci_bus_id or None,
+        )
+        return sample, event
+
+    def _read(self, device: _Device) -> GpuSample:
+        """One full read; raises :class:`_DeviceFault` on the first fault."""
+        nvml = self._nvml
+        util = self._call(device, "utilization", "nvmlDeviceGetUtilizationRates")
+        memory = self._call(device, "memory", "nvmlDeviceGetMemoryInfo")
+        memory_ratio = _percent(util.memory) if util is not None else None
+        bandwidth = self._gpm_dram_bandwidth(device)
+        if bandwidth is None and device.gpm_supported is False:
+            bandwidth = memory_ratio
+        constraints = self._static(
+            device, "power_constraints", "nvmlDeviceGetPowerManagementLimitConstraints"
+        )
+        reasons = self._throttle_reasons(device)
+        remapped = self._call(device, "remapped_rows", "nvmlDeviceGetRemappedRows")
+        return GpuSample(
+            index=device.index,
+            uuid=device.uuid,
+            name=device.name,
+            pci_bus_id=device.pci_bus_id,
+            serial=device.serial,
+            vbios_version=device.vbios_version,
+            driver_version=self._driver_version,
+            utilization_ratio=_percent(util.gpu) if util is not None else None,
+            memory_utilization_ratio=memory_ratio,
+            memory_bandwidth_utilization_ratio=bandwidth,
+            memory_used_bytes=int(memory.used) if memory is not None else None,
+            memory_total_bytes=int(memory.total) if memory is not None else None,
+            temperature_celsius=_float(
+                self._call(
+                    device, "temperature", "nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU
+                )
+            ),
+            memory_temperature_celsius=self._memory_temperature(device),
+            slowdown_temperature_celsius=self._threshold(
+                device, "slowdown", nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+            ),
+            shutdown_temperature_celsius=self._threshold(
+                device, "shutdown", nvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
+            ),
+            gpu_max_temperature_celsius=self._threshold(
+                device, "gpu_max", nvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX
+            ),
+            memory_max_temperature_celsius=self._threshold(
+                device, "mem_max", nvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX
+            ),
+            power_watts=_milli(self._call(device, "power", "nvmlDeviceGetPowerUsage")),
+            power_limit_watts=_milli(
+                self._call(device, "power_limit", "nvmlDeviceGetEnforcedPowerLimit")
+            ),
+            power_default_limit_watts=_milli(
+                self._static(device, "power_default", "nvmlDeviceGetPowerManagementDefaultLimit")
+            ),
+            power_min_limit_watts=_milli(constraints[0]) if constraints is not None else None,
+            power_max_limit_watts=_milli(constraints[1]) if constraints is not None else None,
+            energy_joules_total=_milli(
+                self._call(device, "energy", "nvmlDeviceGetTotalEnergyConsumption")
+            ),
+            sm_clock_hertz=_mhz(
+                self._call(device, "sm_clock", "nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_SM)
+            ),
+            memory_clock_hertz=_mhz(
+                self._call(device, "mem_clock", "nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_MEM)
+            ),
+            sm_max_clock_hertz=_mhz(
+                self._static(
+                    device, "sm_max_clock", "nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM
+                )
+            ),
+            memory_max_clock_hertz=_mhz(
+                self._static(
+                    device, "mem_max_clock", "nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_MEM
+                )
+            ),
+            throttle_reasons=reasons,
+            ecc_corrected_errors_total=_int(
+                self._call(
+                    device,
+                    "ecc_corrected",
+                    "nvmlDeviceGetTotalEccErrors",
+                    nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                    nvml.NVML_VOLATILE_ECC,
+                )
+            ),
+            ecc_uncorrected_errors_total=_int(
+                self._call(
+                    device,
+                    "ecc_uncorrected",
+                    "nvmlDeviceGetTotalEccErrors",
+                    nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                    nvml.NVML_VOLATILE_ECC,
+                )
+            ),
+            remapped_rows_correctable=int(remapped[0]) if remapped is not None else None,
+            remapped_rows_uncorrectable=int(remapped[1]) if remapped is not None else None,
+            row_remap_pending=bool(remapped[2]) if remapped is not None else None,
+            row_remap_failed=bool(remapped[3]) if remapped is not None else None,
+            pcie_receive_bytes_per_second=_kilobytes(
+                self._call(
+                    device, "pcie_rx", "nvmlDeviceGetPcieThroughput", nvml.NVML_PCIE_UTIL_RX_BYTES
+                )
+            ),
+            pcie_transmit_bytes_per_second=_kilobytes(
+                self._call(
+                    device, "pcie_tx", "nvmlDeviceGetPcieThroughput", nvml.NVML_PCIE_UTIL_TX_BYTES
+                )
+            ),
+            pcie_replays_total=_int(
+                self._call(device, "pcie_replays", "nvmlDeviceGetPcieReplayCounter")
+            ),
+            pcie_link_generation=_int(
+                self._call(device, "pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration")
+            ),
+            pcie_link_generation_max=self._pcie_max_generation(device),
+            pcie_link_width=_int(
+                self._call(device, "pcie_width", "nvmlDeviceGetCurrPcieLinkWidth")
+            ),
+            pcie_link_width_max=_int(
+                self._static(device, "pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth")
+            ),
+            nvlinks=self._nvlinks(device),
+        )
+
+    # ---------------------------------------------------------------- the call wrapper
+
+    def _call(self, device: _Device, key: str, function: str, *args: Any) -> Any:
+        """Call ``function(handle, *args)``; None when absent, :class:`_DeviceFault` on faults.
+
+        ``key`` names the field for the per-device "not supported" memory.
+        """
+        if key in device.absent or function in self._missing_functions:
+            return None
+        fn = getattr(self._nvml, function, None)
+        if fn is None:
+            self._function_missing(function)
+            return None
+        try:
+            return fn(device.handle, *args)
+        except self._nvml.NVMLError as error:
+            self._classify(device, key, function, error)
+            return None
+
+    def _classify(self, device: _Device, key: str, function: str, error: BaseException) -> None:
+        """Remember an absent capability, raise a fault, log anything else once."""
+        code = _error_code(error)
+        if code == _FUNCTION_NOT_FOUND:
+            self._function_missing(function)
+        elif code == _NO_PERMISSION:
+            device.absent.add(key)
+            self._log_once(
+                ("permission", function),
+                "%s: no permission (%s); left out",
+                function,
+                error,
+                level=logging.WARNING,
+            )
+        elif code in _ABSENT:
+            device.absent.add(key)
+            logger.debug("GPU %d: %s not supported; %s left out", device.index, function, key)
+        elif code in _FAULTS:
+            raise _DeviceFault(function, error) from error
+        else:
+            self._log_once(
+                ("error", device.index, key, code),
+                "GPU %d: %s failed: %s; %s left out this cycle",
+                device.index,
+                function,
+                error,
+                key,
+                level=logging.WARNING,
+            )
+
+    def _static(self, device: _Device, key: str, function: str, *args: Any) -> Any:
+        """A value that does not change while the driver is loaded: read until it succeeds."""
+        if key in device.static:
+            return device.static[key]
+        value = self._call(device, key, function, *args)
+        if value is not None:
+            device.static[key] = value
+        return value
+
+    def _function_missing(self, function: str) -> None:
+        if function not in self._missing_functions:
+            self._missing_functions.add(function)
+            logger.info("NVML function %s is not available with this driver; left out", function)
+
+    def _log_once(
+        self, key: tuple[object, ...], message: str, *args: object, level: int = logging.INFO
+    ) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            logger.log(level, message, *args)
+
+    # ---------------------------------------------------------------- fields
+
+    def _threshold(self, device: _Device, name: str, threshold: int) -> float | None:
+        return _float(
+            self._static(
+                device, f"threshold_{name}", "nvmlDeviceGetTemperatureThreshold", threshold
+            )
+        )
+
+    def _memory_temperature(self, device: _Device) -> float | None:
+        """HBM temperature from the NVML_FI_DEV_MEMORY_TEMP field value."""
+        values = self._call(
+            device,
+            "memory_temperature",
+            "nvmlDeviceGetFieldValues",
+            [self._nvml.NVML_FI_DEV_MEMORY_TEMP],
+        )
+        if not values:
+            return None
+        entry = values[0]
+        code = int(entry.nvmlReturn)
+        if code != _SUCCESS:
+            self._classify(
+                device, "memory_temperature", "nvmlDeviceGetFieldValues", self._nvml.NVMLError(code)
+            )
+            return None
+        return _field_value(self._nvml, entry)
+
+    def _throttle_reasons(self, device: _Device) -> tuple[tuple[str, bool], ...] | None:
+        """Clock event reasons; drivers before r535 only have the "throttle" name."""
+        function = self._reasons_function
+        if function is None:
+            return None
+        mask = self._call(device, "throttle_reasons", function)
+        if mask is None and function in self._missing_functions:
+            fallback = "nvmlDeviceGetCurrentClocksThrottleReasons"
+            self._reasons_function = fallback if function != fallback else None
+            if self._reasons_function is None:
+                return None
+            mask = self._call(device, "throttle_reasons", fallback)
+        if mask is None:
+            return None
+        return tuple((name, bool(int(mask) & bit)) for name, bit in THROTTLE_REASONS)
+
+    def _pcie_max_generation(self, device: _Device) -> int | None:
+        """The GPU's own max generation; the older call also caps it by the slot's."""
+        generation = self._static(device, "pcie_gen_max", "nvmlDeviceGetGpuMaxPcieLinkGeneration")
+        if generation is None:
+            generation = self._static(
+                device, "pcie_gen_max_slot", "nvmlDeviceGetMaxPcieLinkGeneration"
+            )
+        return _int(generation)
+
+    def _nvlinks(self, device: _Device) -> tuple[NvLinkSample, ...]:
+        """Per link: state and counters. ``crc_errors_total`` is CRC_FLIT + CRC_DATA."""
+        nvml = self._nvml
+        if device.nvlink_count is None:
+            device.nvlink_count = self._probe_nvlinks(device)
+        links: list[NvLinkSample] = []
+        for link in range(device.nvlink_count):
+            state = self._call(device, "nvlink_state", "nvmlDeviceGetNvLinkState", link)
+            flit = self._nvlink_counter(
+                device, "crc_flit", link, nvml.NVML_NVLINK_ERROR_DL_CRC_FLIT
+            )
+            data = self._nvlink_counter(
+                device, "crc_data", link, nvml.NVML_NVLINK_ERROR_DL_CRC_DATA
+            )
+            crc = None if flit is None and data is None else (flit or 0) + (data or 0)
+            links.append(
+                NvLinkSample(
+                    link=link,
+                    up=None if state is None else int(state) == int(nvml.NVML_FEATURE_ENABLED),
+                    crc_errors_total=crc,
+                    replay_errors_total=self._nvlink_counter(
+                        device, "replay", link, nvml.NVML_NVLINK_ERROR_DL_REPLAY
+                    ),
+                    recovery_errors_total=self._nvlink_counter(
+                        device, "recovery", link, nvml.NVML_NVLINK_ERROR_DL_RECOVERY
+                    ),
+                )
+            )
+        return tuple(links)
+
+    def _nvlink_counter(self, device: _Device, name: str, link: int, counter: int) -> int | None:
+        return _int(
+            self._call(device, f"nvlink_{name}", "nvmlDeviceGetNvLinkErrorCounter", link, counter)
+        )
+
+    def _probe_nvlinks(self, device: _Device) -> int:
+        """Count links: ask link 0, 1, ... until the driver says InvalidArgument/NotSupported."""
+        fn = getattr(self._nvml, "nvmlDeviceGetNvLinkState", None)
+        if fn is None:
+            self._function_missing("nvmlDeviceGetNvLinkState")
+            return 0
+        limit = int(getattr(self._nvml, "NVML_NVLINK_MAX_LINKS", _NVLINK_MAX_LINKS_FALLBACK))
+        for link in range(limit):
+            try:
+                fn(device.handle, link)
+            except self._nvml.NVMLError as error:
+                code = _error_code(error)
+                if code in (_INVALID_ARGUMENT, _NOT_SUPPORTED):
+                    return link
+                if code in _FAULTS:
+                    raise _DeviceFault("nvmlDeviceGetNvLinkState", error) from error
+                self._classify(device, "nvlink_state", "nvmlDeviceGetNvLinkState", error)
+                return link
+        return limit
+
+    # ---------------------------------------------------------------- GPM
+
+    def _gpm_dram_bandwidth(self, device: _Device) -> float | None:
+        """DRAM bandwidth utilization between the previous and this cycle's GPM sample.
+
+        The first cycle after start (or after a loss) has no previous sample: None.
+        """
+        if device.gpm_supported is None:
+            support = self._call(device, "gpm", "nvmlGpmQueryDeviceSupport")
+            device.gpm_supported = bool(support is not None and support.isSupportedDevice)
+            if not device.gpm_supported:
+                device.absent.add("gpm")
+        if not device.gpm_supported:
+            return None
+        nvml = self._nvml
+        try:
+            current = nvml.nvmlGpmSampleAlloc()
+        except nvml.NVMLError as error:
+            self._classify(device, "gpm", "nvmlGpmSampleAlloc", error)
+            return None
+        try:
+            nvml.nvmlGpmSampleGet(device.handle, current)
+        except nvml.NVMLError as error:
+            self._free_gpm_sample(current)
+            self._classify(device, "gpm", "nvmlGpmSampleGet", error)
+            if "gpm" in device.absent:
+                device.gpm_supported = False
+            return None
+        previous, device.gpm_previous = device.gpm_previous, current
+        if previous is None:
+            return None
+        try:
+            return self._gpm_metric(previous, current, nvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
+        except nvml.NVMLError as error:
+            self._classify(device, "gpm_metrics", "nvmlGpmMetricsGet", error)
+            return None
+        finally:
+            self._free_gpm_sample(previous)
+
+    def _gpm_metric(self, first: Any, second: Any, metric_id: int) -> float | None:
+        nvml = self._nvml
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = 1
+        request.sample1 = first
+        request.sample2 = second
+        request.metrics[0].metricId = metric_id
+        nvml.nvmlGpmMetricsGet(request)
+        metric = request.metrics[0]
+        if int(metric.nvmlReturn) != _SUCCESS:
+            return None
+        return _clamp_ratio(float(metric.value) / 100.0)
+
+    def _free_gpm_sample(self, sample: Any) -> None:
+        try:
+            self._nvml.nvmlGpmSampleFree(sample)
+        except self._nvml.NVMLError as error:
+            logger.debug("nvmlGpmSampleFree failed: %s", error)
+
+    # ---------------------------------------------------------------- XID events
+
+    def _register_events(self, device: _Device) -> None:
+        """Register for XID events on a device that has them; retried after a loss."""
+        if device.events_registered or "xid_events" in device.absent or self._event_set_failed:
+            return
+        nvml = self._nvml
+        if self._event_set is None:
+            try:
+                self._event_set = nvml.nvmlEventSetCreate()
+            except nvml.NVMLError as error:
+                self._event_set_failed = True
+                logger.warning("no NVML event set, XID events only from the kernel log: %s", error)
+                return
+        xid = int(nvml.nvmlEventTypeXidCriticalError)
+        supported = self._call(device, "xid_events", "nvmlDeviceGetSupportedEventTypes")
+        if supported is None:
+            return
+        if not int(supported) & xid:
+            device.absent.add("xid_events")
+            return
+        try:
+            nvml.nvmlDeviceRegisterEvents(device.handle, xid, self._event_set)
+        except nvml.NVMLError as error:
+            self._classify(device, "xid_events", "nvmlDeviceRegisterEvents", error)
+            return
+        device.events_registered = True
+
+    def _drain_xid_events(self) -> list[Event]:
+        """Every queued XID becomes one event (repeats too), without blocking."""
+        if self._event_set is None:
+            return []
+        nvml = self._nvml
+        events: list[Event] = []
+        for _ in range(_MAX_EVENTS_PER_COLLECT):
+            try:
+                data = nvml.nvmlEventSetWait_v2(self._event_set, 0)
+            except nvml.NVMLError as error:
+                if _error_code(error) != _TIMEOUT:
+                    self._log_once(
+                        ("event_wait", _error_code(error)),
+                        "nvmlEventSetWait failed: %s",
+                        error,
+                        level=logging.WARNING,
+                    )
+                break
+            if not int(data.eventType) & int(nvml.nvmlEventTypeXidCriticalError):
+                continue
+            device = self._by_handle.get(_handle_key(data.device))
+            code = int(data.eventData)
+            gpu = device.index if device is not None else None
+            events.append(
+                Event(
+                    kind="xid",
+                    source="nvml",
+                    time_seconds=self._clock.time(),
+                    message=f"XID {code} on GPU {gpu if gpu is not None else '?'}",
+                    gpu=gpu,
+                    pci_bus_id=(device.pci_bus_id or None) if device is not None else None,
+                    code=code,
+                )
+            )
+        else:
+            logger.warning(
+                "more than %d NVML events in one cycle; the rest wait for the next",
+                _MAX_EVENTS_PER_COLLECT,
+            )
+        return events
+
+
+# -------------------------------------------------------------------- conversions
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _milli(value: Any) -> float | None:
+    """Milli-units to units: mW -> W, mJ -> J."""
+    return None if value is None else float(value) / 1000.0
+
+
+def _mhz(value: Any) -> float | None:
+    return None if value is None else float(value) * 1e6
+
+
+def _kilobytes(value: Any) -> float | None:
+    """NVML's KB/s -> bytes/s (1 KB = 1024 B)."""
+    return None if value is None else float(value) * _PCIE_KB
+
+
+def _clamp_ratio(value: float) -> float:
+    return min(1.0, max(0.0, value))
+
+
+def _percent(value: Any) -> float | None:
+    return None if value is None else _clamp_ratio(float(value) / 100.0)
+
+
+def _field_value(nvml: Any, entry: Any) -> float | None:
+    """Read a ``c_nvmlFieldValue_t`` union by its ``valueType``."""
+    readers: dict[int, Callable[[Any], float]] = {
+        int(nvml.NVML_VALUE_TYPE_DOUBLE): lambda v: float(v.dVal),
+        int(nvml.NVML_VALUE_TYPE_UNSIGNED_INT): lambda v: float(v.uiVal),
+        int(nvml.NVML_VALUE_TYPE_UNSIGNED_LONG): lambda v: float(v.ulVal),
+        int(nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG): lambda v: float(v.ullVal),
+        int(nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG): lambda v: float(v.sllVal),
+        int(nvml.NVML_VALUE_TYPE_SIGNED_INT): lambda v: float(v.siVal),
+    }
+    reader = readers.get(int(entry.valueType))
+    return None if reader is None else reader(entry.value)
+
+
+__all__ = [
+    "THROTTLE_REASONS",
+    "NvmlError",
+    "NvmlLibrary",
+    "NvmlUnavailable",
+    "load_pynvml",
+]

@@ -1,0 +1,46 @@
+"""The collector registry: every collector by name, built from settings when enabled.
+
+Like node_exporter's ``collector.go``: adding a source means one entry here, and each
+one is switched on or off by name in the config file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from sn_monitor.agent.collectors.base import Collector
+from sn_monitor.agent.collectors.gpu import NvmlCollector
+from sn_monitor.agent.collectors.host import HostCollector
+from sn_monitor.agent.collectors.infiniband import InfinibandCollector
+from sn_monitor.agent.collectors.kmsg import KmsgCollector
+from sn_monitor.agent.collectors.net import NetCollector
+from sn_monitor.agent.settings import AgentSettings
+from sn_monitor.clock import Clock
+
+#: The NVML module the nvml collector calls: real ``pynvml`` or the simulator's fake.
+NvmlModule = ModuleType | Any
+
+Factory = Callable[[AgentSettings, NvmlModule, Clock], Collector]
+
+COLLECTORS: dict[str, Factory] = {
+    "nvml": lambda s, nvml, clock: NvmlCollector(nvml, clock),
+    "net": lambda s, nvml, clock: NetCollector(
+        Path(s.paths.procfs), Path(s.paths.sysfs),
+        include=s.collectors.net.include, exclude=s.collectors.net.exclude,
+    ),
+    "infiniband": lambda s, nvml, clock: InfinibandCollector(Path(s.paths.sysfs)),
+    "host": lambda s, nvml, clock: HostCollector(Path(s.paths.procfs), Path(s.paths.sysfs)),
+    "kmsg": lambda s, nvml, clock: KmsgCollector(Path(s.paths.kmsg), clock),
+}
+
+
+def build_collectors(settings: AgentSettings, nvml: NvmlModule, clock: Clock) -> list[Collector]:
+    """The enabled collectors, in registry order."""
+    return [
+        factory(settings, nvml, clock)
+        for name, factory in COLLECTORS.items()
+        if getattr(settings.collectors, name).enabled
+    ]

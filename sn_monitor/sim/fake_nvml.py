@@ -1,0 +1,851 @@
+"""A stand-in for ``pynvml`` backed by :class:`~sn_monitor.sim.gpu_model.SimulatedGpu`.
+
+The agent takes its NVML module as a parameter; the simulator and the tests pass this
+one. It has the functions the adapter (:mod:`sn_monitor.agent.nvml`) calls, with
+pynvml's signatures, NVML's units (mW, mJ, MHz, KB/s, percent) and result objects with
+the attribute names of pynvml's ctypes structs. The exceptions and constants *are*
+pynvml's, re-exported, so ``except pynvml.NVMLError_GpuIsLost`` works the same on both.
+
+Module state (the installed GPUs, init refcount, call counts) sits behind one lock:
+the sampler and the thermal guard may call from different threads. The fake never
+moves time: the simulation driver calls ``gpu.step(dt)``.
+
+Test and simulator API: :func:`configure`, :func:`configure_missing_library`,
+:func:`configure_driver_not_loaded`, :func:`reset`, :func:`simulated_gpus`,
+:func:`call_counts`, :func:`call_count`.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+import pynvml  # noqa: TID251 - the fake reuses pynvml's own exceptions and constants
+
+from sn_monitor.sim.gpu_model import SimulatedGpu
+
+# ------------------------------------------------------------------ pynvml re-exports
+
+NVMLError: Any = pynvml.NVMLError
+nvmlExceptionClass: Any = pynvml.nvmlExceptionClass
+NVMLError_Uninitialized: Any = pynvml.NVMLError_Uninitialized
+NVMLError_InvalidArgument: Any = pynvml.NVMLError_InvalidArgument
+NVMLError_NotSupported: Any = pynvml.NVMLError_NotSupported
+NVMLError_NoPermission: Any = pynvml.NVMLError_NoPermission
+NVMLError_NotFound: Any = pynvml.NVMLError_NotFound
+NVMLError_DriverNotLoaded: Any = pynvml.NVMLError_DriverNotLoaded
+NVMLError_Timeout: Any = pynvml.NVMLError_Timeout
+NVMLError_LibraryNotFound: Any = pynvml.NVMLError_LibraryNotFound
+NVMLError_FunctionNotFound: Any = pynvml.NVMLError_FunctionNotFound
+NVMLError_GpuIsLost: Any = pynvml.NVMLError_GpuIsLost
+NVMLError_ResetRequired: Any = pynvml.NVMLError_ResetRequired
+NVMLError_ArgumentVersionMismatch: Any = pynvml.NVMLError_ArgumentVersionMismatch
+NVMLError_Unknown: Any = pynvml.NVMLError_Unknown
+
+NVML_SUCCESS: int = pynvml.NVML_SUCCESS
+NVML_ERROR_UNINITIALIZED: int = pynvml.NVML_ERROR_UNINITIALIZED
+NVML_ERROR_INVALID_ARGUMENT: int = pynvml.NVML_ERROR_INVALID_ARGUMENT
+NVML_ERROR_NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
+NVML_ERROR_NO_PERMISSION: int = pynvml.NVML_ERROR_NO_PERMISSION
+NVML_ERROR_DRIVER_NOT_LOADED: int = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+NVML_ERROR_TIMEOUT: int = pynvml.NVML_ERROR_TIMEOUT
+NVML_ERROR_LIBRARY_NOT_FOUND: int = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+NVML_ERROR_FUNCTION_NOT_FOUND: int = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+NVML_ERROR_GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
+NVML_ERROR_RESET_REQUIRED: int = pynvml.NVML_ERROR_RESET_REQUIRED
+NVML_ERROR_LIB_RM_VERSION_MISMATCH: int = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
+NVML_ERROR_NO_DATA: int = pynvml.NVML_ERROR_NO_DATA
+NVML_ERROR_UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
+
+NVML_FEATURE_DISABLED: int = pynvml.NVML_FEATURE_DISABLED
+NVML_FEATURE_ENABLED: int = pynvml.NVML_FEATURE_ENABLED
+NVML_TEMPERATURE_GPU: int = pynvml.NVML_TEMPERATURE_GPU
+NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: int = pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
+NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: int = pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+NVML_TEMPERATURE_THRESHOLD_MEM_MAX: int = pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX
+NVML_TEMPERATURE_THRESHOLD_GPU_MAX: int = pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX
+NVML_FI_DEV_MEMORY_TEMP: int = pynvml.NVML_FI_DEV_MEMORY_TEMP
+NVML_VALUE_TYPE_DOUBLE: int = pynvml.NVML_VALUE_TYPE_DOUBLE
+NVML_VALUE_TYPE_UNSIGNED_INT: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+NVML_VALUE_TYPE_UNSIGNED_LONG: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+NVML_VALUE_TYPE_SIGNED_LONG_LONG: int = pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG
+NVML_VALUE_TYPE_SIGNED_INT: int = pynvml.NVML_VALUE_TYPE_SIGNED_INT
+NVML_VALUE_TYPE_UNSIGNED_SHORT: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT
+NVML_CLOCK_GRAPHICS: int = pynvml.NVML_CLOCK_GRAPHICS
+NVML_CLOCK_SM: int = pynvml.NVML_CLOCK_SM
+NVML_CLOCK_MEM: int = pynvml.NVML_CLOCK_MEM
+NVML_CLOCK_VIDEO: int = pynvml.NVML_CLOCK_VIDEO
+NVML_MEMORY_ERROR_TYPE_CORRECTED: int = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED: int = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+NVML_VOLATILE_ECC: int = pynvml.NVML_VOLATILE_ECC
+NVML_AGGREGATE_ECC: int = pynvml.NVML_AGGREGATE_ECC
+NVML_PCIE_UTIL_TX_BYTES: int = pynvml.NVML_PCIE_UTIL_TX_BYTES
+NVML_PCIE_UTIL_RX_BYTES: int = pynvml.NVML_PCIE_UTIL_RX_BYTES
+NVML_NVLINK_MAX_LINKS: int = pynvml.NVML_NVLINK_MAX_LINKS
+NVML_NVLINK_ERROR_DL_REPLAY: int = pynvml.NVML_NVLINK_ERROR_DL_REPLAY
+NVML_NVLINK_ERROR_DL_RECOVERY: int = pynvml.NVML_NVLINK_ERROR_DL_RECOVERY
+NVML_NVLINK_ERROR_DL_CRC_FLIT: int = pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT
+NVML_NVLINK_ERROR_DL_CRC_DATA: int = pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA
+NVML_NVLINK_ERROR_DL_ECC_DATA: int = pynvml.NVML_NVLINK_ERROR_DL_ECC_DATA
+NVML_GPM_METRIC_SM_UTIL: int = pynvml.NVML_GPM_METRIC_SM_UTIL
+NVML_GPM_METRIC_DRAM_BW_UTIL: int = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+NVML_GPM_METRIC_MAX: int = pynvml.NVML_GPM_METRIC_MAX
+NVML_GPM_METRICS_GET_VERSION: int = pynvml.NVML_GPM_METRICS_GET_VERSION
+NVML_GPM_SUPPORT_VERSION: int = pynvml.NVML_GPM_SUPPORT_VERSION
+
+nvmlEventTypeSingleBitEccError: int = pynvml.nvmlEventTypeSingleBitEccError
+nvmlEventTypeDoubleBitEccError: int = pynvml.nvmlEventTypeDoubleBitEccError
+nvmlEventTypePState: int = pynvml.nvmlEventTypePState
+nvmlEventTypeXidCriticalError: int = pynvml.nvmlEventTypeXidCriticalError
+nvmlEventTypeClock: int = pynvml.nvmlEventTypeClock
+nvmlEventTypeNone: int = pynvml.nvmlEventTypeNone
+
+nvmlClocksEventReasonGpuIdle: int = pynvml.nvmlClocksEventReasonGpuIdle
+nvmlClocksEventReasonApplicationsClocksSetting: int = (
+    pynvml.nvmlClocksEventReasonApplicationsClocksSetting
+)
+nvmlClocksEventReasonSwPowerCap: int = pynvml.nvmlClocksEventReasonSwPowerCap
+nvmlClocksEventReasonHwSlowdown: int = pynvml.nvmlClocksEventReasonHwSlowdown
+nvmlClocksEventReasonSyncBoost: int = pynvml.nvmlClocksEventReasonSyncBoost
+nvmlClocksEventReasonSwThermalSlowdown: int = pynvml.nvmlClocksEventReasonSwThermalSlowdown
+nvmlClocksEventReasonHwThermalSlowdown: int = pynvml.nvmlClocksEventReasonHwThermalSlowdown
+nvmlClocksEventReasonHwPowerBrakeSlowdown: int = pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+nvmlClocksEventReasonDisplayClockSetting: int = pynvml.nvmlClocksEventReasonDisplayClockSetting
+nvmlClocksEventReasonNone: int = pynvml.nvmlClocksEventReasonNone
+nvmlClocksThrottleReasonGpuIdle: int = pynvml.nvmlClocksThrottleReasonGpuIdle
+nvmlClocksThrottleReasonSwPowerCap: int = pynvml.nvmlClocksThrottleReasonSwPowerCap
+nvmlClocksThrottleReasonSwThermalSlowdown: int = pynvml.nvmlClocksThrottleReasonSwThermalSlowdown
+nvmlClocksThrottleReasonHwThermalSlowdown: int = pynvml.nvmlClocksThrottleReasonHwThermalSlowdown
+
+# Event types a simulated data-centre GPU can deliver.
+_SUPPORTED_EVENT_TYPES = (
+    nvmlEventTypeSingleBitEccError
+    | nvmlEventTypeDoubleBitEccError
+    | nvmlEventTypePState
+    | nvmlEventTypeXidCriticalError
+    | nvmlEventTypeClock
+)
+# What NVML puts in gpuInstanceId / computeInstanceId outside MIG.
+_NO_INSTANCE = 0xFFFFFFFF
+
+
+# ------------------------------------------------------------------ result objects
+
+
+@dataclass(slots=True)
+class _Memory:
+    """Like ``c_nvmlMemory_t``: bytes."""
+
+    total: int
+    free: int
+    used: int
+
+
+@dataclass(slots=True)
+class _Utilization:
+    """Like ``c_nvmlUtilization_t``: percent."""
+
+    gpu: int
+    memory: int
+
+
+@dataclass(slots=True)
+class _PciInfo:
+    """Like ``nvmlPciInfo_t``; pynvml decodes the char arrays to ``str``."""
+
+    busIdLegacy: str
+    domain: int
+    bus: int
+    device: int
+    pciDeviceId: int
+    pciSubSystemId: int
+    busId: str
+
+
+@dataclass(slots=True)
+class _Value:
+    """Like the ``c_nvmlValue_t`` union: every view is filled from one number."""
+
+    dVal: float = 0.0
+    uiVal: int = 0
+    ulVal: int = 0
+    ullVal: int = 0
+    sllVal: int = 0
+    siVal: int = 0
+    usVal: int = 0
+
+
+@dataclass(slots=True)
+class _FieldValue:
+    """Like ``c_nvmlFieldValue_t``."""
+
+    fieldId: int
+    scopeId: int = 0
+    timestamp: int = 0
+    latencyUsec: int = 0
+    valueType: int = 0
+    nvmlReturn: int = 0
+    value: _Value = field(default_factory=_Value)
+
+
+@dataclass(slots=True)
+class _EventData:
+    """Like ``c_nvmlEventData_t``."""
+
+    device: Any
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = _NO_INSTANCE
+    computeInstanceId: int = _NO_INSTANCE
+
+
+@dataclass(slots=True)
+class _GpmSupport:
+    """Like ``c_nvmlGpmSupport_t``."""
+
+    version: int
+    isSupportedDevice: int
+
+
+class _GpmSample:
+    """An opaque GPM sample buffer, filled by :func:`nvmlGpmSampleGet`."""
+
+    __slots__ = ("device_index", "freed", "snapshot")
+
+    def __init__(self) -> None:
+        self.device_index: int | None = None
+        self.snapshot: Any = None
+        self.freed = False
+
+
+class c_nvmlGpmMetric_t:
+    """Like pynvml's ``c_nvmlGpmMetric_t``; ``value`` is a double, often percent."""
+
+    __slots__ = ("metricId", "metricInfo", "nvmlReturn", "value")
+
+    def __init__(self) -> None:
+        self.metricId = 0
+        self.nvmlReturn = NVML_SUCCESS
+        self.value = 0.0
+        self.metricInfo: Any = None
+
+
+class c_nvmlGpmMetricsGet_t:
+    """Like pynvml's ``c_nvmlGpmMetricsGet_t``: the caller fills it, the call answers in it."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1: Any = None
+        self.sample2: Any = None
+        self.metrics = [c_nvmlGpmMetric_t() for _ in range(NVML_GPM_METRIC_MAX)]
+
+
+class _DeviceHandle:
+    """An opaque device handle; one per GPU for the life of a configuration."""
+
+    __slots__ = ("_gpu",)
+
+    def __init__(self, gpu: SimulatedGpu) -> None:
+        self._gpu = gpu
+
+    def __repr__(self) -> str:
+        return f"<fake nvmlDevice_t {self._gpu.index}>"
+
+
+class _EventSet:
+    """An event set: per registered device, its event mask and a cursor into its XID log."""
+
+    def __init__(self) -> None:
+        self.registrations: dict[int, tuple[int, int]] = {}
+        self.freed = False
+
+
+# ------------------------------------------------------------------ module state
+
+
+@dataclass(slots=True)
+class _State:
+    gpus: list[SimulatedGpu] = field(default_factory=list)
+    handles: list[_DeviceHandle] = field(default_factory=list)
+    driver_version: str = "550.90.07"
+    nvml_version: str = "12.550.90.07"
+    init_error: int | None = None
+    missing_functions: frozenset[str] = frozenset()
+    refcount: int = 0
+    calls: Counter[str] = field(default_factory=Counter)
+
+
+_lock = threading.RLock()
+_state = _State()
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+# Functions that work before nvmlInit.
+_NO_INIT = frozenset({"nvmlInit", "nvmlInitWithFlags"})
+
+
+def configure(
+    gpus: Iterable[SimulatedGpu],
+    driver_version: str = "550.90.07",
+    *,
+    nvml_version: str | None = None,
+    missing_functions: Iterable[str] = (),
+) -> None:
+    """Install simulated GPUs (NVML index = list position) and start uninitialized.
+
+    ``missing_functions`` raise NVMLError_FunctionNotFound, as on an older driver.
+    """
+    with _lock:
+        gpu_list = list(gpus)
+        _state.gpus = gpu_list
+        _state.handles = [_DeviceHandle(gpu) for gpu in gpu_list]
+        _state.driver_version = driver_version
+        _state.nvml_version = nvml_version or f"12.{driver_version}"
+        _state.init_error = None
+        _state.missing_functions = frozenset(missing_functions)
+        _state.refcount = 0
+        _state.calls.clear()
+
+
+def configure_missing_library() -> None:
+    """No libnvidia-ml.so here: nvmlInit raises NVMLError_LibraryNotFound."""
+    configure([])
+    with _lock:
+        _state.init_error = NVML_ERROR_LIBRARY_NOT_FOUND
+
+
+def configure_driver_not_loaded() -> None:
+    """The library is there but the kernel driver is not: nvmlInit raises DriverNotLoaded."""
+    configure([])
+    with _lock:
+        _state.init_error = NVML_ERROR_DRIVER_NOT_LOADED
+
+
+def reset() -> None:
+    """Back to an empty, uninitialized NVML with no GPUs."""
+    configure([])
+
+
+def simulated_gpus() -> list[SimulatedGpu]:
+    """The models behind the devices, to step them and inject faults."""
+    with _lock:
+        return list(_state.gpus)
+
+
+def call_counts() -> dict[str, int]:
+    """How often each NVML function was called since the last configure."""
+    with _lock:
+        return dict(_state.calls)
+
+
+def call_count(name: str) -> int:
+    with _lock:
+        return _state.calls[name]
+
+
+def _nvml_function(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Count the call, then fail the way NVML would before reaching the device.
+
+    In order: function missing from this driver, not initialized, and (when the first
+    argument is a device handle) GPU lost, function not supported on this GPU.
+    """
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with _lock:
+            _state.calls[name] += 1
+            if name in _state.missing_functions:
+                raise NVMLError_FunctionNotFound()
+            if name not in _NO_INIT and _state.refcount == 0:
+                raise NVMLError_Uninitialized()
+            if args and isinstance(args[0], _DeviceHandle):
+                gpu = args[0]._gpu
+                with gpu.lock:
+                    if gpu.lost:
+                        raise NVMLError_GpuIsLost()
+                    if name in gpu.profile.unsupported:
+                        raise NVMLError_NotSupported()
+                    return fn(*args, **kwargs)
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _gpu(handle: Any) -> SimulatedGpu:
+    if not isinstance(handle, _DeviceHandle):
+        raise NVMLError_InvalidArgument()
+    return handle._gpu
+
+
+# ------------------------------------------------------------------ init, system
+
+
+@_nvml_function
+def nvmlInitWithFlags(flags: int) -> None:
+    if _state.init_error is not None:
+        raise NVMLError(_state.init_error)
+    _state.refcount += 1
+
+
+@_nvml_function
+def nvmlInit() -> None:
+    if _state.init_error is not None:
+        raise NVMLError(_state.init_error)
+    _state.refcount += 1
+
+
+@_nvml_function
+def nvmlShutdown() -> None:
+    _state.refcount -= 1
+
+
+@_nvml_function
+def nvmlSystemGetDriverVersion() -> str:
+    return _state.driver_version
+
+
+@_nvml_function
+def nvmlSystemGetNVMLVersion() -> str:
+    return _state.nvml_version
+
+
+@_nvml_function
+def nvmlDeviceGetCount() -> int:
+    return len(_state.gpus)
+
+
+@_nvml_function
+def nvmlDeviceGetHandleByIndex(index: int) -> _DeviceHandle:
+    if not 0 <= index < len(_state.handles):
+        raise NVMLError_InvalidArgument()
+    handle = _state.handles[index]
+    if handle._gpu.lost:
+        raise NVMLError_GpuIsLost()
+    return handle
+
+
+# ------------------------------------------------------------------ identity
+
+
+@_nvml_function
+def nvmlDeviceGetIndex(handle: Any) -> int:
+    return _gpu(handle).index
+
+
+@_nvml_function
+def nvmlDeviceGetUUID(handle: Any) -> str:
+    return _gpu(handle).uuid
+
+
+@_nvml_function
+def nvmlDeviceGetName(handle: Any) -> str:
+    return _gpu(handle).profile.name
+
+
+@_nvml_function
+def nvmlDeviceGetPciInfo(handle: Any) -> _PciInfo:
+    bus_id = _gpu(handle).pci_bus_id
+    domain_text, bus_text, dev_fn = bus_id.split(":")
+    dev_text = dev_fn.split(".")[0]
+    domain, bus, dev = int(domain_text, 16), int(bus_text, 16), int(dev_text, 16)
+    return _PciInfo(
+        busIdLegacy=f"{domain:04X}:{bus:02X}:{dev:02X}.0",
+        domain=domain,
+        bus=bus,
+        device=dev,
+        pciDeviceId=0x233010DE,
+        pciSubSystemId=0x16C110DE,
+        busId=f"{domain:08X}:{bus:02X}:{dev:02X}.0",
+    )
+
+
+@_nvml_function
+def nvmlDeviceGetSerial(handle: Any) -> str:
+    return _gpu(handle).serial
+
+
+@_nvml_function
+def nvmlDeviceGetVbiosVersion(handle: Any) -> str:
+    return _gpu(handle).profile.vbios_version
+
+
+# ------------------------------------------------------------------ utilization, memory
+
+
+@_nvml_function
+def nvmlDeviceGetUtilizationRates(handle: Any) -> _Utilization:
+    gpu = _gpu(handle)
+    return _Utilization(
+        gpu=round(gpu.utilization * 100), memory=round(gpu.memory_utilization * 100)
+    )
+
+
+@_nvml_function
+def nvmlDeviceGetMemoryInfo(handle: Any, version: int | None = None) -> _Memory:
+    gpu = _gpu(handle)
+    total = gpu.profile.memory_total_bytes
+    used = min(total, gpu.memory_used_bytes)
+    return _Memory(total=total, free=total - used, used=used)
+
+
+# ------------------------------------------------------------------ temperature
+
+
+@_nvml_function
+def nvmlDeviceGetTemperature(handle: Any, sensor: int) -> int:
+    if sensor != NVML_TEMPERATURE_GPU:
+        raise NVMLError_InvalidArgument()
+    return round(_gpu(handle).temperature_celsius)
+
+
+@_nvml_function
+def nvmlDeviceGetTemperatureThreshold(handle: Any, threshold: int) -> int:
+    profile = _gpu(handle).profile
+    values = {
+        NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: profile.shutdown_celsius,
+        NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: profile.slowdown_celsius,
+        NVML_TEMPERATURE_THRESHOLD_GPU_MAX: profile.gpu_max_celsius,
+        NVML_TEMPERATURE_THRESHOLD_MEM_MAX: profile.memory_max_celsius,
+    }
+    if threshold not in values:
+        raise NVMLError_NotSupported()
+    return round(values[threshold])
+
+
+@_nvml_function
+def nvmlDeviceGetFieldValues(handle: Any, fieldIds: list[int]) -> list[_FieldValue]:
+    """Only NVML_FI_DEV_MEMORY_TEMP is simulated; other ids answer NotSupported per entry."""
+    gpu = _gpu(handle)
+    timestamp_us = round(gpu.elapsed_seconds * 1e6)
+    results = []
+    for field_id in fieldIds:
+        entry = _FieldValue(fieldId=field_id, timestamp=timestamp_us)
+        if field_id == NVML_FI_DEV_MEMORY_TEMP and gpu.profile.memory_temperature_supported:
+            celsius = round(gpu.memory_temperature_celsius)
+            entry.valueType = NVML_VALUE_TYPE_UNSIGNED_INT
+            entry.value = _Value(
+                dVal=float(celsius),
+                uiVal=celsius,
+                ulVal=celsius,
+                ullVal=celsius,
+                sllVal=celsius,
+                siVal=celsius,
+                usVal=celsius,
+            )
+        else:
+            entry.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+        results.append(entry)
+    return results
+
+
+# ------------------------------------------------------------------ power
+
+
+@_nvml_function
+def nvmlDeviceGetPowerUsage(handle: Any) -> int:
+    return round(_gpu(handle).power_watts * 1000)
+
+
+@_nvml_function
+def nvmlDeviceGetEnforcedPowerLimit(handle: Any) -> int:
+    return round(_gpu(handle).power_limit_watts * 1000)
+
+
+@_nvml_function
+def nvmlDeviceGetPowerManagementLimit(handle: Any) -> int:
+    return round(_gpu(handle).power_limit_watts * 1000)
+
+
+@_nvml_function
+def nvmlDeviceGetPowerManagementDefaultLimit(handle: Any) -> int:
+    return round(_gpu(handle).profile.power_default_limit_watts * 1000)
+
+
+@_nvml_function
+def nvmlDeviceGetPowerManagementLimitConstraints(handle: Any) -> list[int]:
+    profile = _gpu(handle).profile
+    return [
+        round(profile.power_min_limit_watts * 1000),
+        round(profile.power_max_limit_watts * 1000),
+    ]
+
+
+@_nvml_function
+def nvmlDeviceSetPowerManagementLimit(handle: Any, limit: int) -> None:
+    """Milliwatts; out of the constraints is InvalidArgument, as in the real driver."""
+    gpu = _gpu(handle)
+    watts = limit / 1000.0
+    if not gpu.profile.power_min_limit_watts <= watts <= gpu.profile.power_max_limit_watts:
+        raise NVMLError_InvalidArgument()
+    gpu.set_power_limit_watts(watts)
+
+
+@_nvml_function
+def nvmlDeviceGetTotalEnergyConsumption(handle: Any) -> int:
+    return int(_gpu(handle).energy_millijoules)
+
+
+# ------------------------------------------------------------------ clocks
+
+
+def _clock_mhz(gpu: SimulatedGpu, clock_type: int, *, maximum: bool) -> int:
+    if clock_type in (NVML_CLOCK_SM, NVML_CLOCK_GRAPHICS):
+        return gpu.profile.sm_max_clock_mhz if maximum else gpu.sm_clock_mhz
+    if clock_type == NVML_CLOCK_MEM:
+        return gpu.profile.memory_clock_mhz if maximum else gpu.memory_clock_mhz
+    if clock_type == NVML_CLOCK_VIDEO:
+        return 1755
+    raise NVMLError_InvalidArgument()
+
+
+@_nvml_function
+def nvmlDeviceGetClockInfo(handle: Any, type: int) -> int:
+    return _clock_mhz(_gpu(handle), type, maximum=False)
+
+
+@_nvml_function
+def nvmlDeviceGetMaxClockInfo(handle: Any, type: int) -> int:
+    return _clock_mhz(_gpu(handle), type, maximum=True)
+
+
+@_nvml_function
+def nvmlDeviceGetCurrentClocksEventReasons(handle: Any) -> int:
+    return _gpu(handle).clock_event_reasons
+
+
+@_nvml_function
+def nvmlDeviceGetCurrentClocksThrottleReasons(handle: Any) -> int:
+    return _gpu(handle).clock_event_reasons
+
+
+# ------------------------------------------------------------------ ECC, row remapping
+
+
+@_nvml_function
+def nvmlDeviceGetTotalEccErrors(handle: Any, errorType: int, counterType: int) -> int:
+    gpu = _gpu(handle)
+    if counterType not in (NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC):
+        raise NVMLError_InvalidArgument()
+    if errorType == NVML_MEMORY_ERROR_TYPE_CORRECTED:
+        return gpu.ecc_corrected
+    if errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
+        return gpu.ecc_uncorrected
+    raise NVMLError_InvalidArgument()
+
+
+@_nvml_function
+def nvmlDeviceGetRemappedRows(device: Any) -> tuple[int, int, int, int]:
+    """(correctable, uncorrectable, pending, failure), as pynvml returns it."""
+    gpu = _gpu(device)
+    return (
+        gpu.remapped_rows_correctable,
+        gpu.remapped_rows_uncorrectable,
+        int(gpu.row_remap_pending),
+        int(gpu.row_remap_failed),
+    )
+
+
+# ------------------------------------------------------------------ PCIe
+
+
+@_nvml_function
+def nvmlDeviceGetPcieThroughput(device: Any, counter: int) -> int:
+    """KB/s over NVML's 20 ms window, 1 KB = 1024 bytes."""
+    gpu = _gpu(device)
+    if counter == NVML_PCIE_UTIL_RX_BYTES:
+        return int(gpu.pcie_rx_bytes_per_second / 1024)
+    if counter == NVML_PCIE_UTIL_TX_BYTES:
+        return int(gpu.pcie_tx_bytes_per_second / 1024)
+    raise NVMLError_InvalidArgument()
+
+
+@_nvml_function
+def nvmlDeviceGetPcieReplayCounter(handle: Any) -> int:
+    return _gpu(handle).pcie_replays
+
+
+@_nvml_function
+def nvmlDeviceGetCurrPcieLinkGeneration(handle: Any) -> int:
+    return _gpu(handle).pcie_generation
+
+
+@_nvml_function
+def nvmlDeviceGetMaxPcieLinkGeneration(handle: Any) -> int:
+    return _gpu(handle).profile.pcie_generation
+
+
+@_nvml_function
+def nvmlDeviceGetGpuMaxPcieLinkGeneration(handle: Any) -> int:
+    return _gpu(handle).profile.pcie_generation
+
+
+@_nvml_function
+def nvmlDeviceGetCurrPcieLinkWidth(handle: Any) -> int:
+    return _gpu(handle).pcie_width
+
+
+@_nvml_function
+def nvmlDeviceGetMaxPcieLinkWidth(handle: Any) -> int:
+    return _gpu(handle).profile.pcie_width
+
+
+# ------------------------------------------------------------------ NVLink
+
+
+def _nvlink(gpu: SimulatedGpu, link: int) -> Any:
+    """A GPU without NVLink is NotSupported; a link number past its count InvalidArgument."""
+    if not gpu.nvlinks:
+        raise NVMLError_NotSupported()
+    if not 0 <= link < len(gpu.nvlinks):
+        raise NVMLError_InvalidArgument()
+    return gpu.nvlinks[link]
+
+
+@_nvml_function
+def nvmlDeviceGetNvLinkState(device: Any, link: int) -> int:
+    state = _nvlink(_gpu(device), link)
+    return NVML_FEATURE_ENABLED if state.up else NVML_FEATURE_DISABLED
+
+
+@_nvml_function
+def nvmlDeviceGetNvLinkErrorCounter(device: Any, link: int, counter: int) -> int:
+    state = _nvlink(_gpu(device), link)
+    counters = {
+        NVML_NVLINK_ERROR_DL_REPLAY: state.replay_errors,
+        NVML_NVLINK_ERROR_DL_RECOVERY: state.recovery_errors,
+        NVML_NVLINK_ERROR_DL_CRC_FLIT: state.crc_flit_errors,
+        NVML_NVLINK_ERROR_DL_CRC_DATA: state.crc_data_errors,
+        NVML_NVLINK_ERROR_DL_ECC_DATA: 0,
+    }
+    if counter not in counters:
+        raise NVMLError_InvalidArgument()
+    return int(counters[counter])
+
+
+# ------------------------------------------------------------------ GPM
+
+
+@_nvml_function
+def nvmlGpmQueryDeviceSupport(device: Any) -> _GpmSupport:
+    gpu = _gpu(device)
+    return _GpmSupport(
+        version=NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(gpu.profile.gpm_supported)
+    )
+
+
+@_nvml_function
+def nvmlGpmSampleAlloc() -> _GpmSample:
+    return _GpmSample()
+
+
+@_nvml_function
+def nvmlGpmSampleFree(gpmSample: Any) -> None:
+    if not isinstance(gpmSample, _GpmSample) or gpmSample.freed:
+        raise NVMLError_InvalidArgument()
+    gpmSample.freed = True
+
+
+@_nvml_function
+def nvmlGpmSampleGet(device: Any, gpmSample: Any) -> _GpmSample:
+    gpu = _gpu(device)
+    if not gpu.profile.gpm_supported:
+        raise NVMLError_NotSupported()
+    if not isinstance(gpmSample, _GpmSample) or gpmSample.freed:
+        raise NVMLError_InvalidArgument()
+    gpmSample.device_index = gpu.index
+    gpmSample.snapshot = gpu.gpm_snapshot()
+    return gpmSample
+
+
+@_nvml_function
+def nvmlGpmMetricsGet(metricsGet: Any) -> Any:
+    """Fill ``metrics[i].value`` (percent) for SM_UTIL and DRAM_BW_UTIL between two samples."""
+    if metricsGet.version != NVML_GPM_METRICS_GET_VERSION:
+        raise NVMLError_ArgumentVersionMismatch()
+    first, second = metricsGet.sample1, metricsGet.sample2
+    for sample in (first, second):
+        if not isinstance(sample, _GpmSample) or sample.freed or sample.snapshot is None:
+            raise NVMLError_InvalidArgument()
+    if first.device_index != second.device_index:
+        raise NVMLError_InvalidArgument()
+    span = second.snapshot.elapsed_seconds - first.snapshot.elapsed_seconds
+    for metric in metricsGet.metrics[: metricsGet.numMetrics]:
+        if metric.metricId == NVML_GPM_METRIC_DRAM_BW_UTIL:
+            active = second.snapshot.dram_active_seconds - first.snapshot.dram_active_seconds
+        elif metric.metricId == NVML_GPM_METRIC_SM_UTIL:
+            active = second.snapshot.sm_active_seconds - first.snapshot.sm_active_seconds
+        else:
+            metric.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+            continue
+        if span <= 0:
+            metric.nvmlReturn = NVML_ERROR_NO_DATA
+            continue
+        metric.nvmlReturn = NVML_SUCCESS
+        metric.value = 100.0 * active / abs(span)
+    return metricsGet
+
+
+# ------------------------------------------------------------------ events
+
+
+@_nvml_function
+def nvmlEventSetCreate() -> _EventSet:
+    return _EventSet()
+
+
+@_nvml_function
+def nvmlDeviceGetSupportedEventTypes(handle: Any) -> int:
+    _gpu(handle)
+    return _SUPPORTED_EVENT_TYPES
+
+
+@_nvml_function
+def nvmlDeviceRegisterEvents(handle: Any, eventTypes: int, eventSet: Any) -> None:
+    """Events queued before registration are not delivered, as with the real driver."""
+    gpu = _gpu(handle)
+    if not isinstance(eventSet, _EventSet) or eventSet.freed:
+        raise NVMLError_InvalidArgument()
+    if eventTypes & ~_SUPPORTED_EVENT_TYPES:
+        raise NVMLError_NotSupported()
+    mask, cursor = eventSet.registrations.get(gpu.index, (0, len(gpu.xid_log)))
+    eventSet.registrations[gpu.index] = (mask | eventTypes, cursor)
+
+
+@_nvml_function
+def nvmlEventSetWait_v2(eventSet: Any, timeoutms: int) -> _EventData:
+    """The oldest undelivered XID of the lowest-numbered device, else Timeout at once.
+
+    Simulated time does not pass while waiting, so the fake never sleeps whatever
+    ``timeoutms`` says. Lost GPUs still deliver (XID 79 arrives after the loss).
+    """
+    if not isinstance(eventSet, _EventSet) or eventSet.freed:
+        raise NVMLError_InvalidArgument()
+    for index in sorted(eventSet.registrations):
+        mask, cursor = eventSet.registrations[index]
+        if not mask & nvmlEventTypeXidCriticalError:
+            continue
+        gpu = _state.gpus[index]
+        with gpu.lock:
+            if cursor < len(gpu.xid_log):
+                eventSet.registrations[index] = (mask, cursor + 1)
+                return _EventData(
+                    device=_state.handles[index],
+                    eventType=nvmlEventTypeXidCriticalError,
+                    eventData=gpu.xid_log[cursor],
+                )
+    raise NVMLError_Timeout()
+
+
+@_nvml_function
+def nvmlEventSetFree(eventSet: Any) -> None:
+    if not isinstance(eventSet, _EventSet) or eventSet.freed:
+        raise NVMLError_InvalidArgument()
+    eventSet.freed = True

@@ -1,0 +1,183 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from sn_monitor.sim import fake_nvml
+from sn_monitor.sim.gpu_model import A100_SXM, H100_SXM, GpuProfile, SimulatedGpu, make_gpus
+
+
+@pytest.fixture(autouse=True)
+def _clean_fake() -> Iterator[None]:
+    yield
+    fake_nvml.reset()
+
+
+def start(gpus: list[SimulatedGpu]) -> None:
+    fake_nvml.configure(gpus)
+    fake_nvml.nvmlInit()
+
+
+def test_reuses_pynvml_exceptions():
+    import pynvml  # noqa: TID251 - checking the fake against the real bindings
+
+    assert fake_nvml.NVMLError_GpuIsLost is pynvml.NVMLError_GpuIsLost
+    assert fake_nvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT).__class__ is pynvml.NVMLError_Timeout
+    assert fake_nvml.nvmlExceptionClass(pynvml.NVML_ERROR_NOT_SUPPORTED) is (
+        pynvml.NVMLError_NotSupported
+    )
+
+
+def test_calls_before_init_raise_uninitialized():
+    fake_nvml.configure(make_gpus(1))
+    with pytest.raises(fake_nvml.NVMLError_Uninitialized):
+        fake_nvml.nvmlDeviceGetCount()
+    fake_nvml.nvmlInit()
+    assert fake_nvml.nvmlDeviceGetCount() == 1
+    fake_nvml.nvmlShutdown()
+    with pytest.raises(fake_nvml.NVMLError_Uninitialized):
+        fake_nvml.nvmlDeviceGetCount()
+
+
+def test_missing_library_and_driver():
+    fake_nvml.configure_missing_library()
+    with pytest.raises(fake_nvml.NVMLError_LibraryNotFound):
+        fake_nvml.nvmlInit()
+    fake_nvml.configure_driver_not_loaded()
+    with pytest.raises(fake_nvml.NVMLError_DriverNotLoaded):
+        fake_nvml.nvmlInit()
+
+
+def test_units_and_struct_shapes():
+    gpus = make_gpus(2)
+    start(gpus)
+    for gpu in gpus:
+        gpu.set_load(1.0)
+        gpu.step(10.0)
+    handle = fake_nvml.nvmlDeviceGetHandleByIndex(1)
+    assert fake_nvml.nvmlDeviceGetIndex(handle) == 1
+    assert fake_nvml.nvmlSystemGetDriverVersion() == "550.90.07"
+    pci = fake_nvml.nvmlDeviceGetPciInfo(handle)
+    assert pci.busId == "00000000:2A:00.0"
+    assert pci.busIdLegacy == "0000:2A:00.0"
+    memory = fake_nvml.nvmlDeviceGetMemoryInfo(handle)
+    assert memory.total == H100_SXM.memory_total_bytes == memory.used + memory.free
+    assert fake_nvml.nvmlDeviceGetUtilizationRates(handle).gpu == 100
+    power_mw = fake_nvml.nvmlDeviceGetPowerUsage(handle)
+    assert power_mw == round(gpus[1].power_watts * 1000)
+    assert fake_nvml.nvmlDeviceGetPowerManagementLimitConstraints(handle) == [200_000, 700_000]
+    assert fake_nvml.nvmlDeviceGetMaxClockInfo(handle, fake_nvml.NVML_CLOCK_SM) == 1980
+    kbps = fake_nvml.nvmlDeviceGetPcieThroughput(handle, fake_nvml.NVML_PCIE_UTIL_RX_BYTES)
+    assert kbps == int(gpus[1].pcie_rx_bytes_per_second / 1024)
+    (field,) = fake_nvml.nvmlDeviceGetFieldValues(handle, [fake_nvml.NVML_FI_DEV_MEMORY_TEMP])
+    assert field.nvmlReturn == fake_nvml.NVML_SUCCESS
+    assert field.value.uiVal == round(gpus[1].memory_temperature_celsius)
+
+
+def test_set_power_limit_out_of_range_is_invalid_argument():
+    gpus = make_gpus(1)
+    start(gpus)
+    handle = fake_nvml.nvmlDeviceGetHandleByIndex(0)
+    fake_nvml.nvmlDeviceSetPowerManagementLimit(handle, 350_000)
+    assert fake_nvml.nvmlDeviceGetEnforcedPowerLimit(handle) == 350_000
+    with pytest.raises(fake_nvml.NVMLError_InvalidArgument):
+        fake_nvml.nvmlDeviceSetPowerManagementLimit(handle, 10_000)
+
+
+def test_lost_gpu_raises_gpu_is_lost_from_every_device_call():
+    gpus = make_gpus(2)
+    start(gpus)
+    handle = fake_nvml.nvmlDeviceGetHandleByIndex(0)
+    gpus[0].fall_off_bus()
+    for call in (
+        lambda: fake_nvml.nvmlDeviceGetUUID(handle),
+        lambda: fake_nvml.nvmlDeviceGetTemperature(handle, fake_nvml.NVML_TEMPERATURE_GPU),
+        lambda: fake_nvml.nvmlDeviceGetNvLinkState(handle, 0),
+        lambda: fake_nvml.nvmlDeviceGetHandleByIndex(0),
+    ):
+        with pytest.raises(fake_nvml.NVMLError_GpuIsLost):
+            call()
+    other = fake_nvml.nvmlDeviceGetHandleByIndex(1)
+    assert fake_nvml.nvmlDeviceGetName(other) == H100_SXM.name
+
+
+def test_not_supported_configuration():
+    profile = GpuProfile(
+        name="test", memory_total_bytes=1, unsupported=frozenset({"nvmlDeviceGetPcieReplayCounter"})
+    )
+    start([SimulatedGpu(0, profile), SimulatedGpu(1, A100_SXM)])
+    with pytest.raises(fake_nvml.NVMLError_NotSupported):
+        fake_nvml.nvmlDeviceGetPcieReplayCounter(fake_nvml.nvmlDeviceGetHandleByIndex(0))
+    a100 = fake_nvml.nvmlDeviceGetHandleByIndex(1)
+    assert fake_nvml.nvmlGpmQueryDeviceSupport(a100).isSupportedDevice == 0
+    (field,) = fake_nvml.nvmlDeviceGetFieldValues(a100, [fake_nvml.NVML_FI_DEV_MEMORY_TEMP])
+    assert field.nvmlReturn == fake_nvml.NVML_ERROR_NOT_SUPPORTED
+    assert fake_nvml.call_count("nvmlDeviceGetPcieReplayCounter") == 1
+
+
+def test_missing_function_raises_function_not_found():
+    fake_nvml.configure(make_gpus(1), missing_functions={"nvmlDeviceGetCurrentClocksEventReasons"})
+    fake_nvml.nvmlInit()
+    handle = fake_nvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(fake_nvml.NVMLError_FunctionNotFound):
+        fake_nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
+    assert fake_nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle) >= 0
+
+
+def test_event_set_drains_xids_then_times_out_without_sleeping():
+    gpus = make_gpus(2)
+    start(gpus)
+    gpus[0].inject_xid(31)  # before registration: not delivered
+    event_set = fake_nvml.nvmlEventSetCreate()
+    for index in range(2):
+        handle = fake_nvml.nvmlDeviceGetHandleByIndex(index)
+        fake_nvml.nvmlDeviceRegisterEvents(
+            handle, fake_nvml.nvmlEventTypeXidCriticalError, event_set
+        )
+    handle0 = fake_nvml.nvmlDeviceGetHandleByIndex(0)
+    gpus[1].inject_xid(48)
+    gpus[1].inject_xid(48)
+    gpus[0].fall_off_bus()
+    handles = {id(fake_nvml.nvmlDeviceGetHandleByIndex(1)): 1, id(handle0): 0}
+    seen = []
+    for _ in range(3):
+        data = fake_nvml.nvmlEventSetWait_v2(event_set, 10_000)
+        assert data.eventType == fake_nvml.nvmlEventTypeXidCriticalError
+        seen.append((handles[id(data.device)], data.eventData))
+    assert sorted(seen) == [(0, 79), (1, 48), (1, 48)]
+    with pytest.raises(fake_nvml.NVMLError_Timeout):
+        fake_nvml.nvmlEventSetWait_v2(event_set, 10_000)
+    fake_nvml.nvmlEventSetFree(event_set)
+
+
+def test_nvlink_beyond_count_is_invalid_argument():
+    start(make_gpus(1))
+    handle = fake_nvml.nvmlDeviceGetHandleByIndex(0)
+    assert fake_nvml.nvmlDeviceGetNvLinkState(handle, 17) == fake_nvml.NVML_FEATURE_ENABLED
+    with pytest.raises(fake_nvml.NVMLError_InvalidArgument):
+        fake_nvml.nvmlDeviceGetNvLinkState(handle, 18)
+    with pytest.raises(fake_nvml.NVMLError_InvalidArgument):
+        fake_nvml.nvmlDeviceGetNvLinkErrorCounter(
+            handle, 18, fake_nvml.NVML_NVLINK_ERROR_DL_CRC_FLIT
+        )
+
+
+def test_gpm_metrics_between_two_samples():
+    gpus = make_gpus(1)
+    start(gpus)
+    gpus[0].set_load(1.0)
+    handle = fake_nvml.nvmlDeviceGetHandleByIndex(0)
+    first = fake_nvml.nvmlGpmSampleGet(handle, fake_nvml.nvmlGpmSampleAlloc())
+    gpus[0].step(5.0)
+    second = fake_nvml.nvmlGpmSampleGet(handle, fake_nvml.nvmlGpmSampleAlloc())
+    request = fake_nvml.c_nvmlGpmMetricsGet_t()
+    request.version = fake_nvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = 1
+    request.sample1, request.sample2 = first, second
+    request.metrics[0].metricId = fake_nvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+    fake_nvml.nvmlGpmMetricsGet(request)
+    assert request.metrics[0].nvmlReturn == fake_nvml.NVML_SUCCESS
+    assert request.metrics[0].value == pytest.approx(75.0)
+    fake_nvml.nvmlGpmSampleFree(first)
+    fake_nvml.nvmlGpmSampleFree(second)

@@ -1,0 +1,274 @@
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from sn_monitor.agent.collectors.base import SourceMissing
+from sn_monitor.agent.collectors.gpu import NvmlCollector
+from sn_monitor.agent.nvml import THROTTLE_REASONS
+from sn_monitor.agent.snapshot import Collected, GpuSample
+from sn_monitor.clock import ManualClock
+from sn_monitor.sim import fake_nvml
+from sn_monitor.sim.gpu_model import A100_SXM, H100_SXM, SimulatedGpu, make_gpus
+
+
+@pytest.fixture(autouse=True)
+def _clean_fake() -> Iterator[None]:
+    yield
+    fake_nvml.reset()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+def node(gpus: list[SimulatedGpu], clock: ManualClock, **configure) -> NvmlCollector:
+    fake_nvml.configure(gpus, **configure)
+    return NvmlCollector(fake_nvml, clock)
+
+
+def cycle(collector: NvmlCollector, gpus: list[SimulatedGpu], clock: ManualClock) -> Collected:
+    for gpu in gpus:
+        gpu.step(1.0)
+    clock.advance(1.0)
+    return collector.collect()
+
+
+def reasons(sample: GpuSample) -> dict[str, bool]:
+    assert sample.throttle_reasons is not None
+    return dict(sample.throttle_reasons)
+
+
+def test_full_h100_node_is_fully_populated_in_base_units(clock):
+    gpus = make_gpus(8)
+    for gpu in gpus:
+        gpu.set_load(0.9)
+        gpu.step(120.0)
+    collector = node(gpus, clock)
+    first = cycle(collector, gpus, clock)
+    assert first.gpus[0].memory_bandwidth_utilization_ratio is None  # GPM needs two samples
+    collected = cycle(collector, gpus, clock)
+    assert len(collected.gpus) == 8
+    assert collected.events == ()
+    bus_ids = [g.pci_bus_id for g in collected.gpus]
+    assert bus_ids[0] == "0000:18:00.0"
+    assert len(set(bus_ids)) == 8
+    for sample, gpu in zip(collected.gpus, gpus, strict=True):
+        missing = [name for name in GpuSample.__slots__ if getattr(sample, name) is None]
+        assert missing == []
+        assert sample.index == gpu.index
+        assert sample.uuid == gpu.uuid
+        assert sample.name == H100_SXM.name
+        assert sample.driver_version == "550.90.07"
+        assert not sample.lost
+        assert sample.utilization_ratio == pytest.approx(0.9)
+        assert sample.memory_utilization_ratio == pytest.approx(0.54)
+        assert sample.memory_bandwidth_utilization_ratio == pytest.approx(0.675, abs=0.01)
+        assert sample.memory_total_bytes == 80 * 1024**3
+        assert sample.power_watts == pytest.approx(gpu.power_watts, abs=0.001)
+        assert sample.power_limit_watts == 700.0
+        assert (sample.power_min_limit_watts, sample.power_max_limit_watts) == (200.0, 700.0)
+        assert sample.energy_joules_total == pytest.approx(gpu.energy_millijoules / 1000, abs=0.01)
+        assert sample.sm_max_clock_hertz == 1980e6
+        assert sample.memory_clock_hertz == 2619e6
+        assert sample.temperature_celsius == round(gpu.temperature_celsius)
+        assert sample.memory_temperature_celsius == round(gpu.memory_temperature_celsius)
+        assert (sample.slowdown_temperature_celsius, sample.shutdown_temperature_celsius) == (
+            89.0,
+            92.0,
+        )
+        assert sample.pcie_receive_bytes_per_second == pytest.approx(
+            gpu.pcie_rx_bytes_per_second, abs=1024
+        )
+        assert sample.pcie_link_generation == sample.pcie_link_generation_max == 5
+        assert sample.pcie_link_width == sample.pcie_link_width_max == 16
+        assert [name for name, _ in sample.throttle_reasons or ()] == [
+            name for name, _ in THROTTLE_REASONS
+        ]
+        assert len(sample.nvlinks) == 18
+        assert all(link.up and link.crc_errors_total == 0 for link in sample.nvlinks)
+
+
+def test_a100_leaves_gpm_and_memory_temperature_out_and_asks_once(clock):
+    profile = replace(A100_SXM, unsupported=frozenset({"nvmlDeviceGetPcieReplayCounter"}))
+    gpus = [SimulatedGpu(i, profile) for i in range(2)]
+    collector = node(gpus, clock)
+    samples = [cycle(collector, gpus, clock) for _ in range(4)]
+    last = samples[-1].gpus[0]
+    assert last.memory_temperature_celsius is None
+    assert last.pcie_replays_total is None
+    assert last.temperature_celsius is not None
+    # Without GPM the bandwidth ratio falls back to NVML's memory utilization.
+    assert last.memory_bandwidth_utilization_ratio == last.memory_utilization_ratio
+    assert len(last.nvlinks) == 12
+    counts = fake_nvml.call_counts()
+    assert counts["nvmlDeviceGetFieldValues"] == 2
+    assert counts["nvmlDeviceGetPcieReplayCounter"] == 2
+    assert counts["nvmlGpmQueryDeviceSupport"] == 2
+    assert "nvmlGpmSampleGet" not in counts
+    # The link count is probed once: 12 links + the InvalidArgument answer, then 12/cycle.
+    assert counts["nvmlDeviceGetNvLinkState"] == 2 * (13 + 4 * 12)
+
+
+def test_missing_library_is_source_missing_logged_once_and_retried_each_minute(clock, caplog):
+    fake_nvml.configure_missing_library()
+    collector = NvmlCollector(fake_nvml, clock)
+    caplog.set_level(logging.INFO)
+    for _ in range(3):
+        with pytest.raises(SourceMissing):
+            collector.collect()
+        clock.advance(10)
+    lines = [r for r in caplog.records if "NVML library not found" in r.getMessage()]
+    assert len(lines) == 1
+    assert "host collectors keep running" in lines[0].getMessage()
+    assert fake_nvml.call_count("nvmlInit") == 1
+    clock.advance(60)
+    with pytest.raises(SourceMissing):
+        collector.collect()
+    assert fake_nvml.call_count("nvmlInit") == 2
+    # The driver gets loaded: the next retry finds the GPUs.
+    fake_nvml.configure(make_gpus(1))
+    clock.advance(61)
+    assert len(collector.collect().gpus) == 1
+
+
+def test_driver_not_loaded_is_source_missing(clock):
+    fake_nvml.configure_driver_not_loaded()
+    with pytest.raises(SourceMissing):
+        NvmlCollector(fake_nvml, clock).collect()
+
+
+def test_fallen_off_bus_is_lost_with_one_event_and_xid_79(clock):
+    gpus = make_gpus(2)
+    collector = node(gpus, clock)
+    healthy = cycle(collector, gpus, clock).gpus[1]
+    gpus[1].fall_off_bus()
+    collected = cycle(collector, gpus, clock)
+    lost = collected.gpus[1]
+    assert lost.lost
+    assert (lost.uuid, lost.name, lost.pci_bus_id) == (
+        healthy.uuid,
+        healthy.name,
+        healthy.pci_bus_id,
+    )
+    assert lost.temperature_celsius is None
+    assert not collected.gpus[0].lost
+    kinds = sorted((e.kind, e.code) for e in collected.events)
+    assert kinds == [("gpu_lost", None), ("xid", 79)]
+    for event in collected.events:
+        assert event.gpu == 1
+        assert event.source == "nvml"
+        assert event.pci_bus_id == "0000:2a:00.0"
+        assert event.time_seconds == clock.time()
+    # Still lost: no new event.
+    again = cycle(collector, gpus, clock)
+    assert again.gpus[1].lost
+    assert again.events == ()
+    # Recovered, then lost again: a new loss event.
+    gpus[1].reset()
+    assert not cycle(collector, gpus, clock).gpus[1].lost
+    gpus[1].fall_off_bus()
+    relost = cycle(collector, gpus, clock)
+    assert sorted((e.kind, e.code) for e in relost.events) == [("gpu_lost", None), ("xid", 79)]
+
+
+def test_repeated_xids_are_separate_events(clock):
+    gpus = make_gpus(2)
+    collector = node(gpus, clock)
+    cycle(collector, gpus, clock)
+    for _ in range(3):
+        gpus[0].inject_xid(13)
+    gpus[1].inject_xid(94)
+    collected = cycle(collector, gpus, clock)
+    xids = [(e.gpu, e.code) for e in collected.events if e.kind == "xid"]
+    assert sorted(xids) == [(0, 13), (0, 13), (0, 13), (1, 94)]
+    assert cycle(collector, gpus, clock).events == ()
+
+
+def test_throttle_reasons_map(clock):
+    gpus = make_gpus(2)
+    for gpu in gpus:
+        gpu.set_load(1.0)
+    gpus[0].set_power_limit_watts(300)
+    gpus[1].inject_cooling_failure(2.0)
+    collector = node(gpus, clock)
+    for _ in range(600):
+        for gpu in gpus:
+            gpu.step(1.0)
+    capped, hot = cycle(collector, gpus, clock).gpus
+    assert reasons(capped)["sw_power_cap"]
+    assert not reasons(capped)["sw_thermal_slowdown"]
+    assert reasons(hot)["sw_thermal_slowdown"]
+    assert not reasons(hot)["gpu_idle"]
+    assert hot.sm_clock_hertz is not None
+    assert hot.sm_clock_hertz < 1980e6
+
+
+def test_old_driver_falls_back_to_throttle_reasons_once(clock, caplog):
+    caplog.set_level(logging.INFO, logger="sn_monitor.agent.nvml")
+    gpus = make_gpus(2)
+    collector = node(gpus, clock, missing_functions={"nvmlDeviceGetCurrentClocksEventReasons"})
+    for _ in range(3):
+        collected = cycle(collector, gpus, clock)
+    assert collected.gpus[0].throttle_reasons is not None
+    assert fake_nvml.call_count("nvmlDeviceGetCurrentClocksEventReasons") == 1
+    assert fake_nvml.call_count("nvmlDeviceGetCurrentClocksThrottleReasons") == 6
+    logged = [r for r in caplog.records if "nvmlDeviceGetCurrentClocksEventReasons" in r.message]
+    assert len(logged) == 1
+
+
+def test_pcie_downgrade_and_nvlink_faults_visible(clock):
+    gpus = make_gpus(1)
+    gpus[0].inject_pcie_downgrade(3, 8)
+    gpus[0].inject_nvlink_errors(2, crc=5, crc_data=2, replay=3, recovery=1)
+    gpus[0].set_nvlink_down(7)
+    gpus[0].inject_ecc_uncorrectable()
+    collector = node(gpus, clock)
+    sample = cycle(collector, gpus, clock).gpus[0]
+    assert sample.pcie_link_generation == 3
+    assert sample.pcie_link_generation_max == 5
+    assert sample.pcie_link_width == 8
+    assert sample.pcie_link_width_max == 16
+    link = sample.nvlinks[2]
+    assert (link.crc_errors_total, link.replay_errors_total, link.recovery_errors_total) == (
+        7,
+        3,
+        1,
+    )
+    assert sample.nvlinks[7].up is False
+    assert sample.ecc_uncorrected_errors_total == 1
+    assert sample.row_remap_pending
+
+
+def test_power_cap_through_the_adapter_cools_an_overheating_gpu(clock):
+    gpus = make_gpus(1)
+    gpus[0].set_load(1.0)
+    gpus[0].inject_cooling_failure(1.6)
+    collector = node(gpus, clock)
+    for _ in range(600):
+        gpus[0].step(1.0)
+    hot = cycle(collector, gpus, clock).gpus[0]
+    assert hot.temperature_celsius is not None
+    assert hot.temperature_celsius > 85
+    collector.library.set_power_limit_watts(0, 300)
+    for _ in range(300):
+        gpus[0].step(1.0)
+    cooled = cycle(collector, gpus, clock).gpus[0]
+    assert cooled.power_limit_watts == 300
+    assert cooled.temperature_celsius is not None
+    assert cooled.temperature_celsius < 80
+
+
+def test_close_shuts_nvml_down(clock):
+    gpus = make_gpus(1)
+    collector = node(gpus, clock)
+    cycle(collector, gpus, clock)
+    cycle(collector, gpus, clock)
+    collector.close()
+    assert fake_nvml.call_count("nvmlShutdown") == 1
+    assert fake_nvml.call_count("nvmlEventSetFree") == 1
+    assert fake_nvml.call_count("nvmlGpmSampleFree") == fake_nvml.call_count("nvmlGpmSampleAlloc")
