@@ -22,3 +22,15 @@ def require_tool(name: str) -> str:
     if path is None:
         pytest.fail(f"{name} is not installed: run .ci/run (apt-get install prometheus)")
     return path
+
+
+def assert_promtool_clean(exposition: str) -> None:
+    """``promtool check metrics`` finds no problem, not even a warning, in ``exposition``."""
+    import subprocess
+
+    promtool = require_tool("promtool")
+    result = subprocess.run([promtool, "check", "metrics"], input=exposition, text=True,
+                            capture_output=True, check=False, timeout=60)
+    problems = (result.stdout + result.stderr).strip()
+    assert result.returncode == 0, problems
+    assert problems == ""

@@ -82,6 +82,8 @@ ROCE_HW_COUNTER_FILES = (
     "rp_cnp_ignored",
 )
 
+_HW_COUNTERS = frozenset(IB_HW_COUNTER_FILES + ROCE_HW_COUNTER_FILES)
+
 DEFAULT_NETDEVS = ("lo", "eno1", "ens1f0np0", "ens1f1np1")
 DEFAULT_IB_DEVICES = tuple(f"mlx5_{i}" for i in range(8))
 
@@ -412,9 +414,8 @@ class SimulatedNodeTree:
         port_dir = self.sysfs / "class" / "infiniband" / port.device / "ports" / "1"
         self._write(port_dir / "state", f"{_STATE_ACTIVE if port.up else _STATE_DOWN}\n")
         self._write(port_dir / "phys_state", f"{_PHYS_LINK_UP if port.up else _PHYS_POLLING}\n")
-        hw = set(IB_HW_COUNTER_FILES + ROCE_HW_COUNTER_FILES)
         for name in port.dirty:
-            sub = "hw_counters" if name in hw else "counters"
+            sub = "hw_counters" if name in _HW_COUNTERS else "counters"
             self._write(port_dir / sub / name, f"{port.counters[name]}\n")
         port.dirty.clear()
 
