@@ -80,7 +80,7 @@ def simulated_agent() -> Iterator[tuple[str, subprocess.Popen[str]]]:
 
 
 def test_simulated_agent_serves_every_source(simulated_agent):
-    url, proc = simulated_agent
+    url, _ = simulated_agent
     first = requests.get(f"{url}/metrics", timeout=5).text
     assert_promtool_clean(first)
     found = samples(first)
@@ -93,7 +93,8 @@ def test_simulated_agent_serves_every_source(simulated_agent):
     assert {labels["device"] for labels, _ in found["sn_network_receive_bytes_total"]} >= {"eno1"}
     assert all(0 < v < 100 for _, v in found["sn_gpu_temperature_celsius"])
     health = requests.get(f"{url}/healthz", timeout=5).json()
-    assert health["status"] == "ok" and health["node"] == "sim-a"
+    assert health["status"] == "ok"
+    assert health["node"] == "sim-a"
 
 
 def test_the_agent_samples_on_its_own_clock(simulated_agent):
