@@ -27,6 +27,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP)
+	command -v prometheus-node-exporter >/dev/null || (apt-get install -y -q prometheus-node-exporter || echo "node_exporter not installed: comparison skipped")
 	$(BIN)/python -m bench.agent_bench
 
 clean:

@@ -8,7 +8,9 @@ and never dropped, only retried.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
+
+import msgspec
 
 EventKind = Literal["xid", "sxid", "gpu_lost", "gpu_fallen_off_bus", "link_down", "guard"]
 EventSource = Literal["nvml", "kmsg", "agent"]
@@ -32,3 +34,162 @@ class Event:
     code: int | None = None
     device: str | None = None
     kernel_time_seconds: float | None = None
+
+
+# --------------------------------------------------------------------------- the wire
+#
+# Agent -> controller: ``POST /api/v1/reports`` with a JSON :class:`Report`; the reply is
+# a :class:`ReportReply` carrying commands. The structs are msgspec's, so the controller
+# decodes and validates thousands of reports a second, and a bad report is refused with
+# a message that names the field (``Expected `float`, got `str` - at `$.gpus[0].power_watts```).
+# Limits on sizes are part of the contract: a report can never make the controller
+# allocate without bound.
+
+NodeName = Annotated[str, msgspec.Meta(min_length=1, max_length=253,
+                                       pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+LabelValue = Annotated[str, msgspec.Meta(max_length=128)]
+ShortText = Annotated[str, msgspec.Meta(max_length=4096)]
+Counter = Annotated[int, msgspec.Meta(ge=0)]
+Ratio = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+
+MAX_GPUS = 64
+MAX_PORTS = 64
+MAX_EVENTS = 1000
+MAX_LABELS = 16
+
+
+class GpuReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """One GPU's latest values. Rules name them ``gpu_<field>`` (``gpu_temperature_celsius``).
+
+    NVLink counters are summed over the GPU's links (``nvlinks_down`` counts links not
+    up); ``throttle_reasons`` lists the active clock-event reasons.
+    """
+
+    index: Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS)]
+    uuid: Annotated[str, msgspec.Meta(max_length=96)] = ""
+    lost: bool = False
+    utilization_ratio: Ratio | None = None
+    memory_bandwidth_utilization_ratio: Ratio | None = None
+    memory_used_bytes: Counter | None = None
+    memory_total_bytes: Counter | None = None
+    temperature_celsius: float | None = None
+    memory_temperature_celsius: float | None = None
+    slowdown_temperature_celsius: float | None = None
+    shutdown_temperature_celsius: float | None = None
+    memory_max_temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    power_default_limit_watts: float | None = None
+    sm_clock_hertz: float | None = None
+    throttle_reasons: Annotated[list[Annotated[str, msgspec.Meta(max_length=64)]],
+                                msgspec.Meta(max_length=32)] = []
+    ecc_corrected_errors_total: Counter | None = None
+    ecc_uncorrected_errors_total: Counter | None = None
+    remapped_rows_correctable: Counter | None = None
+    remapped_rows_uncorrectable: Counter | None = None
+    row_remap_pending: bool | None = None
+    row_remap_failed: bool | None = None
+    pcie_replays_total: Counter | None = None
+    pcie_link_generation: int | None = None
+    pcie_link_generation_max: int | None = None
+    pcie_link_width: int | None = None
+    pcie_link_width_max: int | None = None
+    nvlink_crc_errors_total: Counter | None = None
+    nvlink_replay_errors_total: Counter | None = None
+    nvlink_recovery_errors_total: Counter | None = None
+    nvlinks_down: Counter | None = None
+    guard_throttled: bool = False
+
+
+class IbPortReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """One InfiniBand / RoCE port. Rules name values ``infiniband_port_<stem>``."""
+
+    device: Annotated[str, msgspec.Meta(max_length=64)]
+    port: Annotated[int, msgspec.Meta(ge=0, le=255)]
+    state: int | None = None
+    counters: Annotated[dict[Annotated[str, msgspec.Meta(max_length=64)], Counter],
+                        msgspec.Meta(max_length=128)] = {}
+
+
+class NetReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """One network interface. Rules name values ``network_<field>``."""
+
+    device: Annotated[str, msgspec.Meta(max_length=64)]
+    carrier_up: bool | None = None
+    carrier_changes_total: Counter | None = None
+    receive_errors_total: Counter | None = None
+    transmit_errors_total: Counter | None = None
+    receive_drops_total: Counter | None = None
+    transmit_drops_total: Counter | None = None
+
+
+class EventRecord(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """An :class:`Event` on the wire, numbered by the agent so delivery can be acknowledged."""
+
+    id: Annotated[int, msgspec.Meta(ge=0)]
+    kind: EventKind
+    source: EventSource
+    time_seconds: float
+    message: ShortText = ""
+    gpu: Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS)] | None = None
+    pci_bus_id: Annotated[str, msgspec.Meta(max_length=32)] | None = None
+    code: int | None = None
+    device: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+
+
+CommandKind = Literal["throttle", "release", "checkpoint"]
+
+
+class Command(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """An order for an agent, carried in the reply to its report.
+
+    ``throttle`` caps power: ``power_watts``, or ``power_fraction`` of the GPU's default
+    limit; ``release`` restores the operator's limit. ``gpu`` None means every GPU.
+    """
+
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    kind: CommandKind
+    gpu: int | None = None
+    power_watts: float | None = None
+    power_fraction: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
+    reason: ShortText = ""
+
+
+class CommandResult(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """What the agent did with a command."""
+
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    ok: bool
+    time_seconds: float
+    message: ShortText = ""
+    dry_run: bool = False
+
+
+class Report(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """What an agent sends after each sample.
+
+    ``instance`` is random per agent start: with ``sequence`` it tells a restarted agent
+    (sequence back at 1) from a replayed or reordered report.
+    """
+
+    node: NodeName
+    instance: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    sequence: Annotated[int, msgspec.Meta(ge=0)]
+    sample_time_seconds: float
+    agent_version: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    interval_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 1.0
+    labels: Annotated[dict[Annotated[str, msgspec.Meta(max_length=64)], LabelValue],
+                      msgspec.Meta(max_length=MAX_LABELS)] = {}
+    gpus: Annotated[list[GpuReport], msgspec.Meta(max_length=MAX_GPUS)] = []
+    infiniband: Annotated[list[IbPortReport], msgspec.Meta(max_length=MAX_PORTS)] = []
+    network: Annotated[list[NetReport], msgspec.Meta(max_length=MAX_PORTS)] = []
+    events: Annotated[list[EventRecord], msgspec.Meta(max_length=MAX_EVENTS)] = []
+    command_results: Annotated[list[CommandResult], msgspec.Meta(max_length=MAX_EVENTS)] = []
+
+
+class ReportReply(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The controller's answer: which events it has stored, and commands to run."""
+
+    sequence: int
+    events_stored_through: int = -1
+    commands: list[Command] = []

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from prometheus_client import CollectorRegistry
 
 from sn_monitor.agent.collectors.base import Collector
 from sn_monitor.agent.exporter import SnapshotCollector
+from sn_monitor.agent.exposition import ExpositionCache
 from sn_monitor.agent.sampler import Sampler
 from sn_monitor.agent.server import AgentHttpServer
 from sn_monitor.agent.settings import AgentSettings, parse_listen
@@ -49,8 +49,8 @@ class Agent:
         self.settings = settings
         self._clock = clock
         self.sampler = Sampler(settings.node, collectors, clock)
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(lambda: self.sampler.latest))
+        self.exporter = SnapshotCollector(lambda: self.sampler.latest)
+        self.exposition = ExpositionCache(self.exporter, lambda: self.sampler.latest)
         self._before = before_sample
         self._after = list(after_sample)
         self._last_tick: float | None = None
@@ -58,7 +58,7 @@ class Agent:
         self._stopped = threading.Event()
         host, port = parse_listen(settings.listen)
         self.http = AgentHttpServer(
-            host, port, self.registry, lambda: self.sampler.latest, clock,
+            host, port, self.exposition, lambda: self.sampler.latest, clock,
             max_age=max(3 * settings.interval, 5.0),
         )
 

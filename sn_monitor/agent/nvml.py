@@ -12,8 +12,11 @@ module passed in: the real ``pynvml`` (:func:`load_pynvml`) or
   are faults: the GPU's sample is returned with ``lost=True`` and a ``gpu_lost`` event is
   emitted once per loss. Any other error leaves the field out for this cycle and is
   logged once per (device, field, error).
-* Units: NVML's mW, mJ, MHz, KB/s and percent become watts, joules, hertz, bytes/s and
-  0..1 ratios here, nowhere else.
+* Units: NVML's mW, mJ, MHz, KB/s, MiB/s (GPM) and percent become watts, joules, hertz,
+  bytes/s and 0..1 ratios here, nowhere else.
+* No blocking reads in the cycle: PCIe throughput comes from GPM where the GPU has it,
+  else from the blocking ``nvmlDeviceGetPcieThroughput`` at most every
+  ``pcie_throughput_interval`` seconds (see :meth:`NvmlLibrary._pcie_throughput`).
 * XID events from an NVML event set, drained without blocking on every collect.
 
 Nothing else in the agent imports pynvml.
@@ -80,6 +83,13 @@ THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
 # NVML reports PCIe throughput in "KB/s" (nvml.h); nvitop and DCGM read that as KiB/s,
 # so 1 KB = 1024 bytes here.
 _PCIE_KB = 1024
+# GPM's PCIe metrics are MiB/s (pynvml: "PCIe traffic from/to this GPU in MiB/sec"); their
+# ids are nvml.h's, used when older bindings lack the names.
+_GPM_PCIE_MIB = 1024 * 1024
+_GPM_PCIE_TX_PER_SEC = 20
+_GPM_PCIE_RX_PER_SEC = 21
+# nvmlDeviceGetPcieThroughput blocks for its 20 ms sampling window: read it this seldom.
+PCIE_THROUGHPUT_INTERVAL_SECONDS = 10.0
 _MAX_EVENTS_PER_COLLECT = 1000
 _NVLINK_MAX_LINKS_FALLBACK = 36
 
@@ -135,21 +145,44 @@ class _Device:
     nvlink_count: int | None = None
     gpm_supported: bool | None = None
     gpm_previous: Any = None
+    pcie_read_at: float | None = None
+    pcie_throughput: tuple[float | None, float | None] = (None, None)
     events_registered: bool = False
     lost: bool = False
     last_sample: GpuSample | None = None
 
 
+@dataclass(slots=True)
+class _GpmReading:
+    """What one ``nvmlGpmMetricsGet`` between two GPM samples gave; None where nothing."""
+
+    dram_bandwidth: float | None = None
+    pcie_receive: float | None = None
+    pcie_transmit: float | None = None
+
+
 class NvmlLibrary:
     """NVML for the agent: init once, read typed samples, drain XID events, set power caps.
 
-    ``module`` is ``pynvml`` or :mod:`sn_monitor.sim.fake_nvml`; ``clock`` stamps events.
+    ``module`` is ``pynvml`` or :mod:`sn_monitor.sim.fake_nvml`; ``clock`` stamps events
+    (wall time) and spaces the blocking PCIe throughput reads (monotonic time).
+    ``pcie_throughput_interval`` is the least time in seconds between two
+    ``nvmlDeviceGetPcieThroughput`` reads of one GPU without GPM (0: every cycle).
     Thread-safe: the sampler and the thermal guard may share one instance.
     """
 
-    def __init__(self, module: Any, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        module: Any,
+        clock: Clock | None = None,
+        *,
+        pcie_throughput_interval: float = PCIE_THROUGHPUT_INTERVAL_SECONDS,
+    ) -> None:
+        if pcie_throughput_interval < 0:
+            raise ValueError("pcie_throughput_interval must be >= 0")
         self._nvml = module
         self._clock: Clock = clock or SystemClock()
+        self._pcie_interval = float(pcie_throughput_interval)
         self._lock = threading.RLock()
         self._initialized = False
         self._driver_version: str | None = None
@@ -209,7 +242,7 @@ class NvmlLibrary:
                 return
             for device in self._devices:
                 if device.gpm_previous is not None:
-                    self._free_gpm_sample(device.gpm_previous)
+                    self._free_gpm_sample(device, device.gpm_previous)
                     device.gpm_previous = None
             if self._event_set is not None:
                 try:
@@ -272,6 +305,7 @@ class NvmlLibrary:
                     "GPU %d: no NVML handle: %s",
                     device.index,
                     error,
+                    gpu=device.index,
                 )
                 return
             self._by_handle[_handle_key(device.handle)] = device
@@ -315,13 +349,21 @@ class NvmlLibrary:
             lost=True,
         )
         if device.gpm_previous is not None:
-            self._free_gpm_sample(device.gpm_previous)
+            self._free_gpm_sample(device, device.gpm_previous)
             device.gpm_previous = None
+        device.pcie_read_at = None
+        device.pcie_throughput = (None, None)
         device.events_registered = False
         if device.lost:
             return sample, None
         device.lost = True
-        logger.error("GPU %d (%s) lost: %s", device.index, device.pci_bus_id or "?", fault)
+        logger.error(
+            "GPU %d (%s) lost: %s",
+            device.index,
+            device.pci_bus_id or "?",
+            fault,
+            extra={"gpu": device.index},
+        )
         event = Event(
             kind="gpu_lost",
             source="nvml",
@@ -338,9 +380,14 @@ class NvmlLibrary:
         util = self._call(device, "utilization", "nvmlDeviceGetUtilizationRates")
         memory = self._call(device, "memory", "nvmlDeviceGetMemoryInfo")
         memory_ratio = _percent(util.memory) if util is not None else None
-        bandwidth = self._gpm_dram_bandwidth(device)
+        gpm = self._gpm_read(device)
+        bandwidth = gpm.dram_bandwidth
         if bandwidth is None and device.gpm_supported is False:
             bandwidth = memory_ratio
+        if self._pcie_from_gpm(device):
+            pcie_receive, pcie_transmit = gpm.pcie_receive, gpm.pcie_transmit
+        else:
+            pcie_receive, pcie_transmit = self._pcie_throughput(device)
         constraints = self._static(
             device, "power_constraints", "nvmlDeviceGetPowerManagementLimitConstraints"
         )
@@ -428,16 +475,8 @@ class NvmlLibrary:
             remapped_rows_uncorrectable=int(remapped[1]) if remapped is not None else None,
             row_remap_pending=bool(remapped[2]) if remapped is not None else None,
             row_remap_failed=bool(remapped[3]) if remapped is not None else None,
-            pcie_receive_bytes_per_second=_kilobytes(
-                self._call(
-                    device, "pcie_rx", "nvmlDeviceGetPcieThroughput", nvml.NVML_PCIE_UTIL_RX_BYTES
-                )
-            ),
-            pcie_transmit_bytes_per_second=_kilobytes(
-                self._call(
-                    device, "pcie_tx", "nvmlDeviceGetPcieThroughput", nvml.NVML_PCIE_UTIL_TX_BYTES
-                )
-            ),
+            pcie_receive_bytes_per_second=pcie_receive,
+            pcie_transmit_bytes_per_second=pcie_transmit,
             pcie_replays_total=_int(
                 self._call(device, "pcie_replays", "nvmlDeviceGetPcieReplayCounter")
             ),
@@ -486,10 +525,17 @@ class NvmlLibrary:
                 function,
                 error,
                 level=logging.WARNING,
+                gpu=device.index,
             )
         elif code in _ABSENT:
             device.absent.add(key)
-            logger.debug("GPU %d: %s not supported; %s left out", device.index, function, key)
+            logger.debug(
+                "GPU %d: %s not supported; %s left out",
+                device.index,
+                function,
+                key,
+                extra={"gpu": device.index},
+            )
         elif code in _FAULTS:
             raise _DeviceFault(function, error) from error
         else:
@@ -501,6 +547,7 @@ class NvmlLibrary:
                 error,
                 key,
                 level=logging.WARNING,
+                gpu=device.index,
             )
 
     def _static(self, device: _Device, key: str, function: str, *args: Any) -> Any:
@@ -518,11 +565,18 @@ class NvmlLibrary:
             logger.info("NVML function %s is not available with this driver; left out", function)
 
     def _log_once(
-        self, key: tuple[object, ...], message: str, *args: object, level: int = logging.INFO
+        self,
+        key: tuple[object, ...],
+        message: str,
+        *args: object,
+        level: int = logging.INFO,
+        gpu: int | None = None,
     ) -> None:
+        """Log ``message`` the first time ``key`` is seen; ``gpu`` goes into the line's context."""
         if key not in self._logged:
             self._logged.add(key)
-            logger.log(level, message, *args)
+            extra = {"gpu": gpu} if gpu is not None else None
+            logger.log(level, message, *args, extra=extra)
 
     # ---------------------------------------------------------------- fields
 
@@ -634,62 +688,148 @@ class NvmlLibrary:
 
     # ---------------------------------------------------------------- GPM
 
-    def _gpm_dram_bandwidth(self, device: _Device) -> float | None:
-        """DRAM bandwidth utilization between the previous and this cycle's GPM sample.
+    def _gpm_read(self, device: _Device) -> _GpmReading:
+        """DRAM bandwidth utilization and PCIe throughput, from one ``nvmlGpmMetricsGet``.
 
-        The first cycle after start (or after a loss) has no previous sample: None.
+        The metrics are averages over the span between the previous and this cycle's GPM
+        sample, and taking a sample does not block. The first cycle after start (or after
+        a loss) has no previous sample: nothing.
         """
+        reading = _GpmReading()
         if device.gpm_supported is None:
             support = self._call(device, "gpm", "nvmlGpmQueryDeviceSupport")
             device.gpm_supported = bool(support is not None and support.isSupportedDevice)
             if not device.gpm_supported:
                 device.absent.add("gpm")
         if not device.gpm_supported:
-            return None
+            return reading
         nvml = self._nvml
         try:
             current = nvml.nvmlGpmSampleAlloc()
         except nvml.NVMLError as error:
             self._classify(device, "gpm", "nvmlGpmSampleAlloc", error)
-            return None
+            return reading
         try:
             nvml.nvmlGpmSampleGet(device.handle, current)
         except nvml.NVMLError as error:
-            self._free_gpm_sample(current)
+            self._free_gpm_sample(device, current)
             self._classify(device, "gpm", "nvmlGpmSampleGet", error)
             if "gpm" in device.absent:
                 device.gpm_supported = False
-            return None
+            return reading
         previous, device.gpm_previous = device.gpm_previous, current
         if previous is None:
-            return None
+            return reading
         try:
-            return self._gpm_metric(previous, current, nvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
-        except nvml.NVMLError as error:
-            self._classify(device, "gpm_metrics", "nvmlGpmMetricsGet", error)
-            return None
+            self._gpm_metrics(device, previous, current, reading)
         finally:
-            self._free_gpm_sample(previous)
+            self._free_gpm_sample(device, previous)
+        return reading
 
-    def _gpm_metric(self, first: Any, second: Any, metric_id: int) -> float | None:
+    def _gpm_metrics(self, device: _Device, first: Any, second: Any, reading: _GpmReading) -> None:
+        """Fill ``reading``; a driver that refuses the PCIe metrics loses them, not DRAM."""
+        nvml = self._nvml
+        dram = int(nvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
+        rx = int(getattr(nvml, "NVML_GPM_METRIC_PCIE_RX_PER_SEC", _GPM_PCIE_RX_PER_SEC))
+        tx = int(getattr(nvml, "NVML_GPM_METRIC_PCIE_TX_PER_SEC", _GPM_PCIE_TX_PER_SEC))
+        with_pcie = self._pcie_from_gpm(device)
+        try:
+            results = self._gpm_metrics_get(first, second, (dram, rx, tx) if with_pcie else (dram,))
+        except nvml.NVMLError as error:
+            if not with_pcie or _error_code(error) in _FAULTS:
+                self._classify(device, "gpm_metrics", "nvmlGpmMetricsGet", error)
+                return
+            # A driver older than the PCIe metric ids may refuse the whole request.
+            try:
+                results = self._gpm_metrics_get(first, second, (dram,))
+            except nvml.NVMLError:
+                self._classify(device, "gpm_metrics", "nvmlGpmMetricsGet", error)
+                return
+            self._gpm_pcie_absent(device, error)
+        code, value = results[0]
+        if code == _SUCCESS:
+            reading.dram_bandwidth = _clamp_ratio(value / 100.0)
+        if len(results) < 3:
+            return
+        (rx_code, rx_value), (tx_code, tx_value) = results[1], results[2]
+        if rx_code in _ABSENT or tx_code in _ABSENT:
+            absent_code = rx_code if rx_code in _ABSENT else tx_code
+            self._gpm_pcie_absent(device, nvml.NVMLError(absent_code))
+            return
+        if rx_code == _SUCCESS:
+            reading.pcie_receive = max(0.0, rx_value) * _GPM_PCIE_MIB
+        if tx_code == _SUCCESS:
+            reading.pcie_transmit = max(0.0, tx_value) * _GPM_PCIE_MIB
+
+    def _gpm_metrics_get(
+        self, first: Any, second: Any, metric_ids: tuple[int, ...]
+    ) -> list[tuple[int, float]]:
+        """One ``nvmlGpmMetricsGet``: per requested metric, its return code and value."""
         nvml = self._nvml
         request = nvml.c_nvmlGpmMetricsGet_t()
         request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = 1
+        request.numMetrics = len(metric_ids)
         request.sample1 = first
         request.sample2 = second
-        request.metrics[0].metricId = metric_id
+        for slot, metric_id in enumerate(metric_ids):
+            request.metrics[slot].metricId = metric_id
         nvml.nvmlGpmMetricsGet(request)
-        metric = request.metrics[0]
-        if int(metric.nvmlReturn) != _SUCCESS:
-            return None
-        return _clamp_ratio(float(metric.value) / 100.0)
+        return [
+            (int(request.metrics[slot].nvmlReturn), float(request.metrics[slot].value))
+            for slot in range(len(metric_ids))
+        ]
 
-    def _free_gpm_sample(self, sample: Any) -> None:
+    def _gpm_pcie_absent(self, device: _Device, error: BaseException) -> None:
+        """GPM without the PCIe metrics: the throttled throughput read takes over for good."""
+        device.absent.add("gpm_pcie")
+        self._log_once(
+            ("gpm_pcie", device.index),
+            "GPU %d: GPM has no PCIe metrics (%s); reading nvmlDeviceGetPcieThroughput "
+            "every %g s instead",
+            device.index,
+            error,
+            self._pcie_interval,
+            gpu=device.index,
+        )
+
+    @staticmethod
+    def _pcie_from_gpm(device: _Device) -> bool:
+        """Whether PCIe throughput comes from GPM (decided once GPM support is known)."""
+        return bool(device.gpm_supported) and not ({"gpm_pcie", "gpm_metrics"} & device.absent)
+
+    def _pcie_throughput(self, device: _Device) -> tuple[float | None, float | None]:
+        """PCIe receive and transmit bytes/s for a GPU without GPM, read seldom.
+
+        ``nvmlDeviceGetPcieThroughput`` samples the link over a 20 ms window and blocks
+        the caller for it: two calls per GPU on an 8-GPU node are ~320 ms of a 1 s cycle,
+        late samples for every other field and a busy NVML lock. So each GPU is read at
+        most once per ``pcie_throughput_interval`` seconds of the clock's monotonic time
+        and the last values are served in between; the value stays a 20 ms snapshot.
+        """
+        now = self._clock.monotonic()
+        if device.pcie_read_at is not None and now - device.pcie_read_at < self._pcie_interval:
+            return device.pcie_throughput
+        nvml = self._nvml
+        device.pcie_read_at = now
+        device.pcie_throughput = (
+            _kilobytes(
+                self._call(
+                    device, "pcie_rx", "nvmlDeviceGetPcieThroughput", nvml.NVML_PCIE_UTIL_RX_BYTES
+                )
+            ),
+            _kilobytes(
+                self._call(
+                    device, "pcie_tx", "nvmlDeviceGetPcieThroughput", nvml.NVML_PCIE_UTIL_TX_BYTES
+                )
+            ),
+        )
+        return device.pcie_throughput
+
+    def _free_gpm_sample(self, device: _Device, sample: Any) -> None:
         try:
             self._nvml.nvmlGpmSampleFree(sample)
         except self._nvml.NVMLError as error:
-            logger.debug("nvmlGpmSampleFree failed: %s", error)
+            logger.debug("nvmlGpmSampleFree failed: %s", error, extra={"gpu": device.index})
 
     # ---------------------------------------------------------------- XID events
 
@@ -813,6 +953,7 @@ def _field_value(nvml: Any, entry: Any) -> float | None:
 
 
 __all__ = [
+    "PCIE_THROUGHPUT_INTERVAL_SECONDS",
     "THROTTLE_REASONS",
     "NvmlError",
     "NvmlLibrary",

@@ -10,8 +10,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-
+from sn_monitor.agent.exposition import CONTENT_TYPE, ExpositionCache
 from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.clock import Clock
 
@@ -49,18 +48,18 @@ def health(snapshot: NodeSnapshot | None, now: float, max_age: float) -> tuple[i
 
 
 class AgentHttpServer:
-    """Serves /metrics from a registry and /healthz from the latest snapshot."""
+    """Serves /metrics from the exposition cache and /healthz from the latest snapshot."""
 
     def __init__(
         self,
         host: str,
         port: int,
-        registry: CollectorRegistry,
+        exposition: ExpositionCache,
         latest: Callable[[], NodeSnapshot | None],
         clock: Clock,
         max_age: float,
     ) -> None:
-        self._metrics = make_wsgi_app(registry)
+        self._exposition = exposition
         self._latest = latest
         self._clock = clock
         self._max_age = max_age
@@ -76,7 +75,13 @@ class AgentHttpServer:
     def _app(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
-            return self._metrics(environ, start_response)  # type: ignore[no-any-return]
+            gzipped = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
+            data = self._exposition.body(want_gzip=gzipped)
+            headers = [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(data)))]
+            if gzipped:
+                headers.append(("Content-Encoding", "gzip"))
+            start_response("200 OK", headers)
+            return [data]
         if path == "/healthz":
             code, body = health(self._latest(), self._clock.time(), self._max_age)
             data = json.dumps(body).encode()

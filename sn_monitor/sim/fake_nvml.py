@@ -2,9 +2,10 @@
 
 The agent takes its NVML module as a parameter; the simulator and the tests pass this
 one. It has the functions the adapter (:mod:`sn_monitor.agent.nvml`) calls, with
-pynvml's signatures, NVML's units (mW, mJ, MHz, KB/s, percent) and result objects with
-the attribute names of pynvml's ctypes structs. The exceptions and constants *are*
-pynvml's, re-exported, so ``except pynvml.NVMLError_GpuIsLost`` works the same on both.
+pynvml's signatures, NVML's units (mW, mJ, MHz, KB/s, percent; MiB/s for GPM PCIe) and
+result objects with the attribute names of pynvml's ctypes structs. The exceptions and
+constants *are* pynvml's, re-exported, so ``except pynvml.NVMLError_GpuIsLost`` works the
+same on both.
 
 Module state (the installed GPUs, init refcount, call counts) sits behind one lock:
 the sampler and the thermal guard may call from different threads. The fake never
@@ -94,6 +95,8 @@ NVML_NVLINK_ERROR_DL_CRC_DATA: int = pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA
 NVML_NVLINK_ERROR_DL_ECC_DATA: int = pynvml.NVML_NVLINK_ERROR_DL_ECC_DATA
 NVML_GPM_METRIC_SM_UTIL: int = pynvml.NVML_GPM_METRIC_SM_UTIL
 NVML_GPM_METRIC_DRAM_BW_UTIL: int = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+NVML_GPM_METRIC_PCIE_TX_PER_SEC: int = pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC
+NVML_GPM_METRIC_PCIE_RX_PER_SEC: int = pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC
 NVML_GPM_METRIC_MAX: int = pynvml.NVML_GPM_METRIC_MAX
 NVML_GPM_METRICS_GET_VERSION: int = pynvml.NVML_GPM_METRICS_GET_VERSION
 NVML_GPM_SUPPORT_VERSION: int = pynvml.NVML_GPM_SUPPORT_VERSION
@@ -132,6 +135,8 @@ _SUPPORTED_EVENT_TYPES = (
 )
 # What NVML puts in gpuInstanceId / computeInstanceId outside MIG.
 _NO_INSTANCE = 0xFFFFFFFF
+# GPM's PCIe metrics are in MiB/s (pynvml: "PCIe traffic ... in MiB/sec").
+_MIB = 1024 * 1024
 
 
 # ------------------------------------------------------------------ result objects
@@ -224,7 +229,7 @@ class _GpmSample:
 
 
 class c_nvmlGpmMetric_t:
-    """Like pynvml's ``c_nvmlGpmMetric_t``; ``value`` is a double, often percent."""
+    """Like pynvml's ``c_nvmlGpmMetric_t``; ``value`` is a double: percent, or MiB/s for PCIe."""
 
     __slots__ = ("metricId", "metricInfo", "nvmlReturn", "value")
 
@@ -767,7 +772,11 @@ def nvmlGpmSampleGet(device: Any, gpmSample: Any) -> _GpmSample:
 
 @_nvml_function
 def nvmlGpmMetricsGet(metricsGet: Any) -> Any:
-    """Fill ``metrics[i].value`` (percent) for SM_UTIL and DRAM_BW_UTIL between two samples."""
+    """Fill ``metrics[i]`` for the simulated metrics between two samples, averaged over them.
+
+    SM_UTIL and DRAM_BW_UTIL in percent, PCIE_RX_PER_SEC and PCIE_TX_PER_SEC in MiB/s;
+    any other id answers NotSupported in its own ``nvmlReturn``.
+    """
     if metricsGet.version != NVML_GPM_METRICS_GET_VERSION:
         raise NVMLError_ArgumentVersionMismatch()
     first, second = metricsGet.sample1, metricsGet.sample2
@@ -776,12 +785,17 @@ def nvmlGpmMetricsGet(metricsGet: Any) -> Any:
             raise NVMLError_InvalidArgument()
     if first.device_index != second.device_index:
         raise NVMLError_InvalidArgument()
-    span = second.snapshot.elapsed_seconds - first.snapshot.elapsed_seconds
+    a, b = first.snapshot, second.snapshot
+    span = b.elapsed_seconds - a.elapsed_seconds
     for metric in metricsGet.metrics[: metricsGet.numMetrics]:
         if metric.metricId == NVML_GPM_METRIC_DRAM_BW_UTIL:
-            active = second.snapshot.dram_active_seconds - first.snapshot.dram_active_seconds
+            total, scale = b.dram_active_seconds - a.dram_active_seconds, 100.0
         elif metric.metricId == NVML_GPM_METRIC_SM_UTIL:
-            active = second.snapshot.sm_active_seconds - first.snapshot.sm_active_seconds
+            total, scale = b.sm_active_seconds - a.sm_active_seconds, 100.0
+        elif metric.metricId == NVML_GPM_METRIC_PCIE_RX_PER_SEC:
+            total, scale = b.pcie_rx_bytes - a.pcie_rx_bytes, 1.0 / _MIB
+        elif metric.metricId == NVML_GPM_METRIC_PCIE_TX_PER_SEC:
+            total, scale = b.pcie_tx_bytes - a.pcie_tx_bytes, 1.0 / _MIB
         else:
             metric.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
             continue
@@ -789,7 +803,7 @@ def nvmlGpmMetricsGet(metricsGet: Any) -> Any:
             metric.nvmlReturn = NVML_ERROR_NO_DATA
             continue
         metric.nvmlReturn = NVML_SUCCESS
-        metric.value = 100.0 * active / abs(span)
+        metric.value = scale * total / span
     return metricsGet
 
 

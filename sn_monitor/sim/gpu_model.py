@@ -144,6 +144,8 @@ class _Counters:
     elapsed_seconds: float = 0.0
     sm_active_seconds: float = 0.0
     dram_active_seconds: float = 0.0
+    pcie_rx_bytes: float = 0.0
+    pcie_tx_bytes: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +155,8 @@ class GpmSnapshot:
     elapsed_seconds: float
     sm_active_seconds: float
     dram_active_seconds: float
+    pcie_rx_bytes: float = 0.0
+    pcie_tx_bytes: float = 0.0
 
 
 class SimulatedGpu:
@@ -235,7 +239,13 @@ class SimulatedGpu:
         """The activity integrals now; GPM metrics are differences of two of these."""
         with self.lock:
             c = self._counters
-            return GpmSnapshot(c.elapsed_seconds, c.sm_active_seconds, c.dram_active_seconds)
+            return GpmSnapshot(
+                c.elapsed_seconds,
+                c.sm_active_seconds,
+                c.dram_active_seconds,
+                c.pcie_rx_bytes,
+                c.pcie_tx_bytes,
+            )
 
     # ---------------------------------------------------------------- load
 
@@ -298,6 +308,8 @@ class SimulatedGpu:
         c.elapsed_seconds += dt_seconds
         c.sm_active_seconds += self.utilization * min(1.0, clock_factor) * dt_seconds
         c.dram_active_seconds += self.dram_utilization * dt_seconds
+        c.pcie_rx_bytes += self.pcie_rx_bytes_per_second * dt_seconds
+        c.pcie_tx_bytes += self.pcie_tx_bytes_per_second * dt_seconds
         if self.temperature_celsius >= p.shutdown_celsius:
             # The driver's thermal shutdown: the GPU drops off the bus.
             self._fall_off_bus()

@@ -181,3 +181,44 @@ def test_gpm_metrics_between_two_samples():
     assert request.metrics[0].value == pytest.approx(75.0)
     fake_nvml.nvmlGpmSampleFree(first)
     fake_nvml.nvmlGpmSampleFree(second)
+
+
+def test_gpm_pcie_metrics_are_mib_per_second_averaged_between_samples():
+    gpus = make_gpus(1)
+    start(gpus)
+    handle = fake_nvml.nvmlDeviceGetHandleByIndex(0)
+    gpus[0].set_load(1.0)
+    first = fake_nvml.nvmlGpmSampleGet(handle, fake_nvml.nvmlGpmSampleAlloc())
+    gpus[0].step(2.0)
+    busy_rx, busy_tx = gpus[0].pcie_rx_bytes_per_second, gpus[0].pcie_tx_bytes_per_second
+    gpus[0].set_load(0.0)
+    gpus[0].step(2.0)
+    second = fake_nvml.nvmlGpmSampleGet(handle, fake_nvml.nvmlGpmSampleAlloc())
+    request = fake_nvml.c_nvmlGpmMetricsGet_t()
+    request.version = fake_nvml.NVML_GPM_METRICS_GET_VERSION
+    request.sample1, request.sample2 = first, second
+    ids = (
+        fake_nvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+        fake_nvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+        fake_nvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+        fake_nvml.NVML_GPM_METRIC_MAX - 1,  # not simulated
+    )
+    request.numMetrics = len(ids)
+    for slot, metric_id in enumerate(ids):
+        request.metrics[slot].metricId = metric_id
+    fake_nvml.nvmlGpmMetricsGet(request)
+    dram, rx, tx, other = request.metrics[: len(ids)]
+    assert fake_nvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC == 20
+    assert fake_nvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC == 21
+    assert dram.nvmlReturn == rx.nvmlReturn == tx.nvmlReturn == fake_nvml.NVML_SUCCESS
+    assert dram.value == pytest.approx(75.0 / 2)
+    # Two busy seconds and two idle ones: half the busy rate, in MiB/s.
+    assert rx.value == pytest.approx(busy_rx / 2 / 2**20)
+    assert tx.value == pytest.approx(busy_tx / 2 / 2**20)
+    assert rx.value > 5000
+    assert other.nvmlReturn == fake_nvml.NVML_ERROR_NOT_SUPPORTED
+    assert fake_nvml.call_count("nvmlGpmMetricsGet") == 1
+    assert fake_nvml.call_count("nvmlGpmSampleGet") == 2
+    assert fake_nvml.call_count("nvmlDeviceGetPcieThroughput") == 0
+    fake_nvml.nvmlGpmSampleFree(first)
+    fake_nvml.nvmlGpmSampleFree(second)

@@ -121,3 +121,39 @@ def test_captured_kernel_xids_are_mapped_to_gpus():
 
 def test_golden_passes_promtool_lint():
     assert_promtool_clean(GOLDEN.read_text())
+
+
+def test_fast_renderer_writes_what_client_python_writes():
+    """render_text must be byte-identical to generate_latest on a full node."""
+    from sn_monitor.agent.exposition import render_text
+
+    gpus = [SimulatedGpu(i, H100_SXM, seed=1) for i in range(2)]
+    fake_nvml.configure(gpus)
+    try:
+        sampler = Sampler("n", [NvmlCollector(fake_nvml, ManualClock()),
+                                InfinibandCollector(NODE / "sys")], ManualClock())
+        sampler.sample()
+    finally:
+        fake_nvml.reset()
+    collector = SnapshotCollector(lambda: sampler.latest)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    assert render_text(collector.collect()) == generate_latest(registry)
+
+
+def test_escaping_matches_client_python():
+    from prometheus_client.core import GaugeMetricFamily
+
+    from sn_monitor.agent.exposition import render_text
+
+    family = GaugeMetricFamily("sn_x", 'help with \\ and\nnewline', labels=["a", "b"])
+    family.add_metric(['quote " back \\ nl \n', "ü"], 1e20)
+    family.add_metric(["x", "y"], float("inf"))
+
+    class One:
+        def collect(self):
+            yield family
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(One())
+    assert render_text([family]) == generate_latest(registry)

@@ -8,7 +8,7 @@ import pytest
 
 from sn_monitor.agent.collectors.base import SourceMissing
 from sn_monitor.agent.collectors.gpu import NvmlCollector
-from sn_monitor.agent.nvml import THROTTLE_REASONS
+from sn_monitor.agent.nvml import THROTTLE_REASONS, NvmlLibrary
 from sn_monitor.agent.snapshot import Collected, GpuSample
 from sn_monitor.clock import ManualClock
 from sn_monitor.sim import fake_nvml
@@ -272,3 +272,128 @@ def test_close_shuts_nvml_down(clock):
     assert fake_nvml.call_count("nvmlShutdown") == 1
     assert fake_nvml.call_count("nvmlEventSetFree") == 1
     assert fake_nvml.call_count("nvmlGpmSampleFree") == fake_nvml.call_count("nvmlGpmSampleAlloc")
+
+
+def test_gpm_gpus_read_pcie_from_gpm_and_never_block_on_pcie_throughput(clock):
+    gpus = make_gpus(8)
+    for gpu in gpus:
+        gpu.set_load(0.5)
+    collector = node(gpus, clock)
+    first = cycle(collector, gpus, clock)
+    assert first.gpus[0].pcie_receive_bytes_per_second is None  # GPM needs two samples
+    assert first.gpus[0].pcie_transmit_bytes_per_second is None
+    for gpu in gpus:
+        gpu.set_load(0.9)
+    collected = cycle(collector, gpus, clock)
+    for sample, gpu in zip(collected.gpus, gpus, strict=True):
+        # The average over the cycle between the two GPM samples, in bytes/s (not MiB/s).
+        assert sample.pcie_receive_bytes_per_second == pytest.approx(gpu.pcie_rx_bytes_per_second)
+        assert sample.pcie_transmit_bytes_per_second == pytest.approx(gpu.pcie_tx_bytes_per_second)
+        assert sample.pcie_receive_bytes_per_second > 1e10
+    for _ in range(3):
+        cycle(collector, gpus, clock)
+    counts = fake_nvml.call_counts()
+    assert "nvmlDeviceGetPcieThroughput" not in counts
+    # DRAM bandwidth and PCIe come from one nvmlGpmMetricsGet per GPU and cycle.
+    assert counts["nvmlGpmMetricsGet"] == 8 * 4
+
+
+def test_gpm_pcie_is_the_average_between_samples(clock):
+    gpus = make_gpus(1)
+    collector = node(gpus, clock)
+    gpus[0].set_load(1.0)
+    cycle(collector, gpus, clock)
+    gpus[0].step(1.0)
+    full = gpus[0].pcie_rx_bytes_per_second
+    gpus[0].set_load(0.0)
+    sample = cycle(collector, gpus, clock).gpus[0]  # one second busy, one second idle
+    assert gpus[0].pcie_rx_bytes_per_second == 0.0
+    assert sample.pcie_receive_bytes_per_second == pytest.approx(full / 2)
+
+
+def test_gpus_without_gpm_read_pcie_throughput_once_per_interval(clock):
+    gpus = [SimulatedGpu(i, A100_SXM) for i in range(2)]
+    for gpu in gpus:
+        gpu.set_load(0.8)
+    collector = node(gpus, clock)
+    samples = [cycle(collector, gpus, clock) for _ in range(10)]  # monotonic 1 s .. 10 s
+    # Two counters (RX, TX) per GPU, read once in the first cycle and served since.
+    assert fake_nvml.call_count("nvmlDeviceGetPcieThroughput") == 2 * 2
+    first = samples[0].gpus[0].pcie_receive_bytes_per_second
+    assert first == pytest.approx(gpus[0].pcie_rx_bytes_per_second, abs=1024)
+    assert all(s.gpus[0].pcie_receive_bytes_per_second == first for s in samples)
+    assert samples[-1].gpus[1].pcie_transmit_bytes_per_second is not None
+    # Ten seconds after the first read: read again, with the new load.
+    for gpu in gpus:
+        gpu.set_load(0.4)
+    fresh = cycle(collector, gpus, clock)
+    assert fake_nvml.call_count("nvmlDeviceGetPcieThroughput") == 2 * 2 * 2
+    assert fresh.gpus[0].pcie_receive_bytes_per_second == pytest.approx(first / 2, rel=0.01)
+    cycle(collector, gpus, clock)
+    assert fake_nvml.call_count("nvmlDeviceGetPcieThroughput") == 2 * 2 * 2
+    clock.advance(10.0)
+    cycle(collector, gpus, clock)
+    assert fake_nvml.call_count("nvmlDeviceGetPcieThroughput") == 2 * 2 * 3
+
+
+def test_pcie_throughput_interval_is_a_setting(clock):
+    gpus = [SimulatedGpu(0, A100_SXM)]
+    fake_nvml.configure(gpus)
+    library = NvmlLibrary(fake_nvml, clock, pcie_throughput_interval=0.0)
+    library.init()
+    try:
+        for _ in range(3):
+            clock.advance(1.0)
+            library.collect()
+    finally:
+        library.close()
+    assert fake_nvml.call_count("nvmlDeviceGetPcieThroughput") == 2 * 3
+    with pytest.raises(ValueError, match="pcie_throughput_interval"):
+        NvmlLibrary(fake_nvml, clock, pcie_throughput_interval=-1.0)
+
+
+def test_gpm_without_pcie_metrics_falls_back_to_throttled_throughput(clock, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG, logger="sn_monitor.agent.nvml")
+    real = fake_nvml.nvmlGpmMetricsGet
+    pcie = {fake_nvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, fake_nvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC}
+
+    def without_pcie(request):
+        real(request)
+        for metric in request.metrics[: request.numMetrics]:
+            if metric.metricId in pcie:
+                metric.nvmlReturn = fake_nvml.NVML_ERROR_NOT_SUPPORTED
+        return request
+
+    monkeypatch.setattr(fake_nvml, "nvmlGpmMetricsGet", without_pcie)
+    gpus = make_gpus(1)
+    gpus[0].set_load(0.9)
+    collector = node(gpus, clock)
+    first = cycle(collector, gpus, clock).gpus[0]
+    assert first.pcie_receive_bytes_per_second is None
+    assert fake_nvml.call_count("nvmlDeviceGetPcieThroughput") == 0
+    second = cycle(collector, gpus, clock).gpus[0]
+    assert second.memory_bandwidth_utilization_ratio == pytest.approx(0.675, abs=0.01)
+    assert second.pcie_receive_bytes_per_second == pytest.approx(
+        gpus[0].pcie_rx_bytes_per_second, abs=1024
+    )
+    for _ in range(3):
+        cycle(collector, gpus, clock)
+    assert fake_nvml.call_count("nvmlDeviceGetPcieThroughput") == 2
+    logged = [r for r in caplog.records if "GPM has no PCIe metrics" in r.getMessage()]
+    assert len(logged) == 1
+    assert logged[0].gpu == 0
+
+
+def test_gpu_log_lines_carry_the_gpu_index(clock, caplog):
+    caplog.set_level(logging.DEBUG, logger="sn_monitor.agent.nvml")
+    profile = replace(H100_SXM, unsupported=frozenset({"nvmlDeviceGetPcieReplayCounter"}))
+    gpus = [SimulatedGpu(0, H100_SXM), SimulatedGpu(1, profile)]
+    collector = node(gpus, clock)
+    cycle(collector, gpus, clock)
+    gpus[0].fall_off_bus()
+    cycle(collector, gpus, clock)
+    lost = [r for r in caplog.records if "lost" in r.getMessage()]
+    assert [r.gpu for r in lost] == [0]
+    unsupported = [r for r in caplog.records if "not supported" in r.getMessage()]
+    assert unsupported
+    assert {r.gpu for r in unsupported} == {1}
