@@ -56,9 +56,11 @@ _GPU_VALUES: Sequence[tuple[str, str, str]] = (
     ("row_remap_pending", "row_remap_pending", "1 when a row remap waits for a GPU reset."),
     ("row_remap_failed", "row_remap_failed", "1 when a row remap has failed."),
     ("pcie_receive_bytes_per_second", "pcie_receive_bytes_per_second",
-     "PCIe receive throughput over NVML's last 20 ms window."),
+     "PCIe receive throughput (GPM: average over the sample interval; older GPUs: "
+     "NVML's 20 ms window, read at most every 10 s)."),
     ("pcie_transmit_bytes_per_second", "pcie_transmit_bytes_per_second",
-     "PCIe transmit throughput over NVML's last 20 ms window."),
+     "PCIe transmit throughput (GPM: average over the sample interval; older GPUs: "
+     "NVML's 20 ms window, read at most every 10 s)."),
     ("pcie_replays_total", "pcie_replays_total", "PCIe replays (link-level retransmissions)."),
     ("pcie_link_generation", "pcie_link_generation", "Current PCIe link generation."),
     ("pcie_link_generation_max", "pcie_link_generation_max",
