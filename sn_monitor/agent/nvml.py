@@ -17,6 +17,11 @@ module passed in: the real ``pynvml`` (:func:`load_pynvml`) or
 * No blocking reads in the cycle: PCIe throughput comes from GPM where the GPU has it,
   else from the blocking ``nvmlDeviceGetPcieThroughput`` at most every
   ``pcie_throughput_interval`` seconds (see :meth:`NvmlLibrary._pcie_throughput`).
+* NVLink without ~700 driver calls a cycle: every cycle one batched
+  ``nvmlDeviceGetFieldValues`` per GPU reads the GPU-wide NVLink error totals (with the
+  HBM temperature); the per-link state and counters are read again only when those totals
+  moved, a link was down, XID 74 arrived, or ``nvlink_link_interval`` seconds have passed
+  (see :meth:`NvmlLibrary._nvlinks`).
 * XID events from an NVML event set, drained without blocking on every collect.
 
 Nothing else in the agent imports pynvml.
@@ -90,6 +95,18 @@ _GPM_PCIE_TX_PER_SEC = 20
 _GPM_PCIE_RX_PER_SEC = 21
 # nvmlDeviceGetPcieThroughput blocks for its 20 ms sampling window: read it this seldom.
 PCIE_THROUGHPUT_INTERVAL_SECONDS = 10.0
+# Quiet NVLinks: the per-link state and counters are read again this seldom.
+NVLINK_LINK_INTERVAL_SECONDS = 10.0
+# The GPU-wide NVLink error totals (sums over the links), as field values: (the per-link
+# key they stand for, pynvml's name, nvml.h's id for bindings that lack the name).
+_NVLINK_TOTAL_FIELDS: tuple[tuple[str, str, int], ...] = (
+    ("crc_flit", "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", 38),
+    ("crc_data", "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", 45),
+    ("replay", "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", 52),
+    ("recovery", "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", 59),
+)
+# XID 74: an NVLink error (a link went down, or errors past the threshold).
+_XID_NVLINK = 74
 _MAX_EVENTS_PER_COLLECT = 1000
 _NVLINK_MAX_LINKS_FALLBACK = 36
 
@@ -143,6 +160,10 @@ class _Device:
     absent: set[str] = field(default_factory=set)
     static: dict[str, Any] = field(default_factory=dict)
     nvlink_count: int | None = None
+    nvlink_links: tuple[NvLinkSample, ...] = ()
+    nvlink_read_at: float | None = None
+    nvlink_totals: tuple[int, ...] | None = None
+    nvlink_settled: bool = False
     gpm_supported: bool | None = None
     gpm_previous: Any = None
     pcie_read_at: float | None = None
@@ -168,7 +189,9 @@ class NvmlLibrary:
     (wall time) and spaces the blocking PCIe throughput reads (monotonic time).
     ``pcie_throughput_interval`` is the least time in seconds between two
     ``nvmlDeviceGetPcieThroughput`` reads of one GPU without GPM (0: every cycle).
-    Thread-safe: the sampler and the thermal guard may share one instance.
+    ``nvlink_link_interval`` is the longest time in seconds a GPU's quiet NVLinks are
+    served from the last per-link read (0: read every link every cycle); see
+    :meth:`_nvlinks`. Thread-safe: the sampler and the thermal guard may share one instance.
     """
 
     def __init__(
@@ -177,12 +200,16 @@ class NvmlLibrary:
         clock: Clock | None = None,
         *,
         pcie_throughput_interval: float = PCIE_THROUGHPUT_INTERVAL_SECONDS,
+        nvlink_link_interval: float = NVLINK_LINK_INTERVAL_SECONDS,
     ) -> None:
         if pcie_throughput_interval < 0:
             raise ValueError("pcie_throughput_interval must be >= 0")
+        if nvlink_link_interval < 0:
+            raise ValueError("nvlink_link_interval must be >= 0")
         self._nvml = module
         self._clock: Clock = clock or SystemClock()
         self._pcie_interval = float(pcie_throughput_interval)
+        self._nvlink_interval = float(nvlink_link_interval)
         self._lock = threading.RLock()
         self._initialized = False
         self._driver_version: str | None = None
@@ -353,6 +380,7 @@ class NvmlLibrary:
             device.gpm_previous = None
         device.pcie_read_at = None
         device.pcie_throughput = (None, None)
+        self._forget_nvlinks(device)
         device.events_registered = False
         if device.lost:
             return sample, None
@@ -377,6 +405,9 @@ class NvmlLibrary:
     def _read(self, device: _Device) -> GpuSample:
         """One full read; raises :class:`_DeviceFault` on the first fault."""
         nvml = self._nvml
+        if device.nvlink_count is None:
+            device.nvlink_count = self._probe_nvlinks(device)
+        fields = self._field_values(device)
         util = self._call(device, "utilization", "nvmlDeviceGetUtilizationRates")
         memory = self._call(device, "memory", "nvmlDeviceGetMemoryInfo")
         memory_ratio = _percent(util.memory) if util is not None else None
@@ -411,7 +442,7 @@ class NvmlLibrary:
                     device, "temperature", "nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU
                 )
             ),
-            memory_temperature_celsius=self._memory_temperature(device),
+            memory_temperature_celsius=_float(fields.get("memory_temperature")),
             slowdown_temperature_celsius=self._threshold(
                 device, "slowdown", nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
             ),
@@ -490,7 +521,7 @@ class NvmlLibrary:
             pcie_link_width_max=_int(
                 self._static(device, "pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth")
             ),
-            nvlinks=self._nvlinks(device),
+            nvlinks=self._nvlinks(device, _nvlink_totals(fields)),
         )
 
     # ---------------------------------------------------------------- the call wrapper
@@ -587,24 +618,43 @@ class NvmlLibrary:
             )
         )
 
-    def _memory_temperature(self, device: _Device) -> float | None:
-        """HBM temperature from the NVML_FI_DEV_MEMORY_TEMP field value."""
-        values = self._call(
-            device,
-            "memory_temperature",
-            "nvmlDeviceGetFieldValues",
-            [self._nvml.NVML_FI_DEV_MEMORY_TEMP],
-        )
-        if not values:
-            return None
-        entry = values[0]
-        code = int(entry.nvmlReturn)
-        if code != _SUCCESS:
-            self._classify(
-                device, "memory_temperature", "nvmlDeviceGetFieldValues", self._nvml.NVMLError(code)
+    def _field_values(self, device: _Device) -> dict[str, float]:
+        """The cycle's field values, from one ``nvmlDeviceGetFieldValues`` for the GPU.
+
+        The HBM temperature (``NVML_FI_DEV_MEMORY_TEMP``) and, on a GPU with NVLinks, the
+        four GPU-wide NVLink error totals, keyed ``memory_temperature`` and
+        ``nvlink_total_<counter>``. Each value has its own ``nvmlReturn``: one that is not
+        supported is left out and never asked again, the others stay. Missing from the
+        result: not available this cycle.
+        """
+        nvml = self._nvml
+        wanted = [("memory_temperature", int(nvml.NVML_FI_DEV_MEMORY_TEMP))]
+        if device.nvlink_count:
+            wanted.extend(
+                (f"nvlink_total_{counter}", int(getattr(nvml, name, field_id)))
+                for counter, name, field_id in _NVLINK_TOTAL_FIELDS
             )
-            return None
-        return _field_value(self._nvml, entry)
+        wanted = [(key, field_id) for key, field_id in wanted if key not in device.absent]
+        if not wanted:
+            return {}
+        entries = self._call(
+            device,
+            "field_values",
+            "nvmlDeviceGetFieldValues",
+            [field_id for _, field_id in wanted],
+        )
+        if not entries:
+            return {}
+        values: dict[str, float] = {}
+        for (key, _), entry in zip(wanted, entries, strict=False):
+            code = int(entry.nvmlReturn)
+            if code != _SUCCESS:
+                self._classify(device, key, "nvmlDeviceGetFieldValues", nvml.NVMLError(code))
+                continue
+            value = _field_value(nvml, entry)
+            if value is not None:
+                values[key] = value
+        return values
 
     def _throttle_reasons(self, device: _Device) -> tuple[tuple[str, bool], ...] | None:
         """Clock event reasons; drivers before r535 only have the "throttle" name."""
@@ -631,40 +681,114 @@ class NvmlLibrary:
             )
         return _int(generation)
 
-    def _nvlinks(self, device: _Device) -> tuple[NvLinkSample, ...]:
-        """Per link: state and counters. ``crc_errors_total`` is CRC_FLIT + CRC_DATA."""
+    def _nvlinks(self, device: _Device, totals: tuple[int, ...] | None) -> tuple[NvLinkSample, ...]:
+        """Per link: state and counters, read per link only when something may have changed.
+
+        Reading every link is 5 driver calls (state and 4 error counters) per link each an
+        RM ioctl: 720 a cycle on an 8 x 18-link H100 node. So the per-link values are
+        read again only when
+
+        * ``totals`` (this cycle's GPU-wide CRC flit, CRC data, replay and recovery totals,
+          from the one batched field-values call) differ from those seen at the last
+          per-link read: an error happened, and this cycle shows on which link;
+        * the totals are not available (not supported, or failed this cycle): every
+          cycle, as before;
+        * the last per-link read was incomplete (a transient error on some value);
+        * XID 74 (NVLink error) arrived for the GPU, the GPU came back after a loss, or
+          ``nvlink_link_interval`` seconds passed since the last per-link read.
+
+        Otherwise the cached links are served, and only a link that was down has its
+        state asked again (one call each), so a link coming back shows within a cycle.
+
+        The trade-off: a link *going down* with no error counted on any link (the totals
+        do not move) and no XID 74 shows only at the next per-link read, at most
+        ``nvlink_link_interval`` seconds late. A link drop normally comes with recovery
+        attempts (the recovery total moves) and XID 74, either of which forces the read,
+        so it shows within one cycle. A quiet GPU costs no extra call: the totals ride in
+        the field-values call made for the HBM temperature anyway.
+        """
+        count = device.nvlink_count or 0
+        if count == 0:
+            return ()
+        now = self._clock.monotonic()
+        if (
+            device.nvlink_settled
+            and device.nvlink_read_at is not None
+            and now - device.nvlink_read_at < self._nvlink_interval
+            and totals is not None
+            and totals == device.nvlink_totals
+            and len(device.nvlink_links) == count
+            and self._down_links_still_down(device)
+        ):
+            return device.nvlink_links
+        device.nvlink_links, device.nvlink_settled = self._read_nvlinks(device, count)
+        device.nvlink_read_at = now
+        device.nvlink_totals = totals
+        return device.nvlink_links
+
+    def _down_links_still_down(self, device: _Device) -> bool:
+        """Ask the state of each link that was down; False as soon as one is not."""
+        disabled = int(self._nvml.NVML_FEATURE_DISABLED)
+        for link in device.nvlink_links:
+            if link.up is False:
+                state = self._call(device, "nvlink_state", "nvmlDeviceGetNvLinkState", link.link)
+                if state is None or int(state) != disabled:
+                    return False
+        return True
+
+    def _read_nvlinks(self, device: _Device, count: int) -> tuple[tuple[NvLinkSample, ...], bool]:
+        """Every link's state and counters, and whether every value was read.
+
+        ``crc_errors_total`` is CRC_FLIT + CRC_DATA. A value left out for good (absent)
+        still counts as read; one that failed this cycle does not.
+        """
         nvml = self._nvml
-        if device.nvlink_count is None:
-            device.nvlink_count = self._probe_nvlinks(device)
+        settled = True
+
+        def get(key: str, function: str, *args: Any) -> Any:
+            nonlocal settled
+            value = self._call(device, key, function, *args)
+            if (
+                value is None
+                and key not in device.absent
+                and function not in self._missing_functions
+            ):
+                settled = False
+            return value
+
+        def counter(name: str, link: int, counter_type: int) -> int | None:
+            return _int(
+                get(f"nvlink_{name}", "nvmlDeviceGetNvLinkErrorCounter", link, counter_type)
+            )
+
+        enabled = int(nvml.NVML_FEATURE_ENABLED)
         links: list[NvLinkSample] = []
-        for link in range(device.nvlink_count):
-            state = self._call(device, "nvlink_state", "nvmlDeviceGetNvLinkState", link)
-            flit = self._nvlink_counter(
-                device, "crc_flit", link, nvml.NVML_NVLINK_ERROR_DL_CRC_FLIT
-            )
-            data = self._nvlink_counter(
-                device, "crc_data", link, nvml.NVML_NVLINK_ERROR_DL_CRC_DATA
-            )
-            crc = None if flit is None and data is None else (flit or 0) + (data or 0)
+        for link in range(count):
+            state = get("nvlink_state", "nvmlDeviceGetNvLinkState", link)
+            flit = counter("crc_flit", link, nvml.NVML_NVLINK_ERROR_DL_CRC_FLIT)
+            data = counter("crc_data", link, nvml.NVML_NVLINK_ERROR_DL_CRC_DATA)
             links.append(
                 NvLinkSample(
                     link=link,
-                    up=None if state is None else int(state) == int(nvml.NVML_FEATURE_ENABLED),
-                    crc_errors_total=crc,
-                    replay_errors_total=self._nvlink_counter(
-                        device, "replay", link, nvml.NVML_NVLINK_ERROR_DL_REPLAY
+                    up=None if state is None else int(state) == enabled,
+                    crc_errors_total=(
+                        None if flit is None and data is None else (flit or 0) + (data or 0)
                     ),
-                    recovery_errors_total=self._nvlink_counter(
-                        device, "recovery", link, nvml.NVML_NVLINK_ERROR_DL_RECOVERY
+                    replay_errors_total=counter("replay", link, nvml.NVML_NVLINK_ERROR_DL_REPLAY),
+                    recovery_errors_total=counter(
+                        "recovery", link, nvml.NVML_NVLINK_ERROR_DL_RECOVERY
                     ),
                 )
             )
-        return tuple(links)
+        return tuple(links), settled
 
-    def _nvlink_counter(self, device: _Device, name: str, link: int, counter: int) -> int | None:
-        return _int(
-            self._call(device, f"nvlink_{name}", "nvmlDeviceGetNvLinkErrorCounter", link, counter)
-        )
+    @staticmethod
+    def _forget_nvlinks(device: _Device) -> None:
+        """The next cycle reads every link again (after a loss, or on XID 74)."""
+        device.nvlink_links = ()
+        device.nvlink_read_at = None
+        device.nvlink_totals = None
+        device.nvlink_settled = False
 
     def _probe_nvlinks(self, device: _Device) -> int:
         """Count links: ask link 0, 1, ... until the driver says InvalidArgument/NotSupported."""
@@ -881,6 +1005,8 @@ class NvmlLibrary:
                 continue
             device = self._by_handle.get(_handle_key(data.device))
             code = int(data.eventData)
+            if code == _XID_NVLINK and device is not None:
+                self._forget_nvlinks(device)
             gpu = device.index if device is not None else None
             events.append(
                 Event(
@@ -930,6 +1056,14 @@ def _kilobytes(value: Any) -> float | None:
     return None if value is None else float(value) * _PCIE_KB
 
 
+def _nvlink_totals(fields: dict[str, float]) -> tuple[int, ...] | None:
+    """The four NVLink error totals from this cycle's field values; None unless all four."""
+    keys = [f"nvlink_total_{counter}" for counter, _, _ in _NVLINK_TOTAL_FIELDS]
+    if not all(key in fields for key in keys):
+        return None
+    return tuple(int(fields[key]) for key in keys)
+
+
 def _clamp_ratio(value: float) -> float:
     return min(1.0, max(0.0, value))
 
@@ -939,20 +1073,21 @@ def _percent(value: Any) -> float | None:
 
 
 def _field_value(nvml: Any, entry: Any) -> float | None:
-    """Read a ``c_nvmlFieldValue_t`` union by its ``valueType``."""
+    """Read a ``c_nvmlFieldValue_t`` union by its ``valueType``; integer types stay ``int``."""
     readers: dict[int, Callable[[Any], float]] = {
         int(nvml.NVML_VALUE_TYPE_DOUBLE): lambda v: float(v.dVal),
-        int(nvml.NVML_VALUE_TYPE_UNSIGNED_INT): lambda v: float(v.uiVal),
-        int(nvml.NVML_VALUE_TYPE_UNSIGNED_LONG): lambda v: float(v.ulVal),
-        int(nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG): lambda v: float(v.ullVal),
-        int(nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG): lambda v: float(v.sllVal),
-        int(nvml.NVML_VALUE_TYPE_SIGNED_INT): lambda v: float(v.siVal),
+        int(nvml.NVML_VALUE_TYPE_UNSIGNED_INT): lambda v: int(v.uiVal),
+        int(nvml.NVML_VALUE_TYPE_UNSIGNED_LONG): lambda v: int(v.ulVal),
+        int(nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG): lambda v: int(v.ullVal),
+        int(nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG): lambda v: int(v.sllVal),
+        int(nvml.NVML_VALUE_TYPE_SIGNED_INT): lambda v: int(v.siVal),
     }
     reader = readers.get(int(entry.valueType))
     return None if reader is None else reader(entry.value)
 
 
 __all__ = [
+    "NVLINK_LINK_INTERVAL_SECONDS",
     "PCIE_THROUGHPUT_INTERVAL_SECONDS",
     "THROTTLE_REASONS",
     "NvmlError",

@@ -26,6 +26,11 @@ def _listen_address(value: str) -> None:
         raise ValueError(f"expected HOST:PORT with a port 1-65535, got {value!r}")
 
 
+def _http_url(value: str | None) -> None:
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+
+
 def _positive(value: float) -> None:
     if value <= 0:
         raise ValueError(f"must be greater than 0, got {value}")
@@ -43,11 +48,12 @@ def _fraction(value: float) -> None:
 
 @dataclass(frozen=True)
 class ControllerSettings:
-    """Where the agent reports (used once the controller exists)."""
+    """Where the agent reports; no url means the agent only exports and guards."""
 
-    url: str | None = None
+    url: str | None = setting(default=None, check=_http_url)
     token_file: str | None = None
-    timeout: Duration = Duration(2.0)
+    timeout: Duration = setting(default=Duration(2.0), check=_positive)
+    spool_max_bytes: int = setting(default=64 << 20, check=_positive)
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,7 @@ class AgentSettings:
     interval: Duration = setting(default=Duration(1.0), check=_positive)
     listen: str = setting(default="0.0.0.0:9847", check=_listen_address)
     controller: ControllerSettings = field(default_factory=ControllerSettings)
+    state_dir: str = "/var/lib/sn-monitor"
     paths: PathSettings = field(default_factory=PathSettings)
     collectors: CollectorSettings = field(default_factory=CollectorSettings)
     guard: GuardSettings = field(default_factory=GuardSettings)

@@ -70,6 +70,18 @@ NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: int = pynvml.NVML_TEMPERATURE_THRESHOLD_SLO
 NVML_TEMPERATURE_THRESHOLD_MEM_MAX: int = pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX
 NVML_TEMPERATURE_THRESHOLD_GPU_MAX: int = pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX
 NVML_FI_DEV_MEMORY_TEMP: int = pynvml.NVML_FI_DEV_MEMORY_TEMP
+NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: int = (
+    pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL
+)
+NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: int = (
+    pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL
+)
+NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: int = (
+    pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL
+)
+NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: int = (
+    pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL
+)
 NVML_VALUE_TYPE_DOUBLE: int = pynvml.NVML_VALUE_TYPE_DOUBLE
 NVML_VALUE_TYPE_UNSIGNED_INT: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
 NVML_VALUE_TYPE_UNSIGNED_LONG: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG
@@ -525,26 +537,57 @@ def nvmlDeviceGetTemperatureThreshold(handle: Any, threshold: int) -> int:
     return round(values[threshold])
 
 
+def _nvlink_total(gpu: SimulatedGpu, field_id: int) -> int | None:
+    """A GPU-wide NVLink error total (the sum over its links); None when not simulated."""
+    if not gpu.nvlinks or not gpu.profile.nvlink_totals_supported:
+        return None
+    if field_id == NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL:
+        return sum(link.crc_flit_errors for link in gpu.nvlinks)
+    if field_id == NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL:
+        return sum(link.crc_data_errors for link in gpu.nvlinks)
+    if field_id == NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL:
+        return sum(link.replay_errors for link in gpu.nvlinks)
+    if field_id == NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL:
+        return sum(link.recovery_errors for link in gpu.nvlinks)
+    return None
+
+
+def _integer_value(number: int) -> _Value:
+    """Every view of the union filled from one non-negative integer."""
+    return _Value(
+        dVal=float(number),
+        uiVal=number & 0xFFFFFFFF,
+        ulVal=number,
+        ullVal=number,
+        sllVal=number,
+        siVal=number & 0x7FFFFFFF,
+        usVal=number & 0xFFFF,
+    )
+
+
 @_nvml_function
 def nvmlDeviceGetFieldValues(handle: Any, fieldIds: list[int]) -> list[_FieldValue]:
-    """Only NVML_FI_DEV_MEMORY_TEMP is simulated; other ids answer NotSupported per entry."""
+    """The HBM temperature and the four GPU-wide NVLink error totals, per entry.
+
+    NVML_FI_DEV_MEMORY_TEMP is an unsigned int in °C; the NVLink totals (CRC flit, CRC
+    data, replay, recovery) are unsigned long longs, each summed over the GPU's links.
+
+    Each entry answers for itself in ``nvmlReturn``: an id the GPU does not have (memory
+    temperature on A100, the NVLink totals on a GPU without NVLink or whose profile says
+    ``nvlink_totals_supported=False``, any other id) is NotSupported, the rest succeed.
+    """
     gpu = _gpu(handle)
     timestamp_us = round(gpu.elapsed_seconds * 1e6)
     results = []
     for field_id in fieldIds:
         entry = _FieldValue(fieldId=field_id, timestamp=timestamp_us)
+        total = _nvlink_total(gpu, field_id)
         if field_id == NVML_FI_DEV_MEMORY_TEMP and gpu.profile.memory_temperature_supported:
-            celsius = round(gpu.memory_temperature_celsius)
             entry.valueType = NVML_VALUE_TYPE_UNSIGNED_INT
-            entry.value = _Value(
-                dVal=float(celsius),
-                uiVal=celsius,
-                ulVal=celsius,
-                ullVal=celsius,
-                sllVal=celsius,
-                siVal=celsius,
-                usVal=celsius,
-            )
+            entry.value = _integer_value(round(gpu.memory_temperature_celsius))
+        elif total is not None:
+            entry.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            entry.value = _integer_value(total)
         else:
             entry.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
         results.append(entry)

@@ -44,6 +44,8 @@ class GpuProfile:
     (e.g. ``"nvmlDeviceGetPcieReplayCounter"``). ``gpm_supported`` and
     ``memory_temperature_supported`` model the two capabilities that differ between
     Ampere and Hopper: GPM metrics and the HBM temperature field.
+    ``nvlink_totals_supported=False`` makes the GPU-wide NVLink error-total field values
+    answer NotSupported (as an older driver might), leaving only the per-link counters.
     """
 
     name: str
@@ -71,6 +73,7 @@ class GpuProfile:
     vbios_version: str = "96.00.89.00.01"
     gpm_supported: bool = True
     memory_temperature_supported: bool = True
+    nvlink_totals_supported: bool = True
     unsupported: frozenset[str] = frozenset()
 
 
@@ -412,8 +415,12 @@ class SimulatedGpu:
             state.recovery_errors += recovery
 
     def set_nvlink_down(self, link: int) -> None:
+        """The link drops; like real hardware it tries to recover: one recovery counted."""
         with self.lock:
-            self.nvlinks[link].up = False
+            state = self.nvlinks[link]
+            if state.up:
+                state.recovery_errors += 1
+            state.up = False
 
     def set_nvlink_up(self, link: int) -> None:
         with self.lock:

@@ -222,3 +222,69 @@ def test_gpm_pcie_metrics_are_mib_per_second_averaged_between_samples():
     assert fake_nvml.call_count("nvmlDeviceGetPcieThroughput") == 0
     fake_nvml.nvmlGpmSampleFree(first)
     fake_nvml.nvmlGpmSampleFree(second)
+
+
+NVLINK_TOTALS = (
+    fake_nvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+    fake_nvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+    fake_nvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+    fake_nvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+)
+
+
+def test_nvlink_error_totals_are_field_values_summed_over_links():
+    assert NVLINK_TOTALS == (38, 45, 52, 59)
+    gpus = make_gpus(1)
+    start(gpus)
+    gpus[0].inject_nvlink_errors(2, crc=5, crc_data=2, replay=3, recovery=1)
+    gpus[0].inject_nvlink_errors(9, crc=1, replay=4)
+    handle = fake_nvml.nvmlDeviceGetHandleByIndex(0)
+    entries = fake_nvml.nvmlDeviceGetFieldValues(
+        handle, [fake_nvml.NVML_FI_DEV_MEMORY_TEMP, *NVLINK_TOTALS, 9999]
+    )
+    assert [e.fieldId for e in entries] == [fake_nvml.NVML_FI_DEV_MEMORY_TEMP, *NVLINK_TOTALS, 9999]
+    temperature, *totals, other = entries
+    assert temperature.nvmlReturn == fake_nvml.NVML_SUCCESS
+    assert other.nvmlReturn == fake_nvml.NVML_ERROR_NOT_SUPPORTED
+    for entry in totals:
+        assert entry.nvmlReturn == fake_nvml.NVML_SUCCESS
+        assert entry.valueType == fake_nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    assert [e.value.ullVal for e in totals] == [6, 2, 7, 1]
+    assert fake_nvml.call_count("nvmlDeviceGetFieldValues") == 1
+
+
+def test_nvlink_totals_not_supported_per_field():
+    no_totals = GpuProfile(name="old driver", memory_total_bytes=1, nvlink_totals_supported=False)
+    no_nvlink = GpuProfile(name="pcie card", memory_total_bytes=1, nvlink_count=0)
+    start([SimulatedGpu(0, no_totals), SimulatedGpu(1, no_nvlink), SimulatedGpu(2, A100_SXM)])
+    for index in (0, 1):
+        handle = fake_nvml.nvmlDeviceGetHandleByIndex(index)
+        temperature, *totals = fake_nvml.nvmlDeviceGetFieldValues(
+            handle, [fake_nvml.NVML_FI_DEV_MEMORY_TEMP, *NVLINK_TOTALS]
+        )
+        assert temperature.nvmlReturn == fake_nvml.NVML_SUCCESS
+        assert {e.nvmlReturn for e in totals} == {fake_nvml.NVML_ERROR_NOT_SUPPORTED}
+    # A100: no HBM temperature, but NVLink totals.
+    a100 = fake_nvml.nvmlDeviceGetHandleByIndex(2)
+    temperature, *totals = fake_nvml.nvmlDeviceGetFieldValues(
+        a100, [fake_nvml.NVML_FI_DEV_MEMORY_TEMP, *NVLINK_TOTALS]
+    )
+    assert temperature.nvmlReturn == fake_nvml.NVML_ERROR_NOT_SUPPORTED
+    assert {e.nvmlReturn for e in totals} == {fake_nvml.NVML_SUCCESS}
+
+
+def test_nvlink_down_counts_one_recovery_like_real_hardware():
+    gpus = make_gpus(1)
+    start(gpus)
+    handle = fake_nvml.nvmlDeviceGetHandleByIndex(0)
+    gpus[0].set_nvlink_down(4)
+    gpus[0].set_nvlink_down(4)  # already down: no second recovery
+    assert fake_nvml.nvmlDeviceGetNvLinkState(handle, 4) == fake_nvml.NVML_FEATURE_DISABLED
+    recovery = fake_nvml.nvmlDeviceGetNvLinkErrorCounter(
+        handle, 4, fake_nvml.NVML_NVLINK_ERROR_DL_RECOVERY
+    )
+    assert recovery == 1
+    (total,) = fake_nvml.nvmlDeviceGetFieldValues(
+        handle, [fake_nvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL]
+    )
+    assert total.value.ullVal == 1

@@ -38,6 +38,19 @@ def cycle(collector: NvmlCollector, gpus: list[SimulatedGpu], clock: ManualClock
     return collector.collect()
 
 
+def record_field_ids(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """Wrap the fake's nvmlDeviceGetFieldValues; returns the ids asked, one list per call."""
+    requested: list[list[int]] = []
+    real = fake_nvml.nvmlDeviceGetFieldValues
+
+    def recording(handle, field_ids):
+        requested.append(list(field_ids))
+        return real(handle, field_ids)
+
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetFieldValues", recording)
+    return requested
+
+
 def reasons(sample: GpuSample) -> dict[str, bool]:
     assert sample.throttle_reasons is not None
     return dict(sample.throttle_reasons)
@@ -93,7 +106,8 @@ def test_full_h100_node_is_fully_populated_in_base_units(clock):
         assert all(link.up and link.crc_errors_total == 0 for link in sample.nvlinks)
 
 
-def test_a100_leaves_gpm_and_memory_temperature_out_and_asks_once(clock):
+def test_a100_leaves_gpm_and_memory_temperature_out_and_asks_once(clock, monkeypatch):
+    requested = record_field_ids(monkeypatch)
     profile = replace(A100_SXM, unsupported=frozenset({"nvmlDeviceGetPcieReplayCounter"}))
     gpus = [SimulatedGpu(i, profile) for i in range(2)]
     collector = node(gpus, clock)
@@ -106,12 +120,17 @@ def test_a100_leaves_gpm_and_memory_temperature_out_and_asks_once(clock):
     assert last.memory_bandwidth_utilization_ratio == last.memory_utilization_ratio
     assert len(last.nvlinks) == 12
     counts = fake_nvml.call_counts()
-    assert counts["nvmlDeviceGetFieldValues"] == 2
+    # One field-values call per GPU and cycle (for the NVLink totals); the HBM
+    # temperature is asked in the first only.
+    assert counts["nvmlDeviceGetFieldValues"] == 2 * 4
+    memory_temp = fake_nvml.NVML_FI_DEV_MEMORY_TEMP
+    assert [memory_temp in ids for ids in requested] == [True, True] + [False] * 6
     assert counts["nvmlDeviceGetPcieReplayCounter"] == 2
     assert counts["nvmlGpmQueryDeviceSupport"] == 2
     assert "nvmlGpmSampleGet" not in counts
-    # The link count is probed once: 12 links + the InvalidArgument answer, then 12/cycle.
-    assert counts["nvmlDeviceGetNvLinkState"] == 2 * (13 + 4 * 12)
+    # The link count is probed once (12 links + the InvalidArgument answer), the links are
+    # read in the first cycle, and the quiet ones are served for nvlink_link_interval.
+    assert counts["nvmlDeviceGetNvLinkState"] == 2 * (13 + 12)
 
 
 def test_missing_library_is_source_missing_logged_once_and_retried_each_minute(clock, caplog):
@@ -397,3 +416,152 @@ def test_gpu_log_lines_carry_the_gpu_index(clock, caplog):
     unsupported = [r for r in caplog.records if "not supported" in r.getMessage()]
     assert unsupported
     assert {r.gpu for r in unsupported} == {1}
+
+
+# ---------------------------------------------------------------- NVLink cadence
+
+LINKS = 18
+COUNTERS = 4  # CRC flit, CRC data, replay, recovery per link
+PROBE = LINKS + 1  # the link count probe: 18 links and the InvalidArgument answer
+
+
+def test_quiet_nvlinks_are_read_per_link_once_per_interval(clock):
+    gpus = make_gpus(8)
+    collector = node(gpus, clock)
+    for step in range(1, 11):  # monotonic 1 s .. 10 s: within 10 s of the first read
+        collected = cycle(collector, gpus, clock)
+        for sample in collected.gpus:
+            assert len(sample.nvlinks) == LINKS
+            assert all(link.up and link.crc_errors_total == 0 for link in sample.nvlinks)
+            assert all(link.recovery_errors_total == 0 for link in sample.nvlinks)
+        counts = fake_nvml.call_counts()
+        assert counts["nvmlDeviceGetNvLinkErrorCounter"] == 8 * LINKS * COUNTERS
+        assert counts["nvmlDeviceGetNvLinkState"] == 8 * (PROBE + LINKS)
+        assert counts["nvmlDeviceGetFieldValues"] == 8 * step
+    # Ten seconds after the first read: every link of every GPU is read again.
+    cycle(collector, gpus, clock)
+    assert fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter") == 2 * 8 * LINKS * COUNTERS
+    assert fake_nvml.call_count("nvmlDeviceGetNvLinkState") == 8 * (PROBE + 2 * LINKS)
+
+
+def test_nvlink_errors_show_per_link_within_one_cycle(clock):
+    gpus = make_gpus(8)
+    collector = node(gpus, clock)
+    cycle(collector, gpus, clock)
+    cycle(collector, gpus, clock)
+    before = fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter")
+    gpus[3].inject_nvlink_errors(5, crc=7, crc_data=2, replay=3)
+    collected = cycle(collector, gpus, clock)
+    link = collected.gpus[3].nvlinks[5]
+    assert (link.crc_errors_total, link.replay_errors_total, link.recovery_errors_total) == (
+        9,
+        3,
+        0,
+    )
+    # Only the GPU whose totals moved had its links read again.
+    assert fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter") == before + LINKS * COUNTERS
+    # Quiet again: served from the new read, no more per-link calls.
+    again = cycle(collector, gpus, clock)
+    assert again.gpus[3].nvlinks[5].crc_errors_total == 9
+    assert fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter") == before + LINKS * COUNTERS
+
+
+def test_nvlink_down_shows_within_one_cycle_and_up_again(clock):
+    gpus = make_gpus(2)
+    collector = node(gpus, clock)
+    cycle(collector, gpus, clock)
+    gpus[1].set_nvlink_down(7)  # counts a recovery: the totals move
+    down = cycle(collector, gpus, clock).gpus[1].nvlinks[7]
+    assert down.up is False
+    assert down.recovery_errors_total == 1
+    # While down, only that link's state is asked each cycle; its counters are not.
+    states = fake_nvml.call_count("nvmlDeviceGetNvLinkState")
+    counters = fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter")
+    for _ in range(3):
+        assert cycle(collector, gpus, clock).gpus[1].nvlinks[7].up is False
+    assert fake_nvml.call_count("nvmlDeviceGetNvLinkState") == states + 3
+    assert fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter") == counters
+    gpus[1].set_nvlink_up(7)  # no counter moves: seen through the down link's state
+    up = cycle(collector, gpus, clock).gpus[1].nvlinks[7]
+    assert up.up is True
+    assert up.recovery_errors_total == 1
+
+
+def test_xid_74_forces_a_per_link_read(clock):
+    gpus = make_gpus(2)
+    collector = node(gpus, clock)
+    cycle(collector, gpus, clock)
+    counters = fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter")
+    gpus[0].inject_xid(74)
+    collected = cycle(collector, gpus, clock)  # the cycle that drains the XID
+    assert [(e.gpu, e.code) for e in collected.events] == [(0, 74)]
+    cycle(collector, gpus, clock)
+    assert fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter") == counters + LINKS * COUNTERS
+
+
+def test_gpu_back_after_a_loss_reads_its_links_again(clock):
+    gpus = make_gpus(1)
+    collector = node(gpus, clock)
+    cycle(collector, gpus, clock)
+    gpus[0].fall_off_bus()
+    assert cycle(collector, gpus, clock).gpus[0].lost
+    counters = fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter")
+    gpus[0].reset()
+    back = cycle(collector, gpus, clock).gpus[0]
+    assert not back.lost
+    assert len(back.nvlinks) == LINKS
+    assert fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter") == counters + LINKS * COUNTERS
+
+
+def test_without_nvlink_totals_every_link_is_read_every_cycle(clock, monkeypatch):
+    requested = record_field_ids(monkeypatch)
+    profile = replace(H100_SXM, nvlink_totals_supported=False)
+    gpus = [SimulatedGpu(i, profile) for i in range(2)]
+    collector = node(gpus, clock)
+    for _ in range(3):
+        collected = cycle(collector, gpus, clock)
+    assert collected.gpus[0].memory_temperature_celsius is not None
+    assert fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter") == 3 * 2 * LINKS * COUNTERS
+    # The totals answered NotSupported once, per field: asked no more; HBM temperature stays.
+    assert [len(ids) for ids in requested] == [5, 5, 1, 1, 1, 1]
+    gpus[0].inject_nvlink_errors(1, replay=2)
+    assert cycle(collector, gpus, clock).gpus[0].nvlinks[1].replay_errors_total == 2
+
+
+def test_a_failed_totals_read_falls_back_to_per_link_for_that_cycle(clock, monkeypatch):
+    gpus = make_gpus(1)
+    collector = node(gpus, clock)
+    cycle(collector, gpus, clock)
+    real = fake_nvml.nvmlDeviceGetFieldValues
+
+    def flaky(handle, field_ids):
+        entries = real(handle, field_ids)
+        entries[-1].nvmlReturn = fake_nvml.NVML_ERROR_TIMEOUT
+        return entries
+
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetFieldValues", flaky)
+    counters = fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter")
+    cycle(collector, gpus, clock)
+    assert fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter") == counters + LINKS * COUNTERS
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetFieldValues", real)
+    cycle(collector, gpus, clock)  # totals back: they differ from "none", read once more
+    cycle(collector, gpus, clock)
+    assert fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter") == (
+        counters + 2 * LINKS * COUNTERS
+    )
+
+
+def test_intervals_are_collector_settings(clock):
+    gpus = [SimulatedGpu(0, A100_SXM)]
+    fake_nvml.configure(gpus)
+    collector = NvmlCollector(
+        fake_nvml, clock, pcie_throughput_interval=0.0, nvlink_link_interval=0.0
+    )
+    for _ in range(3):
+        cycle(collector, gpus, clock)
+    assert fake_nvml.call_count("nvmlDeviceGetPcieThroughput") == 2 * 3
+    assert fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter") == 3 * 12 * COUNTERS
+    with pytest.raises(ValueError, match="nvlink_link_interval"):
+        NvmlCollector(fake_nvml, clock, nvlink_link_interval=-1.0)
+    with pytest.raises(ValueError, match="pcie_throughput_interval"):
+        NvmlCollector(fake_nvml, clock, pcie_throughput_interval=-1.0)

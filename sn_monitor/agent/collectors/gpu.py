@@ -11,7 +11,13 @@ import logging
 from typing import Any
 
 from sn_monitor.agent.collectors.base import CollectorError, SourceMissing
-from sn_monitor.agent.nvml import NvmlError, NvmlLibrary, NvmlUnavailable
+from sn_monitor.agent.nvml import (
+    NVLINK_LINK_INTERVAL_SECONDS,
+    PCIE_THROUGHPUT_INTERVAL_SECONDS,
+    NvmlError,
+    NvmlLibrary,
+    NvmlUnavailable,
+)
 from sn_monitor.agent.snapshot import Collected
 from sn_monitor.clock import Clock, SystemClock
 
@@ -25,6 +31,8 @@ class NvmlCollector:
 
     ``nvml_module`` is ``pynvml`` (see :func:`sn_monitor.agent.nvml.load_pynvml`) or
     :mod:`sn_monitor.sim.fake_nvml`; ``clock`` stamps events and paces init retries.
+    ``pcie_throughput_interval`` and ``nvlink_link_interval`` go to the adapter
+    (:class:`~sn_monitor.agent.nvml.NvmlLibrary`), which validates them.
     """
 
     name = "nvml"
@@ -35,9 +43,16 @@ class NvmlCollector:
         clock: Clock | None = None,
         *,
         retry_seconds: float = INIT_RETRY_SECONDS,
+        pcie_throughput_interval: float = PCIE_THROUGHPUT_INTERVAL_SECONDS,
+        nvlink_link_interval: float = NVLINK_LINK_INTERVAL_SECONDS,
     ) -> None:
         self._clock: Clock = clock or SystemClock()
-        self._library = NvmlLibrary(nvml_module, self._clock)
+        self._library = NvmlLibrary(
+            nvml_module,
+            self._clock,
+            pcie_throughput_interval=pcie_throughput_interval,
+            nvlink_link_interval=nvlink_link_interval,
+        )
         self._retry_seconds = retry_seconds
         self._next_init: float | None = None
         self._missing_logged = False

@@ -1,0 +1,294 @@
+"""The controller's HTTP API (v1), an ASGI app.
+
+Only HTTP lives here: reading bodies within limits, authentication, status codes and
+JSON. Every decision is the :class:`~sn_monitor.controller.service.Controller`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sn_monitor import __version__
+from sn_monitor.controller.auth import OPEN_ACCESS, Identity, Role, TokenBook
+from sn_monitor.controller.ingest import ReportRejected
+from sn_monitor.model import Report, ReportReply
+
+log = logging.getLogger(__name__)
+
+_encoder = msgspec.json.Encoder()
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status and a message for the caller."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class ControllerApi(Protocol):
+    """What the HTTP layer needs from the controller."""
+
+    def ingest(self, body: bytes, identity: Identity) -> ReportReply: ...
+    def list_nodes(self) -> list[dict[str, Any]]: ...
+    def get_node(self, name: str) -> dict[str, Any] | None: ...
+    def manual_action(self, action: str, node: str, who: str, reason: str) -> dict[str, Any]: ...
+    def list_incidents(self, status: str | None, node: str | None,
+                       limit: int) -> list[dict[str, Any]]: ...
+    def get_incident(self, incident_id: int) -> dict[str, Any] | None: ...
+    def list_actions(self, node: str | None, state: str | None,
+                     limit: int) -> list[dict[str, Any]]: ...
+    def approve(self, action_id: str, who: str) -> dict[str, Any]: ...
+    def service_discovery(self) -> list[dict[str, Any]]: ...
+    def health(self) -> tuple[bool, dict[str, Any]]: ...
+    def metrics(self) -> bytes: ...
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(_encoder.encode(data), status_code=status, media_type="application/json")
+
+
+def _error(status: int, message: str) -> Response:
+    return _json({"error": message}, status)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def build_app(
+    controller: ControllerApi,
+    tokens: TokenBook | None,
+    max_body_bytes: int = 1 << 20,
+) -> Starlette:
+    """The ASGI app; ``tokens`` None means no authentication (development only)."""
+
+    def identify(request: Request, role: Role) -> Identity:
+        if tokens is None:
+            return OPEN_ACCESS
+        identity = tokens.identify(request.headers.get("authorization"))
+        if identity is None:
+            raise ApiError(401, "missing or unknown bearer token")
+        if not identity.at_least(role):
+            raise ApiError(403, f"{identity.name} ({identity.role}) may not do this")
+        return identity
+
+    async def read_body(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+            raise ApiError(413, f"body larger than {max_body_bytes} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise ApiError(413, f"body larger than {max_body_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def guarded(handler: Handler) -> Handler:
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ApiError as err:
+                return _error(err.status, err.message)
+            except ReportRejected as err:
+                return _error(err.status, err.message)
+        return run
+
+    @guarded
+    async def post_report(request: Request) -> Response:
+        identity = identify(request, "agent")
+        body = await read_body(request)
+        reply = controller.ingest(body, identity)
+        return Response(_encoder.encode(reply), media_type="application/json")
+
+    @guarded
+    async def nodes(request: Request) -> Response:
+        identify(request, "read")
+        return _json({"nodes": controller.list_nodes()})
+
+    @guarded
+    async def node(request: Request) -> Response:
+        identify(request, "read")
+        found = controller.get_node(request.path_params["name"])
+        if found is None:
+            raise ApiError(404, f"no node {request.path_params['name']!r}")
+        return _json(found)
+
+    def node_action(action: str) -> Handler:
+        @guarded
+        async def run(request: Request) -> Response:
+            identity = identify(request, "operate")
+            name = request.path_params["name"]
+            body = await read_body(request)
+            reason = "by hand"
+            if body:
+                try:
+                    doc = msgspec.json.decode(body)
+                except msgspec.DecodeError as err:
+                    raise ApiError(400, f"malformed JSON: {err}") from None
+                if not isinstance(doc, dict) or not isinstance(doc.get("reason", ""), str):
+                    raise ApiError(422, "expected {\"reason\": \"...\"}")
+                reason = doc.get("reason") or reason
+            if controller.get_node(name) is None:
+                raise ApiError(404, f"no node {name!r}")
+            record = await run_in_threadpool(controller.manual_action, action, name,
+                                             identity.name, reason)
+            return _json(record, 202)
+        return run
+
+    def _limit(request: Request) -> int:
+        raw = request.query_params.get("limit", "100")
+        if not raw.isdigit() or not 0 < int(raw) <= 1000:
+            raise ApiError(422, "limit must be a whole number from 1 to 1000")
+        return int(raw)
+
+    @guarded
+    async def incidents(request: Request) -> Response:
+        identify(request, "read")
+        status = request.query_params.get("status")
+        if status not in (None, "open", "closed"):
+            raise ApiError(422, "status must be open or closed")
+        return _json({"incidents": controller.list_incidents(
+            status, request.query_params.get("node"), _limit(request))})
+
+    @guarded
+    async def incident(request: Request) -> Response:
+        identify(request, "read")
+        raw = request.path_params["incident_id"]
+        found = controller.get_incident(int(raw)) if raw.isdigit() else None
+        if found is None:
+            raise ApiError(404, f"no incident {raw!r}")
+        return _json(found)
+
+    @guarded
+    async def actions(request: Request) -> Response:
+        identify(request, "read")
+        return _json({"actions": controller.list_actions(
+            request.query_params.get("node"), request.query_params.get("state"),
+            _limit(request))})
+
+    @guarded
+    async def approve(request: Request) -> Response:
+        identity = identify(request, "operate")
+        record = await run_in_threadpool(controller.approve, request.path_params["action_id"],
+                                         identity.name)
+        return _json(record)
+
+    @guarded
+    async def service_discovery(request: Request) -> Response:
+        identify(request, "read")
+        return _json(controller.service_discovery())
+
+    async def healthz(request: Request) -> Response:
+        ok, body = controller.health()
+        return _json(body, 200 if ok else 503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(controller.metrics(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(openapi_document())
+
+    routes = [
+        Route("/api/v1/reports", post_report, methods=["POST"]),
+        Route("/api/v1/nodes", nodes, methods=["GET"]),
+        Route("/api/v1/nodes/{name}", node, methods=["GET"]),
+        Route("/api/v1/nodes/{name}/cordon", node_action("cordon"), methods=["POST"]),
+        Route("/api/v1/nodes/{name}/uncordon", node_action("uncordon"), methods=["POST"]),
+        Route("/api/v1/incidents", incidents, methods=["GET"]),
+        Route("/api/v1/incidents/{incident_id}", incident, methods=["GET"]),
+        Route("/api/v1/actions", actions, methods=["GET"]),
+        Route("/api/v1/actions/{action_id}/approve", approve, methods=["POST"]),
+        Route("/api/v1/sd", service_discovery, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+    ]
+    return Starlette(routes=routes)
+
+
+def openapi_document() -> dict[str, Any]:
+    """OpenAPI 3.1 for the v1 API; the report schemas come from the wire types themselves."""
+    _, components = msgspec.json.schema_components([Report, ReportReply],
+                                                   ref_template="#/components/schemas/{name}")
+    error = {"description": "error", "content": {"application/json": {"schema": {
+        "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}}}}
+    any_json = {"description": "ok",
+                "content": {"application/json": {"schema": {"type": "object"}}}}
+
+    def op(summary: str, responses: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        return {"summary": summary, "responses": responses, **extra}
+
+    name_param = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
+    reason_body = {"required": False, "content": {"application/json": {"schema": {
+        "type": "object", "properties": {"reason": {"type": "string"}}}}}}
+    listing = [
+        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
+                                                    "maximum": 1000}},
+        {"name": "node", "in": "query", "schema": {"type": "string"}},
+    ]
+    paths: dict[str, Any] = {
+        "/api/v1/reports": {"post": op(
+            "An agent's report; the reply carries commands",
+            {"200": {"description": "stored", "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/ReportReply"}}}},
+             "400": error, "401": error, "403": error, "413": error, "422": error},
+            requestBody={"required": True, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/Report"}}}})},
+        "/api/v1/nodes": {"get": op("Every node", {"200": any_json, "401": error})},
+        "/api/v1/nodes/{name}": {"get": op("One node", {"200": any_json, "404": error},
+                                           parameters=name_param)},
+        "/api/v1/nodes/{name}/cordon": {"post": op(
+            "Cordon a node by hand (through the safety policy)",
+            {"202": any_json, "404": error, "401": error, "403": error},
+            parameters=name_param, requestBody=reason_body)},
+        "/api/v1/nodes/{name}/uncordon": {"post": op(
+            "Uncordon a node sn-monitor cordoned",
+            {"202": any_json, "404": error, "401": error, "403": error},
+            parameters=name_param, requestBody=reason_body)},
+        "/api/v1/incidents": {"get": op("Incidents", {"200": any_json, "422": error},
+                                        parameters=[*listing, {
+                                            "name": "status", "in": "query",
+                                            "schema": {"enum": ["open", "closed"]}}])},
+        "/api/v1/incidents/{incident_id}": {"get": op(
+            "One incident with its actions", {"200": any_json, "404": error},
+            parameters=[{"name": "incident_id", "in": "path", "required": True,
+                         "schema": {"type": "integer"}}])},
+        "/api/v1/actions": {"get": op("The audit trail of actions", {"200": any_json},
+                                      parameters=[*listing, {"name": "state", "in": "query",
+                                                             "schema": {"type": "string"}}])},
+        "/api/v1/actions/{action_id}/approve": {"post": op(
+            "Approve an action waiting for approval", {"200": any_json, "404": error,
+                                                        "409": error},
+            parameters=[{"name": "action_id", "in": "path", "required": True,
+                         "schema": {"type": "string"}}])},
+        "/api/v1/sd": {"get": op("Prometheus HTTP service discovery of every agent",
+                                 {"200": {"description": "targets", "content": {
+                                     "application/json": {"schema": {"type": "array"}}}}})},
+        "/healthz": {"get": op("Liveness and readiness", {"200": any_json, "503": any_json})},
+        "/metrics": {"get": op("Prometheus metrics", {"200": {
+            "description": "text exposition", "content": {"text/plain": {
+                "schema": {"type": "string"}}}}})},
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "sn-monitor controller", "version": __version__},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }
