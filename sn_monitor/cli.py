@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--listen", type=_listen, metavar="HOST:PORT",
                        help="address for /metrics and /healthz (default 0.0.0.0:9847)")
     agent.add_argument("--node", help="node name (default: config, then the hostname)")
+    agent.add_argument("--controller", metavar="URL",
+                       help="report to this controller (http[s]://host:9848)")
+    agent.add_argument("--token-file", metavar="F",
+                       help="file holding the bearer token for the controller")
+    agent.add_argument("--state-dir", metavar="DIR",
+                       help="where the event spool and saved power limits live")
     agent.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
     _log_options(agent)
 
@@ -102,30 +108,40 @@ def _agent_settings(args: argparse.Namespace) -> AgentSettings:
         settings = replace(settings, listen=args.listen)
     if args.node:
         settings = replace(settings, node=args.node)
+    if args.controller or args.token_file:
+        controller = replace(settings.controller,
+                             url=args.controller or settings.controller.url,
+                             token_file=args.token_file or settings.controller.token_file)
+        settings = replace(settings, controller=controller)
+    if args.state_dir:
+        settings = replace(settings, state_dir=args.state_dir)
     return settings
 
 
 def run_agent(settings: AgentSettings, simulate: int | None, duration: float | None) -> int:
     """The agent on this node's GPUs, or on a simulated node with ``simulate`` GPUs."""
-    from sn_monitor.agent.daemon import Agent
-    from sn_monitor.agent.registry import build_collectors
+    from sn_monitor.agent.daemon import build_agent
+    from sn_monitor.agent.reporter import TokenError
     from sn_monitor.clock import SystemClock
 
     clock = SystemClock()
-    if simulate is None:
-        from sn_monitor.agent.nvml import load_pynvml
+    try:
+        if simulate is None:
+            from sn_monitor.agent.nvml import load_pynvml
 
-        collectors = build_collectors(settings, load_pynvml(), clock)
-        Agent(settings, collectors, clock).run_until_signalled(duration)
+            build_agent(settings, load_pynvml(), clock).run_until_signalled(duration)
+            return 0
+        from sn_monitor.sim.node import SimulatedNode
+
+        with tempfile.TemporaryDirectory(prefix="sn-sim-") as root:
+            node = SimulatedNode(Path(root), gpus=simulate)
+            settings = node.agent_settings(settings)
+            agent = build_agent(settings, node.nvml, clock, before_sample=node.step)
+            agent.run_until_signalled(duration)
         return 0
-    from sn_monitor.sim.node import SimulatedNode
-
-    with tempfile.TemporaryDirectory(prefix="sn-sim-") as root:
-        node = SimulatedNode(Path(root), gpus=simulate)
-        settings = node.agent_settings(settings)
-        collectors = build_collectors(settings, node.nvml, clock)
-        Agent(settings, collectors, clock, before_sample=node.step).run_until_signalled(duration)
-    return 0
+    except (TokenError, OSError) as err:
+        print(f"sn-monitor agent: {err}", file=sys.stderr)
+        return EXIT_CONFIG
 
 
 def main(argv: Sequence[str] | None = None) -> int:

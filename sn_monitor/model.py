@@ -178,6 +178,7 @@ class Report(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
     sample_time_seconds: float
     agent_version: Annotated[str, msgspec.Meta(max_length=64)] = ""
     interval_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 1.0
+    metrics_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] | None = None
     labels: Annotated[dict[Annotated[str, msgspec.Meta(max_length=64)], LabelValue],
                       msgspec.Meta(max_length=MAX_LABELS)] = {}
     gpus: Annotated[list[GpuReport], msgspec.Meta(max_length=MAX_GPUS)] = []

@@ -1,8 +1,11 @@
-"""The agent process: a sampling loop on its own clock, and the HTTP endpoint.
+"""The agent process: a sampling loop on its own clock, the guard, the reporter, HTTP.
 
-Sampling runs under APScheduler (one job, never overlapping, late runs coalesced);
-/metrics serves the latest snapshot. SIGTERM or SIGINT starts an orderly stop with a
-hard deadline well below systemd's default ``TimeoutStopSec`` (90 s).
+Each cycle (APScheduler, never overlapping, late runs coalesced) samples, lets the
+:class:`ThermalGuard` act on the fresh snapshot, spools the cycle's events and hands the
+snapshot to the report thread. Reporting runs on its own thread so a slow or hanging
+controller never delays sampling or the guard; events are spooled on the sampling
+thread first, so a report skipped in between loses none. SIGTERM or SIGINT starts an
+orderly stop with a hard deadline well below systemd's default ``TimeoutStopSec``.
 """
 
 from __future__ import annotations
@@ -11,32 +14,97 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from sn_monitor.agent.collectors.base import Collector
-from sn_monitor.agent.exporter import SnapshotCollector
+from sn_monitor.agent.collectors.gpu import NvmlCollector
+from sn_monitor.agent.commands import CommandExecutor
+from sn_monitor.agent.exporter import AgentStatus, SnapshotCollector
 from sn_monitor.agent.exposition import ExpositionCache
+from sn_monitor.agent.guard import ThermalGuard
+from sn_monitor.agent.registry import build_collectors
+from sn_monitor.agent.reporter import Reporter, read_token
 from sn_monitor.agent.sampler import Sampler
 from sn_monitor.agent.server import AgentHttpServer
 from sn_monitor.agent.settings import AgentSettings, parse_listen
 from sn_monitor.agent.snapshot import NodeSnapshot
+from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import Clock
+from sn_monitor.model import Event
 
 log = logging.getLogger(__name__)
 
 #: Called before each sample with the seconds since the previous one (the simulator
 #: advances its GPUs and counters here; a real node has none).
 BeforeSample = Callable[[float], None]
-#: Called after each sample with the new snapshot (the terminal view, later the reporter).
+#: Called after each sample with the new snapshot (the terminal view).
 AfterSample = Callable[[NodeSnapshot], None]
 
 STOP_DEADLINE_SECONDS = 20.0
 
 
+class ReportLoop:
+    """Sends the latest snapshot to the controller on its own thread.
+
+    Only the newest snapshot waits: when the controller is slower than the sampling
+    interval, older ones are skipped (their events are already in the spool).
+    """
+
+    def __init__(self, reporter: Reporter, executor: CommandExecutor) -> None:
+        self._reporter = reporter
+        self._executor = executor
+        self._cond = threading.Condition()
+        self._pending: tuple[NodeSnapshot, frozenset[int]] | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="agent-report", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def offer(self, snapshot: NodeSnapshot, throttled: frozenset[int]) -> None:
+        """Replace whatever is waiting with this snapshot."""
+        with self._cond:
+            self._pending = (snapshot, throttled)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                assert self._pending is not None
+                snapshot, throttled = self._pending
+                self._pending = None
+            commands = self._reporter.send(snapshot, throttled)
+            if commands:
+                self._reporter.add_command_results(self._executor.execute(commands))
+
+    def stop(self, timeout: float) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout)
+
+
+@dataclass
+class Protection:
+    """The parts that act: the guard always, the reporter when a controller is set."""
+
+    guard: ThermalGuard
+    executor: CommandExecutor
+    reporter: Reporter | None = None
+
+
 class Agent:
-    """Wires the collectors, the sampler, the exporter and the HTTP server together."""
+    """Wires the collectors, sampler, guard, reporter, exporter and HTTP server together."""
 
     def __init__(
         self,
@@ -45,34 +113,75 @@ class Agent:
         clock: Clock,
         before_sample: BeforeSample | None = None,
         after_sample: Sequence[AfterSample] = (),
+        protection: Protection | None = None,
     ) -> None:
         self.settings = settings
         self._clock = clock
         self.sampler = Sampler(settings.node, collectors, clock)
-        self.exporter = SnapshotCollector(lambda: self.sampler.latest)
+        self.protection = protection
+        self.exporter = SnapshotCollector(lambda: self.sampler.latest, self.status)
         self.exposition = ExpositionCache(self.exporter, lambda: self.sampler.latest)
         self._before = before_sample
         self._after = list(after_sample)
         self._last_tick: float | None = None
+        self._recovered = False
         self._scheduler = BackgroundScheduler(daemon=True)
         self._stopped = threading.Event()
+        self._report_loop: ReportLoop | None = None
+        if protection is not None and protection.reporter is not None:
+            self._report_loop = ReportLoop(protection.reporter, protection.executor)
         host, port = parse_listen(settings.listen)
         self.http = AgentHttpServer(
             host, port, self.exposition, lambda: self.sampler.latest, clock,
             max_age=max(3 * settings.interval, 5.0),
         )
 
+    def status(self) -> AgentStatus:
+        """Guard and reporter figures for /metrics."""
+        if self.protection is None:
+            return AgentStatus()
+        reporter = self.protection.reporter
+        return AgentStatus(
+            guard_throttled=frozenset(self.protection.guard.throttled()),
+            guard_gpus=tuple(self.protection.guard.known_gpus()),
+            controller_configured=reporter is not None,
+            reports_total=reporter.reports_total if reporter else 0,
+            report_failures_total=reporter.failures_total if reporter else 0,
+            spool_pending=reporter.spool.pending_count if reporter else 0,
+            spool_dropped_total=reporter.spool.dropped_total if reporter else 0,
+        )
+
     def tick(self) -> NodeSnapshot:
-        """One cycle: advance the simulation if any, sample, hand the snapshot on."""
+        """One cycle: advance the simulation if any, sample, guard, report, hand on."""
         now = self._clock.monotonic()
         elapsed = self.settings.interval if self._last_tick is None else now - self._last_tick
         self._last_tick = now
         if self._before is not None:
             self._before(elapsed)
         snapshot = self.sampler.sample()
+        if self.protection is not None:
+            self._protect(snapshot)
         for hook in self._after:
             hook(snapshot)
         return snapshot
+
+    def _protect(self, snapshot: NodeSnapshot) -> None:
+        assert self.protection is not None
+        guard = self.protection.guard
+        events: list[Event] = []
+        if not self._recovered:
+            # NVML is initialised by the first sample: now the guard can put back limits
+            # that an earlier run (crashed, killed) left capped.
+            events += guard.recover()
+            self._recovered = True
+        events += guard.observe(snapshot)
+        for event in events:
+            log.warning("guard: %s", event.message,
+                        extra={"node": self.settings.node, "gpu": event.gpu})
+        reporter = self.protection.reporter
+        if reporter is not None and self._report_loop is not None:
+            reporter.spool_events([*snapshot.events, *events])
+            self._report_loop.offer(snapshot, frozenset(guard.throttled()))
 
     def _tick_logged(self) -> None:
         try:
@@ -82,6 +191,8 @@ class Agent:
 
     def start(self) -> None:
         """Take the first sample, then serve and sample every ``interval``."""
+        if self._report_loop is not None:
+            self._report_loop.start()
         self.tick()
         self.http.start()
         self._scheduler.add_job(
@@ -93,12 +204,19 @@ class Agent:
                  self.settings.interval, extra={"node": self.settings.node})
 
     def stop(self) -> None:
-        """Stop sampling, stop serving, close the collectors (idempotent)."""
+        """Stop sampling, put back the operator's power limits, stop serving (idempotent)."""
         if self._stopped.is_set():
             return
         self._stopped.set()
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
+        if self._report_loop is not None:
+            self._report_loop.stop(timeout=5.0)
+        if self.protection is not None:
+            events = self.protection.guard.restore_all()
+            if self.protection.reporter is not None:
+                self.protection.reporter.spool_events(events)
+                self.protection.reporter.close()
         self.http.stop()
         self.sampler.close()
         log.info("agent stopped", extra={"node": self.settings.node})
@@ -124,3 +242,42 @@ class Agent:
                 log.error("agent did not stop within %ss", STOP_DEADLINE_SECONDS)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _power_setter(collectors: Sequence[Collector]) -> Callable[[int, float], None]:
+    for collector in collectors:
+        if isinstance(collector, NvmlCollector):
+            return collector.library.set_power_limit_watts
+
+    def no_nvml(gpu: int, watts: float) -> None:
+        raise RuntimeError(f"cannot cap GPU {gpu}: the nvml collector is disabled")
+
+    return no_nvml
+
+
+def build_agent(
+    settings: AgentSettings,
+    nvml: Any,
+    clock: Clock,
+    before_sample: BeforeSample | None = None,
+    after_sample: Sequence[AfterSample] = (),
+) -> Agent:
+    """The agent for ``settings``: collectors from the registry, the guard, the reporter."""
+    collectors = build_collectors(settings, nvml, clock)
+    state = Path(settings.state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    guard = ThermalGuard(settings.guard, _power_setter(collectors), state, clock)
+    executor = CommandExecutor(guard, clock, dry_run=settings.guard.mode == "dry-run")
+    reporter = None
+    if settings.controller.url is not None:
+        token_file = settings.controller.token_file
+        _, port = parse_listen(settings.listen)
+        reporter = Reporter(
+            settings.controller.url, read_token(token_file) if token_file else None,
+            settings.node, settings.labels, clock,
+            EventSpool(state / "spool", settings.controller.spool_max_bytes, clock),
+            timeout=settings.controller.timeout, interval=settings.interval,
+            metrics_port=port or None,
+        )
+    return Agent(settings, collectors, clock, before_sample, after_sample,
+                 Protection(guard, executor, reporter))

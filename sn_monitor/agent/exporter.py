@@ -8,6 +8,7 @@ registered globally, nothing is set in a loop, and a series missing from the sna
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -17,6 +18,22 @@ from sn_monitor import __version__
 from sn_monitor.agent.snapshot import GpuSample, IbPortSample, NetDeviceSample, NodeSnapshot
 
 SnapshotSource = Callable[[], NodeSnapshot | None]
+
+
+@dataclass(frozen=True)
+class AgentStatus:
+    """The guard's and the reporter's state, beside the snapshot."""
+
+    guard_throttled: frozenset[int] = frozenset()
+    guard_gpus: tuple[int, ...] = ()
+    controller_configured: bool = False
+    reports_total: int = 0
+    report_failures_total: int = 0
+    spool_pending: int = 0
+    spool_dropped_total: int = 0
+
+
+StatusSource = Callable[[], AgentStatus]
 
 GPU_LABELS = ["gpu", "uuid"]
 
@@ -113,8 +130,9 @@ def _family(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily | Count
 class SnapshotCollector(Collector):
     """Yields the metric families of the latest snapshot; register it in a fresh registry."""
 
-    def __init__(self, source: SnapshotSource) -> None:
+    def __init__(self, source: SnapshotSource, status: StatusSource | None = None) -> None:
         self._source = source
+        self._status = status
 
     def collect(self) -> Iterator[Metric]:
         info = GaugeMetricFamily("sn_agent_info", "The agent's version.", labels=["version"])
@@ -134,6 +152,31 @@ class SnapshotCollector(Collector):
         yield from self._net(snapshot.net)
         yield from self._infiniband(snapshot.infiniband)
         yield from self._host(snapshot)
+        if self._status is not None:
+            yield from self._agent(self._status())
+
+    @staticmethod
+    def _agent(status: AgentStatus) -> Iterator[Metric]:
+        throttled = GaugeMetricFamily(
+            "sn_guard_throttled", "1 while the agent's thermal guard caps the GPU's power.",
+            labels=["gpu"],
+        )
+        for gpu in sorted({*status.guard_gpus, *status.guard_throttled}):
+            throttled.add_metric([str(gpu)], 1.0 if gpu in status.guard_throttled else 0.0)
+        yield throttled
+        if not status.controller_configured:
+            return
+        yield CounterMetricFamily("sn_agent_reports", "Reports the controller accepted.",
+                                  value=status.reports_total)
+        yield CounterMetricFamily("sn_agent_report_failures",
+                                  "Reports that failed (controller unreachable or refusing).",
+                                  value=status.report_failures_total)
+        yield GaugeMetricFamily("sn_agent_spool_events",
+                                "Events kept on disk until the controller stores them.",
+                                value=status.spool_pending)
+        yield CounterMetricFamily("sn_agent_spool_dropped_events",
+                                  "Events dropped because the spool was full.",
+                                  value=status.spool_dropped_total)
 
     @staticmethod
     def _collectors(snapshot: NodeSnapshot) -> Iterator[Metric]:

@@ -133,6 +133,8 @@ class _GpuState:
     failing: bool = False
     noop_logged: bool = False
     last_error: str | None = None
+    # Why the limit is to be restored, for the event once the restore takes.
+    why: str = ""
 
 
 class ThermalGuard:
@@ -248,7 +250,7 @@ class ThermalGuard:
             and state.cap.owner == "guard"
         ):
             why = f"below {release_at:g} °C for {hold:g} s, now {temperature:.1f} °C"
-            self._release(state, why, dry_run=state.cap.dry_run)
+            self._release(state, why, dry_run=state.cap.dry_run, now=False)
 
     def _guard_cap(self, state: _GpuState, temperature: float, throttle_at: float) -> None:
         base = state.default_watts if state.default_watts is not None else state.limit_watts
@@ -271,7 +273,8 @@ class ThermalGuard:
             return
         hold = float(self._settings.hold)
         reason = f"{temperature:.1f} °C, at or above {throttle_at:g} °C for {hold:g} s"
-        self._apply(state, target, "guard", reason, dry_run=self._settings.mode == "dry-run")
+        self._apply(state, target, "guard", reason, dry_run=self._settings.mode == "dry-run",
+                    now=False)
 
     # ---------------------------------------------------------------- commands
 
@@ -340,7 +343,8 @@ class ThermalGuard:
                 state = self._state(gpu)
                 state.dirty = True
                 state.cap = None
-                self._converge(state, why="left by a previous agent run")
+                state.why = "left by a previous agent run"
+                self._converge(state)
             events, self._outbox = self._outbox, []
             return events
 
@@ -354,7 +358,8 @@ class ThermalGuard:
                     state.cap = None
                 elif state.cap is not None or state.dirty:
                     state.cap = None
-                    self._converge(state, why="agent stopping")
+                    state.why = "agent stopping"
+                    self._converge(state)
             events, self._outbox = self._outbox, []
             return events
 
@@ -372,29 +377,33 @@ class ThermalGuard:
             watts = min(watts, state.max_watts)
         if state.min_watts is not None:
             watts = max(watts, state.min_watts)
-        return watts
+        return round(watts, 3)  # NVML takes whole milliwatts
 
     def _apply(self, state: _GpuState, watts: float, owner: Owner, reason: str, *,
-               dry_run: bool) -> bool:
-        """Want ``watts`` on ``state``'s GPU and try to set it now; True if it took."""
+               dry_run: bool, now: bool = True) -> bool:
+        """Want ``watts`` on ``state``'s GPU; with ``now``, set it now and say if it took.
+
+        :meth:`observe` passes ``now=False``: its own pass over every GPU sets it, once.
+        """
         if dry_run:
             state.cap = Cap(watts, owner, reason, dry_run=True)
             self._event(state, f"dry-run: would cap GPU {state.index} power limit to "
                                f"{watts:.0f} W ({owner}: {reason})")
             return True
         state.cap = Cap(watts, owner, reason)
-        return self._converge(state)
+        return self._converge(state) if now else True
 
-    def _release(self, state: _GpuState, reason: str, *, dry_run: bool) -> bool:
+    def _release(self, state: _GpuState, reason: str, *, dry_run: bool, now: bool = True) -> bool:
         if dry_run:
             state.cap = None
             self._event(state, f"dry-run: would restore GPU {state.index}'s power limit "
                                f"({reason})")
             return True
         state.cap = None
-        return self._converge(state, why=reason)
+        state.why = reason
+        return self._converge(state) if now else True
 
-    def _converge(self, state: _GpuState, why: str = "") -> bool:
+    def _converge(self, state: _GpuState) -> bool:
         """Bring the GPU's limit to what is wanted; True when it is there."""
         cap = state.cap
         if cap is not None and cap.dry_run:
@@ -430,7 +439,7 @@ class ThermalGuard:
         state.dirty = False
         self._forget_original(state.index)
         self._event(state, f"restored GPU {state.index} power limit to {saved:.0f} W"
-                           + (f" ({why})" if why else ""))
+                           + (f" ({state.why})" if state.why else ""))
         return True
 
     def _call(self, state: _GpuState, watts: float, what: str) -> bool:

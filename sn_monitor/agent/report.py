@@ -211,6 +211,7 @@ def build_report(
     command_results: Sequence[CommandResult],
     guard_throttled: set[int] | frozenset[int],
     agent_version: str = __version__,
+    metrics_port: int | None = None,
 ) -> Report:
     """The report for one cycle. ``events`` are already numbered (the spool's records).
 
@@ -224,6 +225,7 @@ def build_report(
         sample_time_seconds=snapshot.timestamp_seconds,
         agent_version=agent_version[:_MAX_KEY],
         interval_seconds=min(3600.0, interval),
+        metrics_port=metrics_port,
         labels=_labels(labels),
         gpus=[
             gpu_report(g, guard_throttled=g.index in guard_throttled)

@@ -20,8 +20,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from sn_monitor.agent.daemon import Agent
-from sn_monitor.agent.registry import build_collectors
+from sn_monitor.agent.daemon import build_agent
 from sn_monitor.agent.settings import AgentSettings
 from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.agent.view import render_node, summary_line
@@ -105,8 +104,8 @@ def run_demo(gpus: int, listen: str, speed: float, duration: float | None,
             else:
                 console.print(f"t={driver.simulated_seconds:6.0f}s  {summary_line(snapshot)}")
 
-        agent = Agent(settings, build_collectors(settings, node.nvml, clock), clock,
-                      before_sample=driver.advance, after_sample=[show])
+        agent = build_agent(settings, node.nvml, clock, before_sample=driver.advance,
+                            after_sample=[show])
         if headless or not console.is_terminal:
             agent.run_until_signalled(duration)
         else:

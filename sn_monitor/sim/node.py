@@ -43,10 +43,17 @@ class SimulatedNode:
         return fake_nvml
 
     def agent_settings(self, base: AgentSettings) -> AgentSettings:
-        """``base`` with its /proc, /sys and kernel-log paths pointed into this node."""
+        """``base`` with its /proc, /sys and kernel-log paths pointed into this node.
+
+        The state directory (spool, saved power limits) moves into the node too, unless
+        ``base`` names one of its own.
+        """
         paths = PathSettings(procfs=str(self.tree.procfs), sysfs=str(self.tree.sysfs),
                              kmsg=str(self.kmsg_path))
-        return replace(base, paths=paths)
+        state_dir = base.state_dir
+        if state_dir == AgentSettings().state_dir:
+            state_dir = str(self.root / "state")
+        return replace(base, paths=paths, state_dir=state_dir)
 
     def step(self, dt_seconds: float) -> None:
         """Advance every GPU and every counter by ``dt_seconds`` of simulated time."""

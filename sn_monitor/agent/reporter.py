@@ -1,0 +1,343 @@
+"""Sends a report to the controller after each sample and hands back its commands.
+
+``POST {url}/api/v1/reports`` with a JSON :class:`Report`, ``Authorization: Bearer``, over
+one keep-alive :class:`requests.Session`. Events ride along from the
+:class:`EventSpool` and leave it only when a reply says the controller stored them
+(``events_stored_through``), so an outage or a restart loses none; metrics are never
+resent, the controller sees fresh samples when it is back.
+
+When the controller is unreachable (connection refused, timeout, 5xx, 429) the reporter
+backs off: exponentially from one interval up to :data:`MAX_BACKOFF_SECONDS`, with
+jitter so a supernode's agents do not return in lockstep. While backing off
+:meth:`Reporter.report` makes no network call and returns no commands; sampling, the
+guard and /metrics go on. Any other 4xx (a report the controller refuses, a bad token)
+is also a failure; its message is logged once per distinct message, because the same
+report will be refused again every second.
+
+The reply is decoded leniently: a command this agent does not understand (a newer
+controller) is answered with a failed result instead of making the whole reply, and
+with it the event acknowledgement, undecodable.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import requests
+
+from sn_monitor import __version__
+from sn_monitor.agent.report import build_report
+from sn_monitor.agent.snapshot import NodeSnapshot
+from sn_monitor.agent.spool import EventSpool
+from sn_monitor.clock import Clock
+from sn_monitor.model import MAX_EVENTS, Command, CommandResult, Event, EventRecord
+
+log = logging.getLogger(__name__)
+
+REPORTS_PATH = "/api/v1/reports"
+MAX_BACKOFF_SECONDS = 30.0
+#: Events in one report take at most this many bytes: the controller refuses bodies over
+#: 1 MiB (413), and a report refused for its size would be refused forever.
+MAX_EVENT_BYTES_PER_REPORT = 512 * 1024
+_JITTER = 0.2
+_MAX_LOGGED_MESSAGES = 64
+_MAX_ERROR_TEXT = 500
+
+
+class TokenError(Exception):
+    """The controller token file cannot be used."""
+
+
+def read_token(path: str | Path) -> str:
+    """The bearer token from ``path``, stripped; :class:`TokenError` names the problem.
+
+    The token itself never appears in an error or a log line.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise TokenError(f"cannot read token file {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise TokenError(f"token file {path} is not UTF-8 text") from None
+    token = text.strip()
+    if not token:
+        raise TokenError(f"token file {path} is empty")
+    if any(c.isspace() for c in token):
+        raise TokenError(f"token file {path} holds more than one word")
+    return token
+
+
+class _Reply(msgspec.Struct, frozen=True):
+    """:class:`ReportReply` with the commands left raw, to decode one by one."""
+
+    sequence: int
+    events_stored_through: int = -1
+    commands: list[msgspec.Raw] = []
+
+
+class _CommandId(msgspec.Struct):
+    id: str = ""
+
+
+class Reporter:
+    """One report per sample to the controller; see the module docstring."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        node: str,
+        labels: Mapping[str, str],
+        clock: Clock,
+        spool: EventSpool,
+        session: requests.Session | None = None,
+        timeout: float = 2.0,
+        max_events_per_report: int = 500,
+        *,
+        interval: float = 1.0,
+        max_backoff: float = MAX_BACKOFF_SECONDS,
+        rng: random.Random | None = None,
+        agent_version: str = __version__,
+        metrics_port: int | None = None,
+    ) -> None:
+        if not 0 < max_events_per_report <= MAX_EVENTS:
+            raise ValueError(f"max_events_per_report must be in 1..{MAX_EVENTS}")
+        self._endpoint = url.rstrip("/") + REPORTS_PATH
+        self._token = token
+        self._node = node
+        self._labels = dict(labels)
+        self._clock = clock
+        self._spool = spool
+        self._owns_session = session is None
+        self._session = session or requests.Session()
+        self._timeout = timeout
+        self._max_events = max_events_per_report
+        self._interval = interval
+        self._max_backoff = max(max_backoff, interval)
+        self._rng = rng or random.Random()
+        self._agent_version = agent_version
+        self._metrics_port = metrics_port
+        self._encoder = msgspec.json.Encoder()
+        self._results: list[CommandResult] = []
+        self._streak = 0
+        self._logged: set[str] = set()
+        self._highest_sent = -1
+        #: Random per process start: with ``sequence`` it tells a restart from a replay.
+        self.instance = uuid.uuid4().hex
+        #: The sequence number of the last report built (the first is 1).
+        self.sequence = 0
+        self.failures_total = 0
+        self.reports_total = 0
+        #: Wall time of the last report the controller accepted.
+        self.last_success_wall: float | None = None
+        #: Monotonic time before which no report is attempted (None: not backing off).
+        self.backoff_until: float | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return self._endpoint
+
+    @property
+    def spool(self) -> EventSpool:
+        return self._spool
+
+    @property
+    def pending_results(self) -> int:
+        return len(self._results)
+
+    def add_command_results(self, results: Sequence[CommandResult]) -> None:
+        """Results to send with the next reports until the controller has them."""
+        self._results.extend(results)
+
+    def close(self) -> None:
+        if self._owns_session:
+            self._session.close()
+
+    # ---------------------------------------------------------------- the cycle
+
+    def report(
+        self,
+        snapshot: NodeSnapshot,
+        guard_throttled: set[int] | frozenset[int] = frozenset(),
+        extra_events: Sequence[Event] = (),
+    ) -> list[Command]:
+        """Spool this cycle's events, send a report unless backing off, return commands.
+
+        ``extra_events`` are events from outside the sampler (the guard's). Never raises
+        for a network or controller problem: those are counted and logged.
+        """
+        self.spool_events([*snapshot.events, *extra_events])
+        return self.send(snapshot, guard_throttled)
+
+    def spool_events(self, events: Sequence[Event]) -> None:
+        """Keep events on disk until the controller has stored them (never dropped here)."""
+        if events:
+            try:
+                self._spool.extend(events)
+            except OSError as err:
+                log.error("cannot spool %d events: %s", len(events), err)
+
+    def send(
+        self,
+        snapshot: NodeSnapshot,
+        guard_throttled: set[int] | frozenset[int] = frozenset(),
+    ) -> list[Command]:
+        """Report ``snapshot`` with the spooled events, unless backing off; return commands.
+
+        The snapshot's own events are not spooled here: :meth:`spool_events` does that on
+        the sampling thread, so a report skipped while the controller is slow loses none.
+        """
+        now = self._clock.monotonic()
+        if self.backoff_until is not None and now < self.backoff_until:
+            return []
+        events = self._within_budget(self._spool.pending(self._max_events))
+        results = self._results[:MAX_EVENTS]
+        self.sequence += 1
+        report = build_report(
+            snapshot,
+            instance=self.instance,
+            sequence=self.sequence,
+            labels=self._labels,
+            interval=self._interval,
+            events=events,
+            command_results=results,
+            guard_throttled=guard_throttled,
+            agent_version=self._agent_version,
+            metrics_port=self._metrics_port,
+        )
+        if events:
+            self._highest_sent = max(self._highest_sent, events[-1].id)
+        reply = self._post(self._encoder.encode(report))
+        if reply is None:
+            return []
+        return self._accepted(reply, len(results))
+
+    def _within_budget(self, events: list[EventRecord]) -> list[EventRecord]:
+        """The oldest events that fit :data:`MAX_EVENT_BYTES_PER_REPORT` (at least one)."""
+        used = 0
+        for count, record in enumerate(events):
+            used += len(self._encoder.encode(record))
+            if used > MAX_EVENT_BYTES_PER_REPORT and count > 0:
+                return events[:count]
+        return events
+
+    def _post(self, body: bytes) -> _Reply | None:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        self.reports_total += 1
+        try:
+            response = self._session.post(
+                self._endpoint, data=body, headers=headers, timeout=self._timeout
+            )
+        except requests.RequestException as err:
+            self._failed(f"controller unreachable: {type(err).__name__}: {err}")
+            return None
+        status = response.status_code
+        if status == 429 or status >= 500:
+            self._failed(f"controller answered {status}: {_error_text(response)}",
+                         retry_after=_retry_after(response))
+            return None
+        if not 200 <= status < 300:
+            message = f"controller refused the report ({status}): {_error_text(response)}"
+            if message not in self._logged:
+                if len(self._logged) >= _MAX_LOGGED_MESSAGES:
+                    self._logged.clear()
+                self._logged.add(message)
+                log.error("%s", message, extra={"node": self._node})
+            self._failed(message, quiet=True)
+            return None
+        try:
+            return msgspec.json.decode(response.content, type=_Reply)
+        except msgspec.DecodeError as err:
+            self._failed(f"controller reply is not a report reply: {err}")
+            return None
+
+    def _accepted(self, reply: _Reply, results_sent: int) -> list[Command]:
+        if self._streak:
+            log.info("controller reachable again after %d failed reports", self._streak,
+                     extra={"node": self._node})
+        self._streak = 0
+        self._logged.clear()
+        self.backoff_until = None
+        self.last_success_wall = self._clock.time()
+        del self._results[:results_sent]
+        if reply.sequence != self.sequence:
+            log.debug("reply is for sequence %d, sent %d", reply.sequence, self.sequence)
+        through = min(reply.events_stored_through, self._highest_sent)
+        if through >= 0:
+            try:
+                self._spool.acknowledge(through)
+            except OSError as err:
+                log.error("cannot record event acknowledgement: %s (events will be resent)",
+                          err)
+        return self._commands(reply.commands)
+
+    def _commands(self, raw: Sequence[msgspec.Raw]) -> list[Command]:
+        commands: list[Command] = []
+        for item in raw:
+            try:
+                commands.append(msgspec.json.decode(item, type=Command))
+            except msgspec.DecodeError as err:
+                command_id = _command_id(item)
+                log.error("cannot carry out command %r: %s", command_id or "?", err)
+                if command_id:
+                    self._results.append(CommandResult(
+                        id=command_id[:128], ok=False, time_seconds=self._clock.time(),
+                        message=f"agent cannot decode the command: {err}"[:4096],
+                    ))
+        return commands
+
+    def _failed(self, message: str, *, retry_after: float | None = None,
+                quiet: bool = False) -> None:
+        self.failures_total += 1
+        self._streak += 1
+        delay = min(self._max_backoff, self._interval * 2.0 ** (self._streak - 1))
+        delay = min(self._max_backoff, delay * self._rng.uniform(1.0 - _JITTER, 1.0 + _JITTER))
+        if retry_after is not None:
+            delay = max(delay, min(self._max_backoff, retry_after))
+        self.backoff_until = self._clock.monotonic() + delay
+        if quiet:
+            return
+        if self._streak == 1:
+            log.warning("%s; retrying in %.1f s (events stay spooled)", message, delay,
+                        extra={"node": self._node})
+        else:
+            log.debug("%s (%d in a row); retrying in %.1f s", message, self._streak, delay,
+                      extra={"node": self._node})
+
+
+def _error_text(response: requests.Response) -> str:
+    """The controller's own words: a JSON ``error``/``detail``/``message``, else the body."""
+    try:
+        doc: Any = response.json()
+    except ValueError:
+        return response.text.strip()[:_MAX_ERROR_TEXT] or response.reason or ""
+    if isinstance(doc, dict):
+        for key in ("error", "detail", "message"):
+            if key in doc:
+                return str(doc[key])[:_MAX_ERROR_TEXT]
+    return str(doc)[:_MAX_ERROR_TEXT]
+
+
+def _retry_after(response: requests.Response) -> float | None:
+    value = response.headers.get("Retry-After", "")
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
+
+
+def _command_id(raw: msgspec.Raw) -> str | None:
+    try:
+        value = msgspec.json.decode(raw, type=_CommandId).id
+    except msgspec.DecodeError:
+        return None
+    return value or None

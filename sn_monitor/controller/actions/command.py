@@ -1,0 +1,177 @@
+"""Run a configured program for an action: the escape hatch for any outside system.
+
+The program runs without a shell, in its own process group, with the request in its
+environment::
+
+    SN_ACTION       cordon | evict | checkpoint | restore | failover | ...
+    SN_NODE         node name ("" when none)
+    SN_GPU          GPU index ("" when none)
+    SN_RULE         rule name ("" when none)
+    SN_SEVERITY     critical | warning | ...
+    SN_REASON       one line of text
+    SN_ACTION_ID    the action id: the same on every retry (for idempotence)
+    SN_INCIDENT_ID  incident number ("" when none)
+    SN_PARAMS       JSON object (status, power_fraction, checkpoint, nodes, ...)
+
+Exit status: 0 is success (the first line of stdout becomes the outcome's message);
+75 (``EX_TEMPFAIL`` from sysexits.h) asks for a retry; anything else is a permanent
+failure, reported with the end of stderr. A program killed by a signal (the OOM killer,
+an operator) is treated as temporary. On timeout the whole process group is killed, so
+children the program started do not outlive it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sn_monitor.config import Duration, setting
+from sn_monitor.controller.actions.base import (
+    ActionRequest,
+    Outcome,
+    PermanentError,
+    TemporaryError,
+)
+
+EX_TEMPFAIL = 75
+#: How much of stderr/stdout an error or outcome quotes.
+TAIL_CHARS = 500
+#: After killing a timed-out group, how long to wait for its pipes to close.
+KILL_GRACE_SECONDS = 2.0
+
+
+def _program(value: list[str]) -> None:
+    if not value or not value[0]:
+        raise ValueError("name the program to run, e.g. [/usr/local/bin/drain-node]")
+
+
+def _positive(value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"must be greater than 0, got {value}")
+
+
+@dataclass(frozen=True)
+class CommandSettings:
+    """The program (argv list, no shell), its timeout and extra environment.
+
+    ``inherit_environment`` passes the controller's own environment on (PATH, proxies);
+    switch it off to give the program only ``env`` and the SN_ variables.
+    """
+
+    program: list[str] = setting(check=_program)
+    timeout: Duration = setting(default=Duration(60.0), check=_positive)
+    env: dict[str, str] = field(default_factory=dict)
+    inherit_environment: bool = True
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A program that ran to its end (not one that timed out)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class Timeout(Exception):
+    """The program ran past its timeout; its process group was killed."""
+
+
+def run_program(argv: Sequence[str], *, timeout: float,
+                env: Mapping[str, str] | None = None) -> Finished:
+    """Run ``argv`` (no shell) in a new process group; on timeout kill the whole group.
+
+    ``subprocess.run(timeout=...)`` kills only the direct child and then waits for the
+    pipes, which a grandchild (a ``sleep`` in a shell script) keeps open: the group kill
+    is what makes the timeout real. Raises :class:`Timeout` or OSError (cannot start).
+    """
+    process = subprocess.Popen(
+        list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, errors="replace", env=None if env is None else dict(env),
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        try:
+            process.communicate(timeout=KILL_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()  # something left the group and holds our pipes: stop waiting
+            process.wait()
+        raise Timeout(f"{argv[0]} ran past {timeout}s; killed its process group") from None
+    finally:
+        if process.returncode is None:  # an exception other than a timeout
+            _kill_group(process)
+            process.wait()
+    return Finished(process.returncode, stdout, stderr)
+
+
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):  # already gone
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def request_environment(request: ActionRequest) -> dict[str, str]:
+    """The SN_ variables for ``request`` (see the module docstring)."""
+    def text(value: object) -> str:
+        return "" if value is None else str(value)
+
+    return {
+        "SN_ACTION": request.action,
+        "SN_NODE": text(request.node),
+        "SN_GPU": text(request.gpu),
+        "SN_RULE": text(request.rule),
+        "SN_SEVERITY": request.severity,
+        "SN_REASON": " ".join(request.reason.split()),
+        "SN_ACTION_ID": request.id,
+        "SN_INCIDENT_ID": text(request.incident_id),
+        "SN_PARAMS": json.dumps(dict(request.params), sort_keys=True, default=str),
+    }
+
+
+def _tail(text: str) -> str:
+    return " ".join(text.split())[-TAIL_CHARS:]
+
+
+class CommandDriver:
+    """Runs one configured program for any action it is routed."""
+
+    name = "command"
+    #: Unknown: it depends on the program. SN_ACTION_ID lets a program make itself so.
+    idempotent = False
+
+    def __init__(self, settings: CommandSettings) -> None:
+        self.settings = settings
+
+    def run(self, request: ActionRequest) -> Outcome:
+        """Run the program; map its exit status to an outcome or an error."""
+        env = dict(os.environ) if self.settings.inherit_environment else {}
+        env.update(self.settings.env)
+        env.update(request_environment(request))
+        program = self.settings.program[0]
+        try:
+            done = run_program(self.settings.program, timeout=self.settings.timeout, env=env)
+        except Timeout as err:
+            raise TemporaryError(str(err)) from None
+        except OSError as err:
+            raise PermanentError(f"cannot run {program}: {err.strerror}") from None
+        if done.returncode == 0:
+            first = next((line.strip() for line in done.stdout.splitlines() if line.strip()),
+                         f"{program} succeeded")
+            return Outcome(first[:TAIL_CHARS], {"exit_code": 0})
+        stderr = _tail(done.stderr) or _tail(done.stdout) or "(no output)"
+        if done.returncode == EX_TEMPFAIL:
+            raise TemporaryError(f"{program} exited 75 (temporary failure): {stderr}")
+        if done.returncode < 0:
+            raise TemporaryError(f"{program} killed by signal {-done.returncode}: {stderr}")
+        raise PermanentError(f"{program} exited {done.returncode}: {stderr}")
+
+    def reconcile(self, request: ActionRequest) -> bool | None:
+        """A program cannot be asked whether it already ran: unknown."""
+        return None

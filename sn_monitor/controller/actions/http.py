@@ -1,0 +1,213 @@
+"""The one way action drivers speak HTTP: a small wrapper around a ``requests.Session``.
+
+Every outgoing call of the webhook, Slack and Alertmanager drivers goes through
+:class:`HttpClient`, so that the rules are the same everywhere:
+
+* a timeout is always set (``requests`` waits forever by default);
+* redirects are never followed: a webhook that redirects is misconfigured, and following
+  it would send the body (and its signature or bearer token) somewhere nobody chose;
+* ``requests`` does no retries of its own (its adapter default): the action runner
+  retries, with backoff, on :class:`TemporaryError`;
+* exceptions and status codes become the action error model (STYLE 12): timeouts,
+  connection errors, 408, 409, 429 and 5xx are temporary (with ``Retry-After`` honoured);
+  other 4xx, 3xx and malformed URLs are permanent;
+* URLs in messages and logs are cut to ``scheme://host[:port]/path``: no user info, no
+  query string (where tokens live). For URLs whose *path* is the secret (Slack incoming
+  webhooks), ``secret_path=True`` drops the path too. Exception text from ``requests``
+  is never passed on verbatim, because it quotes the URL.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import requests
+
+from sn_monitor.controller.actions.base import PermanentError, TemporaryError
+
+log = logging.getLogger(__name__)
+
+#: Status codes worth retrying besides 5xx: request timeout, conflict, too many requests.
+TEMPORARY_STATUS: frozenset[int] = frozenset({408, 409, 429})
+
+#: How much of an error response body is quoted in an error message.
+BODY_EXCERPT_CHARS = 200
+
+
+def redact_url(url: str, *, secret_path: bool = False) -> str:
+    """``https://user:pw@host:8443/p/a?token=x`` -> ``https://host:8443/p/a``.
+
+    With ``secret_path`` the path is replaced by ``/…`` (Slack webhook URLs carry their
+    token in the path). Anything unparsable becomes ``<invalid url>``.
+    """
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "<invalid url>"
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{port}" if port is not None else host
+    path = "/…" if secret_path and parts.path not in ("", "/") else parts.path
+    return f"{parts.scheme}://{netloc}{path}"
+
+
+def check_http_url(value: str) -> None:
+    """Settings check: an absolute http(s) URL with a host (raises ValueError)."""
+    try:
+        parts = urlsplit(value)
+    except ValueError as err:
+        raise ValueError(f"invalid URL: {err}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http:// or https:// URL, got {redact_url(value)!r}")
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """``Retry-After`` in seconds (delta-seconds or an HTTP date), None when absent or bad."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    current = time.time() if now is None else now
+    return max(0.0, when.timestamp() - current)
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    """The parts of a successful response a driver may want."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str]
+
+
+class HttpClient:
+    """One driver's HTTP session: fixed timeout, no redirects, errors as the action model.
+
+    ``headers`` are sent with every request (e.g. ``Authorization``) and are never logged.
+    ``verify`` is True, False, or the path of a CA bundle. ``secret_path`` hides URL paths
+    in messages (see :func:`redact_url`).
+    """
+
+    def __init__(
+        self,
+        driver: str,
+        *,
+        timeout: float,
+        headers: Mapping[str, str] | None = None,
+        verify: bool | str = True,
+        secret_path: bool = False,
+        user_agent: str = "sn-monitor",
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be greater than 0, got {timeout}")
+        self.driver = driver
+        self.timeout = timeout
+        self.secret_path = secret_path
+        self.session = requests.Session()
+        self.session.verify = verify
+        self.session.headers["User-Agent"] = user_agent
+        self.session.headers.update(headers or {})
+
+    def close(self) -> None:
+        """Close the pooled connections."""
+        self.session.close()
+
+    def where(self, url: str) -> str:
+        """The URL as it may appear in logs and messages."""
+        return redact_url(url, secret_path=self.secret_path)
+
+    def post(self, url: str, body: bytes, headers: Mapping[str, str] | None = None,
+             content_type: str = "application/json") -> HttpResponse:
+        """POST ``body``; return the 2xx response or raise Temporary/PermanentError."""
+        return self.request("POST", url, body=body,
+                            headers={"Content-Type": content_type, **(headers or {})})
+
+    def request(self, method: str, url: str, *, body: bytes | None = None,
+                headers: Mapping[str, str] | None = None) -> HttpResponse:
+        """Send one request; every failure becomes TemporaryError or PermanentError."""
+        where = self.where(url)
+        try:
+            response = self.session.request(
+                method, url, data=body, headers=dict(headers or {}),
+                timeout=self.timeout, allow_redirects=False,
+            )
+        except requests.Timeout:
+            log.warning("%s: %s %s timed out after %ss", self.driver, method, where,
+                        self.timeout)
+            raise TemporaryError(f"{method} {where} timed out after {self.timeout}s") from None
+        except requests.ConnectionError as err:
+            cause = _os_cause(err)
+            log.warning("%s: %s %s failed: %s", self.driver, method, where, cause)
+            raise TemporaryError(f"{method} {where} failed: {cause}") from None
+        except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
+                requests.exceptions.InvalidSchema, requests.exceptions.InvalidHeader) as err:
+            raise PermanentError(f"{method} {where}: {type(err).__name__}") from None
+        except requests.RequestException as err:
+            log.warning("%s: %s %s failed: %s", self.driver, method, where,
+                        type(err).__name__)
+            raise TemporaryError(f"{method} {where} failed: {type(err).__name__}") from None
+        with response:
+            return self._check(method, where, response)
+
+    def _check(self, method: str, where: str, response: requests.Response) -> HttpResponse:
+        status = response.status_code
+        if 200 <= status < 300:
+            log.debug("%s: %s %s -> %d", self.driver, method, where, status)
+            return HttpResponse(status, response.content, dict(response.headers))
+        excerpt = _excerpt(response)
+        if 300 <= status < 400:
+            target = self.where(response.headers.get("Location", ""))
+            message = (f"{method} {where} -> {status} redirect to {target}, not followed: "
+                       "configure the final URL")
+            log.warning("%s: %s", self.driver, message)
+            raise PermanentError(message)
+        message = f"{method} {where} -> {status}" + (f": {excerpt}" if excerpt else "")
+        log.warning("%s: %s", self.driver, message)
+        if status >= 500 or status in TEMPORARY_STATUS:
+            retry_after = parse_retry_after(response.headers.get("Retry-After"))
+            raise TemporaryError(message, retry_after=retry_after)
+        raise PermanentError(message)
+
+
+def _excerpt(response: requests.Response) -> str:
+    """The start of an error body, on one line (servers explain 4xx there)."""
+    try:
+        text = response.content[: BODY_EXCERPT_CHARS * 4].decode("utf-8", "replace")
+    except requests.RequestException:
+        return ""
+    text = " ".join(text.split())
+    return text[:BODY_EXCERPT_CHARS]
+
+
+def _os_cause(err: BaseException) -> str:
+    """The OS-level reason under a requests ConnectionError, without the URL it quotes.
+
+    ``requests`` wraps urllib3's MaxRetryError, whose text names the request path
+    (query string included); the OSError at the bottom (``Connection refused``) does not.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.strerror:
+            return current.strerror
+        reason = getattr(current, "reason", None)
+        if isinstance(reason, BaseException):
+            current = reason
+            continue
+        args = getattr(current, "args", ())
+        nested = next((a for a in args if isinstance(a, BaseException)), None)
+        current = nested or current.__cause__ or current.__context__
+    return type(err).__name__

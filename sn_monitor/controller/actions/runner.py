@@ -1,0 +1,486 @@
+"""Runs actions: record first, ask the policy, call the driver, retry, remember the outcome.
+
+The life of an action (each step a durable write to the store before the next):
+
+``submit`` records the request (``pending``; an existing idempotency key returns the
+existing record and does nothing else), then asks the safety policy; ``dry_run``,
+``refused`` and ``awaiting_approval`` are stored with the policy's reason. ``run`` sets
+``next_attempt_at`` and hands the action to a worker thread, which marks it ``running``
+(attempts + 1) *before* calling the driver. The driver's answer decides the rest:
+
+- an :class:`Outcome` -> ``succeeded``;
+- :class:`PermanentError` -> ``failed`` at once;
+- :class:`TemporaryError` or a timeout -> back to ``pending`` with ``next_attempt_at``
+  (the driver's ``retry_after``, else ``backoff * 2**(attempt-1)`` capped at
+  ``max_backoff``), until ``retries`` retries are spent, then ``failed``.
+
+Retries are not slept on: ``tick()`` (called every second by the controller, and by
+tests with a manual clock) dispatches the actions whose retry time has come. So a retry
+survives a restart like everything else.
+
+Timeouts. A driver call runs in its own (daemon) thread and the worker waits ``timeout``
+for it. Python cannot stop a thread, so a call that timed out may still be running (or
+may still succeed): its retry waits until that call has returned, and if it returned an
+outcome the action is marked succeeded instead of being run again. Drivers should set
+their own network timeouts below the runner's; the runner's is the backstop.
+
+Restart (``resume``). An action a crashed controller left ``running`` (or ``pending``
+after a timed-out call) may or may not have been done. If the driver has
+``reconcile(request) -> bool | None``, it is asked: True (done) -> succeeded; False
+(not done) -> run again; None (cannot tell) -> as for a driver without reconcile: run
+again if the driver declares ``idempotent = True``, else ``failed`` with "interrupted,
+unknown outcome, check by hand". ``pending`` actions admitted before the crash are run;
+ones the policy never saw are decided now; ``awaiting_approval`` keeps waiting. The
+policy's rate limit and cooldowns are seeded from the actions that ran recently.
+
+Failure throttle (kopf's throttlers, simplified). When a (node, action) pair has ended
+``failed`` ``throttle_failures`` times within ``throttle_window``, new actions for that
+pair are refused and its pending retries are held until fewer than that many failures
+are left in the window: a flapping XID cannot start an eviction or reboot storm. Alerts
+are not throttled (a lost "resolved" alert is worse than a retried one) and neither are
+actions without a node.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter, deque
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Final, Literal, Protocol, runtime_checkable
+
+from sn_monitor.clock import Clock
+from sn_monitor.config import Duration, setting
+from sn_monitor.controller.actions.base import (
+    DISRUPTIVE,
+    ActionRequest,
+    Driver,
+    Outcome,
+    PermanentError,
+    TemporaryError,
+)
+from sn_monitor.controller.policy import ClusterSummary, Decision, SafetyPolicy
+from sn_monitor.controller.store import (
+    ActionRecord,
+    ActionState,
+    Store,
+    StoreError,
+    StoreUnavailable,
+)
+
+log = logging.getLogger(__name__)
+
+OutcomeName = Literal["succeeded", "failed", "dry_run", "refused", "awaiting_approval"]
+
+_VERDICT_STATE: Final[dict[str, ActionState]] = {
+    "dry_run": "dry_run", "refuse": "refused", "await_approval": "awaiting_approval",
+}
+_TIMED_OUT: Final = "timed_out"
+
+
+def _non_negative(value: float) -> None:
+    if value < 0:
+        raise ValueError(f"must not be negative, got {value}")
+
+
+def _positive(value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"must be greater than 0, got {value}")
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """Retries, timeouts and the failure throttle (the ``actions:`` config section)."""
+
+    retries: int = setting(default=3, check=_non_negative)
+    backoff: Duration = setting(default=Duration(2.0), check=_positive)
+    max_backoff: Duration = setting(default=Duration(60.0), check=_positive)
+    timeout: Duration = setting(default=Duration(30.0), check=_positive)
+    workers: int = setting(default=4, check=_positive)
+    throttle_failures: int = setting(default=3, check=_positive)
+    throttle_window: Duration = setting(default=Duration(600.0), check=_positive)
+
+
+@runtime_checkable
+class Reconciling(Protocol):
+    """A driver that can tell whether an interrupted action was done."""
+
+    def reconcile(self, request: ActionRequest) -> bool | None:
+        """True: done; False: not done; None: cannot tell."""
+        ...
+
+
+class ActionStateError(Exception):
+    """The action is not in a state that allows this (e.g. approving a finished one)."""
+
+
+class ActionRunner:
+    """Carries out actions through drivers, under the safety policy, with an audit trail.
+
+    ``drivers`` maps an action name (``cordon``) to the driver that does it.
+    """
+
+    def __init__(self, store: Store, policy: SafetyPolicy, drivers: Mapping[str, Driver],
+                 clock: Clock, settings: RunnerSettings | None = None) -> None:
+        self.store = store
+        self.policy = policy
+        self.drivers = dict(drivers)
+        self.clock = clock
+        self.settings = settings or RunnerSettings()
+        self._pool = ThreadPoolExecutor(max_workers=self.settings.workers,
+                                        thread_name_prefix="sn-action")
+        self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)
+        self._inflight: set[str] = set()  # ids queued or running in a worker
+        self._taking_out: dict[str, str] = {}  # action id -> node, for in-flight cordon/evict
+        self._abandoned: dict[str, Future[Outcome]] = {}  # timed-out calls still running
+        self._failures: dict[tuple[str, str], deque[float]] = {}  # (node, action) -> mono
+        self._outcomes: Counter[tuple[str, str]] = Counter()
+        self._closed = False
+
+    # -- public -----------------------------------------------------------------------
+
+    def submit(self, request: ActionRequest, cluster: ClusterSummary,
+               rule_dry_run: bool = False) -> ActionRecord:
+        """Record ``request``, ask the policy, and start it if allowed. Idempotent on key.
+
+        Raises StoreUnavailable when the record cannot be written: then nothing is done.
+        """
+        now = self.clock.time()
+        record, created = self.store.record_action(request, "pending", "", at=now)
+        if not created:
+            log.debug("action %s (key %s) already recorded as %s",
+                      record.id, record.key, record.state)
+            return record
+        return self._decide(record, cluster, rule_dry_run, approved=False)
+
+    def approve(self, action_id: str, who: str, cluster: ClusterSummary) -> ActionRecord:
+        """A person approved an action that was awaiting approval: limits are checked again."""
+        record = self.store.get_action(action_id)
+        if record is None:
+            raise ActionStateError(f"no action {action_id!r}")
+        if record.state != "awaiting_approval":
+            raise ActionStateError(
+                f"action {action_id} is {record.state}, not awaiting approval")
+        record = self.store.update_action(
+            action_id, at=self.clock.time(), state="pending",
+            expect_state="awaiting_approval", verdict_reason=f"approved by {who}")
+        return self._decide(record, cluster, False, approved=True, approver=who)
+
+    def tick(self) -> None:
+        """Dispatch the retries whose time has come. Called every second."""
+        now = self.clock.time()
+        for record in self.store.actions_in_states(["pending"]):
+            if record.next_attempt_at is None or record.next_attempt_at > now:
+                continue
+            with self._lock:
+                if record.id in self._inflight:
+                    continue
+            until = self._throttled_until(record.node, record.action)
+            if until is not None:
+                wall_until = now + (until - self.clock.monotonic())
+                self.store.update_action(record.id, at=now, next_attempt_at=wall_until)
+                continue
+            self._dispatch(record)
+
+    def resume(self, cluster: ClusterSummary) -> list[ActionRecord]:
+        """Reconcile what a previous controller left unfinished; call once at start-up.
+
+        Returns the records it touched, in their new states.
+        """
+        now = self.clock.time()
+        self._seed_history(now)
+        touched: list[ActionRecord] = []
+        for record in self.store.actions_in_states(["running", "pending"]):
+            with self._lock:
+                if record.id in self._inflight:
+                    continue
+            interrupted = record.state == "running" or record.outcome.get(_TIMED_OUT) is True
+            if interrupted:
+                touched.append(self._reconcile(record, now))
+            elif record.next_attempt_at is None:
+                # recorded, but the policy had not answered when the controller stopped
+                touched.append(self._decide(record, cluster, False, approved=False))
+            else:
+                touched.append(record)  # admitted and waiting: tick() runs it when due
+        self.tick()
+        return [self.store.get_action(r.id) or r for r in touched]
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no action is queued or running in a worker; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._inflight, timeout=timeout)
+
+    def close(self) -> None:
+        """Stop taking work and wait for the workers (not for abandoned driver calls)."""
+        with self._lock:
+            self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._idle:
+            self._inflight.clear()
+            self._idle.notify_all()
+
+    def outcomes(self) -> dict[tuple[str, str], int]:
+        """(action, outcome) -> count since start, for ``sn_actions_total{action,outcome}``."""
+        with self._lock:
+            return dict(self._outcomes)
+
+    # -- deciding ---------------------------------------------------------------------
+
+    def _decide(self, record: ActionRecord, cluster: ClusterSummary, rule_dry_run: bool,
+                *, approved: bool, approver: str | None = None) -> ActionRecord:
+        request = record.to_request()
+        now = self.clock.time()
+        until = self._throttled_until(record.node, record.action)
+        if until is not None:
+            failures = self.settings.throttle_failures
+            decision = Decision(
+                "refuse",
+                f"throttled: {record.action} on {record.node} failed {failures} times within "
+                f"{self.settings.throttle_window:g}s; held for another "
+                f"{until - self.clock.monotonic():.0f}s")
+        elif record.action == "uncordon" and record.node is not None:
+            node = self.store.get_node(record.node)
+            decision = self.policy.may_uncordon(
+                record.node, node is not None and node.cordoned_by_us)
+            if decision.runs:
+                decision = self.policy.admit(request, cluster, rule_dry_run)
+        else:
+            with self._lock:
+                out = cluster.unavailable | frozenset(self._taking_out.values())
+            summary = ClusterSummary(cluster.total_nodes, out)
+            decision = self.policy.admit(request, summary, rule_dry_run, approved=approved)
+        reason = decision.reason if approver is None else \
+            f"approved by {approver}; {decision.reason}"
+        if not decision.runs:
+            state = _VERDICT_STATE[decision.verdict]
+            record = self.store.update_action(record.id, at=now, state=state,
+                                              verdict_reason=reason)
+            self._count(record.action, state)
+            log.info("action %s %s on %s: %s", record.id, record.action, record.node, reason)
+            return record
+        record = self.store.update_action(record.id, at=now, verdict_reason=reason,
+                                          next_attempt_at=now)
+        self._dispatch(record)
+        return record
+
+    # -- running ----------------------------------------------------------------------
+
+    def _dispatch(self, record: ActionRecord) -> None:
+        with self._lock:
+            if self._closed or record.id in self._inflight:
+                return
+            self._inflight.add(record.id)
+            if record.action in {"cordon", "evict", "failover"} and record.node is not None:
+                self._taking_out[record.id] = record.node
+        try:
+            self._pool.submit(self._attempt, record.id)
+        except RuntimeError:  # the pool is shutting down: the action stays pending
+            self._done(record.id)
+
+    def _done(self, action_id: str) -> None:
+        with self._idle:
+            self._inflight.discard(action_id)
+            self._taking_out.pop(action_id, None)
+            self._idle.notify_all()
+
+    def _attempt(self, action_id: str) -> None:
+        """One attempt, in a worker thread. Every exit path leaves a durable record."""
+        try:
+            self._attempt_once(action_id)
+        except StoreUnavailable as err:
+            # Could not record: the action stays as last written and tick()/resume()
+            # picks it up again once the store is back. Never act without a record.
+            log.error("action %s: store unavailable, attempt abandoned: %s", action_id, err)
+        except StoreError as err:
+            # Someone else moved the action on (compare-and-set lost): theirs stands.
+            log.warning("action %s: not attempted: %s", action_id, err)
+        finally:
+            self._done(action_id)
+
+    def _attempt_once(self, action_id: str) -> None:
+        record = self.store.get_action(action_id)
+        if record is None or record.state != "pending":
+            return
+        request = record.to_request()
+        with self._lock:
+            earlier = self._abandoned.get(action_id)
+        if earlier is not None:
+            if not earlier.done():
+                # the timed-out call may still do it: do not call the driver twice at once
+                delay = self._delay(record.attempts, None)
+                self.store.update_action(
+                    action_id, at=self.clock.time(), next_attempt_at=self.clock.time() + delay,
+                    outcome_message="previous attempt still running; waiting for it")
+                return
+            with self._lock:
+                del self._abandoned[action_id]
+            late = earlier.exception()
+            if late is None:
+                self._finish(record, "succeeded", earlier.result(), late=True)
+                return
+        driver = self.drivers.get(record.action)
+        if driver is None:
+            self._fail(record, f"no driver for action {record.action}", permanent=True)
+            return
+        attempt = record.attempts + 1
+        record = self.store.update_action(
+            action_id, at=self.clock.time(), state="running", expect_state="pending",
+            attempts=attempt, next_attempt_at=None)
+        call: Future[Outcome] = Future()
+        thread = threading.Thread(target=self._call, args=(driver, request, call),
+                                  name=f"sn-driver-{action_id}", daemon=True)
+        thread.start()
+        try:
+            outcome = call.result(timeout=self.settings.timeout)
+        except FutureTimeout:
+            with self._lock:
+                self._abandoned[action_id] = call
+            self._retry(record, TemporaryError(
+                f"{driver.name} timed out after {self.settings.timeout:g}s"), timed_out=True)
+        except TemporaryError as err:
+            self._retry(record, err)
+        except PermanentError as err:
+            self._fail(record, str(err), permanent=True)
+        except Exception as err:
+            # A driver bug (KeyError, ...): retrying the same code cannot help.
+            log.exception("driver %s raised an unexpected error", driver.name)
+            self._fail(record, f"driver error: {type(err).__name__}: {err}", permanent=True)
+        else:
+            self._finish(record, "succeeded", outcome)
+
+    @staticmethod
+    def _call(driver: Driver, request: ActionRequest, result: Future[Outcome]) -> None:
+        """The driver call, in its own thread; every result or error goes to ``result``."""
+        if not result.set_running_or_notify_cancel():
+            return
+        try:
+            result.set_result(driver.run(request))
+        except BaseException as err:  # noqa: BLE001 -- handed to the worker, which classifies it
+            result.set_exception(err)
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return max(0.0, retry_after)
+        base = self.settings.backoff * 2 ** max(0, attempt - 1)
+        return float(min(base, self.settings.max_backoff))
+
+    def _retry(self, record: ActionRecord, err: TemporaryError, *,
+               timed_out: bool = False) -> None:
+        retries_done = record.attempts - 1
+        if retries_done >= self.settings.retries:
+            self._fail(record, f"{err} (gave up after {record.attempts} attempts)",
+                       timed_out=timed_out)
+            return
+        now = self.clock.time()
+        delay = self._delay(record.attempts, err.retry_after)
+        self.store.update_action(
+            record.id, at=now, state="pending", next_attempt_at=now + delay,
+            outcome_message=f"attempt {record.attempts} failed: {err}; retry in {delay:g}s",
+            outcome={"error": str(err), _TIMED_OUT: timed_out})
+        log.warning("action %s %s on %s: attempt %d failed: %s", record.id, record.action,
+                    record.node, record.attempts, err)
+
+    def _fail(self, record: ActionRecord, message: str, *, permanent: bool = False,
+              timed_out: bool = False) -> None:
+        self.store.update_action(
+            record.id, at=self.clock.time(), state="failed", next_attempt_at=None,
+            outcome_message=message,
+            outcome={"error": message, "permanent": permanent, _TIMED_OUT: timed_out})
+        self._count(record.action, "failed")
+        if record.node is not None and record.action != "alert":
+            with self._lock:
+                times = self._failures.setdefault((record.node, record.action), deque())
+                times.append(self.clock.monotonic())
+        log.error("action %s %s on %s failed: %s", record.id, record.action, record.node,
+                  message)
+
+    def _finish(self, record: ActionRecord, state: ActionState, outcome: Outcome, *,
+                late: bool = False) -> None:
+        message = outcome.message + (" (a timed-out attempt finished late)" if late else "")
+        self.store.update_action(record.id, at=self.clock.time(), state=state,
+                                 next_attempt_at=None, outcome_message=message,
+                                 outcome=dict(outcome.details))
+        self._count(record.action, state)
+        if record.node is not None:
+            now = self.clock.time()
+            if record.action in {"cordon", "evict", "failover"}:
+                self.store.set_cordoned_by_us(record.node, True, now)
+            elif record.action == "uncordon":
+                self.store.set_cordoned_by_us(record.node, False, now)
+
+    def _count(self, action: str, outcome: str) -> None:
+        with self._lock:
+            self._outcomes[(action, outcome)] += 1
+
+    # -- throttle and restart -----------------------------------------------------------
+
+    def _throttled_until(self, node: str | None, action: str) -> float | None:
+        """Monotonic time until which (node, action) is held, or None."""
+        if node is None or action == "alert":
+            return None
+        window, limit = self.settings.throttle_window, self.settings.throttle_failures
+        now = self.clock.monotonic()
+        with self._lock:
+            times = self._failures.get((node, action))
+            if not times:
+                return None
+            while times and now - times[0] >= window:
+                times.popleft()
+            if len(times) < limit:
+                return None
+            return times[-limit] + window
+
+    def _seed_history(self, now: float) -> None:
+        """Rebuild the policy's budget and the failure throttle from the audit trail."""
+        horizon = max(self.policy.settings.rate_limit.window,
+                      self.policy.settings.node_cooldown, self.settings.throttle_window)
+        recent = self.store.list_actions(since=now - horizon, limit=100_000)
+        ran: list[tuple[ActionRequest, float]] = []
+        mono = self.clock.monotonic()
+        for record in recent:
+            if record.action in DISRUPTIVE and record.attempts > 0:
+                ran.append((record.to_request(), record.created_at))
+            if record.state == "failed" and record.node is not None \
+                    and record.action != "alert" \
+                    and now - record.updated_at < self.settings.throttle_window:
+                with self._lock:
+                    times = self._failures.setdefault((record.node, record.action), deque())
+                    times.append(mono - (now - record.updated_at))
+        with self._lock:
+            for times in self._failures.values():
+                ordered = sorted(times)
+                times.clear()
+                times.extend(ordered)
+        self.policy.remember(ran)
+
+    def _reconcile(self, record: ActionRecord, now: float) -> ActionRecord:
+        driver = self.drivers.get(record.action)
+        request = record.to_request()
+        done: bool | None = None
+        if isinstance(driver, Reconciling):
+            try:
+                done = driver.reconcile(request)
+            except (TemporaryError, PermanentError) as err:
+                log.warning("action %s: reconcile failed: %s", record.id, err)
+                done = None
+        if done is True:
+            record = self.store.update_action(
+                record.id, at=now, state="succeeded", next_attempt_at=None,
+                outcome_message="interrupted by a controller restart; reconciled: already done")
+            self._count(record.action, "succeeded")
+            return record
+        if done is False or getattr(driver, "idempotent", False) is True:
+            why = "not done" if done is False else "outcome unknown, driver is idempotent"
+            record = self.store.update_action(
+                record.id, at=now, state="pending", next_attempt_at=now,
+                outcome_message=f"interrupted by a controller restart; {why}: running again",
+                outcome={})
+            return record
+        self._fail(record, "interrupted by a controller restart, unknown outcome, "
+                           "check by hand")
+        return self.store.get_action(record.id) or record
+

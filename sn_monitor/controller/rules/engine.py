@@ -1,0 +1,139 @@
+"""The rule engine: every rule's evaluator, fed with reports and with time.
+
+The controller calls :meth:`RuleEngine.observe` after ingesting each report (threshold,
+rate, baseline and event rules look at it) and :meth:`RuleEngine.sweep` about once a
+second (heartbeats, peer comparisons, event incidents clearing, ``for`` timers that
+complete with time alone). Both return transitions: a :class:`Finding` when a
+(rule, node, subject) starts firing and one when it resolves, never repeats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sn_monitor.clock import Clock
+from sn_monitor.controller.rules.base import Evaluator, Finding, Now
+from sn_monitor.controller.rules.baseline import BaselineEvaluator
+from sn_monitor.controller.rules.event import EventEvaluator
+from sn_monitor.controller.rules.heartbeat import HeartbeatEvaluator
+from sn_monitor.controller.rules.peers import PeersEvaluator
+from sn_monitor.controller.rules.spec import (
+    BaselineRule,
+    EventRule,
+    HeartbeatRule,
+    PeersRule,
+    Rule,
+    ThresholdRule,
+)
+from sn_monitor.controller.rules.threshold import ThresholdEvaluator
+from sn_monitor.controller.state import NodeView
+
+__all__ = ["Finding", "RuleEngine", "evaluator_for"]
+
+AnyEvaluator = Evaluator[Any]
+
+
+def evaluator_for(rule: Rule) -> AnyEvaluator:
+    """A fresh evaluator (no state) for ``rule``."""
+    if isinstance(rule, ThresholdRule):
+        return ThresholdEvaluator(rule)
+    if isinstance(rule, BaselineRule):
+        return BaselineEvaluator(rule)
+    if isinstance(rule, PeersRule):
+        return PeersEvaluator(rule)
+    if isinstance(rule, EventRule):
+        return EventEvaluator(rule)
+    if isinstance(rule, HeartbeatRule):
+        return HeartbeatEvaluator(rule)
+    raise TypeError(f"not a rule: {rule!r}")
+
+
+class RuleEngine:
+    """Applies rules to nodes and reports transitions. Not thread-safe: one caller at a time."""
+
+    def __init__(self, rules: Sequence[Rule], clock: Clock) -> None:
+        self._clock = clock
+        self._evaluators: dict[str, AnyEvaluator] = {}
+        self._observers: list[AnyEvaluator] = []
+        self._sweepers: list[AnyEvaluator] = []
+        self._install({rule.name: evaluator_for(rule) for rule in _unique(rules)})
+
+    @property
+    def rules(self) -> list[Rule]:
+        """The rules in force, in the order given."""
+        return [e.rule for e in self._evaluators.values()]
+
+    def _install(self, evaluators: dict[str, AnyEvaluator]) -> None:
+        self._evaluators = evaluators
+        self._observers = [e for e in evaluators.values() if e.observes]
+        self._sweepers = [e for e in evaluators.values() if e.sweeps]
+
+    def _now(self) -> Now:
+        return Now(self._clock.monotonic(), self._clock.time())
+
+    def observe(self, view: NodeView) -> list[Finding]:
+        """Apply report-driven rules to ``view``'s latest report."""
+        out: list[Finding] = []
+        if view.report is None:
+            return out
+        now = self._now()
+        for evaluator in self._observers:
+            if evaluator.applies(view):
+                evaluator.observe(view, now, out)
+        return out
+
+    def sweep(self, views: Mapping[str, NodeView]) -> list[Finding]:
+        """Apply time-driven rules to every node."""
+        out: list[Finding] = []
+        now = self._now()
+        for evaluator in self._sweepers:
+            evaluator.sweep(views, now, out)
+        return out
+
+    def reload(self, rules: Sequence[Rule]) -> list[Finding]:
+        """Take a new rule set, keeping the state of rules that did not change.
+
+        A rule with the same name and definition keeps everything (firing subjects,
+        pending ``for`` timers, baselines). One whose change only touches what it does,
+        not what it detects (severity, actions, dry_run, description), keeps its state
+        and its firing findings take the new values. Any other change starts the rule
+        afresh; what the old one had firing resolves, as does everything of removed rules.
+        """
+        now = self._now()
+        out: list[Finding] = []
+        kept: dict[str, AnyEvaluator] = {}
+        for rule in _unique(rules):
+            old = self._evaluators.get(rule.name)
+            if old is not None and old.rule == rule:
+                kept[rule.name] = old
+            elif (old is not None and type(old.rule) is type(rule)
+                  and old.rule.detection() == rule.detection()):
+                old.set_rule(rule)
+                kept[rule.name] = old
+            else:
+                kept[rule.name] = evaluator_for(rule)
+        for name, old in self._evaluators.items():
+            if kept.get(name) is not old:
+                reason = "rule changed" if name in kept else "rule removed"
+                old.resolve_all(f"{reason} on reload", now, out)
+        self._install(kept)
+        return out
+
+    def firing(self) -> list[Finding]:
+        """Every (rule, node, subject) firing now, as the finding that started it."""
+        return [f for e in self._evaluators.values() for f in e.firing()]
+
+    def forget_node(self, node: str) -> None:
+        """Drop all state about ``node`` (it was removed); emits nothing."""
+        for evaluator in self._evaluators.values():
+            evaluator.forget_node(node)
+
+
+def _unique(rules: Sequence[Rule]) -> Sequence[Rule]:
+    names: set[str] = set()
+    for rule in rules:
+        if rule.name in names:
+            raise ValueError(f"two rules are named {rule.name!r}")
+        names.add(rule.name)
+    return rules

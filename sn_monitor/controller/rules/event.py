@@ -1,0 +1,134 @@
+"""Event rules: XIDs, lost GPUs, link-down and guard events.
+
+An event has no natural end, so an event incident resolves after ``clear_after`` without
+another matching event. While it fires, further matching events extend that timer and
+are counted in the finding, but emit nothing new: a GPU spewing XID 79 is one incident.
+With ``count: N`` and ``window``, N matching events on one subject within the window
+(measured on the events' own timestamps, which come from one agent clock) are needed.
+
+Agents retry events until the controller acknowledges them, so one event can arrive in
+two reports; events are told apart by their per-agent-instance ids and counted once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from typing import Final
+
+from sn_monitor.controller.rules.base import Evaluator, Finding, Now, format_duration
+from sn_monitor.controller.rules.series import Subject, event_subject
+from sn_monitor.controller.rules.spec import EventRule
+from sn_monitor.controller.state import NodeView
+from sn_monitor.model import EventRecord
+
+_KIND_WORDS: Final = {
+    "xid": "XID", "sxid": "SXid", "gpu_lost": "GPU lost",
+    "gpu_fallen_off_bus": "GPU fallen off the bus", "link_down": "link down",
+    "guard": "guard action",
+}
+
+
+class _Incident:
+    __slots__ = ("count", "firing", "last", "subject", "times")
+
+    def __init__(self, subject: Subject) -> None:
+        self.subject = subject
+        self.times: deque[float] = deque()
+        self.firing = False
+        self.count = 0
+        self.last = 0.0
+
+
+class EventEvaluator(Evaluator[EventRule]):
+    """Evaluates one :class:`EventRule` on every report, and its clear timers on sweeps."""
+
+    observes = True
+    sweeps = True
+
+    def __init__(self, rule: EventRule) -> None:
+        super().__init__(rule)
+        self._kind = rule.event
+        self._codes = frozenset(rule.codes)
+        self._count = rule.count
+        self._window = float(rule.window) if rule.window is not None else None
+        self._clear_after = float(rule.clear_after)
+        self._incidents: dict[str, dict[str, _Incident]] = {}
+        self._active: dict[tuple[str, str], _Incident] = {}
+        self._seen: dict[str, tuple[str, int]] = {}  # node -> (agent instance, highest id)
+
+    def observe(self, view: NodeView, now: Now, out: list[Finding]) -> None:
+        report = view.report
+        if report is None or not report.events:
+            return
+        node = view.name
+        seen = self._seen.get(node)
+        highest = seen[1] if seen is not None and seen[0] == report.instance else -1
+        newest = highest
+        for event in report.events:
+            if event.id <= highest:
+                continue  # a retried event this rule has already counted
+            newest = max(newest, event.id)
+            if event.kind != self._kind or (self._codes and event.code not in self._codes):
+                continue
+            self._match(node, event, now, out)
+        self._seen[node] = (report.instance, newest)
+
+    def _match(self, node: str, event: EventRecord, now: Now, out: list[Finding]) -> None:
+        subject = event_subject(event.gpu, event.device)
+        incidents = self._incidents.setdefault(node, {})
+        incident = incidents.get(subject.text)
+        if incident is None:
+            incident = incidents[subject.text] = _Incident(subject)
+        incident.last = now.monotonic
+        if incident.firing:
+            incident.count += 1
+            self.update_count(node, subject.text, incident.count)
+            return
+        times = incident.times
+        times.append(event.time_seconds)
+        if self._window is not None:
+            while times and times[0] < event.time_seconds - self._window:
+                times.popleft()
+        if len(times) < self._count:
+            return
+        incident.firing = True
+        incident.count = len(times)
+        first = times[0]
+        times.clear()
+        self._active[(node, subject.text)] = incident
+        self.fire(node, subject, float(event.code) if event.code is not None else None,
+                  self._message(subject, event, incident.count), first, now, out,
+                  count=incident.count)
+
+    def _message(self, subject: Subject, event: EventRecord, count: int) -> str:
+        what = _KIND_WORDS.get(event.kind, event.kind)
+        if event.code is not None:
+            what = f"{what} {event.code}"
+        where = "" if not subject.text else f" on {subject.human}"
+        detail = f": {event.message}" if event.message else ""
+        if count > 1 and self._window is not None:
+            return (f"{count} {what} events{where} within {format_duration(self._window)}"
+                    f" (latest{detail or ' without a message'})")
+        return f"{what}{where}{detail}"
+
+    def sweep(self, views: Mapping[str, NodeView], now: Now, out: list[Finding]) -> None:
+        if not self._active:
+            return
+        for (node, key), incident in list(self._active.items()):
+            quiet = now.monotonic - incident.last
+            if quiet >= self._clear_after:
+                incident.firing = False
+                del self._active[(node, key)]
+                where = f" on {incident.subject.human}" if key else ""
+                self.resolve(node, key, None,
+                             f"no {_KIND_WORDS.get(self._kind, self._kind)} event{where} "
+                             f"for {format_duration(quiet)} "
+                             f"({incident.count} in this incident)", now, out)
+
+    def forget_node(self, node: str) -> None:
+        super().forget_node(node)
+        self._incidents.pop(node, None)
+        self._seen.pop(node, None)
+        for key in [k for k in self._active if k[0] == node]:
+            del self._active[key]

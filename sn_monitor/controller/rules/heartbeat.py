@@ -1,0 +1,64 @@
+"""Heartbeat rules: a node that has stopped reporting.
+
+Age is measured on the controller's monotonic clock from when the last report was
+received, never from the node's own timestamps. A node known to the controller that has
+not reported since the engine first saw it (say, after a controller restart) is timed
+from that first sight, so a node that died during the restart is still caught.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sn_monitor.controller.rules.base import Evaluator, Finding, Now, format_duration
+from sn_monitor.controller.rules.series import NODE
+from sn_monitor.controller.rules.spec import HeartbeatRule
+from sn_monitor.controller.state import NodeView
+
+
+class HeartbeatEvaluator(Evaluator[HeartbeatRule]):
+    """Evaluates one :class:`HeartbeatRule` on sweeps; a new report resolves it."""
+
+    observes = True
+    sweeps = True
+
+    def __init__(self, rule: HeartbeatRule) -> None:
+        super().__init__(rule)
+        self._timeout = float(rule.heartbeat_timeout)
+        self._first_seen: dict[str, tuple[float, float]] = {}  # node -> (monotonic, wall)
+
+    def observe(self, view: NodeView, now: Now, out: list[Finding]) -> None:
+        if self.is_firing(view.name, ""):
+            self.resolve(view.name, "", 0.0, "reporting again", now, out,
+                         view.report.sample_time_seconds if view.report else now.wall)
+
+    def sweep(self, views: Mapping[str, NodeView], now: Now, out: list[Finding]) -> None:
+        timeout = self._timeout
+        for name, view in views.items():
+            if not self.applies(view):
+                continue
+            if view.report is not None:
+                last_mono, last_wall = view.received_monotonic, view.received_wall
+            else:
+                first = self._first_seen.get(name)
+                if first is None:
+                    first = self._first_seen[name] = (now.monotonic, now.wall)
+                last_mono, last_wall = first
+            age = now.monotonic - last_mono
+            if age >= timeout:
+                if not self.is_firing(name, ""):
+                    what = ("no report" if view.report is not None
+                            else "no report since the controller started watching")
+                    self.fire(name, NODE, age,
+                              f"{what} for {format_duration(age)} "
+                              f"(timeout {format_duration(timeout)})",
+                              last_wall + timeout, now, out)
+            elif self.is_firing(name, ""):
+                self.resolve(name, "", age, "reporting again", now, out)
+        if len(self._first_seen) > len(views):
+            for name in [n for n in self._first_seen if n not in views]:
+                del self._first_seen[name]
+
+    def forget_node(self, node: str) -> None:
+        super().forget_node(node)
+        self._first_seen.pop(node, None)

@@ -1,0 +1,304 @@
+"""From a report to the numbers a rule looks at: metric names, subjects and accessors.
+
+A metric name says where in a :class:`~sn_monitor.model.Report` a value lives:
+
+- ``gpu_<field>``: a :class:`~sn_monitor.model.GpuReport` field (bools count as 0/1);
+- ``gpu_<derived>``: a value computed from two GPU fields, for faults that are a relation
+  rather than a level (a PCIe link trained below its maximum, a temperature close to the
+  limit NVML reports for *this* GPU model); see :data:`DERIVED_GPU_METRICS`;
+- ``infiniband_port_state`` and ``infiniband_port_<stem>``: an
+  :class:`~sn_monitor.model.IbPortReport`'s state or ``counters[stem]`` (``_total``, as
+  on /metrics, may be added: ``infiniband_port_symbol_errors_total``);
+- ``network_<field>``: a :class:`~sn_monitor.model.NetReport` field.
+
+Each value belongs to a :class:`Subject`, the thing inside the node it describes (``gpu=3``,
+``device=mlx5_0,port=1``, ``device=eth0``). Subjects are interned, so reading a report
+allocates only the result list: this runs for every rule on every report.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Mapping, Set
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Final
+
+import msgspec
+
+from sn_monitor.model import MAX_GPUS, GpuReport, IbPortReport, NetReport, Report
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """What a value is about, within one node.
+
+    ``text`` (``gpu=3``, ``device=mlx5_0,port=1``) is the hashable key rules keep state
+    under and the ``subject`` of a finding; ``labels`` is the same as a mapping, for
+    ``labels:`` matches; ``human`` is for messages (``GPU 3``, ``mlx5_0 port 1``).
+    """
+
+    text: str
+    human: str
+    labels: Mapping[str, str]
+    gpu: int | None = None
+
+
+NODE: Final = Subject("", "node", {})
+"""The subject of node-level findings (heartbeat, peers)."""
+
+SeriesKey = str
+"""The key a series is kept under: its subject's ``text``."""
+
+_GPU_SUBJECTS: Final = tuple(
+    Subject(f"gpu={i}", f"GPU {i}", {"gpu": str(i)}, i) for i in range(MAX_GPUS)
+)
+_CACHE_LIMIT = 4096
+_ib_subjects: dict[tuple[str, int], Subject] = {}
+_net_subjects: dict[str, Subject] = {}
+
+
+def gpu_subject(index: int) -> Subject:
+    """The interned subject of GPU ``index`` (0 <= index < MAX_GPUS)."""
+    return _GPU_SUBJECTS[index]
+
+
+def ib_subject(device: str, port: int) -> Subject:
+    """The interned subject of an InfiniBand port."""
+    subject = _ib_subjects.get((device, port))
+    if subject is None:
+        if len(_ib_subjects) >= _CACHE_LIMIT:  # bounded: names come from the wire
+            _ib_subjects.clear()
+        subject = Subject(f"device={device},port={port}", f"{device} port {port}",
+                          {"device": device, "port": str(port)})
+        _ib_subjects[(device, port)] = subject
+    return subject
+
+
+def net_subject(device: str) -> Subject:
+    """The interned subject of a network interface."""
+    subject = _net_subjects.get(device)
+    if subject is None:
+        if len(_net_subjects) >= _CACHE_LIMIT:
+            _net_subjects.clear()
+        subject = Subject(f"device={device}", device, {"device": device})
+        _net_subjects[device] = subject
+    return subject
+
+
+def event_subject(gpu: int | None, device: str | None) -> Subject:
+    """The subject an event is about: its GPU, else its device, else the node."""
+    if gpu is not None and 0 <= gpu < MAX_GPUS:
+        return _GPU_SUBJECTS[gpu]
+    if device:
+        return net_subject(device)
+    return NODE
+
+
+Values = list[tuple[Subject, float]]
+Accessor = Callable[[Report], Values]
+
+_NOT_VALUES = {"index", "uuid", "lost", "throttle_reasons"}
+GPU_FIELDS: Final = frozenset(
+    f.name for f in msgspec.structs.fields(GpuReport) if f.name not in _NOT_VALUES
+)
+NET_FIELDS: Final = frozenset(
+    f.name for f in msgspec.structs.fields(NetReport) if f.name != "device"
+)
+
+
+def _ratio(num: str, den: str) -> Callable[[GpuReport], float | None]:
+    get_num, get_den = attrgetter(num), attrgetter(den)
+
+    def ratio(gpu: GpuReport) -> float | None:
+        n, d = get_num(gpu), get_den(gpu)
+        return None if n is None or not d else n / d
+    return ratio
+
+
+def _margin(limit: str, value: str) -> Callable[[GpuReport], float | None]:
+    get_limit, get_value = attrgetter(limit), attrgetter(value)
+
+    def margin(gpu: GpuReport) -> float | None:
+        top, now = get_limit(gpu), get_value(gpu)
+        return None if top is None or now is None else float(top - now)
+    return margin
+
+
+DERIVED_GPU_METRICS: Final[Mapping[str, Callable[[GpuReport], float | None]]] = {
+    # 1.0 when the link trained at its maximum; x8 of x16 is 0.5.
+    "pcie_link_width_ratio": _ratio("pcie_link_width", "pcie_link_width_max"),
+    "pcie_link_generation_ratio": _ratio("pcie_link_generation", "pcie_link_generation_max"),
+    "memory_used_ratio": _ratio("memory_used_bytes", "memory_total_bytes"),
+    "power_limit_ratio": _ratio("power_watts", "power_limit_watts"),
+    # Degrees left before this GPU's own NVML thresholds: portable across GPU models.
+    "slowdown_margin_celsius": _margin("slowdown_temperature_celsius", "temperature_celsius"),
+    "shutdown_margin_celsius": _margin("shutdown_temperature_celsius", "temperature_celsius"),
+    "memory_temperature_margin_celsius": _margin("memory_max_temperature_celsius",
+                                                 "memory_temperature_celsius"),
+}
+
+_IB_STEM = re.compile(r"[a-z0-9_]+")
+
+#: The label names each metric family's subjects carry, for ``labels:`` matches.
+FAMILY_LABELS: Final[Mapping[str, frozenset[str]]] = {
+    "gpu": frozenset({"gpu"}),
+    "infiniband": frozenset({"device", "port"}),
+    "network": frozenset({"device"}),
+}
+
+
+def metric_family(metric: str) -> str:
+    """``gpu``, ``infiniband`` or ``network``; raise ValueError for an unknown metric."""
+    if metric.startswith("gpu_"):
+        name = metric[4:]
+        if name in GPU_FIELDS or name in DERIVED_GPU_METRICS:
+            return "gpu"
+        raise ValueError(_unknown(metric, "gpu_", GPU_FIELDS | DERIVED_GPU_METRICS.keys()))
+    if metric.startswith("infiniband_port_"):
+        if _IB_STEM.fullmatch(metric[16:]):
+            return "infiniband"
+        raise ValueError(f"unknown metric {metric!r}: infiniband_port_ must be followed by "
+                         "state or a counter name ([a-z0-9_]+)")
+    if metric.startswith("network_"):
+        if metric[8:] in NET_FIELDS:
+            return "network"
+        raise ValueError(_unknown(metric, "network_", NET_FIELDS))
+    raise ValueError(f"unknown metric {metric!r}: metric names start with gpu_, "
+                     "infiniband_port_ or network_")
+
+
+def _unknown(metric: str, prefix: str, names: Set[str]) -> str:
+    close = difflib.get_close_matches(metric[len(prefix):], names, n=1)
+    if close:
+        return f"unknown metric {metric!r} (did you mean {prefix}{close[0]}?)"
+    return (f"unknown metric {metric!r}: {prefix} is followed by one of "
+            f"{', '.join(sorted(names))}")
+
+
+def check_metric(metric: str) -> None:
+    """Validator for rule files: raise ValueError naming what is wrong with ``metric``."""
+    metric_family(metric)
+
+
+def compile_accessor(metric: str, labels: Mapping[str, str] | None = None) -> Accessor:
+    """A function reading ``metric`` from a report, precompiled once per rule.
+
+    ``labels`` maps label names to regular expressions (full match) that a subject must
+    match. Lost GPUs and missing (None) values contribute nothing.
+    """
+    family = metric_family(metric)
+    accept = _subject_filter(labels or {})
+    if family == "gpu":
+        name = metric[4:]
+        derived = DERIVED_GPU_METRICS.get(name)
+        get = derived if derived is not None else attrgetter(name)
+        return _gpu_accessor(get, accept)
+    if family == "infiniband":
+        stem = metric[16:]
+        return _ib_accessor(stem, accept)
+    return _net_accessor(attrgetter(metric[8:]), accept)
+
+
+def series_of(report: Report, metric: str) -> Values:
+    """Every (subject, value) of ``metric`` in ``report``; compiles the accessor each call.
+
+    Convenient for tools and tests; the engine keeps compiled accessors instead.
+    """
+    return compile_accessor(metric)(report)
+
+
+def _subject_filter(labels: Mapping[str, str]) -> Callable[[Subject], bool] | None:
+    if not labels:
+        return None
+    patterns = [(name, re.compile(expr)) for name, expr in labels.items()]
+    verdicts: dict[str, bool] = {}
+
+    def accept(subject: Subject) -> bool:
+        verdict = verdicts.get(subject.text)
+        if verdict is None:
+            verdict = all(
+                (value := subject.labels.get(name)) is not None and p.fullmatch(value) is not None
+                for name, p in patterns
+            )
+            if len(verdicts) >= _CACHE_LIMIT:
+                verdicts.clear()
+            verdicts[subject.text] = verdict
+        return verdict
+    return accept
+
+
+def _gpu_accessor(get: Callable[[GpuReport], object],
+                  accept: Callable[[Subject], bool] | None) -> Accessor:
+    subjects = _GPU_SUBJECTS
+
+    def read(report: Report) -> Values:
+        out: Values = []
+        for gpu in report.gpus:
+            if gpu.lost:
+                continue
+            value = get(gpu)
+            if value is None:
+                continue
+            subject = subjects[gpu.index]
+            if accept is None or accept(subject):
+                out.append((subject, float(value)))  # type: ignore[arg-type]
+        return out
+    return read
+
+
+def _ib_accessor(stem: str, accept: Callable[[Subject], bool] | None) -> Accessor:
+    # The report keys counters by stem (symbol_errors); /metrics adds _total. Both work.
+    bare = stem[:-6] if stem.endswith("_total") else stem
+
+    def value_of(port: IbPortReport) -> float | None:
+        if stem == "state":
+            return None if port.state is None else float(port.state)
+        found = port.counters.get(stem)
+        if found is None and bare is not stem:
+            found = port.counters.get(bare)
+        return None if found is None else float(found)
+
+    def read(report: Report) -> Values:
+        out: Values = []
+        for port in report.infiniband:
+            value = value_of(port)
+            if value is None:
+                continue
+            subject = ib_subject(port.device, port.port)
+            if accept is None or accept(subject):
+                out.append((subject, value))
+        return out
+    return read
+
+
+def _net_accessor(get: Callable[[NetReport], object],
+                  accept: Callable[[Subject], bool] | None) -> Accessor:
+    def read(report: Report) -> Values:
+        out: Values = []
+        for net in report.network:
+            value = get(net)
+            if value is None:
+                continue
+            subject = net_subject(net.device)
+            if accept is None or accept(subject):
+                out.append((subject, float(value)))  # type: ignore[arg-type]
+        return out
+    return read
+
+
+def describe(metric: str) -> tuple[str, str]:
+    """A metric's words and unit for messages: ``gpu_temperature_celsius`` -> (temperature, °C)."""
+    for prefix in ("gpu_", "infiniband_port_", "network_"):
+        if metric.startswith(prefix):
+            metric = metric[len(prefix):]
+            break
+    for suffix, unit in _UNITS:
+        if metric.endswith(suffix):
+            return metric[: -len(suffix)].replace("_", " "), unit
+    return metric.replace("_", " "), ""
+
+
+_UNITS = (("_celsius", "°C"), ("_watts", "W"), ("_bytes", "B"), ("_hertz", "Hz"),
+          ("_ratio", ""), ("_total", ""))

@@ -1,0 +1,345 @@
+"""Rule files: what each kind of rule says, and loading them with errors that point at a line.
+
+A rule file is a YAML list; each item is one rule, and its keys say which kind it is:
+
+============  ====================================================================
+threshold     ``metric`` + ``above`` or ``below`` (optionally on its ``rate`` or
+              ``increase`` over a window), ``for``, ``clear_below`` / ``clear_above``
+baseline      ``metric`` + ``baseline: {window, sigmas, min_delta, warmup, direction}``
+peers         ``metric`` + ``peers: {group, below_median_by | above_median_by, min_group}``
+event         ``event`` + ``codes``, ``count`` within ``window``, ``clear_after``
+heartbeat     ``heartbeat_timeout``
+============  ====================================================================
+
+Bounds are inclusive: ``above: 85`` fires at 85, ``below: 3`` fires at 3. A firing rule
+clears once the value is strictly past ``clear_below`` / ``clear_above`` (by default the
+bound itself), which gives hysteresis where one is set.
+
+Every rule also takes ``name`` (unique across all files), ``severity``, ``actions``,
+``dry_run``, ``description`` and ``scope`` (node labels to regular expressions: the rule
+applies to matching nodes only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from sn_monitor.config import ConfigError, Document, Duration, KeyPath, bind, load_yaml, setting
+from sn_monitor.controller.actions.base import ActionName
+from sn_monitor.controller.rules.series import FAMILY_LABELS, check_metric, metric_family
+from sn_monitor.model import EventKind
+
+Severity = Literal["info", "warning", "critical"]
+Direction = Literal["above", "below", "both"]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
+
+
+def _check_name(name: str) -> None:
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"a rule name is letters, digits and _.:- (got {name!r})")
+
+
+def _regex_problems(key: str, patterns: dict[str, str]) -> Iterator[tuple[str, str]]:
+    for label, expr in patterns.items():
+        try:
+            re.compile(expr)
+        except re.error as err:
+            yield f"{key}.{label}", f"invalid regular expression {expr!r}: {err}"
+
+
+def _label_name(value: str) -> None:
+    if not value:
+        raise ValueError("must name a node label (job, supernode, ...)")
+
+
+def _positive(value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"must be greater than 0, got {value}")
+
+
+def _positive_int(value: int) -> None:
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+
+
+def _nonnegative(value: float) -> None:
+    if value < 0:
+        raise ValueError(f"must not be negative, got {value}")
+
+
+def _fraction(value: float) -> None:
+    if not 0 < value < 1:
+        raise ValueError(f"must be a fraction of the median between 0 and 1, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuleBase:
+    """What every rule has: who it is, how bad, what to do about it, where it applies."""
+
+    name: str = setting(check=_check_name)
+    severity: Severity = "warning"
+    actions: list[ActionName] = field(default_factory=list)
+    dry_run: bool = False
+    description: str = ""
+    scope: dict[str, str] = field(default_factory=dict)
+
+    kind: ClassVar[str] = "rule"
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        """(key, message) for what single keys cannot check; empty when the rule is sound."""
+        yield from _regex_problems("scope", self.scope)
+        seen: set[str] = set()
+        for action in self.actions:
+            if action in seen:
+                yield "actions", f"{action} is listed twice"
+            seen.add(action)
+
+    def detection(self) -> RuleBase:
+        """The rule without what changes only its findings, not its detection (for reload)."""
+        return dataclasses.replace(self, severity="warning", actions=[], dry_run=False,
+                                   description="")
+
+
+@dataclass(frozen=True)
+class Window:
+    """``rate: {window: 1m}`` / ``increase: {window: 5m}``."""
+
+    window: Duration = setting(check=_positive)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThresholdRule(RuleBase):
+    """A fixed bound on a metric, or on its rate / increase, held ``for`` a while."""
+
+    kind: ClassVar[str] = "threshold"
+
+    metric: str = setting(check=check_metric)
+    above: float | None = None
+    below: float | None = None
+    hold: Duration = setting(key="for", default=Duration(0))
+    clear_below: float | None = None
+    clear_above: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    rate: Window | None = None
+    increase: Window | None = None
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        yield from super().problems()
+        yield from _label_problems(self.metric, self.labels)
+        if self.above is not None and self.below is not None:
+            yield "below", "a threshold is above or below, not both: write two rules"
+        if self.rate is not None and self.increase is not None:
+            yield "increase", "rate and increase are two rules, not one"
+        if self.above is not None:
+            if self.clear_above is not None:
+                yield "clear_above", "goes with below; with above, write clear_below"
+            if self.clear_below is not None and self.clear_below > self.above:
+                yield "clear_below", (f"must not be above the threshold "
+                                      f"({self.clear_below:g} > {self.above:g})")
+        if self.below is not None:
+            if self.clear_below is not None:
+                yield "clear_below", "goes with above; with below, write clear_above"
+            if self.clear_above is not None and self.clear_above < self.below:
+                yield "clear_above", (f"must not be below the threshold "
+                                      f"({self.clear_above:g} < {self.below:g})")
+
+
+@dataclass(frozen=True)
+class BaselineSpec:
+    """How a per-series baseline learns and how far from it is anomalous."""
+
+    window: Duration = setting(check=_positive)
+    sigmas: float = setting(default=4.0, check=_positive)
+    min_delta: float = setting(default=0.0, check=_nonnegative)
+    warmup: Duration | None = None
+    min_samples: int = setting(default=30, check=_positive_int)
+    direction: Direction | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaselineRule(RuleBase):
+    """Fires when a series strays from its own recent behaviour."""
+
+    kind: ClassVar[str] = "baseline"
+
+    metric: str = setting(check=check_metric)
+    baseline: BaselineSpec
+    hold: Duration = setting(key="for", default=Duration(0))
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        yield from super().problems()
+        yield from _label_problems(self.metric, self.labels)
+
+    @property
+    def direction(self) -> Direction:
+        """Temperatures only alarm upwards by default: a cooler GPU is not a fault."""
+        if self.baseline.direction is not None:
+            return self.baseline.direction
+        return "above" if self.metric.endswith("_celsius") else "both"
+
+    @property
+    def warmup(self) -> float:
+        """Time a series must be watched before it may fire: a third of the window by default."""
+        if self.baseline.warmup is not None:
+            return float(self.baseline.warmup)
+        return self.baseline.window / 3
+
+
+@dataclass(frozen=True)
+class PeersSpec:
+    """Which nodes are peers and how far from their median is too far."""
+
+    group: str = setting(check=_label_name)
+    below_median_by: float | None = setting(default=None, check=_fraction)
+    above_median_by: float | None = setting(default=None, check=_fraction)
+    min_group: int = setting(default=4, check=lambda v: _at_least(v, 2))
+
+
+def _at_least(value: int, low: int) -> None:
+    if value < low:
+        raise ValueError(f"must be at least {low}, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeersRule(RuleBase):
+    """Fires when a node's value (mean over its subjects) strays from its group's median."""
+
+    kind: ClassVar[str] = "peers"
+
+    metric: str = setting(check=check_metric)
+    peers: PeersSpec
+    hold: Duration = setting(key="for", default=Duration(0))
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        yield from super().problems()
+        yield from _label_problems(self.metric, self.labels)
+        given = [self.peers.below_median_by, self.peers.above_median_by]
+        if given.count(None) != 1:
+            yield "peers", "give one of below_median_by or above_median_by"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EventRule(RuleBase):
+    """Fires on events (XIDs, a GPU lost): on each one, or ``count`` within ``window``."""
+
+    kind: ClassVar[str] = "event"
+
+    event: EventKind
+    codes: list[int] = field(default_factory=list)
+    count: int = setting(default=1, check=_positive_int)
+    window: Duration | None = setting(default=None, check=_positive)
+    clear_after: Duration = setting(default=Duration(600), check=_positive)
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        yield from super().problems()
+        if self.count > 1 and self.window is None:
+            yield "count", f"{self.count} events need a window to count in (window: 10m)"
+        if self.codes and self.event not in ("xid", "sxid"):
+            yield "codes", f"only xid and sxid events have codes, not {self.event}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeartbeatRule(RuleBase):
+    """Fires when a node has not reported for ``heartbeat_timeout``."""
+
+    kind: ClassVar[str] = "heartbeat"
+
+    heartbeat_timeout: Duration = setting(check=_positive)
+
+
+Rule = ThresholdRule | BaselineRule | PeersRule | EventRule | HeartbeatRule
+
+
+def _label_problems(metric: str, labels: dict[str, str]) -> Iterator[tuple[str, str]]:
+    yield from _regex_problems("labels", labels)
+    allowed = FAMILY_LABELS[metric_family(metric)]
+    for name in labels:
+        if name not in allowed:
+            yield f"labels.{name}", (f"{metric} has no label {name} "
+                                     f"(it has: {', '.join(sorted(allowed))})")
+
+
+# Keys that say which kind a rule is. ``metric`` alone says nothing: three kinds use it.
+_MARKERS: tuple[tuple[str, type[RuleBase], tuple[str, ...]], ...] = (
+    ("threshold", ThresholdRule, ("above", "below")),
+    ("baseline", BaselineRule, ("baseline",)),
+    ("peers", PeersRule, ("peers",)),
+    ("event", EventRule, ("event",)),
+    ("heartbeat", HeartbeatRule, ("heartbeat_timeout",)),
+)
+
+
+def _kind_of(item: dict[object, object], doc: Document, key: KeyPath) -> type[RuleBase]:
+    found = [(kind, cls, next(k for k in markers if k in item))
+             for kind, cls, markers in _MARKERS if any(k in item for k in markers)]
+    if not found:
+        raise doc.error(key, "not a rule of any kind: give above/below (threshold), baseline, "
+                             "peers, event or heartbeat_timeout")
+    if len(found) > 1:
+        (kind1, _, key1), (kind2, _, key2) = found[:2]
+        raise doc.error((*key, key2), f"a rule is one kind: {key1} makes this a {kind1} rule, "
+                                      f"{key2} a {kind2} rule")
+    return found[0][1]
+
+
+def parse_rules(doc: Document) -> list[Rule]:
+    """The rules in one parsed file, checked; raise ConfigError at the first problem."""
+    if doc.data is None:
+        return []
+    if not isinstance(doc.data, list):
+        raise ConfigError(doc.path, "", doc.line(()),
+                          "expected a list of rules (each item starting with '- name:')")
+    # Key paths read rules[3].above: the file is the list of rules.
+    named = Document(doc.path, {"rules": doc.data},
+                     {("rules", *k): line for k, line in doc.lines.items()})
+    out: list[Rule] = []
+    for index, item in enumerate(doc.data):
+        key: KeyPath = ("rules", index)
+        if not isinstance(item, dict):
+            raise named.error(key, "expected a rule (a mapping with a name), "
+                                   f"got {type(item).__name__}")
+        if "name" not in item:
+            raise named.error(key, "missing required key 'name'")
+        cls = _kind_of(item, named, key)
+        rule = bind(cls, named, item, key)
+        for sub, message in rule.problems():
+            raise named.error((*key, *sub.split(".")), message)
+        out.append(rule)  # type: ignore[arg-type]
+    return out
+
+
+def load_rules(paths: list[Path]) -> list[Rule]:
+    """Every rule in ``paths`` (a directory means each ``*.yaml`` in it, sorted).
+
+    Raise ConfigError naming file, key path and line; a name defined twice names both.
+    """
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files.extend(sorted(path.glob("*.yaml")))
+        else:
+            files.append(path)
+    rules: list[Rule] = []
+    first: dict[str, tuple[str, int | None]] = {}
+    for file in files:
+        doc = load_yaml(file)
+        parsed = parse_rules(doc)
+        for index, rule in enumerate(parsed):
+            line = doc.line((index, "name"))
+            if rule.name in first:
+                first_file, first_line = first[rule.name]
+                where = (f"line {first_line}" if first_file == doc.path
+                         else f"{first_file}:{first_line}")
+                raise ConfigError(doc.path, f"rules[{index}].name", line,
+                                  f"duplicate rule name {rule.name!r} (first defined at {where})")
+            first[rule.name] = (doc.path, line)
+        rules.extend(parsed)
+    return rules

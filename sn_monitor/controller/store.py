@@ -1,0 +1,732 @@
+"""The controller's memory: nodes, incidents and the audit trail of actions, in SQLite.
+
+One file (stdlib :mod:`sqlite3`, WAL mode) so that an operator can open it with the
+``sqlite3`` shell, and so that a restarted controller knows what it was doing.
+
+Durability. The connection runs ``synchronous=NORMAL``: in WAL mode a committed
+transaction survives a crash of the *process* (SIGKILL, OOM kill) because it is already
+in the WAL file in the OS page cache; only an OS crash or power loss can lose the last
+few commits. That is right for node and incident rows, which the next reports rebuild.
+An action row is different: it is the promise that an outside system was (or is about
+to be) changed, and it must exist before the driver runs and after any crash. So every
+action write commits with ``synchronous=FULL`` (the WAL is fsynced at that commit):
+it survives a power cut, at the price of one fsync per action write, which the safety
+policy's rate limit keeps rare.
+
+Concurrency. The controller is multi-threaded (API handlers, the rule loop, action
+workers); all of them share one connection, guarded by one lock. SQLite serialises
+writers anyway; one connection keeps the WAL reader/writer dance out of our code.
+
+Failure. A full disk, a read-only file or a missing directory raise
+:class:`StoreUnavailable`, so that callers can refuse to act without a record rather
+than act unrecorded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal, cast
+
+from sn_monitor.controller.actions.base import ActionName, ActionRequest
+from sn_monitor.model import EventRecord
+
+log = logging.getLogger(__name__)
+
+ActionState = Literal[
+    "pending", "awaiting_approval", "running", "succeeded", "failed", "dry_run",
+    "refused", "cancelled",
+]
+ACTION_STATES: Final[frozenset[str]] = frozenset(
+    {"pending", "awaiting_approval", "running", "succeeded", "failed", "dry_run",
+     "refused", "cancelled"}
+)
+#: States an action never leaves.
+FINAL_STATES: Final[frozenset[str]] = frozenset(
+    {"succeeded", "failed", "dry_run", "refused", "cancelled"}
+)
+IncidentStatus = Literal["open", "closed"]
+
+#: The schema this code writes; older files are migrated on open, newer ones refused.
+SCHEMA_VERSION: Final = 1
+
+# _MIGRATIONS[i] takes a database from user_version i to i + 1.
+_MIGRATIONS: Final[tuple[str, ...]] = (
+    """
+    CREATE TABLE nodes (
+        name TEXT PRIMARY KEY,
+        labels TEXT NOT NULL DEFAULT '{}',
+        state TEXT NOT NULL DEFAULT 'healthy',
+        state_reason TEXT NOT NULL DEFAULT '',
+        cordoned_by_us INTEGER NOT NULL DEFAULT 0,
+        first_seen REAL NOT NULL,
+        last_seen REAL NOT NULL
+    );
+    CREATE TABLE node_transitions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        node TEXT NOT NULL,
+        from_state TEXT,
+        to_state TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE INDEX node_transitions_node ON node_transitions (node, at);
+    CREATE TABLE incidents (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        rule TEXT NOT NULL,
+        node TEXT NOT NULL,
+        subject TEXT NOT NULL DEFAULT '',
+        gpu INTEGER,
+        severity TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('open', 'closed')),
+        message TEXT NOT NULL,
+        observed_at REAL NOT NULL,
+        detected_at REAL NOT NULL,
+        closed_at REAL,
+        value REAL
+    );
+    -- at most one open incident per (rule, node, subject): the dedup rule, held by the db
+    CREATE UNIQUE INDEX incidents_open ON incidents (rule, node, subject)
+        WHERE status = 'open';
+    CREATE INDEX incidents_node ON incidents (node, detected_at);
+    CREATE TABLE actions (
+        id TEXT PRIMARY KEY,
+        key TEXT NOT NULL UNIQUE,
+        action TEXT NOT NULL,
+        node TEXT,
+        gpu INTEGER,
+        rule TEXT,
+        incident_id INTEGER,
+        severity TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        labels TEXT NOT NULL DEFAULT '{}',
+        params TEXT NOT NULL DEFAULT '{}',
+        requested_by TEXT NOT NULL,
+        state TEXT NOT NULL,
+        verdict_reason TEXT NOT NULL DEFAULT '',
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at REAL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        outcome_message TEXT NOT NULL DEFAULT '',
+        outcome TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX actions_state ON actions (state);
+    CREATE INDEX actions_node ON actions (node, created_at);
+    CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    -- events the agents reported (XIDs, GPU lost, guard actions): an agent drops an event
+    -- from its spool only once it is here. (node, event_id, time) identifies a retry.
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        node TEXT NOT NULL,
+        event_id INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        source TEXT NOT NULL,
+        time REAL NOT NULL,
+        received_at REAL NOT NULL,
+        gpu INTEGER,
+        code INTEGER,
+        pci_bus_id TEXT,
+        device TEXT,
+        message TEXT NOT NULL DEFAULT '',
+        UNIQUE (node, event_id, time)
+    );
+    CREATE INDEX events_node ON events (node, received_at);
+    """,
+)
+
+# Primary result codes that mean "the store cannot take writes (or be read) right now".
+_UNAVAILABLE_CODES: Final = frozenset(
+    {sqlite3.SQLITE_FULL, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN,
+     sqlite3.SQLITE_IOERR, sqlite3.SQLITE_PERM, sqlite3.SQLITE_NOTADB}
+)
+
+
+class StoreError(Exception):
+    """The store cannot do what was asked (a bug, a conflict, a file from the future)."""
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be written or opened: disk full, read-only, missing, I/O error.
+
+    Callers that are about to act on an outside system must refuse to act: an action
+    that cannot be recorded first is not taken.
+    """
+
+
+class UnknownAction(StoreError):
+    """No action with that id."""
+
+
+class _Unset:
+    """Marks "leave this column alone" where ``None`` is a value (NULL)."""
+
+
+_UNSET: Final = _Unset()
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """A node as the store knows it; times are wall-clock seconds."""
+
+    name: str
+    labels: Mapping[str, str]
+    state: str
+    state_reason: str
+    cordoned_by_us: bool
+    first_seen: float
+    last_seen: float
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One change of a node's state."""
+
+    node: str
+    from_state: str | None
+    to_state: str
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True)
+class Incident:
+    """A fault the rules found, open until its rule clears.
+
+    ``observed_at`` is when the agent first saw the fault, ``detected_at`` when the
+    controller opened the incident: the gap is the detection latency.
+    """
+
+    id: int
+    rule: str
+    node: str
+    subject: str
+    gpu: int | None
+    severity: str
+    status: IncidentStatus
+    message: str
+    observed_at: float
+    detected_at: float
+    closed_at: float | None
+    value: float | None
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    """One row of the audit trail: the request, the policy's verdict and what happened."""
+
+    id: str
+    key: str
+    action: ActionName
+    node: str | None
+    reason: str
+    state: ActionState
+    created_at: float
+    updated_at: float
+    rule: str | None = None
+    incident_id: int | None = None
+    gpu: int | None = None
+    severity: str = "warning"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    params: Mapping[str, Any] = field(default_factory=dict)
+    requested_by: str = "controller"
+    verdict_reason: str = ""
+    attempts: int = 0
+    next_attempt_at: float | None = None
+    outcome_message: str = ""
+    outcome: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def final(self) -> bool:
+        """True once the action can no longer change."""
+        return self.state in FINAL_STATES
+
+    def to_request(self) -> ActionRequest:
+        """The request this record was made from (for drivers, on retry and resume)."""
+        return ActionRequest(
+            id=self.id, key=self.key, action=self.action, node=self.node,
+            reason=self.reason, rule=self.rule, incident_id=self.incident_id, gpu=self.gpu,
+            severity=self.severity, labels=dict(self.labels), params=dict(self.params),
+            requested_by=self.requested_by, created_seconds=self.created_at,
+        )
+
+    @classmethod
+    def from_request(cls, request: ActionRequest, state: ActionState, reason: str,
+                     at: float) -> ActionRecord:
+        """A new record for ``request``, created at wall time ``at``."""
+        return cls(
+            id=request.id, key=request.key, action=request.action, node=request.node,
+            reason=request.reason, state=state, created_at=at, updated_at=at,
+            rule=request.rule, incident_id=request.incident_id, gpu=request.gpu,
+            severity=request.severity, labels=dict(request.labels),
+            params=dict(request.params), requested_by=request.requested_by,
+            verdict_reason=reason,
+        )
+
+
+def _check_state(state: str) -> None:
+    if state not in ACTION_STATES:
+        raise ValueError(f"unknown action state {state!r}")
+
+
+def _dumps(value: Mapping[str, Any]) -> str:
+    # default=str: params may carry paths or enums; the audit trail wants them readable.
+    return json.dumps(dict(value), sort_keys=True, default=str)
+
+
+def _unavailable(err: sqlite3.Error) -> bool:
+    code = getattr(err, "sqlite_errorcode", None)
+    if code is not None and (code & 0xFF) in _UNAVAILABLE_CODES:
+        return True
+    text = str(err).lower()
+    return any(s in text for s in ("database or disk is full", "readonly database",
+                                   "unable to open", "disk i/o error"))
+
+
+class Store:
+    """The controller's SQLite database. Safe to share between threads.
+
+    ``path`` is a file path, or a ``file:`` URI (e.g. ``file:/x.db?mode=ro``).
+    ``max_bytes`` caps the database's size: past it writes raise StoreUnavailable, as on
+    a full disk, so that an audit trail cannot fill the controller's state volume.
+    """
+
+    def __init__(self, path: Path | str, *, max_bytes: int | None = None) -> None:
+        self.path = str(path)
+        self._lock = threading.RLock()
+        uri = self.path.startswith("file:")
+        try:
+            if not uri:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(self.path, uri=uri, isolation_level=None,
+                                         check_same_thread=False, timeout=10.0)
+        except (OSError, sqlite3.Error) as err:
+            raise StoreUnavailable(f"cannot open the store at {self.path}: {err}") from err
+        self._conn.row_factory = sqlite3.Row
+        try:
+            with self._guard():
+                mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                self._conn.execute("PRAGMA synchronous=NORMAL")
+                self._conn.execute("PRAGMA foreign_keys=ON")
+                if max_bytes is not None:
+                    page = self._conn.execute("PRAGMA page_size").fetchone()[0]
+                    self._conn.execute(f"PRAGMA max_page_count={max(1, max_bytes // page)}")
+                self._migrate()
+        except BaseException:
+            self._conn.close()
+            raise
+        self.journal_mode: str = str(mode).lower()
+        if self.journal_mode != "wal" and "mode=ro" not in self.path:
+            # e.g. a network file system without shared memory: still correct, slower
+            log.warning("store %s: WAL mode not available, running in %s mode",
+                        self.path, self.journal_mode)
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Turn "cannot write" errors into StoreUnavailable; leave bugs as they are."""
+        try:
+            yield
+        except sqlite3.DatabaseError as err:  # OperationalError is one of these
+            if _unavailable(err):
+                raise StoreUnavailable(f"store {self.path}: {err}") from err
+            raise
+
+    @contextmanager
+    def _tx(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
+        """One write transaction under the lock; ``durable`` fsyncs the WAL at commit."""
+        with self._lock, self._guard():
+            if durable:
+                self._conn.execute("PRAGMA synchronous=FULL")
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                except BaseException:
+                    # SQLite may have rolled back already (SQLITE_FULL does); a second
+                    # ROLLBACK would hide the real error behind "no transaction is active".
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+            finally:
+                if durable:
+                    self._conn.execute("PRAGMA synchronous=NORMAL")
+
+    def _query(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock, self._guard():
+            return self._conn.execute(sql, tuple(args)).fetchall()
+
+    def _migrate(self) -> None:
+        version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} has schema version {version}, newer than this sn-monitor "
+                f"understands ({SCHEMA_VERSION}); upgrade sn-monitor or use another state dir"
+            )
+        if version == SCHEMA_VERSION:
+            return
+        with self._tx():
+            for step in range(version, SCHEMA_VERSION):
+                for statement in _MIGRATIONS[step].split(";"):
+                    if statement.strip():
+                        self._conn.execute(statement)
+            # PRAGMA takes no parameters; the value is our own integer constant.
+            self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def schema_version(self) -> int:
+        """The schema version of the open file."""
+        return int(self._query("PRAGMA user_version")[0][0])
+
+    def close(self) -> None:
+        """Close the connection (a WAL checkpoint happens on the last close)."""
+        with self._lock:
+            self._conn.close()
+
+    # -- nodes ------------------------------------------------------------------------
+
+    def upsert_node(self, name: str, labels: Mapping[str, str], seen_wall: float) -> None:
+        """Note that ``name`` reported at ``seen_wall``; a new node starts healthy."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO nodes (name, labels, first_seen, last_seen) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET labels = excluded.labels,"
+                " last_seen = MAX(last_seen, excluded.last_seen)",
+                (name, _dumps(labels), seen_wall, seen_wall),
+            )
+
+    def set_node_state(self, name: str, state: str, reason: str, at: float, *,
+                       cordoned_by_us: bool | None = None) -> bool:
+        """Set a node's state; a change is also written to ``node_transitions``.
+
+        Returns True when the state changed. ``cordoned_by_us`` (when not None) records
+        whether sn-monitor holds the node's cordon: only then may it uncordon the node.
+        An unknown node is created (a node can be cordoned by hand before it reports).
+        """
+        with self._tx() as db:
+            row = db.execute("SELECT state FROM nodes WHERE name = ?", (name,)).fetchone()
+            previous = None if row is None else str(row["state"])
+            if row is None:
+                db.execute(
+                    "INSERT INTO nodes (name, state, state_reason, first_seen, last_seen)"
+                    " VALUES (?, ?, ?, ?, ?)", (name, state, reason, at, at))
+            else:
+                db.execute("UPDATE nodes SET state = ?, state_reason = ? WHERE name = ?",
+                           (state, reason, name))
+            if cordoned_by_us is not None:
+                db.execute("UPDATE nodes SET cordoned_by_us = ? WHERE name = ?",
+                           (int(cordoned_by_us), name))
+            changed = previous != state
+            if changed:
+                db.execute(
+                    "INSERT INTO node_transitions (node, from_state, to_state, reason, at)"
+                    " VALUES (?, ?, ?, ?, ?)", (name, previous, state, reason, at))
+        return changed
+
+    def set_cordoned_by_us(self, name: str, value: bool, at: float) -> None:
+        """Record whether sn-monitor holds the node's cordon (set by the action runner)."""
+        with self._tx(durable=True) as db:
+            db.execute(
+                "INSERT INTO nodes (name, cordoned_by_us, first_seen, last_seen)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (name) DO UPDATE"
+                " SET cordoned_by_us = excluded.cordoned_by_us", (name, int(value), at, at))
+
+    @staticmethod
+    def _node(row: sqlite3.Row) -> NodeRecord:
+        return NodeRecord(
+            name=row["name"], labels=json.loads(row["labels"]), state=row["state"],
+            state_reason=row["state_reason"], cordoned_by_us=bool(row["cordoned_by_us"]),
+            first_seen=row["first_seen"], last_seen=row["last_seen"],
+        )
+
+    def get_node(self, name: str) -> NodeRecord | None:
+        """One node, or None."""
+        rows = self._query("SELECT * FROM nodes WHERE name = ?", (name,))
+        return self._node(rows[0]) if rows else None
+
+    def list_nodes(self) -> list[NodeRecord]:
+        """Every node, by name."""
+        return [self._node(r) for r in self._query("SELECT * FROM nodes ORDER BY name")]
+
+    def transitions(self, node: str, limit: int = 100) -> list[Transition]:
+        """The node's last ``limit`` state changes, oldest first."""
+        rows = self._query(
+            "SELECT * FROM (SELECT * FROM node_transitions WHERE node = ?"
+            " ORDER BY id DESC LIMIT ?) ORDER BY id", (node, limit))
+        return [Transition(node=r["node"], from_state=r["from_state"],
+                           to_state=r["to_state"], reason=r["reason"], at=r["at"])
+                for r in rows]
+
+    # -- incidents --------------------------------------------------------------------
+
+    def open_incident(self, rule: str, node: str, subject: str = "", *, severity: str,
+                      message: str, observed_at: float, detected_at: float,
+                      gpu: int | None = None, value: float | None = None) -> int:
+        """Open an incident, or return the id of the one already open for (rule, node, subject).
+
+        ``subject`` tells apart faults of one rule on one node (``gpu3``, ``mlx5_0/1``);
+        it is empty for node-wide rules.
+        """
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT id FROM incidents WHERE rule = ? AND node = ? AND subject = ?"
+                " AND status = 'open'", (rule, node, subject)).fetchone()
+            if row is not None:
+                return int(row["id"])
+            cur = db.execute(
+                "INSERT INTO incidents (rule, node, subject, gpu, severity, status, message,"
+                " observed_at, detected_at, value) VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?, ?)",
+                (rule, node, subject, gpu, severity, message, observed_at, detected_at, value))
+            return int(cast(int, cur.lastrowid))
+
+    def close_incident(self, rule: str, node: str, subject: str, at: float) -> int | None:
+        """Close the open incident for (rule, node, subject); its id, or None if none was open."""
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT id FROM incidents WHERE rule = ? AND node = ? AND subject = ?"
+                " AND status = 'open'", (rule, node, subject)).fetchone()
+            if row is None:
+                return None
+            db.execute("UPDATE incidents SET status = 'closed', closed_at = ? WHERE id = ?",
+                       (at, row["id"]))
+            return int(row["id"])
+
+    @staticmethod
+    def _incident(row: sqlite3.Row) -> Incident:
+        return Incident(
+            id=row["id"], rule=row["rule"], node=row["node"], subject=row["subject"],
+            gpu=row["gpu"], severity=row["severity"], status=row["status"],
+            message=row["message"], observed_at=row["observed_at"],
+            detected_at=row["detected_at"], closed_at=row["closed_at"], value=row["value"],
+        )
+
+    def get_incident(self, incident_id: int) -> Incident | None:
+        """One incident, or None."""
+        rows = self._query("SELECT * FROM incidents WHERE id = ?", (incident_id,))
+        return self._incident(rows[0]) if rows else None
+
+    def list_incidents(self, status: IncidentStatus | None = None, node: str | None = None,
+                       limit: int = 100) -> list[Incident]:
+        """Incidents, newest first, optionally only one status or one node."""
+        where: list[str] = []
+        args: list[Any] = []
+        if status is not None:
+            where.append("status = ?")
+            args.append(status)
+        if node is not None:
+            where.append("node = ?")
+            args.append(node)
+        sql = "SELECT * FROM incidents"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = self._query(sql + " ORDER BY id DESC LIMIT ?", (*args, limit))
+        return [self._incident(r) for r in rows]
+
+    def open_incident_count(self) -> int:
+        """How many incidents are open (``sn_incidents_open``)."""
+        return int(self._query("SELECT COUNT(*) FROM incidents WHERE status = 'open'")[0][0])
+
+    # -- actions ----------------------------------------------------------------------
+
+    def record_action(self, request: ActionRequest, state: ActionState = "pending",
+                      reason: str = "", *, at: float | None = None
+                      ) -> tuple[ActionRecord, bool]:
+        """Write the audit record for ``request`` before anything is done about it.
+
+        Idempotent on ``request.key``: if an action with that key exists, nothing is
+        written and ``(existing record, False)`` comes back. Committed durably (see the
+        module docstring). ``at`` defaults to ``request.created_seconds``.
+        """
+        _check_state(state)
+        when = request.created_seconds if at is None else at
+        record = ActionRecord.from_request(request, state, reason, when)
+        with self._tx(durable=True) as db:
+            cur = db.execute(
+                "INSERT OR IGNORE INTO actions (id, key, action, node, gpu, rule, incident_id,"
+                " severity, reason, labels, params, requested_by, state, verdict_reason,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (record.id, record.key, record.action, record.node, record.gpu, record.rule,
+                 record.incident_id, record.severity, record.reason, _dumps(record.labels),
+                 _dumps(record.params), record.requested_by, record.state,
+                 record.verdict_reason, when, when),
+            )
+            if cur.rowcount == 1:
+                return record, True
+            row = db.execute("SELECT * FROM actions WHERE key = ?", (request.key,)).fetchone()
+        if row is None:
+            raise StoreError(f"action id {request.id} is already used by another key")
+        return self._action(row), False
+
+    def update_action(self, action_id: str, *, at: float,
+                      state: ActionState | None = None,
+                      expect_state: ActionState | None = None,
+                      verdict_reason: str | None = None,
+                      attempts: int | None = None,
+                      next_attempt_at: float | _Unset | None = _UNSET,
+                      outcome_message: str | None = None,
+                      outcome: Mapping[str, Any] | None = None) -> ActionRecord:
+        """Change the named columns of an action (the others stay); the new record.
+
+        ``expect_state`` makes the update conditional (compare-and-set): when the action
+        is no longer in that state, StoreError is raised and nothing is written.
+        ``next_attempt_at=None`` clears the retry time. Committed durably.
+        """
+        sets: list[str] = ["updated_at = ?"]
+        args: list[Any] = [at]
+        if state is not None:
+            _check_state(state)
+            sets.append("state = ?")
+            args.append(state)
+        if verdict_reason is not None:
+            sets.append("verdict_reason = ?")
+            args.append(verdict_reason)
+        if attempts is not None:
+            sets.append("attempts = ?")
+            args.append(attempts)
+        if not isinstance(next_attempt_at, _Unset):
+            sets.append("next_attempt_at = ?")
+            args.append(next_attempt_at)
+        if outcome_message is not None:
+            sets.append("outcome_message = ?")
+            args.append(outcome_message)
+        if outcome is not None:
+            sets.append("outcome = ?")
+            args.append(_dumps(outcome))
+        with self._tx(durable=True) as db:
+            row = db.execute("SELECT state FROM actions WHERE id = ?", (action_id,)).fetchone()
+            if row is None:
+                raise UnknownAction(f"no action {action_id!r}")
+            if expect_state is not None and row["state"] != expect_state:
+                raise StoreError(
+                    f"action {action_id} is {row['state']}, not {expect_state}")
+            db.execute(f"UPDATE actions SET {', '.join(sets)} WHERE id = ?",
+                       (*args, action_id))
+            new = db.execute("SELECT * FROM actions WHERE id = ?", (action_id,)).fetchone()
+        return self._action(new)
+
+    @staticmethod
+    def _action(row: sqlite3.Row) -> ActionRecord:
+        return ActionRecord(
+            id=row["id"], key=row["key"], action=row["action"], node=row["node"],
+            reason=row["reason"], state=row["state"], created_at=row["created_at"],
+            updated_at=row["updated_at"], rule=row["rule"], incident_id=row["incident_id"],
+            gpu=row["gpu"], severity=row["severity"], labels=json.loads(row["labels"]),
+            params=json.loads(row["params"]), requested_by=row["requested_by"],
+            verdict_reason=row["verdict_reason"], attempts=row["attempts"],
+            next_attempt_at=row["next_attempt_at"], outcome_message=row["outcome_message"],
+            outcome=json.loads(row["outcome"]),
+        )
+
+    def get_action(self, action_id: str) -> ActionRecord | None:
+        """One action by id, or None."""
+        rows = self._query("SELECT * FROM actions WHERE id = ?", (action_id,))
+        return self._action(rows[0]) if rows else None
+
+    def get_action_by_key(self, key: str) -> ActionRecord | None:
+        """One action by idempotency key, or None."""
+        rows = self._query("SELECT * FROM actions WHERE key = ?", (key,))
+        return self._action(rows[0]) if rows else None
+
+    def list_actions(self, *, node: str | None = None, action: str | None = None,
+                     state: str | None = None, rule: str | None = None,
+                     since: float | None = None, limit: int = 100) -> list[ActionRecord]:
+        """Actions, newest first, filtered by any of the named columns.
+
+        ``since`` keeps actions updated at or after that wall time.
+        """
+        where: list[str] = []
+        args: list[Any] = []
+        for column, value in (("node", node), ("action", action), ("state", state),
+                              ("rule", rule)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if since is not None:
+            where.append("updated_at >= ?")
+            args.append(since)
+        sql = "SELECT * FROM actions"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = self._query(sql + " ORDER BY created_at DESC, rowid DESC LIMIT ?",
+                           (*args, limit))
+        return [self._action(r) for r in rows]
+
+    def actions_in_states(self, states: Iterable[str]) -> list[ActionRecord]:
+        """Every action in one of ``states``, oldest first (resume after a restart)."""
+        wanted = sorted(set(states))
+        for state in wanted:
+            _check_state(state)
+        if not wanted:
+            return []
+        marks = ", ".join("?" for _ in wanted)
+        rows = self._query(
+            f"SELECT * FROM actions WHERE state IN ({marks}) ORDER BY created_at, rowid",
+            wanted)
+        return [self._action(r) for r in rows]
+
+    # -- meta -------------------------------------------------------------------------
+
+    # ------------------------------------------------------------------ events
+
+    def record_events(self, node: str, events: Iterable[EventRecord], at: float) -> int:
+        """Store reported events durably; a retried event is stored once. How many were new."""
+        rows = [(node, e.id, e.kind, e.source, e.time_seconds, at, e.gpu, e.code,
+                 e.pci_bus_id, e.device, e.message) for e in events]
+        if not rows:
+            return 0
+        with self._tx(durable=True) as db:
+            before = db.total_changes
+            db.executemany(
+                "INSERT OR IGNORE INTO events (node, event_id, kind, source, time, received_at,"
+                " gpu, code, pci_bus_id, device, message) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                rows,
+            )
+            return db.total_changes - before
+
+    def list_events(self, node: str | None = None, kind: str | None = None,
+                    limit: int = 100) -> list[dict[str, Any]]:
+        """Recent events, newest first."""
+        where, args = [], []
+        if node is not None:
+            where.append("node = ?")
+            args.append(node)
+        if kind is not None:
+            where.append("kind = ?")
+            args.append(kind)
+        sql = "SELECT * FROM events"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id DESC LIMIT ?"
+        return [dict(row) for row in self._query(sql, (*args, limit))]
+
+    def count_events(self, node: str | None = None) -> int:
+        """How many events are stored (for one node)."""
+        if node is None:
+            return int(self._query("SELECT COUNT(*) FROM events")[0][0])
+        return int(self._query("SELECT COUNT(*) FROM events WHERE node = ?", (node,))[0][0])
+
+    def get_meta(self, key: str) -> str | None:
+        """A value the controller kept across restarts (e.g. the breaker's state)."""
+        rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
+        return str(rows[0][0]) if rows else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Keep ``value`` under ``key`` across restarts."""
+        with self._tx() as db:
+            db.execute("INSERT INTO meta (key, value) VALUES (?, ?)"
+                       " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
+
+    def delete_meta(self, key: str) -> None:
+        """Forget ``key``."""
+        with self._tx() as db:
+            db.execute("DELETE FROM meta WHERE key = ?", (key,))

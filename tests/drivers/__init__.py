@@ -1,0 +1,1 @@
+"""Stand-ins for the outside systems the action drivers talk to (real local servers)."""

@@ -1,0 +1,344 @@
+"""Real HTTP servers on 127.0.0.1 that stand in for webhooks, Slack, Alertmanager and the
+Kubernetes API, and a fake ``scontrol``: the drivers under test use their real clients.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One request as the server saw it."""
+
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def header(self, name: str) -> str | None:
+        for key, value in self.headers.items():
+            if key.lower() == name.lower():
+                return value
+        return None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A scripted answer: status, body, headers, and a delay before answering."""
+
+    status: int = 200
+    body: bytes = b"ok"
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+
+class _Base:
+    """Start/stop and the request log shared by both servers."""
+
+    def __init__(self) -> None:
+        self.requests: list[Recorded] = []
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                split = urllib.parse.urlsplit(self.path)
+                record = Recorded(self.command, split.path, urllib.parse.parse_qs(split.query),
+                                  dict(self.headers.items()), body)
+                with owner.lock:
+                    owner.requests.append(record)
+                status, payload, headers, delay = owner.answer(record)
+                if delay:
+                    owner._stop.wait(delay)
+                try:
+                    self.send_response(status)
+                    for key, value in headers.items():
+                        self.send_header(key, value)
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a timeout test)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _any
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = _Server(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,),
+                                       daemon=True, name=type(self).__name__)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def answer(self, record: Recorded) -> tuple[int, bytes, dict[str, str], float]:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return  # stopped already (a test that takes a server down)
+        self._stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+    def __enter__(self) -> _Base:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def calls(self, method: str | None = None, path: str | None = None) -> list[Recorded]:
+        with self.lock:
+            return [r for r in self.requests
+                    if (method is None or r.method == method)
+                    and (path is None or r.path == path)]
+
+
+class RecordingHTTPServer(_Base):
+    """Records every request; answers per path from a script (the last reply repeats).
+
+    ``server.script("/hook", Reply(503), Reply(503), Reply(200))``: two 503s, then 200s.
+    Paths without a script get ``default`` (200 ``ok``).
+    """
+
+    def __init__(self, default: Reply | None = None) -> None:
+        super().__init__()
+        self.default = default or Reply()
+        self._scripts: dict[str, list[Reply]] = {}
+
+    def script(self, path: str, *replies: Reply) -> None:
+        with self.lock:
+            self._scripts[path] = list(replies)
+
+    def answer(self, record: Recorded) -> tuple[int, bytes, dict[str, str], float]:
+        with self.lock:
+            queue = self._scripts.get(record.path)
+            if not queue:
+                reply = self.default
+            elif len(queue) > 1:
+                reply = queue.pop(0)
+            else:
+                reply = queue[0]
+        return reply.status, reply.body, reply.headers, reply.delay
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386 JSON merge patch (null deletes; lists replace)."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = json.loads(json.dumps(value))
+    return target
+
+
+class StubKubernetesAPI(_Base):
+    """Just enough of the Kubernetes API for the driver: nodes, pods, evictions.
+
+    Node patches (merge or strategic-merge JSON: both applied as a merge patch, which is
+    right for the fields we touch) honour ``metadata.resourceVersion`` (409 on a stale
+    one) and bump it. Evicting a pod removes it, unless it is in ``pdb_protected`` (429)
+    or unknown (404). Every call is in ``requests``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pdb_protected: set[tuple[str, str]] = set()
+        self.fail_next: list[int] = []
+        self._version = 100
+
+    def add_node(self, name: str, **spec: Any) -> None:
+        with self.lock:
+            self._version += 1
+            self.nodes[name] = {
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "resourceVersion": str(self._version),
+                             "annotations": {}, "labels": {}},
+                "spec": dict(spec),
+            }
+
+    def add_pod(self, namespace: str, name: str, node: str, *, owner: str | None = None,
+                mirror: bool = False, pdb: bool = False, phase: str = "Running") -> None:
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "annotations": {}}
+        if owner is not None:
+            meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner,
+                                        "name": f"{name}-owner", "uid": f"uid-{name}"}]
+        if mirror:
+            meta["annotations"]["kubernetes.io/config.mirror"] = "hash"
+        with self.lock:
+            self.pods[(namespace, name)] = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                                            "spec": {"nodeName": node,
+                                                     "containers": [{"name": "main",
+                                                                     "image": "busybox"}]},
+                                            "status": {"phase": phase}}
+            if pdb:
+                self.pdb_protected.add((namespace, name))
+
+    def node(self, name: str) -> dict[str, Any]:
+        with self.lock:
+            copy: dict[str, Any] = json.loads(json.dumps(self.nodes[name]))
+        return copy
+
+    def answer(self, record: Recorded) -> tuple[int, bytes, dict[str, str], float]:
+        with self.lock:
+            if self.fail_next:
+                return self._status(self.fail_next.pop(0), "InternalError", "scripted")
+            return self._route(record)
+
+    def _status(self, code: int, reason: str, message: str,
+                headers: dict[str, str] | None = None) -> tuple[int, bytes, dict[str, str], float]:
+        doc = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+               "reason": reason, "message": message}
+        return code, json.dumps(doc).encode(), {"Content-Type": "application/json",
+                                                **(headers or {})}, 0.0
+
+    def _ok(self, doc: Any, code: int = 200) -> tuple[int, bytes, dict[str, str], float]:
+        return code, json.dumps(doc).encode(), {"Content-Type": "application/json"}, 0.0
+
+    def _route(self, record: Recorded) -> tuple[int, bytes, dict[str, str], float]:
+        parts = [p for p in record.path.split("/") if p]
+        if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
+            node = self.nodes.get(parts[3])
+            if node is None:
+                return self._status(404, "NotFound", f'nodes "{parts[3]}" not found')
+            if record.method == "GET":
+                return self._ok(node)
+            if record.method == "PATCH":
+                patch = json.loads(record.body)
+                wanted = (patch.get("metadata") or {}).pop("resourceVersion", None)
+                if wanted is not None and wanted != node["metadata"]["resourceVersion"]:
+                    return self._status(409, "Conflict", "the object has been modified")
+                _merge(node, patch)
+                self._version += 1
+                node["metadata"]["resourceVersion"] = str(self._version)
+                return self._ok(node)
+        if record.path == "/api/v1/pods" and record.method == "GET":
+            selector = record.query.get("fieldSelector", [""])[0]
+            _, _, node_name = selector.partition("spec.nodeName=")
+            items = [p for p in self.pods.values() if p["spec"]["nodeName"] == node_name]
+            return self._ok({"apiVersion": "v1", "kind": "PodList",
+                             "metadata": {"resourceVersion": str(self._version)},
+                             "items": items})
+        if (len(parts) == 7 and parts[:3] == ["api", "v1", "namespaces"]
+                and parts[4] == "pods" and parts[6] == "eviction" and record.method == "POST"):
+            key = (parts[3], parts[5])
+            if key not in self.pods:
+                return self._status(404, "NotFound", f'pods "{parts[5]}" not found')
+            if key in self.pdb_protected:
+                return self._status(429, "TooManyRequests",
+                                    "Cannot evict pod as it would violate the pod's "
+                                    "disruption budget.")
+            del self.pods[key]
+            return self._ok({"kind": "Status", "apiVersion": "v1", "status": "Success"}, 201)
+        return self._status(404, "NotFound", f"no route for {record.method} {record.path}")
+
+
+FAKE_SCONTROL = """#!/bin/sh
+# A stand-in for Slurm's scontrol: records argv, prints canned `show node` output.
+dir="$(dirname "$0")"
+printf '%s\\n' "$*" >> "$dir/scontrol.argv"
+if [ -f "$dir/scontrol.sleep" ]; then sleep "$(cat "$dir/scontrol.sleep")"; fi
+if [ -f "$dir/scontrol.fail" ]; then cat "$dir/scontrol.fail" >&2; exit 1; fi
+if [ "$1" = show ]; then cat "$dir/scontrol.show"; fi
+exit 0
+"""
+
+
+def show_node(name: str, state: str, reason: str | None) -> str:
+    """``scontrol show node`` output in Slurm's multi-line format."""
+    lines = [
+        f"NodeName={name} Arch=x86_64 CoresPerSocket=56",
+        "   CPUAlloc=0 CPUEfctv=112 CPUTot=112 CPULoad=0.01",
+        "   Gres=gpu:h100:8",
+        f"   NodeAddr={name} NodeHostName={name} Version=23.11.4",
+        f"   State={state} ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A",
+        "   Partitions=gpu",
+    ]
+    if reason is not None:
+        lines.append(f"   Reason={reason} [root@2024-05-01T10:00:00]")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class FakeScontrol:
+    """A fake ``scontrol`` in ``directory``: see :data:`FAKE_SCONTROL`."""
+
+    directory: Path
+
+    @property
+    def path(self) -> str:
+        return str(self.directory / "scontrol")
+
+    def calls(self) -> list[str]:
+        log = self.directory / "scontrol.argv"
+        return log.read_text().splitlines() if log.exists() else []
+
+    def set_node(self, name: str, state: str, reason: str | None = None) -> None:
+        (self.directory / "scontrol.show").write_text(show_node(name, state, reason))
+
+    def fail_with(self, stderr: str) -> None:
+        (self.directory / "scontrol.fail").write_text(stderr)
+
+    def hang(self, seconds: float) -> None:
+        (self.directory / "scontrol.sleep").write_text(str(seconds))
+
+
+def make_fake_scontrol(directory: Path) -> FakeScontrol:
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "scontrol"
+    script.write_text(FAKE_SCONTROL)
+    script.chmod(0o755)
+    return FakeScontrol(directory)
+
+
+@contextmanager
+def running(server: _Base) -> Iterator[Any]:
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def wait_until(predicate: Any, timeout: float = 5.0, step: float = 0.01) -> bool:
+    """Poll ``predicate`` until true or ``timeout`` (a bounded loop, for async effects)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return bool(predicate())

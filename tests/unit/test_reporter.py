@@ -1,0 +1,330 @@
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import socket
+import threading
+from collections import deque
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import msgspec
+import pytest
+
+from sn_monitor.agent.reporter import Reporter, TokenError, read_token
+from sn_monitor.agent.snapshot import GpuSample, NodeSnapshot
+from sn_monitor.agent.spool import EventSpool
+from sn_monitor.clock import ManualClock
+from sn_monitor.model import CommandResult, Event, Report
+
+TOKEN = "s3cret-token-value"
+
+
+class Controller:
+    """A tiny controller on 127.0.0.1: records each request, answers from a script.
+
+    With an empty script it acknowledges every event it received and sends
+    ``self.commands``.
+    """
+
+    def __init__(self, port: int = 0) -> None:
+        self.requests: list[tuple[str, dict[str, str], bytes]] = []
+        self.script: deque[tuple[int, Any, dict[str, str]]] = deque()
+        self.commands: list[dict[str, Any]] = []
+        controller = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # no 40 ms delayed-ACK stall per reply
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                controller.requests.append((self.path, dict(self.headers), body))
+                status, payload, headers = controller.reply(body)
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
+                                       daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def reply(self, body: bytes) -> tuple[int, Any, dict[str, str]]:
+        if self.script:
+            return self.script.popleft()
+        report = msgspec.json.decode(body, type=Report)
+        through = max((e.id for e in report.events), default=-1)
+        commands, self.commands = self.commands, []
+        return 200, {"sequence": report.sequence, "events_stored_through": through,
+                     "commands": commands}, {}
+
+    def reports(self) -> list[Report]:
+        return [msgspec.json.decode(body, type=Report) for _, _, body in self.requests]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def controller() -> Iterator[Controller]:
+    server = Controller()
+    yield server
+    server.close()
+
+
+def free_port() -> int:
+    """A port with nothing listening on it (a controller that is down)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def snapshot(clock: ManualClock, *events: Event) -> NodeSnapshot:
+    gpu = GpuSample(index=0, uuid="GPU-0", name="H100", pci_bus_id="0000:18:00.0",
+                    temperature_celsius=70.0, power_limit_watts=700.0)
+    return NodeSnapshot("gpu-node-017", clock.time(), gpus=(gpu,), events=events)
+
+
+def xid(n: int) -> Event:
+    return Event("xid", "nvml", 1_700_000_000.0 + n, f"Xid 13 #{n}", gpu=0, code=13)
+
+
+def make_reporter(url: str, tmp_path, clock: ManualClock, **kwargs) -> Reporter:
+    spool = EventSpool(tmp_path / "spool", clock=clock)
+    return Reporter(url, TOKEN, "gpu-node-017", {"supernode": "sn0"}, clock, spool,
+                    timeout=2.0, rng=random.Random(0), **kwargs)
+
+
+def test_happy_path(controller, tmp_path):
+    clock = ManualClock()
+    reporter = make_reporter(controller.url, tmp_path, clock)
+    controller.commands = [{"id": "c1", "kind": "throttle", "gpu": 0, "power_watts": 500.0}]
+    commands = reporter.report(snapshot(clock, xid(1), xid(2)), {0})
+    path, headers, _ = controller.requests[0]
+    assert path == "/api/v1/reports"
+    assert headers["Authorization"] == f"Bearer {TOKEN}"
+    assert headers["Content-Type"] == "application/json"
+    [report] = controller.reports()
+    assert report.node == "gpu-node-017"
+    assert report.labels == {"supernode": "sn0"}
+    assert report.sequence == 1
+    assert report.gpus[0].guard_throttled
+    assert [(e.id, e.message) for e in report.events] == [(0, "Xid 13 #1"), (1, "Xid 13 #2")]
+    assert [(c.id, c.kind, c.power_watts) for c in commands] == [("c1", "throttle", 500.0)]
+    assert reporter.spool.pending_count == 0
+    assert reporter.failures_total == 0
+    assert reporter.last_success_wall == clock.time()
+    reporter.close()
+
+
+def test_sequence_increments_and_instance_is_stable(controller, tmp_path):
+    clock = ManualClock()
+    reporter = make_reporter(controller.url, tmp_path, clock)
+    for _ in range(3):
+        clock.advance(1.0)
+        reporter.report(snapshot(clock), set())
+    reports = controller.reports()
+    assert [r.sequence for r in reports] == [1, 2, 3]
+    assert {r.instance for r in reports} == {reporter.instance}
+    assert re.fullmatch(r"[0-9a-f]{32}", reporter.instance)
+    other = make_reporter(controller.url, tmp_path / "other", clock)
+    assert other.instance != reporter.instance  # random per agent start
+    assert len(controller.requests) == 3
+    reporter.close()
+
+
+def test_command_results_are_sent_until_the_controller_has_them(controller, tmp_path):
+    clock = ManualClock()
+    reporter = make_reporter(controller.url, tmp_path, clock)
+    reporter.add_command_results([CommandResult(id="c1", ok=True, time_seconds=1.0)])
+    controller.script.append((503, {"error": "busy"}, {}))
+    reporter.report(snapshot(clock), set())
+    clock.advance(60)
+    reporter.report(snapshot(clock), set())
+    clock.advance(60)
+    reporter.report(snapshot(clock), set())
+    assert [[r.id for r in rep.command_results] for rep in controller.reports()] == [
+        ["c1"], ["c1"], []]
+    reporter.close()
+
+
+def test_controller_down_then_up_delivers_every_event_in_order(tmp_path, caplog):
+    clock = ManualClock()
+    port = free_port()
+    reporter = make_reporter(f"http://127.0.0.1:{port}", tmp_path, clock,
+                             max_events_per_report=2)
+    sent = 0
+    delays: list[float] = []
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(120):  # two minutes without a controller
+            clock.advance(1.0)
+            before = reporter.reports_total
+            commands = reporter.report(snapshot(clock, xid(sent)), set())
+            sent += 1
+            assert commands == []
+            if reporter.reports_total != before:  # it tried, and failed
+                assert reporter.backoff_until is not None
+                delays.append(reporter.backoff_until - clock.monotonic())
+    assert TOKEN not in caplog.text
+    assert reporter.failures_total == len(delays)
+    # Backoff: from one interval, doubling with +-20 % jitter, never past 30 s, so far
+    # fewer attempts than cycles.
+    assert 0.8 <= delays[0] <= 1.2
+    assert 1.6 <= delays[1] <= 2.4
+    assert max(delays) <= 30.0
+    assert delays[-1] >= 24.0
+    assert reporter.failures_total < 15
+    assert reporter.spool.pending_count == 120
+    assert sum("unreachable" in r.getMessage() for r in caplog.records
+               if r.levelno >= logging.WARNING) == 1
+
+    up = Controller(port)
+    try:
+        for _ in range(200):
+            if reporter.spool.pending_count == 0:
+                break
+            clock.advance(1.0)
+            reporter.report(snapshot(clock), set())
+        delivered = [e.id for r in up.reports() for e in r.events]
+        assert delivered == list(range(120))
+        assert all(len(r.events) <= 2 for r in up.reports())
+        assert reporter.backoff_until is None
+        assert up.requests[0][1]["Authorization"] == f"Bearer {TOKEN}"
+    finally:
+        up.close()
+        reporter.close()
+
+
+def test_spooled_events_survive_an_agent_restart(tmp_path):
+    clock = ManualClock()
+    port = free_port()
+    first = make_reporter(f"http://127.0.0.1:{port}", tmp_path, clock)
+    first.report(snapshot(clock, xid(0), xid(1)), set())
+    first.close()
+    up = Controller(port)
+    try:
+        second = make_reporter(up.url, tmp_path, clock)
+        second.report(snapshot(clock, xid(2)), set())
+        assert [e.id for e in up.reports()[0].events] == [0, 1, 2]
+        assert up.reports()[0].instance == second.instance != first.instance
+        second.close()
+    finally:
+        up.close()
+
+
+def test_bad_request_message_is_logged_once(controller, tmp_path, caplog):
+    clock = ManualClock()
+    reporter = make_reporter(controller.url, tmp_path, clock)
+    message = "Expected `float`, got `str` - at `$.gpus[0].power_watts`"
+    for _ in range(3):
+        controller.script.append((400, {"error": message}, {}))
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            clock.advance(60.0)
+            reporter.report(snapshot(clock, xid(0)), set())
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert message in errors[0].getMessage()
+    assert "400" in errors[0].getMessage()
+    assert reporter.failures_total == 3
+    assert reporter.spool.pending_count == 3  # kept for when the controller accepts reports
+    controller.script.append((401, b"bad token", {}))
+    clock.advance(60.0)
+    reporter.report(snapshot(clock), set())
+    assert "bad token" in caplog.records[-1].getMessage()
+    assert TOKEN not in caplog.text
+    reporter.close()
+
+
+def test_429_honours_retry_after(controller, tmp_path):
+    clock = ManualClock()
+    reporter = make_reporter(controller.url, tmp_path, clock)
+    controller.script.append((429, {"error": "slow down"}, {"Retry-After": "10"}))
+    reporter.report(snapshot(clock), set())
+    assert reporter.backoff_until == pytest.approx(clock.monotonic() + 10.0)
+    clock.advance(9.0)
+    reporter.report(snapshot(clock), set())
+    assert len(controller.requests) == 1  # no call while backing off
+    clock.advance(1.0)
+    reporter.report(snapshot(clock), set())
+    assert len(controller.requests) == 2
+    assert reporter.failures_total == 1
+    reporter.close()
+
+
+def test_unknown_command_gets_a_failed_result_and_the_rest_still_run(controller, tmp_path):
+    clock = ManualClock()
+    reporter = make_reporter(controller.url, tmp_path, clock)
+    controller.commands = [{"id": "new", "kind": "reboot"},
+                           {"id": "ok", "kind": "release", "gpu": 1}]
+    commands = reporter.report(snapshot(clock, xid(0)), set())
+    assert [c.id for c in commands] == ["ok"]
+    assert reporter.spool.pending_count == 0  # the reply still acknowledged the event
+    reporter.report(snapshot(clock), set())
+    [result] = controller.reports()[1].command_results
+    assert result.id == "new"
+    assert not result.ok
+    reporter.close()
+
+
+def test_an_acknowledgement_past_what_was_sent_is_clamped(controller, tmp_path):
+    clock = ManualClock()
+    reporter = make_reporter(controller.url, tmp_path, clock, max_events_per_report=1)
+    controller.script.append((200, {"sequence": 1, "events_stored_through": 5}, {}))
+    reporter.report(snapshot(clock, xid(0), xid(1), xid(2)), set())
+    assert reporter.spool.pending_count == 2  # only event 0 was sent, so only it is dropped
+    reporter.close()
+
+
+def test_big_events_are_split_across_reports_to_stay_under_the_body_limit(
+        controller, tmp_path):
+    clock = ManualClock()
+    reporter = make_reporter(controller.url, tmp_path, clock)
+    big = [Event("xid", "kmsg", float(n), "x" * 4000, code=13) for n in range(300)]
+    reporter.report(snapshot(clock, *big), set())
+    while reporter.spool.pending_count:
+        reporter.report(snapshot(clock), set())
+    sizes = [len(body) for _, _, body in controller.requests]
+    assert len(sizes) == 3
+    assert max(sizes) < 1 << 20
+    assert [e.id for r in controller.reports() for e in r.events] == list(range(300))
+    reporter.close()
+
+
+def test_a_garbled_reply_is_a_failure(controller, tmp_path):
+    clock = ManualClock()
+    reporter = make_reporter(controller.url, tmp_path, clock)
+    controller.script.append((200, b"<html>proxy</html>", {}))
+    assert reporter.report(snapshot(clock, xid(0)), set()) == []
+    assert reporter.failures_total == 1
+    assert reporter.spool.pending_count == 1
+    reporter.close()
+
+
+def test_read_token(tmp_path):
+    path = tmp_path / "agent.token"
+    path.write_text(f"  {TOKEN}\n")
+    assert read_token(path) == TOKEN
+    path.write_text("\n")
+    with pytest.raises(TokenError, match="is empty"):
+        read_token(path)
+    with pytest.raises(TokenError, match="cannot read token file"):
+        read_token(tmp_path / "missing")
