@@ -114,8 +114,11 @@ class Agent:
         before_sample: BeforeSample | None = None,
         after_sample: Sequence[AfterSample] = (),
         protection: Protection | None = None,
+        time_scale: float = 1.0,
     ) -> None:
         self.settings = settings
+        #: Simulated seconds per real second (demos): the loop sleeps interval / time_scale.
+        self.time_scale = time_scale
         self._clock = clock
         self.sampler = Sampler(settings.node, collectors, clock)
         self.protection = protection
@@ -175,9 +178,6 @@ class Agent:
             events += guard.recover()
             self._recovered = True
         events += guard.observe(snapshot)
-        for event in events:
-            log.warning("guard: %s", event.message,
-                        extra={"node": self.settings.node, "gpu": event.gpu})
         reporter = self.protection.reporter
         if reporter is not None and self._report_loop is not None:
             reporter.spool_events([*snapshot.events, *events])
@@ -196,7 +196,7 @@ class Agent:
         self.tick()
         self.http.start()
         self._scheduler.add_job(
-            self._tick_logged, "interval", seconds=self.settings.interval,
+            self._tick_logged, "interval", seconds=self.settings.interval / self.time_scale,
             id="sample", max_instances=1, coalesce=True, misfire_grace_time=None,
         )
         self._scheduler.start()
@@ -261,8 +261,13 @@ def build_agent(
     clock: Clock,
     before_sample: BeforeSample | None = None,
     after_sample: Sequence[AfterSample] = (),
+    time_scale: float = 1.0,
 ) -> Agent:
-    """The agent for ``settings``: collectors from the registry, the guard, the reporter."""
+    """The agent for ``settings``: collectors from the registry, the guard, the reporter.
+
+    ``time_scale`` > 1 runs a simulation faster than the wall (``clock`` must be scaled
+    the same way, see :class:`~sn_monitor.clock.ScaledClock`).
+    """
     collectors = build_collectors(settings, nvml, clock)
     state = Path(settings.state_dir)
     state.mkdir(parents=True, exist_ok=True)
@@ -280,4 +285,4 @@ def build_agent(
             metrics_port=port or None,
         )
     return Agent(settings, collectors, clock, before_sample, after_sample,
-                 Protection(guard, executor, reporter))
+                 Protection(guard, executor, reporter), time_scale=time_scale)

@@ -24,7 +24,8 @@ from sn_monitor.agent.daemon import build_agent
 from sn_monitor.agent.settings import AgentSettings
 from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.agent.view import render_node, summary_line
-from sn_monitor.clock import SystemClock
+from sn_monitor.clock import ScaledClock
+from sn_monitor.config import Duration
 from sn_monitor.sim.node import SimulatedNode
 
 log = logging.getLogger(__name__)
@@ -71,11 +72,11 @@ class DemoDriver:
         self.fired: list[str] = []
         self._lock = threading.Lock()
 
-    def advance(self, real_seconds: float) -> None:
-        """Called by the agent before each sample with the real seconds since the last."""
+    def advance(self, seconds: float) -> None:
+        """Called by the agent before each sample with the simulated seconds since the last."""
         with self._lock:
-            self.simulated_seconds += real_seconds * self.speed
-            self.node.step(real_seconds * self.speed)
+            self.simulated_seconds += seconds
+            self.node.step(seconds)
             while self._pending and self._pending[0].at_seconds <= self.simulated_seconds:
                 fault = self._pending.pop(0)
                 fault.inject(self.node)
@@ -90,9 +91,10 @@ def run_demo(gpus: int, listen: str, speed: float, duration: float | None,
     console = Console()
     with tempfile.TemporaryDirectory(prefix="sn-demo-") as tmp:
         node = SimulatedNode(Path(tmp), gpus=gpus)
-        settings = node.agent_settings(AgentSettings(node="sim-node-01", listen=listen))
+        settings = node.agent_settings(
+            AgentSettings(node="sim-node-01", listen=listen, interval=Duration(speed)))
         driver = DemoDriver(node, speed, default_timeline(gpus))
-        clock = SystemClock()
+        clock = ScaledClock(speed)
         live: Live | None = None
 
         def show(snapshot: NodeSnapshot) -> None:
@@ -105,7 +107,7 @@ def run_demo(gpus: int, listen: str, speed: float, duration: float | None,
                 console.print(f"t={driver.simulated_seconds:6.0f}s  {summary_line(snapshot)}")
 
         agent = build_agent(settings, node.nvml, clock, before_sample=driver.advance,
-                            after_sample=[show])
+                            after_sample=[show], time_scale=speed)
         if headless or not console.is_terminal:
             agent.run_until_signalled(duration)
         else:
