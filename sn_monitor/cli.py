@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sn_monitor import __version__
 from sn_monitor.agent.settings import AgentSettings, agent_settings_from, load_agent_settings
-from sn_monitor.config import ConfigError, load_yaml
+from sn_monitor.config import ConfigError, bind, load_yaml
 from sn_monitor.logs import configure_logging
 
 log = logging.getLogger("sn_monitor")
@@ -60,6 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
     _log_options(agent)
 
+    controller = sub.add_parser(
+        "controller", help="run the controller",
+        description="Receive every node's reports, apply the rules, act through the "
+                    "safety policy, record everything.")
+    controller.add_argument("--config", type=Path, help="controller config file")
+    controller.add_argument("--listen", type=_listen, metavar="HOST:PORT",
+                            help="API address (default 0.0.0.0:9848)")
+    controller.add_argument("--state-dir", metavar="DIR", help="where the SQLite store lives")
+    controller.add_argument("--rules", action="append", metavar="DIR",
+                            help="rule files or directories (repeatable)")
+    controller.add_argument("--token-file", metavar="F", help="the API token file (YAML)")
+    _log_options(controller)
+
     demo = sub.add_parser("demo", help="watch a simulated node overheat and recover",
                           description="Run a simulated 8-GPU node's agent with a live view "
                                       "of its GPUs and a fault timeline; serves /metrics.")
@@ -88,17 +101,46 @@ def _log_options(parser: argparse.ArgumentParser, default_level: str = "info") -
     parser.set_defaults(default_log_level=default_level)
 
 
+#: Keys only a controller config has: how check-config tells the two apart.
+_CONTROLLER_KEYS = frozenset({"state_dir", "rules", "token_file", "max_body_bytes",
+                              "sweep_interval", "policy", "runner", "drivers", "routes"})
+_AGENT_KEYS = frozenset({"node", "labels", "interval", "controller", "paths", "collectors",
+                         "guard"})
+
+
+def check_file(path: Path) -> str:
+    """Validate one config file of any kind; return what it was. Raises ConfigError."""
+    from sn_monitor.controller.auth import TokenBook
+    from sn_monitor.controller.rules.spec import load_rules
+    from sn_monitor.controller.settings import ControllerSettings
+
+    doc = load_yaml(path)
+    if isinstance(doc.data, list):
+        if any(isinstance(item, dict) and ({"token", "token_file", "role"} & item.keys())
+               for item in doc.data):
+            TokenBook.load(path)
+            return "token file"
+        load_rules([path])
+        return "rule file"
+    if isinstance(doc.data, dict) and _CONTROLLER_KEYS & doc.data.keys() and not (
+            _AGENT_KEYS & doc.data.keys()):
+        bind(ControllerSettings, doc)
+        return "controller config"
+    agent_settings_from(doc)
+    return "agent config"
+
+
 def check_config(files: Sequence[Path]) -> int:
     """Validate each file; print every error as ``file:line: key: message``."""
     failed = False
     for path in files:
         try:
-            agent_settings_from(load_yaml(path))
+            kind = check_file(path)
         except ConfigError as err:
             print(err, file=sys.stderr)
             failed = True
         else:
-            print(f"{path}: ok")
+            print(f"{path}: ok ({kind})")
     return EXIT_CONFIG if failed else 0
 
 
@@ -144,6 +186,35 @@ def run_agent(settings: AgentSettings, simulate: int | None, duration: float | N
         return EXIT_CONFIG
 
 
+def run_controller_command(args: argparse.Namespace) -> int:
+    """``sn-monitor controller``: flags override the config file."""
+    from sn_monitor.clock import SystemClock
+    from sn_monitor.controller.daemon import run_controller
+    from sn_monitor.controller.settings import load_controller_settings
+
+    try:
+        settings = load_controller_settings(args.config)
+        overrides: dict[str, object] = {}
+        if args.listen:
+            overrides["listen"] = args.listen
+        if args.state_dir:
+            overrides["state_dir"] = args.state_dir
+        if args.rules:
+            overrides["rules"] = list(args.rules)
+        if args.token_file:
+            overrides["token_file"] = args.token_file
+        settings = replace(settings, **overrides)  # type: ignore[arg-type]
+        configure_logging(args.log_format or settings.log_format,
+                          args.log_level or settings.log_level)
+        return run_controller(settings, SystemClock())
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return EXIT_CONFIG
+    except OSError as err:
+        print(f"sn-monitor controller: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a subcommand; return the exit status."""
     args = build_parser().parse_args(argv)
@@ -152,6 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "check-config":
         return check_config(args.files)
+    if args.command == "controller":
+        return run_controller_command(args)
     try:
         settings = _agent_settings(args) if args.command == "agent" else AgentSettings()
     except ConfigError as err:

@@ -19,7 +19,8 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         when = self.formatTime(record, "%Y-%m-%dT%H:%M:%S")
         context = " ".join(
-            f"{key}={getattr(record, key)}" for key in CONTEXT_KEYS if hasattr(record, key)
+            f"{key}={getattr(record, key)}" for key in CONTEXT_KEYS
+            if getattr(record, key, None) is not None
         )
         line = f"{when} {record.levelname} {record.name}: {record.getMessage()}"
         if context:
@@ -40,7 +41,7 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         for key in CONTEXT_KEYS:
-            if hasattr(record, key):
+            if getattr(record, key, None) is not None:
                 doc[key] = getattr(record, key)
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
@@ -54,3 +55,5 @@ def configure_logging(fmt: LogFormat = "text", level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # APScheduler logs every job run at INFO: once a second is noise, not an event.
+    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, root.level))

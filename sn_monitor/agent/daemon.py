@@ -82,9 +82,12 @@ class ReportLoop:
                 assert self._pending is not None
                 snapshot, throttled = self._pending
                 self._pending = None
-            commands = self._reporter.send(snapshot, throttled)
-            if commands:
-                self._reporter.add_command_results(self._executor.execute(commands))
+            try:
+                commands = self._reporter.send(snapshot, throttled)
+                if commands:
+                    self._reporter.add_command_results(self._executor.execute(commands))
+            except Exception:  # reporting must go on after a bad cycle; it is logged
+                log.exception("report failed")
 
     def stop(self, timeout: float) -> None:
         with self._cond:

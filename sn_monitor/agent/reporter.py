@@ -118,7 +118,7 @@ class Reporter:
         self._session = session or requests.Session()
         self._timeout = timeout
         self._max_events = max_events_per_report
-        self._interval = interval
+        self._interval = float(interval)
         self._max_backoff = max(max_backoff, interval)
         self._rng = rng or random.Random()
         self._agent_version = agent_version

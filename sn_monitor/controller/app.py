@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from sn_monitor import __version__
 from sn_monitor.controller.auth import OPEN_ACCESS, Identity, Role, TokenBook
+from sn_monitor.controller.errors import ApiError
 from sn_monitor.controller.ingest import ReportRejected
 from sn_monitor.model import Report, ReportReply
 
@@ -27,19 +28,10 @@ log = logging.getLogger(__name__)
 _encoder = msgspec.json.Encoder()
 
 
-class ApiError(Exception):
-    """An error answer: HTTP status and a message for the caller."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
 class ControllerApi(Protocol):
     """What the HTTP layer needs from the controller."""
 
-    def ingest(self, body: bytes, identity: Identity) -> ReportReply: ...
+    def ingest(self, body: bytes, identity: Identity, peer: str | None) -> ReportReply: ...
     def list_nodes(self) -> list[dict[str, Any]]: ...
     def get_node(self, name: str) -> dict[str, Any] | None: ...
     def manual_action(self, action: str, node: str, who: str, reason: str) -> dict[str, Any]: ...
@@ -109,7 +101,7 @@ def build_app(
     async def post_report(request: Request) -> Response:
         identity = identify(request, "agent")
         body = await read_body(request)
-        reply = controller.ingest(body, identity)
+        reply = controller.ingest(body, identity, request.client.host if request.client else None)
         return Response(_encoder.encode(reply), media_type="application/json")
 
     @guarded

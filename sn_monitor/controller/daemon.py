@@ -1,0 +1,90 @@
+"""The controller process: the ASGI app on uvicorn, the sweep on APScheduler, SIGHUP reload."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from sn_monitor.clock import Clock
+from sn_monitor.config import ConfigError
+from sn_monitor.controller.app import build_app
+from sn_monitor.controller.auth import TokenBook
+from sn_monitor.controller.routing import build_drivers
+from sn_monitor.controller.rules.spec import load_rules
+from sn_monitor.controller.service import Controller
+from sn_monitor.controller.settings import ControllerSettings
+from sn_monitor.controller.store import Store
+
+log = logging.getLogger(__name__)
+
+STOP_DEADLINE_SECONDS = 20
+
+
+def rule_paths(settings: ControllerSettings) -> list[Path]:
+    return [Path(p) for p in settings.rules]
+
+
+def run_controller(settings: ControllerSettings, clock: Clock) -> int:
+    """Serve until SIGTERM/SIGINT. Config problems raise ConfigError before anything runs."""
+    rules = load_rules(rule_paths(settings))
+    tokens = TokenBook.load(settings.token_file) if settings.token_file else None
+    if tokens is None:
+        log.warning("no token file: the API is open to anyone who can reach it "
+                    "(set token_file / --token-file outside a test setup)")
+    state_dir = Path(settings.state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(state_dir / "controller.db")
+    try:
+        drivers = build_drivers(settings.drivers, settings.routes, clock)
+    except ValueError as err:
+        store.close()
+        raise ConfigError("controller config", "routes", None, str(err)) from None
+    controller = Controller(settings, rules, clock, store, drivers)
+    controller.start()
+    reload_wanted = threading.Event()
+
+    def sweep() -> None:
+        if reload_wanted.is_set():
+            reload_wanted.clear()
+            try:
+                controller.reload_rules(load_rules(rule_paths(settings)))
+            except ConfigError as err:
+                log.error("rules not reloaded, the old ones stay: %s", err)
+        try:
+            controller.sweep()
+        except Exception:  # the sweep must keep running; the failure is logged
+            log.exception("sweep failed")
+
+    def on_hup(signum: int, frame: FrameType | None) -> None:
+        del signum, frame
+        reload_wanted.set()
+
+    previous = signal.signal(signal.SIGHUP, on_hup)
+    scheduler = BackgroundScheduler(daemon=True)
+    scheduler.add_job(sweep, "interval", seconds=settings.sweep_interval, id="sweep",
+                      max_instances=1, coalesce=True, misfire_grace_time=None)
+    scheduler.start()
+    host, _, port = settings.listen.rpartition(":")
+    config = uvicorn.Config(
+        build_app(controller, tokens, settings.max_body_bytes),
+        host=host.strip("[]"), port=int(port), log_level="warning", access_log=False,
+        lifespan="off", timeout_graceful_shutdown=STOP_DEADLINE_SECONDS // 2,
+        http="httptools", loop="uvloop",
+    )
+    log.info("controller serving on %s with %d rules, state in %s", settings.listen,
+             len(rules), state_dir)
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        scheduler.shutdown(wait=True)
+        controller.close()
+        store.close()
+        signal.signal(signal.SIGHUP, previous)
+        log.info("controller stopped")
+    return 0

@@ -1,0 +1,174 @@
+"""Which driver carries out which action: built once from the controller's settings."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sn_monitor.clock import Clock
+from sn_monitor.controller.actions.agent import AgentCommandDriver, AgentCommandQueue
+from sn_monitor.controller.actions.alertmanager import AlertmanagerDriver
+from sn_monitor.controller.actions.base import (
+    ActionRequest,
+    Driver,
+    Outcome,
+    PermanentError,
+    TemporaryError,
+)
+from sn_monitor.controller.actions.command import CommandDriver
+from sn_monitor.controller.actions.jobs import JobControlDriver
+from sn_monitor.controller.actions.kubernetes import KubernetesDriver
+from sn_monitor.controller.actions.slack import SlackDriver
+from sn_monitor.controller.actions.slurm import SlurmDriver
+from sn_monitor.controller.actions.webhook import WebhookDriver
+from sn_monitor.controller.settings import DriverSettings
+
+log = logging.getLogger(__name__)
+
+NODE_ACTIONS = ("cordon", "uncordon", "evict")
+AGENT_ACTIONS = ("throttle", "release")
+JOB_ACTIONS = ("checkpoint", "restore", "failover")
+
+
+class AlertFanout:
+    """One ``alert`` action delivered to every alert destination.
+
+    A destination that took the alert is not sent it again when the action is retried
+    for another that failed (remembered per action id while the controller runs).
+    """
+
+    name = "alert"
+
+    def __init__(self, destinations: Sequence[Driver]) -> None:
+        self.destinations = list(destinations)
+        self.idempotent = all(getattr(d, "idempotent", False) for d in destinations)
+        self._done: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def run(self, request: ActionRequest) -> Outcome:
+        with self._lock:
+            done = set(self._done.get(request.id, set()))
+        failures: list[str] = []
+        temporary = False
+        for driver in self.destinations:
+            if driver.name in done:
+                continue
+            try:
+                driver.run(request)
+            except TemporaryError as err:
+                temporary = True
+                failures.append(f"{driver.name}: {err}")
+                continue
+            except PermanentError as err:
+                failures.append(f"{driver.name}: {err}")
+                continue
+            done.add(driver.name)
+        with self._lock:
+            if temporary:
+                self._done[request.id] = done
+            else:
+                self._done.pop(request.id, None)
+        if temporary:
+            raise TemporaryError("; ".join(failures))
+        if failures and not done:
+            raise PermanentError("; ".join(failures))
+        message = f"sent to {', '.join(sorted(done))}"
+        if failures:
+            message += f" (failed: {'; '.join(failures)})"
+        return Outcome(message, {"destinations": sorted(done)})
+
+
+class LogAlert:
+    """Alerts with no destination configured: written to the log, never lost silently."""
+
+    name = "log"
+    idempotent = True
+
+    def run(self, request: ActionRequest) -> Outcome:
+        status = request.params.get("status", "firing")
+        log.warning("alert %s (%s): %s", status, request.severity, request.reason,
+                    extra={"node": request.node, "rule": request.rule, "gpu": request.gpu})
+        return Outcome("logged (no alert destination configured)")
+
+
+class NoDriver:
+    """Stands in for an action with no driver configured: it fails, saying so."""
+
+    idempotent = True
+
+    def __init__(self, action: str) -> None:
+        self.name = f"none-for-{action}"
+        self._action = action
+
+    def run(self, request: ActionRequest) -> Outcome:
+        raise PermanentError(f"no driver is configured for {self._action} "
+                             "(set drivers and routes in the controller config)")
+
+
+@dataclass
+class Drivers:
+    """The drivers, by action, and the ones the controller talks to directly."""
+
+    by_action: dict[str, Driver]
+    queue: AgentCommandQueue
+    alertmanager: AlertmanagerDriver | None = None
+    every: list[Driver] = field(default_factory=list)
+
+    def close(self) -> None:
+        for driver in self.every:
+            close = getattr(driver, "close", None)
+            if callable(close):
+                close()
+
+
+def build_drivers(settings: DriverSettings, routes: Mapping[str, list[str]],
+                  clock: Clock) -> Drivers:
+    """Every configured driver, and the driver of each action (routes, then defaults)."""
+    named: dict[str, Driver] = {}
+    alertmanager = None
+    if settings.alertmanager is not None:
+        alertmanager = AlertmanagerDriver(settings.alertmanager, clock=clock)
+        named["alertmanager"] = alertmanager
+    if settings.webhook is not None:
+        named["webhook"] = WebhookDriver(settings.webhook, clock=clock)
+    if settings.slack is not None:
+        named["slack"] = SlackDriver(settings.slack)
+    if settings.kubernetes is not None:
+        named["kubernetes"] = KubernetesDriver(settings.kubernetes)
+    if settings.slurm is not None:
+        named["slurm"] = SlurmDriver(settings.slurm)
+    if settings.command is not None:
+        named["command"] = CommandDriver(settings.command)
+    if settings.job is not None:
+        job = settings.job
+        named["job"] = JobControlDriver(
+            webhook=WebhookDriver(job.webhook, clock=clock) if job.webhook else None,
+            command=CommandDriver(job.command) if job.command else None,
+        )
+    queue = AgentCommandQueue(settings.agent, clock=clock)
+    named["agent"] = AgentCommandDriver(queue)
+
+    def pick(action: str, default: Sequence[str]) -> Driver:
+        chosen = [n for n in routes.get(action, default) if n in named]
+        if action in routes and len(chosen) < len(routes[action]):
+            missing = sorted(set(routes[action]) - set(named))
+            raise ValueError(f"routes.{action} names drivers that are not configured: "
+                             f"{', '.join(missing)}")
+        if action == "alert":
+            return AlertFanout([named[n] for n in chosen]) if chosen else LogAlert()
+        return named[chosen[0]] if chosen else NoDriver(action)
+
+    by_action: dict[str, Driver] = {
+        "alert": pick("alert", ["alertmanager", "webhook", "slack"]),
+    }
+    for action in NODE_ACTIONS:
+        by_action[action] = pick(action, ["kubernetes", "slurm", "command"])
+    for action in AGENT_ACTIONS:
+        by_action[action] = pick(action, ["agent"])
+    for action in JOB_ACTIONS:
+        by_action[action] = pick(action, ["job"])
+    for action, driver in sorted(by_action.items()):
+        log.info("action %s -> %s", action, driver.name)
+    return Drivers(by_action, queue, alertmanager, list(named.values()))

@@ -1,0 +1,448 @@
+"""The controller: reports in, rule findings, incidents, actions through the safety policy.
+
+One object owns the decisions; the HTTP layer (app.py) and the daemon only call it.
+Ingest is the hot path (thousands of reports a second): it touches the store only for
+events and for the rare finding. Everything slow or periodic (heartbeats, peer
+comparisons, retries, re-sending firing alerts, node states) happens in :meth:`sweep`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, cast
+
+from sn_monitor.clock import Clock
+from sn_monitor.controller.actions.base import ActionName, ActionRequest
+from sn_monitor.controller.actions.runner import ActionRunner, ActionStateError
+from sn_monitor.controller.auth import Identity
+from sn_monitor.controller.errors import ApiError
+from sn_monitor.controller.ingest import NodeRegistry, ReportRejected, decode_report
+from sn_monitor.controller.metrics import ControllerMetrics, ControllerState
+from sn_monitor.controller.policy import BreakerState, ClusterSummary, SafetyPolicy
+from sn_monitor.controller.routing import Drivers
+from sn_monitor.controller.rules.engine import Finding, RuleEngine
+from sn_monitor.controller.rules.spec import Rule
+from sn_monitor.controller.settings import ControllerSettings
+from sn_monitor.controller.state import NodeState, NodeView
+from sn_monitor.controller.store import ActionRecord, Incident, Store, StoreError
+from sn_monitor.model import CommandResult, ReportReply
+
+log = logging.getLogger(__name__)
+
+#: Actions whose firing means the node itself is broken: they count for the breaker.
+NODE_FATAL_ACTIONS = frozenset({"failover", "evict", "cordon"})
+#: ``failover`` is evict the node, then hand the job to job control (spare + restore).
+EXPANSIONS: dict[str, tuple[ActionName, ...]] = {"failover": ("evict", "failover")}
+#: States that take a node out of service for the max_unavailable budget.
+UNAVAILABLE: frozenset[str] = frozenset({"lost", "cordoned", "evicted"})
+NODE_REFRESH_SECONDS = 5.0
+
+
+class Controller:
+    """The controller's decisions; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: ControllerSettings,
+        rules: Sequence[Rule],
+        clock: Clock,
+        store: Store,
+        drivers: Drivers,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.store = store
+        self.drivers = drivers
+        self.engine = RuleEngine(rules, clock)
+        self.registry = NodeRegistry(clock)
+        self.policy = SafetyPolicy(settings.policy, clock)
+        self.runner = ActionRunner(store, self.policy, drivers.by_action, clock,
+                                   settings.runner)
+        self.telemetry = ControllerMetrics(self.state)
+        drivers.queue.on_result = self._command_result
+        self._lock = threading.RLock()
+        self._firing: dict[str, set[tuple[str, str]]] = {}
+        self._lost: set[str] = set()
+        self._cordoned: set[str] = set()
+        self._peers: dict[str, tuple[str, int]] = {}
+        self._states: dict[str, NodeState] = {}
+        self._store_error: str | None = None
+        self._breaker_was_open = False
+        self._last_refresh = -1e18
+        self._last_resend = clock.monotonic()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Load what the store remembers and resume actions a previous run left."""
+        for record in self.store.list_nodes():
+            state: NodeState = record.state if record.state in (
+                "healthy", "degraded", "lost", "cordoned", "evicted") else "healthy"  # type: ignore[assignment]
+            self.registry.restore(record.name, record.labels, state)
+            self._states[record.name] = state
+            if record.cordoned_by_us:
+                self._cordoned.add(record.name)
+        for incident in self.store.list_incidents(status="open", limit=100_000):
+            self._firing.setdefault(incident.node, set()).add((incident.rule, incident.subject))
+        resumed = self.runner.resume(self.cluster())
+        if resumed:
+            log.info("resumed %d actions left in flight by the previous run", len(resumed))
+
+    def close(self) -> None:
+        self.runner.close()
+        self.drivers.close()
+
+    # ------------------------------------------------------------------ ingest
+
+    def ingest(self, body: bytes, identity: Identity, peer: str | None = None) -> ReportReply:
+        """Take one report; the reply acknowledges its events and carries commands."""
+        started = time.perf_counter()
+        try:
+            report = decode_report(body)
+        except ReportRejected:
+            self.telemetry.reports.labels("invalid").inc()
+            raise
+        if not identity.may_report_for(report.node):
+            self.telemetry.reports.labels("forbidden").inc()
+            raise ReportRejected(403, f"{identity.name} may not report for node {report.node}")
+        accepted = self.registry.accept(report)
+        now = self.clock.time()
+        if accepted.new_node or accepted.labels_changed:
+            self._safely(self.store.upsert_node, report.node, report.labels, now)
+        stored_through = -1
+        if report.events and self._safely(
+                self.store.record_events, report.node, report.events, now) is not None:
+            stored_through = max(e.id for e in report.events)
+            for event in report.events:
+                self.telemetry.events.labels(event.kind).inc()
+        if peer is not None and report.metrics_port is not None:
+            self._peers[report.node] = (peer, report.metrics_port)
+        if accepted.applied:
+            self._handle(self.engine.observe(accepted.view))
+            if report.node in self._lost:
+                self._lost.discard(report.node)
+        if report.command_results:
+            self.drivers.queue.complete(report.node, report.command_results)
+        commands = self.drivers.queue.take(report.node)
+        self.telemetry.reports.labels("accepted" if accepted.applied else "stale").inc()
+        self.telemetry.ingest_seconds.observe(time.perf_counter() - started)
+        return ReportReply(sequence=report.sequence, events_stored_through=stored_through,
+                           commands=commands)
+
+    # ------------------------------------------------------------------ findings
+
+    def _handle(self, findings: Sequence[Finding]) -> None:
+        for finding in findings:
+            if finding.status == "firing":
+                self._fired(finding)
+            else:
+                self._resolved(finding)
+
+    def _fired(self, f: Finding) -> None:
+        with self._lock:
+            self._firing.setdefault(f.node, set()).add((f.rule, f.subject))
+            if f.kind == "heartbeat":
+                self._lost.add(f.node)
+        self.telemetry.detection_latency.observe(max(0.0, f.detected_wall - f.observed_wall))
+        log.warning("%s: %s", f.rule, f.message,
+                    extra={"node": f.node, "rule": f.rule, "gpu": f.gpu})
+        incident_id = self._safely(
+            self.store.open_incident, f.rule, f.node, f.subject, severity=f.severity,
+            message=f.message, observed_at=f.observed_wall, detected_at=f.detected_wall,
+            gpu=f.gpu, value=f.value,
+        )
+        if incident_id is None:
+            log.error("not acting on %s: the incident could not be recorded", f.rule,
+                      extra={"node": f.node, "rule": f.rule})
+            return
+        if f.kind == "heartbeat" or NODE_FATAL_ACTIONS & set(f.actions):
+            opened = self.policy.note_fault(f.node, max(1, len(self.registry)))
+            if opened is not None:
+                self._breaker_opened(opened)
+        for action in f.actions:
+            for step in EXPANSIONS.get(action, (cast(ActionName, action),)):
+                self._submit(step, f, incident_id, "firing")
+
+    def _resolved(self, f: Finding) -> None:
+        with self._lock:
+            self._firing.get(f.node, set()).discard((f.rule, f.subject))
+            if f.kind == "heartbeat":
+                self._lost.discard(f.node)
+        log.info("%s resolved: %s", f.rule, f.message,
+                 extra={"node": f.node, "rule": f.rule, "gpu": f.gpu})
+        incident_id = self._safely(self.store.close_incident, f.rule, f.node, f.subject,
+                                   f.detected_wall)
+        if incident_id is None:
+            return
+        if "alert" in f.actions:
+            self._submit("alert", f, incident_id, "resolved")
+        if "throttle" in f.actions:
+            self._submit("release", f, incident_id, "resolved")
+
+    def _submit(self, action: ActionName, f: Finding, incident_id: int, status: str) -> None:
+        view = self.registry.get(f.node)
+        suffix = ":resolved" if status == "resolved" and action == "alert" else ""
+        request = ActionRequest(
+            id=uuid.uuid4().hex, key=f"incident:{incident_id}:{action}{suffix}",
+            action=action, node=f.node, reason=f.message, rule=f.rule,
+            incident_id=incident_id, gpu=f.gpu, severity=f.severity,
+            labels=dict(view.labels) if view else {},
+            params={"status": status, "subject": f.subject, "value": f.value,
+                    "observed_at": f.observed_wall, "detected_at": f.detected_wall},
+            requested_by=f"rule:{f.rule}", created_seconds=self.clock.time(),
+        )
+        self._safely(self.runner.submit, request, self.cluster(), f.dry_run)
+
+    def _breaker_opened(self, state: BreakerState) -> None:
+        log.critical("circuit breaker open, evictions frozen: %s", state.reason)
+        self._breaker_was_open = True
+        self._safely(self.store.set_meta, "breaker_opened_at", str(state.since))
+        request = ActionRequest(
+            id=uuid.uuid4().hex, key=f"breaker:{state.since}:alert", action="alert",
+            node=None, reason=f"circuit breaker open, evictions frozen: {state.reason}",
+            rule="circuit-breaker", severity="critical", params={"status": "firing"},
+            created_seconds=self.clock.time(),
+        )
+        self._safely(self.runner.submit, request, self.cluster(), False)
+
+    def _breaker_closed(self) -> None:
+        log.warning("circuit breaker closed: evictions allowed again")
+        self._breaker_was_open = False
+        opened = self._safely(self.store.get_meta, "breaker_opened_at") or "0"
+        request = ActionRequest(
+            id=uuid.uuid4().hex, key=f"breaker:{opened}:alert:resolved", action="alert",
+            node=None, reason="circuit breaker closed", rule="circuit-breaker",
+            severity="critical", params={"status": "resolved"},
+            created_seconds=self.clock.time(),
+        )
+        self._safely(self.runner.submit, request, self.cluster(), False)
+
+    def _command_result(self, node: str, result: CommandResult) -> None:
+        what = "done" if result.ok else "failed"
+        message = f"agent {what}: {result.message}" + (" (dry run)" if result.dry_run else "")
+        try:
+            self.store.update_action(result.id, at=self.clock.time(), outcome_message=message)
+        except StoreError as err:
+            log.warning("agent result for unknown action %s: %s", result.id, err,
+                        extra={"node": node})
+
+    def _safely(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Call the store (or the runner, which writes first); remember it failing.
+
+        A store that takes no writes means no audit record, and without a record the
+        controller does not act: the call is skipped, logged, and /healthz says so.
+        """
+        try:
+            result = fn(*args, **kwargs)
+        except StoreError as err:
+            if self._store_error is None:
+                log.error("store unavailable, refusing to act without a record: %s", err)
+            self._store_error = str(err)
+            return None
+        return result
+
+    # ------------------------------------------------------------------ sweep
+
+    def sweep(self) -> None:
+        """Heartbeats, peers, retries, alert re-sends, node states: every second."""
+        self._handle(self.engine.sweep(self.registry.views()))
+        self.runner.tick()
+        now = self.clock.monotonic()
+        alertmanager = self.drivers.alertmanager
+        if alertmanager is not None and (
+                now - self._last_resend >= alertmanager.settings.resend_interval):
+            self._last_resend = now
+            alertmanager.resend_firing()
+        breaker = self.policy.breaker_state()
+        if self._breaker_was_open and not breaker.open:
+            self._breaker_closed()
+        if now - self._last_refresh >= NODE_REFRESH_SECONDS:
+            self._last_refresh = now
+            self._refresh_nodes()
+
+    def _refresh_nodes(self) -> None:
+        records = self._safely(self.store.list_nodes)
+        if records is None:
+            return
+        if self._store_error is not None and self._safely(
+                self.store.set_meta, "alive", str(self.clock.time())) is not None:
+            log.warning("store writable again: acting resumes")
+            self._store_error = None
+        cordoned = {r.name for r in records if r.cordoned_by_us}
+        with self._lock:
+            self._cordoned = cordoned
+        now = self.clock.time()
+        for name, view in self.registry.views().items():
+            state = self._state_of(name)
+            if self._states.get(name) != state:
+                reason = ", ".join(sorted(r for r, _ in self._firing.get(name, ()))) or "clear"
+                self._safely(self.store.set_node_state, name, state, reason, now)
+                self._states[name] = state
+            view.state = state
+
+    def _state_of(self, node: str) -> NodeState:
+        with self._lock:
+            if node in self._lost:
+                return "lost"
+            if node in self._cordoned:
+                return "cordoned"
+            if self._firing.get(node):
+                return "degraded"
+        return "healthy"
+
+    def cluster(self) -> ClusterSummary:
+        """The numbers the safety policy needs."""
+        views = self.registry.views()
+        out = frozenset(n for n in views if self._state_of(n) in UNAVAILABLE)
+        return ClusterSummary(total_nodes=max(1, len(views)), unavailable=out)
+
+    def reload_rules(self, rules: Sequence[Rule]) -> None:
+        """SIGHUP: new rules, firing state kept for unchanged ones."""
+        self._handle(self.engine.reload(rules))
+        log.info("rules reloaded: %d rules", len(rules))
+
+    # ------------------------------------------------------------------ API
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return [self._node_doc(view) for _, view in sorted(self.registry.views().items())]
+
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        view = self.registry.get(name)
+        if view is None:
+            return None
+        doc = self._node_doc(view)
+        doc["incidents"] = [_incident_doc(i) for i in self.store.list_incidents(
+            status="open", node=name, limit=100)]
+        return doc
+
+    def _node_doc(self, view: NodeView) -> dict[str, Any]:
+        report = view.report
+        temps = [g.temperature_celsius for g in report.gpus
+                 if g.temperature_celsius is not None] if report else []
+        with self._lock:
+            firing = sorted({rule for rule, _ in self._firing.get(view.name, ())})
+        return {
+            "name": view.name,
+            "labels": dict(view.labels),
+            "state": self._state_of(view.name),
+            "last_report_age_seconds": (round(self.clock.monotonic() - view.received_monotonic, 3)
+                                        if report else None),
+            "gpus": len(report.gpus) if report else 0,
+            "gpus_lost": sum(1 for g in report.gpus if g.lost) if report else 0,
+            "hottest_gpu_celsius": max(temps) if temps else None,
+            "firing": firing,
+            "cordoned_by_us": view.name in self._cordoned,
+        }
+
+    def manual_action(self, action: str, node: str, who: str, reason: str) -> dict[str, Any]:
+        if action not in ("cordon", "uncordon"):
+            raise ApiError(422, f"cannot {action} by hand")
+        view = self.registry.get(node)
+        request = ActionRequest(
+            id=uuid.uuid4().hex, key=f"manual:{uuid.uuid4().hex}", action=cast(ActionName, action),
+            node=node, reason=f"{reason} (by {who})", requested_by=who,
+            labels=dict(view.labels) if view else {}, params={"status": "manual"},
+            created_seconds=self.clock.time(),
+        )
+        record = self._safely(self.runner.submit, request, self.cluster(), False)
+        if record is None:
+            raise ApiError(503, f"store unavailable, refusing to act: {self._store_error}")
+        return _action_doc(record)
+
+    def list_incidents(self, status: str | None, node: str | None,
+                       limit: int) -> list[dict[str, Any]]:
+        return [_incident_doc(i) for i in self.store.list_incidents(
+            status=status, node=node, limit=limit)]  # type: ignore[arg-type]
+
+    def get_incident(self, incident_id: int) -> dict[str, Any] | None:
+        incident = self.store.get_incident(incident_id)
+        if incident is None:
+            return None
+        doc = _incident_doc(incident)
+        doc["actions"] = [_action_doc(a) for a in self.store.list_actions(limit=1000)
+                          if a.incident_id == incident_id]
+        return doc
+
+    def list_actions(self, node: str | None, state: str | None,
+                     limit: int) -> list[dict[str, Any]]:
+        return [_action_doc(a) for a in self.store.list_actions(
+            node=node, state=state, limit=limit)]
+
+    def approve(self, action_id: str, who: str) -> dict[str, Any]:
+        if self.store.get_action(action_id) is None:
+            raise ApiError(404, f"no action {action_id!r}")
+        try:
+            return _action_doc(self.runner.approve(action_id, who, self.cluster()))
+        except ActionStateError as err:
+            raise ApiError(409, str(err)) from None
+
+    def service_discovery(self) -> list[dict[str, Any]]:
+        """Prometheus HTTP SD: one target group per agent, labelled for dashboards."""
+        groups = []
+        for name, view in sorted(self.registry.views().items()):
+            address = self._peers.get(name)
+            if address is None:
+                continue
+            host, port = address
+            target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            labels = {"node": name}
+            for key in ("supernode", "rack", "job"):
+                if key in view.labels:
+                    labels[key] = view.labels[key]
+            groups.append({"targets": [target], "labels": labels})
+        return groups
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        breaker = self.policy.breaker_state()
+        body = {
+            "status": "ok" if self._store_error is None else "refusing to act",
+            "nodes": len(self.registry),
+            "breaker": {"open": breaker.open, "reason": breaker.reason},
+            "store": "ok" if self._store_error is None else self._store_error,
+        }
+        return self._store_error is None, body
+
+    def state(self) -> ControllerState:
+        with self._lock:
+            firing = tuple((rule, node) for node, pairs in self._firing.items()
+                           for rule, _ in pairs)
+        count = self._safely(self.store.open_incident_count)
+        return ControllerState(
+            node_states={n: self._state_of(n) for n in self.registry.views()},
+            firing=firing,
+            open_incidents=count,
+            action_outcomes=self.runner.outcomes(),
+            breaker_open=self.policy.breaker_state().open,
+            store_up=self._store_error is None,
+        )
+
+    def metrics(self) -> bytes:
+        """The controller's /metrics body."""
+        return self.telemetry.render()
+
+
+def _incident_doc(incident: Incident) -> dict[str, Any]:
+    return {
+        "id": incident.id, "rule": incident.rule, "node": incident.node,
+        "subject": incident.subject, "gpu": incident.gpu, "severity": incident.severity,
+        "status": incident.status, "message": incident.message,
+        "observed_at": incident.observed_at, "detected_at": incident.detected_at,
+        "detection_latency_seconds": round(incident.detected_at - incident.observed_at, 3),
+        "closed_at": incident.closed_at, "value": incident.value,
+    }
+
+
+def _action_doc(record: ActionRecord) -> dict[str, Any]:
+    return {
+        "id": record.id, "key": record.key, "action": record.action, "node": record.node,
+        "gpu": record.gpu, "rule": record.rule, "incident_id": record.incident_id,
+        "severity": record.severity, "reason": record.reason, "state": record.state,
+        "verdict": record.verdict_reason, "requested_by": record.requested_by,
+        "attempts": record.attempts, "created_at": record.created_at,
+        "updated_at": record.updated_at, "outcome": record.outcome_message,
+        "params": dict(record.params),
+    }

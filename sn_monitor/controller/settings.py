@@ -1,0 +1,104 @@
+"""The controller's settings (deploy/controller.yaml), read by the one config loader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from sn_monitor.config import ConfigError, Duration, bind, load_yaml, setting
+from sn_monitor.controller.actions.agent import AgentQueueSettings
+from sn_monitor.controller.actions.alertmanager import AlertmanagerSettings
+from sn_monitor.controller.actions.base import ActionName
+from sn_monitor.controller.actions.command import CommandSettings
+from sn_monitor.controller.actions.kubernetes import KubernetesSettings
+from sn_monitor.controller.actions.runner import RunnerSettings
+from sn_monitor.controller.actions.slack import SlackSettings
+from sn_monitor.controller.actions.slurm import SlurmSettings
+from sn_monitor.controller.actions.webhook import WebhookSettings
+from sn_monitor.controller.policy import PolicySettings
+
+
+def _listen_address(value: str) -> None:
+    _, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT with a port 1-65535, got {value!r}")
+
+
+def _positive(value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"must be greater than 0, got {value}")
+
+
+@dataclass(frozen=True)
+class JobControlSettings:
+    """Where checkpoint / restore / failover go: exactly one of a webhook or a command."""
+
+    webhook: WebhookSettings | None = None
+    command: CommandSettings | None = None
+
+    def __post_init__(self) -> None:
+        if (self.webhook is None) == (self.command is None):
+            raise ValueError("give exactly one of webhook and command")
+
+
+@dataclass(frozen=True)
+class DriverSettings:
+    """The outside systems the controller may act through; each is off unless set."""
+
+    alertmanager: AlertmanagerSettings | None = None
+    webhook: WebhookSettings | None = None
+    slack: SlackSettings | None = None
+    kubernetes: KubernetesSettings | None = None
+    slurm: SlurmSettings | None = None
+    command: CommandSettings | None = None
+    job: JobControlSettings | None = None
+    agent: AgentQueueSettings = field(default_factory=AgentQueueSettings)
+
+
+DRIVER_NAMES = ("alertmanager", "webhook", "slack", "kubernetes", "slurm", "command", "job",
+                "agent")
+
+
+def _routes(value: dict[str, list[str]]) -> None:
+    for action, drivers in value.items():
+        if action not in ActionName.__args__:  # type: ignore[attr-defined]
+            raise ValueError(f"unknown action {action!r}")
+        for driver in drivers:
+            if driver not in DRIVER_NAMES:
+                raise ValueError(f"unknown driver {driver!r} for {action} "
+                                 f"(drivers: {', '.join(DRIVER_NAMES)})")
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """Everything ``sn-monitor controller`` reads from deploy/controller.yaml.
+
+    ``routes`` picks the driver of each action; unset actions take the defaults: alerts
+    go to every configured alert driver, throttle/release to the agent, cordon, uncordon
+    and evict to the first configured of kubernetes, slurm and command, checkpoint,
+    restore and failover to job control.
+    """
+
+    listen: str = setting(default="0.0.0.0:9848", check=_listen_address)
+    state_dir: str = "/var/lib/sn-monitor"
+    rules: list[str] = field(default_factory=lambda: ["/etc/sn-monitor/rules"])
+    token_file: str | None = None
+    max_body_bytes: int = setting(default=1 << 20, check=_positive)
+    sweep_interval: Duration = setting(default=Duration(1.0), check=_positive)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    runner: RunnerSettings = field(default_factory=RunnerSettings)
+    drivers: DriverSettings = field(default_factory=DriverSettings)
+    routes: dict[str, list[str]] = setting(default_factory=dict, check=_routes)
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+def load_controller_settings(path: str | Path | None) -> ControllerSettings:
+    """Read the controller config file, or the defaults when there is none."""
+    if path is None:
+        return ControllerSettings()
+    return bind(ControllerSettings, load_yaml(path))
+
+
+__all__ = ["ConfigError", "ControllerSettings", "DriverSettings", "load_controller_settings"]
