@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--state-dir", metavar="DIR",
                        help="where the event spool and saved power limits live")
     agent.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    agent.add_argument("--sim-speed", type=float, default=1.0, metavar="X",
+                       help="with --simulate: run the GPUs' physics X times faster")
     _log_options(agent)
 
     controller = sub.add_parser(
@@ -160,8 +162,13 @@ def _agent_settings(args: argparse.Namespace) -> AgentSettings:
     return settings
 
 
-def run_agent(settings: AgentSettings, simulate: int | None, duration: float | None) -> int:
-    """The agent on this node's GPUs, or on a simulated node with ``simulate`` GPUs."""
+def run_agent(settings: AgentSettings, simulate: int | None, duration: float | None,
+              sim_speed: float = 1.0) -> int:
+    """The agent on this node's GPUs, or on a simulated node with ``simulate`` GPUs.
+
+    A simulated node's physics run ``sim_speed`` times faster than the wall (the agent's
+    clocks do not), and its agent takes faults on ``POST /sim/fault``.
+    """
     from sn_monitor.agent.daemon import build_agent
     from sn_monitor.agent.reporter import TokenError
     from sn_monitor.clock import SystemClock
@@ -173,12 +180,14 @@ def run_agent(settings: AgentSettings, simulate: int | None, duration: float | N
 
             build_agent(settings, load_pynvml(), clock).run_until_signalled(duration)
             return 0
-        from sn_monitor.sim.node import SimulatedNode
+        from sn_monitor.sim.node import SimulatedNode, fault_endpoint
 
         with tempfile.TemporaryDirectory(prefix="sn-sim-") as root:
             node = SimulatedNode(Path(root), gpus=simulate)
             settings = node.agent_settings(settings)
-            agent = build_agent(settings, node.nvml, clock, before_sample=node.step)
+            agent = build_agent(settings, node.nvml, clock,
+                                before_sample=lambda dt: node.step(dt * sim_speed))
+            agent.http.add_post_route("/sim/fault", fault_endpoint(node))
             agent.run_until_signalled(duration)
         return 0
     except (TokenError, OSError) as err:
@@ -233,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     default_level = settings.log_level if args.command == "agent" else args.default_log_level
     configure_logging(args.log_format or settings.log_format, args.log_level or default_level)
     if args.command == "agent":
-        return run_agent(settings, simulate=args.simulate, duration=args.duration)
+        return run_agent(settings, simulate=args.simulate, duration=args.duration,
+                         sim_speed=args.sim_speed)
     if args.command == "demo":
         from sn_monitor.sim.demo import run_demo
 

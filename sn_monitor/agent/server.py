@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 StartResponse = Callable[..., Any]
 Environ = dict[str, Any]
+PostHandler = Callable[[bytes], tuple[int, dict[str, Any]]]
+MAX_POST_BYTES = 64 * 1024
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
@@ -66,6 +68,11 @@ class AgentHttpServer:
         self._server = make_server(host, port, self._app, _ThreadingServer,
                                    handler_class=_QuietHandler)
         self._thread: threading.Thread | None = None
+        self._posts: dict[str, PostHandler] = {}
+
+    def add_post_route(self, path: str, handler: PostHandler) -> None:
+        """Serve ``POST path`` with ``handler(body) -> (status, json document)``."""
+        self._posts[path] = handler
 
     @property
     def port(self) -> int:
@@ -88,6 +95,17 @@ class AgentHttpServer:
             status = "200 OK" if code == 200 else "503 Service Unavailable"
             start_response(status, [("Content-Type", "application/json"),
                                     ("Content-Length", str(len(data)))])
+            return [data]
+        if path in self._posts and environ.get("REQUEST_METHOD") == "POST":
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            if length > MAX_POST_BYTES:
+                code, doc = 413, {"error": "body too large"}
+            else:
+                code, doc = self._posts[path](environ["wsgi.input"].read(length))
+            data = json.dumps(doc).encode()
+            start_response(f"{code} {'OK' if code < 400 else 'Error'}",
+                           [("Content-Type", "application/json"),
+                            ("Content-Length", str(len(data)))])
             return [data]
         if path == "/":
             data = b"sn-monitor agent: /metrics /healthz\n"

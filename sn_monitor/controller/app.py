@@ -41,6 +41,8 @@ class ControllerApi(Protocol):
     def list_actions(self, node: str | None, state: str | None,
                      limit: int) -> list[dict[str, Any]]: ...
     def approve(self, action_id: str, who: str) -> dict[str, Any]: ...
+    def list_events(self, node: str | None, kind: str | None,
+                    limit: int) -> list[dict[str, Any]]: ...
     def service_discovery(self) -> list[dict[str, Any]]: ...
     def health(self) -> tuple[bool, dict[str, Any]]: ...
     def metrics(self) -> bytes: ...
@@ -171,6 +173,13 @@ def build_app(
             _limit(request))})
 
     @guarded
+    async def events(request: Request) -> Response:
+        identify(request, "read")
+        return _json({"events": controller.list_events(
+            request.query_params.get("node"), request.query_params.get("kind"),
+            _limit(request))})
+
+    @guarded
     async def approve(request: Request) -> Response:
         identity = identify(request, "operate")
         record = await run_in_threadpool(controller.approve, request.path_params["action_id"],
@@ -202,6 +211,7 @@ def build_app(
         Route("/api/v1/incidents", incidents, methods=["GET"]),
         Route("/api/v1/incidents/{incident_id}", incident, methods=["GET"]),
         Route("/api/v1/actions", actions, methods=["GET"]),
+        Route("/api/v1/events", events, methods=["GET"]),
         Route("/api/v1/actions/{action_id}/approve", approve, methods=["POST"]),
         Route("/api/v1/sd", service_discovery, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
@@ -261,6 +271,10 @@ def openapi_document() -> dict[str, Any]:
         "/api/v1/actions": {"get": op("The audit trail of actions", {"200": any_json},
                                       parameters=[*listing, {"name": "state", "in": "query",
                                                              "schema": {"type": "string"}}])},
+        "/api/v1/events": {"get": op("Events the agents reported (XIDs, GPU lost, guard)",
+                                     {"200": any_json},
+                                     parameters=[*listing, {"name": "kind", "in": "query",
+                                                            "schema": {"type": "string"}}])},
         "/api/v1/actions/{action_id}/approve": {"post": op(
             "Approve an action waiting for approval", {"200": any_json, "404": error,
                                                         "409": error},

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 NODE_FATAL_ACTIONS = frozenset({"failover", "evict", "cordon"})
 #: ``failover`` is evict the node, then hand the job to job control (spare + restore).
 EXPANSIONS: dict[str, tuple[ActionName, ...]] = {"failover": ("evict", "failover")}
+#: Actions that wait ``settle`` seconds before they are submitted.
+SETTLED_ACTIONS = frozenset({"cordon", "evict", "failover"})
 #: States that take a node out of service for the max_unavailable budget.
 UNAVAILABLE: frozenset[str] = frozenset({"lost", "cordoned", "evicted"})
 NODE_REFRESH_SECONDS = 5.0
@@ -74,6 +76,7 @@ class Controller:
         self._breaker_was_open = False
         self._last_refresh = -1e18
         self._last_resend = clock.monotonic()
+        self._deferred: list[tuple[float, ActionName, Finding, int]] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -163,9 +166,29 @@ class Controller:
             opened = self.policy.note_fault(f.node, max(1, len(self.registry)))
             if opened is not None:
                 self._breaker_opened(opened)
+        due = self.clock.monotonic() + self.settings.settle
         for action in f.actions:
             for step in EXPANSIONS.get(action, (cast(ActionName, action),)):
-                self._submit(step, f, incident_id, "firing")
+                if step in SETTLED_ACTIONS and self.settings.settle > 0:
+                    with self._lock:
+                        self._deferred.append((due, step, f, incident_id))
+                else:
+                    self._submit(step, f, incident_id, "firing")
+
+    def _submit_settled(self) -> None:
+        """Submit node-taking actions whose settle time has passed, if still wanted."""
+        now = self.clock.monotonic()
+        with self._lock:
+            ready = [d for d in self._deferred if d[0] <= now]
+            self._deferred = [d for d in self._deferred if d[0] > now]
+        for _, action, f, incident_id in ready:
+            with self._lock:
+                still = (f.rule, f.subject) in self._firing.get(f.node, set())
+            if not still:
+                log.info("not running %s: %s cleared within the settle time", action, f.rule,
+                         extra={"node": f.node, "rule": f.rule})
+                continue
+            self._submit(action, f, incident_id, "firing")
 
     def _resolved(self, f: Finding) -> None:
         with self._lock:
@@ -250,6 +273,7 @@ class Controller:
     def sweep(self) -> None:
         """Heartbeats, peers, retries, alert re-sends, node states: every second."""
         self._handle(self.engine.sweep(self.registry.views()))
+        self._submit_settled()
         self.runner.tick()
         now = self.clock.monotonic()
         alertmanager = self.drivers.alertmanager
@@ -371,6 +395,10 @@ class Controller:
                      limit: int) -> list[dict[str, Any]]:
         return [_action_doc(a) for a in self.store.list_actions(
             node=node, state=state, limit=limit)]
+
+    def list_events(self, node: str | None, kind: str | None,
+                    limit: int) -> list[dict[str, Any]]:
+        return self.store.list_events(node=node, kind=kind, limit=limit)
 
     def approve(self, action_id: str, who: str) -> dict[str, Any]:
         if self.store.get_action(action_id) is None:

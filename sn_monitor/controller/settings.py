@@ -25,6 +25,11 @@ def _listen_address(value: str) -> None:
         raise ValueError(f"expected HOST:PORT with a port 1-65535, got {value!r}")
 
 
+def _non_negative(value: float) -> None:
+    if value < 0:
+        raise ValueError(f"must not be negative, got {value}")
+
+
 def _positive(value: float) -> None:
     if value <= 0:
         raise ValueError(f"must be greater than 0, got {value}")
@@ -86,6 +91,11 @@ class ControllerSettings:
     token_file: str | None = None
     max_body_bytes: int = setting(default=1 << 20, check=_positive)
     sweep_interval: Duration = setting(default=Duration(1.0), check=_positive)
+    #: Node-taking actions (cordon, evict, failover) wait this long before they are
+    #: submitted, so that a burst of simultaneous faults (a switch, a partition) reaches
+    #: the circuit breaker before the first eviction runs, and a node that blinks back
+    #: within it is left alone.
+    settle: Duration = setting(default=Duration(3.0), check=_non_negative)
     policy: PolicySettings = field(default_factory=PolicySettings)
     runner: RunnerSettings = field(default_factory=RunnerSettings)
     drivers: DriverSettings = field(default_factory=DriverSettings)

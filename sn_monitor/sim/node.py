@@ -8,9 +8,12 @@ would. The fake NVML holds its GPUs in module state, so one process holds one no
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from sn_monitor.agent.settings import AgentSettings, PathSettings
 from sn_monitor.sim import fake_nvml
@@ -78,8 +81,100 @@ class SimulatedNode:
         self.kernel_log(f"NVRM: Xid ({self._nvrm_bus(gpu)}): {code}, pid=4242, "
                         f"name=python, {message}")
 
+    def inject(self, fault: str, gpu: int | None = None, **params: Any) -> str:
+        """Inject a fault by name (scenario files and the simulated agent's /sim/fault).
+
+        Raises FaultError naming the problem when the fault, GPU or a parameter is bad.
+        """
+        handler = FAULTS.get(fault)
+        if handler is None:
+            raise FaultError(f"unknown fault {fault!r} (known: {', '.join(sorted(FAULTS))})")
+        if handler.needs_gpu and (gpu is None or not 0 <= gpu < len(self.gpus)):
+            raise FaultError(f"{fault} needs a gpu from 0 to {len(self.gpus) - 1}")
+        try:
+            handler.apply(self, gpu, params)
+        except (TypeError, ValueError, KeyError) as err:
+            raise FaultError(f"{fault}: bad parameters {params}: {err}") from None
+        return f"{fault} injected" + (f" on GPU {gpu}" if gpu is not None else "")
+
     def fall_off_bus(self, gpu: int) -> None:
         """The GPU vanishes: NVML answers GpuIsLost, the driver logs Xid 79."""
         self.gpus[gpu].fall_off_bus()
         self.kernel_log(f"NVRM: Xid ({self._nvrm_bus(gpu)}): 79, pid='<unknown>', "
                         "name=<unknown>, GPU has fallen off the bus.")
+
+
+class FaultError(ValueError):
+    """A fault that cannot be injected as asked."""
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    """How to inject one kind of fault into a simulated node."""
+
+    apply: Callable[[SimulatedNode, int | None, dict[str, Any]], None]
+    needs_gpu: bool = True
+
+
+def _index(gpu: int | None) -> int:
+    if gpu is None:
+        raise ValueError("a gpu is needed")
+    return gpu
+
+
+def _gpu(node: SimulatedNode, gpu: int | None) -> SimulatedGpu:
+    return node.gpus[_index(gpu)]
+
+
+FAULTS: dict[str, FaultKind] = {
+    "overheat": FaultKind(lambda n, g, p: _gpu(n, g).inject_cooling_failure(
+        float(p.get("factor", 1.7)))),
+    "cooling-repaired": FaultKind(lambda n, g, p: _gpu(n, g).clear_cooling_failure()),
+    "xid": FaultKind(lambda n, g, p: n.inject_xid(_index(g), int(p["code"]),
+                                                  str(p.get("message", "Simulated fault")))),
+    "ecc-uncorrectable": FaultKind(lambda n, g, p: _gpu(n, g).inject_ecc_uncorrectable(
+        int(p.get("count", 1)))),
+    "row-remap-pending": FaultKind(lambda n, g, p: _gpu(n, g).inject_row_remap_pending()),
+    "row-remap-failure": FaultKind(lambda n, g, p: _gpu(n, g).inject_row_remap_failure()),
+    "nvlink-errors": FaultKind(lambda n, g, p: _gpu(n, g).inject_nvlink_errors(
+        int(p.get("link", 0)), crc=int(p.get("crc", 100)), replay=int(p.get("replay", 0)),
+        recovery=int(p.get("recovery", 0)))),
+    "nvlink-down": FaultKind(lambda n, g, p: _gpu(n, g).set_nvlink_down(int(p.get("link", 0)))),
+    "pcie-downgrade": FaultKind(lambda n, g, p: _gpu(n, g).inject_pcie_downgrade(
+        int(p.get("generation", 4)), int(p.get("width", 8)))),
+    "fall-off-bus": FaultKind(lambda n, g, p: n.fall_off_bus(_index(g))),
+    "load": FaultKind(lambda n, g, p: _gpu(n, g).set_load(
+        None if p.get("utilization") is None else float(p["utilization"]))),
+    "ib-port-down": FaultKind(lambda n, g, p: n.tree.set_ib_port_down(str(p["device"])),
+                              needs_gpu=False),
+    "ib-port-up": FaultKind(lambda n, g, p: n.tree.set_ib_port_up(str(p["device"])),
+                            needs_gpu=False),
+    "ib-flap": FaultKind(lambda n, g, p: n.tree.flap_ib_port(str(p["device"])),
+                         needs_gpu=False),
+    "ib-symbol-errors": FaultKind(lambda n, g, p: n.tree.add_ib_symbol_errors(
+        str(p["device"]), int(p.get("count", 100))), needs_gpu=False),
+    "carrier-flap": FaultKind(lambda n, g, p: n.tree.flap_carrier(str(p["device"])),
+                              needs_gpu=False),
+}
+
+
+def fault_endpoint(node: SimulatedNode) -> Callable[[bytes], tuple[int, dict[str, Any]]]:
+    """``POST /sim/fault`` on a simulated agent: ``{"fault": "overheat", "gpu": 3, ...}``."""
+
+    def handle(body: bytes) -> tuple[int, dict[str, Any]]:
+        try:
+            doc = json.loads(body or b"{}")
+        except json.JSONDecodeError as err:
+            return 400, {"error": f"malformed JSON: {err}"}
+        if not isinstance(doc, dict) or not isinstance(doc.get("fault"), str):
+            return 422, {"error": 'expected {"fault": NAME, "gpu": N, ...parameters}'}
+        gpu = doc.pop("gpu", None)
+        if gpu is not None and not isinstance(gpu, int):
+            return 422, {"error": "gpu must be a whole number"}
+        fault = doc.pop("fault")
+        try:
+            return 200, {"result": node.inject(fault, gpu, **doc)}
+        except FaultError as err:
+            return 422, {"error": str(err)}
+
+    return handle
