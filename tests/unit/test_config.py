@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sn_monitor.agent.settings import AgentSettings, load_agent_settings
-from sn_monitor.cli import check_config
+from sn_monitor.cli import check_config, check_file
 from sn_monitor.config import (
     ConfigError,
     Duration,
@@ -43,8 +43,27 @@ def test_every_bad_file_has_an_expectation():
 def test_bad_config_names_file_key_and_line(name, message):
     path = BAD / name
     with pytest.raises(ConfigError) as caught:
-        load_agent_settings(path)
+        check_file(path)
     assert str(caught.value) == f"{path}{message}"
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [("deploy/agent.yaml", "agent config"), ("deploy/controller.yaml", "controller config"),
+     ("rules/default.yaml", "rule file")],
+)
+def test_shipped_files_are_valid(path, kind):
+    assert check_file(ROOT / path) == kind
+
+
+def test_token_files_are_recognised_and_checked(tmp_path):
+    secret = tmp_path / "agent.token"
+    secret.write_text("0123456789abcdef0123456789abcdef\n")
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(f"- {{name: a, role: agent, token_file: {secret}}}\n"
+                      f"- {{name: b, role: read, token_file: {tmp_path / 'missing'}}}\n")
+    with pytest.raises(ConfigError, match=r"tokens.yaml:2: \[1\].token_file: cannot read"):
+        check_file(tokens)
 
 
 def test_check_config_exits_2_without_traceback():
@@ -121,3 +140,8 @@ def test_errors_inside_lists_name_the_index_and_line():
 def test_yaml_keyword_names_bind_to_fields():
     doc = parse_yaml("items: [{for: 3s}]\n", "f.yaml")
     assert bind(_Outer, doc).items[0].hold == 3.0
+
+
+def test_an_agent_config_must_be_a_mapping():
+    with pytest.raises(ConfigError, match=r"top-level-list.yaml:1: expected a mapping, got a list"):
+        load_agent_settings(BAD / "top-level-list.yaml")
