@@ -5,13 +5,20 @@ module passed in: the real ``pynvml`` (:func:`load_pynvml`) or
 :mod:`sn_monitor.sim.fake_nvml`. It owns what a long-running daemon must get right:
 
 * ``nvmlInit`` once, under a lock; ``nvmlShutdown`` on close; the driver version read once.
-* Capability versus fault. ``NotSupported``, ``FunctionNotFound``, ``NoPermission`` and a
-  function missing from the bindings mean the capability is absent: the field is None,
-  remembered per (device, field) and never asked again; missing functions and permission
-  refusals are logged once. ``GpuIsLost``, ``Unknown``, ``DriverNotLoaded`` and the like
-  are faults: the GPU's sample is returned with ``lost=True`` and a ``gpu_lost`` event is
-  emitted once per loss. Any other error leaves the field out for this cycle and is
-  logged once per (device, field, error).
+* Capability versus fault. ``NotSupported``, ``NoPermission``, ``Deprecated``,
+  ``ArgumentVersionMismatch``, ``VgpuEccNotSupported``, ``FunctionNotFound`` and a function
+  missing from the bindings mean the capability is absent: the field is None, remembered
+  per (device, field) and never asked again (a missing function: on no device); all but
+  ``NotSupported`` are logged once. ``GpuIsLost``, ``Unknown``, ``DriverNotLoaded``,
+  ``InsufficientPower``, ``GpuNotFound`` and the like (``_FAULTS``) are faults: the GPU's
+  sample is returned with ``lost=True`` and a ``gpu_lost`` event is emitted once per loss.
+  Any other error (``Timeout``, ``Memory``, ``InsufficientResources``, ...) is transient:
+  the field is left out for this cycle only, asked again the next, and logged once per
+  (device, field, error). No decision that is kept for good (the NVLink count, GPM
+  support, the identity, the XID event set) is taken on a transient error.
+* Init: ``LibraryNotFound`` and ``DriverNotLoaded`` from ``nvmlInit`` mean no NVML on the
+  node (:class:`NvmlUnavailable`); any other error is :class:`NvmlError`. A GPU that
+  faults while being identified at init is reported lost by the first collect.
 * Units: NVML's mW, mJ, MHz, KB/s, MiB/s (GPM) and percent become watts, joules, hertz,
   bytes/s and 0..1 ratios here, nowhere else.
 * No blocking reads in the cycle: PCIe throughput comes from GPM where the GPU has it,
@@ -56,11 +63,21 @@ _FUNCTION_NOT_FOUND = 13
 _SUCCESS = 0
 
 # Errors that say the capability is not there: leave the field out, for good.
-_ABSENT = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _NO_PERMISSION})
+_ABSENT = frozenset(
+    {
+        _NOT_SUPPORTED,
+        _NO_PERMISSION,
+        _FUNCTION_NOT_FOUND,
+        22,  # VgpuEccNotSupported
+        25,  # ArgumentVersionMismatch: the bindings' struct version is not this driver's
+        26,  # Deprecated
+    }
+)
 # Errors that say the GPU (or the driver under it) is broken: an event, never "N/A".
 _FAULTS = frozenset(
     {
         1,  # Uninitialized: NVML was torn down under us after init
+        8,  # InsufficientPower: external power cables not properly attached
         _DRIVER_NOT_LOADED,
         11,  # IrqIssue
         14,  # CorruptedInforom
@@ -68,6 +85,7 @@ _FAULTS = frozenset(
         16,  # ResetRequired
         17,  # OperatingSystem
         18,  # LibRmVersionMismatch
+        28,  # GpuNotFound: the device is gone
         999,  # Unknown
     }
 )
@@ -213,6 +231,7 @@ class NvmlLibrary:
         self._lock = threading.RLock()
         self._initialized = False
         self._driver_version: str | None = None
+        self._driver_version_absent = False
         self._devices: list[_Device] = []
         self._by_handle: dict[object, _Device] = {}
         self._missing_functions: set[str] = set()
@@ -249,10 +268,8 @@ class NvmlLibrary:
                     raise NvmlUnavailable(str(error)) from error
                 raise NvmlError(f"nvmlInit failed: {error}") from error
             self._initialized = True
-            try:
-                self._driver_version = str(self._nvml.nvmlSystemGetDriverVersion())
-            except nvml_error as error:
-                self._log_once(("driver_version",), "cannot read the driver version: %s", error)
+            self._driver_version_absent = False
+            self._read_driver_version()
             try:
                 count = int(self._nvml.nvmlDeviceGetCount())
             except nvml_error as error:
@@ -260,7 +277,19 @@ class NvmlLibrary:
                 raise NvmlError(f"nvmlDeviceGetCount failed: {error}") from error
             self._devices = [_Device(index) for index in range(count)]
             for device in self._devices:
-                self._acquire(device)
+                try:
+                    self._acquire(device)
+                except _DeviceFault as fault:
+                    # Left unidentified: the first collect tries again and reports the loss.
+                    logger.debug("GPU %d: fault at init: %s", device.index, fault)
+
+    def _read_driver_version(self) -> None:
+        """Read the driver version; after a transient error, again on the next collect."""
+        try:
+            self._driver_version = str(self._nvml.nvmlSystemGetDriverVersion())
+        except self._nvml.NVMLError as error:
+            self._driver_version_absent = _error_code(error) in _ABSENT
+            self._log_once(("driver_version",), "cannot read the driver version: %s", error)
 
     def close(self) -> None:
         """Free the event set and GPM samples, then ``nvmlShutdown``."""
@@ -295,6 +324,8 @@ class NvmlLibrary:
         with self._lock:
             if not self._initialized:
                 raise NvmlError("NVML is not initialized")
+            if self._driver_version is None and not self._driver_version_absent:
+                self._read_driver_version()
             gpus: list[GpuSample] = []
             events: list[Event] = []
             for device in self._devices:
@@ -338,17 +369,36 @@ class NvmlLibrary:
             self._by_handle[_handle_key(device.handle)] = device
         if device.identified:
             return
-        uuid = self._call(device, "uuid", "nvmlDeviceGetUUID")
-        name = self._call(device, "name", "nvmlDeviceGetName")
-        pci = self._call(device, "pci", "nvmlDeviceGetPciInfo")
-        device.uuid = str(uuid) if uuid is not None else ""
-        device.name = str(name) if name is not None else ""
-        if pci is not None:
-            raw = str(pci.busId)
-            device.pci_bus_id = canonical_bus_id(raw) or raw
-        device.serial = _text(self._call(device, "serial", "nvmlDeviceGetSerial"))
-        device.vbios_version = _text(self._call(device, "vbios", "nvmlDeviceGetVbiosVersion"))
-        device.identified = True
+        # Each part is asked until it is read or known absent: a transient error on one
+        # must not leave the GPU without a UUID for the life of the process.
+        if not device.uuid:
+            uuid = self._call(device, "uuid", "nvmlDeviceGetUUID")
+            device.uuid = str(uuid) if uuid is not None else ""
+        if not device.name:
+            name = self._call(device, "name", "nvmlDeviceGetName")
+            device.name = str(name) if name is not None else ""
+        if not device.pci_bus_id:
+            pci = self._call(device, "pci", "nvmlDeviceGetPciInfo")
+            if pci is not None:
+                raw = str(pci.busId)
+                device.pci_bus_id = canonical_bus_id(raw) or raw
+        if device.serial is None:
+            device.serial = _text(self._call(device, "serial", "nvmlDeviceGetSerial"))
+        if device.vbios_version is None:
+            device.vbios_version = _text(
+                self._call(device, "vbios", "nvmlDeviceGetVbiosVersion")
+            )
+        parts = (
+            ("uuid", "nvmlDeviceGetUUID", device.uuid),
+            ("name", "nvmlDeviceGetName", device.name),
+            ("pci", "nvmlDeviceGetPciInfo", device.pci_bus_id),
+            ("serial", "nvmlDeviceGetSerial", device.serial),
+            ("vbios", "nvmlDeviceGetVbiosVersion", device.vbios_version),
+        )
+        device.identified = all(
+            value or key in device.absent or function in self._missing_functions
+            for key, function, value in parts
+        )
 
     def _sample_device(self, device: _Device) -> tuple[GpuSample, Event | None]:
         try:
@@ -406,7 +456,7 @@ class NvmlLibrary:
         """One full read; raises :class:`_DeviceFault` on the first fault."""
         nvml = self._nvml
         if device.nvlink_count is None:
-            device.nvlink_count = self._probe_nvlinks(device)
+            device.nvlink_count = self._probe_nvlinks(device)  # None: probe again next cycle
         fields = self._field_values(device)
         util = self._call(device, "utilization", "nvmlDeviceGetUtilizationRates")
         memory = self._call(device, "memory", "nvmlDeviceGetMemoryInfo")
@@ -556,6 +606,15 @@ class NvmlLibrary:
                 function,
                 error,
                 level=logging.WARNING,
+                gpu=device.index,
+            )
+        elif code in _ABSENT and code != _NOT_SUPPORTED:
+            device.absent.add(key)
+            self._log_once(
+                ("absent", function, code),
+                "%s: %s; left out",
+                function,
+                error,
                 gpu=device.index,
             )
         elif code in _ABSENT:
@@ -790,8 +849,12 @@ class NvmlLibrary:
         device.nvlink_totals = None
         device.nvlink_settled = False
 
-    def _probe_nvlinks(self, device: _Device) -> int:
-        """Count links: ask link 0, 1, ... until the driver says InvalidArgument/NotSupported."""
+    def _probe_nvlinks(self, device: _Device) -> int | None:
+        """Count links: ask link 0, 1, ... until the driver says InvalidArgument/NotSupported.
+
+        None when a transient error cut the probe short: the count is kept for good, so it
+        is not taken from a partial probe; the next cycle probes again.
+        """
         fn = getattr(self._nvml, "nvmlDeviceGetNvLinkState", None)
         if fn is None:
             self._function_missing("nvmlDeviceGetNvLinkState")
@@ -807,7 +870,9 @@ class NvmlLibrary:
                 if code in _FAULTS:
                     raise _DeviceFault("nvmlDeviceGetNvLinkState", error) from error
                 self._classify(device, "nvlink_state", "nvmlDeviceGetNvLinkState", error)
-                return link
+                if code in _ABSENT:
+                    return link
+                return None
         return limit
 
     # ---------------------------------------------------------------- GPM
@@ -822,6 +887,12 @@ class NvmlLibrary:
         reading = _GpmReading()
         if device.gpm_supported is None:
             support = self._call(device, "gpm", "nvmlGpmQueryDeviceSupport")
+            if (
+                support is None
+                and "gpm" not in device.absent
+                and "nvmlGpmQueryDeviceSupport" not in self._missing_functions
+            ):
+                return reading  # a transient error: ask again next cycle
             device.gpm_supported = bool(support is not None and support.isSupportedDevice)
             if not device.gpm_supported:
                 device.absent.add("gpm")
@@ -966,8 +1037,18 @@ class NvmlLibrary:
             try:
                 self._event_set = nvml.nvmlEventSetCreate()
             except nvml.NVMLError as error:
-                self._event_set_failed = True
-                logger.warning("no NVML event set, XID events only from the kernel log: %s", error)
+                if _error_code(error) in _ABSENT:
+                    self._event_set_failed = True
+                    logger.warning(
+                        "no NVML event set, XID events only from the kernel log: %s", error
+                    )
+                else:  # transient (or a fault the device reads will show): try again
+                    self._log_once(
+                        ("event_set", _error_code(error)),
+                        "nvmlEventSetCreate failed: %s; trying again next cycle",
+                        error,
+                        level=logging.WARNING,
+                    )
                 return
         xid = int(nvml.nvmlEventTypeXidCriticalError)
         supported = self._call(device, "xid_events", "nvmlDeviceGetSupportedEventTypes")

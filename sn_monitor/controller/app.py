@@ -58,6 +58,17 @@ def _error(status: int, message: str) -> Response:
 
 Handler = Callable[[Request], Awaitable[Response]]
 
+#: The largest id SQLite stores; a bigger one in a path names nothing.
+_MAX_ID = 2**63 - 1
+
+
+def _whole_number(text: str) -> int | None:
+    """``text`` as a non-negative integer if it is one in ASCII digits, else None.
+
+    ``str.isdigit`` alone lets through characters ``int`` refuses (``²``).
+    """
+    return int(text) if text.isascii() and text.isdigit() else None
+
 
 def build_app(
     controller: ControllerApi,
@@ -78,7 +89,8 @@ def build_app(
 
     async def read_body(request: Request) -> bytes:
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+        length = _whole_number(declared) if declared is not None else None
+        if length is not None and length > max_body_bytes:
             raise ApiError(413, f"body larger than {max_body_bytes} bytes")
         chunks: list[bytes] = []
         size = 0
@@ -142,10 +154,10 @@ def build_app(
         return run
 
     def _limit(request: Request) -> int:
-        raw = request.query_params.get("limit", "100")
-        if not raw.isdigit() or not 0 < int(raw) <= 1000:
+        limit = _whole_number(request.query_params.get("limit", "100"))
+        if limit is None or not 0 < limit <= 1000:
             raise ApiError(422, "limit must be a whole number from 1 to 1000")
-        return int(raw)
+        return limit
 
     @guarded
     async def incidents(request: Request) -> Response:
@@ -160,7 +172,9 @@ def build_app(
     async def incident(request: Request) -> Response:
         identify(request, "read")
         raw = request.path_params["incident_id"]
-        found = controller.get_incident(int(raw)) if raw.isdigit() else None
+        number = _whole_number(raw)
+        found = controller.get_incident(number) if number is not None and \
+            number <= _MAX_ID else None
         if found is None:
             raise ApiError(404, f"no incident {raw!r}")
         return _json(found)
@@ -230,12 +244,20 @@ def openapi_document() -> dict[str, Any]:
     any_json = {"description": "ok",
                 "content": {"application/json": {"schema": {"type": "object"}}}}
 
-    def op(summary: str, responses: dict[str, Any], **extra: Any) -> dict[str, Any]:
-        return {"summary": summary, "responses": responses, **extra}
+    def op(summary: str, responses: dict[str, Any], *, public: bool = False,
+           **extra: Any) -> dict[str, Any]:
+        if public:  # no token needed: probes and scrapers
+            return {"summary": summary, "responses": responses, "security": [], **extra}
+        # every authenticated route answers 401 (no or unknown token) and 403 (role)
+        return {"summary": summary, "responses": {**responses, "401": error, "403": error},
+                **extra}
 
     name_param = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
     reason_body = {"required": False, "content": {"application/json": {"schema": {
         "type": "object", "properties": {"reason": {"type": "string"}}}}}}
+    # 202 whatever the policy said (the record's state tells); 503: no audit record possible
+    by_hand = {"202": any_json, "400": error, "404": error, "413": error, "422": error,
+               "503": error}
     listing = [
         {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
                                                     "maximum": 1000}},
@@ -249,16 +271,14 @@ def openapi_document() -> dict[str, Any]:
              "400": error, "401": error, "403": error, "413": error, "422": error},
             requestBody={"required": True, "content": {"application/json": {
                 "schema": {"$ref": "#/components/schemas/Report"}}}})},
-        "/api/v1/nodes": {"get": op("Every node", {"200": any_json, "401": error})},
+        "/api/v1/nodes": {"get": op("Every node", {"200": any_json})},
         "/api/v1/nodes/{name}": {"get": op("One node", {"200": any_json, "404": error},
                                            parameters=name_param)},
         "/api/v1/nodes/{name}/cordon": {"post": op(
-            "Cordon a node by hand (through the safety policy)",
-            {"202": any_json, "404": error, "401": error, "403": error},
+            "Cordon a node by hand (through the safety policy)", by_hand,
             parameters=name_param, requestBody=reason_body)},
         "/api/v1/nodes/{name}/uncordon": {"post": op(
-            "Uncordon a node sn-monitor cordoned",
-            {"202": any_json, "404": error, "401": error, "403": error},
+            "Uncordon a node sn-monitor cordoned", by_hand,
             parameters=name_param, requestBody=reason_body)},
         "/api/v1/incidents": {"get": op("Incidents", {"200": any_json, "422": error},
                                         parameters=[*listing, {
@@ -268,11 +288,12 @@ def openapi_document() -> dict[str, Any]:
             "One incident with its actions", {"200": any_json, "404": error},
             parameters=[{"name": "incident_id", "in": "path", "required": True,
                          "schema": {"type": "integer"}}])},
-        "/api/v1/actions": {"get": op("The audit trail of actions", {"200": any_json},
+        "/api/v1/actions": {"get": op("The audit trail of actions",
+                                      {"200": any_json, "422": error},
                                       parameters=[*listing, {"name": "state", "in": "query",
                                                              "schema": {"type": "string"}}])},
         "/api/v1/events": {"get": op("Events the agents reported (XIDs, GPU lost, guard)",
-                                     {"200": any_json},
+                                     {"200": any_json, "422": error},
                                      parameters=[*listing, {"name": "kind", "in": "query",
                                                             "schema": {"type": "string"}}])},
         "/api/v1/actions/{action_id}/approve": {"post": op(
@@ -283,10 +304,12 @@ def openapi_document() -> dict[str, Any]:
         "/api/v1/sd": {"get": op("Prometheus HTTP service discovery of every agent",
                                  {"200": {"description": "targets", "content": {
                                      "application/json": {"schema": {"type": "array"}}}}})},
-        "/healthz": {"get": op("Liveness and readiness", {"200": any_json, "503": any_json})},
+        "/healthz": {"get": op("Liveness and readiness", {"200": any_json, "503": any_json},
+                               public=True)},
         "/metrics": {"get": op("Prometheus metrics", {"200": {
             "description": "text exposition", "content": {"text/plain": {
-                "schema": {"type": "string"}}}}})},
+                "schema": {"type": "string"}}}}}, public=True)},
+        "/openapi.json": {"get": op("This document", {"200": any_json}, public=True)},
     }
     return {
         "openapi": "3.1.0",

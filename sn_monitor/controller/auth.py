@@ -90,11 +90,15 @@ class TokenBook:
 
     def identify(self, authorization: str | None) -> Identity | None:
         """The identity behind an ``Authorization: Bearer ...`` header, or None."""
-        if not authorization or not authorization.startswith("Bearer "):
+        if not authorization:
+            return None
+        scheme, _, token = authorization.partition(" ")
+        # the scheme is case-insensitive (RFC 9110, section 11.1): "bearer" is fine
+        if scheme.lower() != "bearer" or not token.strip():
             return None
         # A dict lookup by digest: the lookup's timing depends on a hash of the secret's
         # hash, which tells an attacker nothing, and it stays O(1) with a token per node.
-        return self._by_digest.get(_digest(authorization[len("Bearer "):].strip()))
+        return self._by_digest.get(_digest(token.strip()))
 
 
 def _token_of(entry: TokenEntry, doc: Document, index: int) -> str:

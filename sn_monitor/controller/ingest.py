@@ -58,7 +58,7 @@ class NodeRegistry:
         self._clock = clock
         self._lock = threading.Lock()
         self._views: dict[str, NodeView] = {}
-        self._last: dict[str, tuple[str, int]] = {}
+        self._last: dict[str, tuple[str, int, float]] = {}
 
     def accept(self, report: Report) -> Accepted:
         """Apply ``report`` unless it is older than what this agent instance already sent."""
@@ -71,9 +71,14 @@ class NodeRegistry:
                 view = NodeView(name=report.node, labels=dict(report.labels))
                 self._views[report.node] = view
             last = self._last.get(report.node)
-            if last is not None and last[0] == report.instance and report.sequence <= last[1]:
+            if last is not None and (
+                    (last[0] == report.instance and report.sequence <= last[1])
+                    # a late report from the instance before an agent restart: one node's
+                    # own clock orders its two instances
+                    or (last[0] != report.instance and report.sample_time_seconds < last[2])):
                 return Accepted(view, applied=False, new_node=False, labels_changed=False)
-            self._last[report.node] = (report.instance, report.sequence)
+            self._last[report.node] = (report.instance, report.sequence,
+                                       report.sample_time_seconds)
             labels_changed = not new_node and dict(view.labels) != report.labels
             if labels_changed or new_node:
                 view.labels = dict(report.labels)

@@ -13,8 +13,9 @@ asks, in this order:
    rounded down, at least 1) out at once. A node already out counts once. Only actions
    that take a node out (cordon, evict, failover) are counted.
 3. **Rate limit.** At most N disruptive actions per window, cluster-wide.
-4. **Cooldown.** The same action on the same node (and GPU) not again within the
-   cooldown: the guard against a flapping fault cordoning a node over and over. It is
+4. **Cooldown.** The same action on the same node (and GPU, for throttle) not again
+   within the cooldown: the guard against a flapping fault cordoning a node over and
+   over, or a node whose GPUs fail one after another being evicted once per GPU. It is
    per action, not per node, on purpose: cordon-then-evict (a drain) and
    throttle-then-failover (a hot GPU that then dies) are normal sequences.
 5. **Approval.** Actions listed under ``approval`` wait for a person. Last, so that a
@@ -54,6 +55,17 @@ TAKES_NODE_OUT: Final[frozenset[str]] = frozenset({"cordon", "evict", "failover"
 FROZEN_BY_BREAKER: Final[frozenset[str]] = frozenset({"cordon", "evict", "failover", "restore"})
 
 Verdict = Literal["run", "dry_run", "await_approval", "refuse"]
+
+
+def _cooldown_slot(request: ActionRequest) -> tuple[str, int | None, str]:
+    """The (node, gpu, action) a cooldown is kept for.
+
+    Per GPU for throttle (two hot GPUs on one node are two throttles), per node for the
+    actions that take the node out: a node whose GPU 2 and then GPU 5 fail is evicted
+    (and failed over) once, not once per GPU.
+    """
+    gpu = None if request.action in TAKES_NODE_OUT else request.gpu
+    return (request.node or "", gpu, request.action)
 
 
 def parse_share(value: int | str) -> tuple[float, bool]:
@@ -257,10 +269,11 @@ class SafetyPolicy:
                 f"{human_duration(rate.window)} (limit {rate.actions}); "
                 f"next slot in {human_duration(max(free_in, 0.0))}")
         if node is not None:
-            last = self._last_on.get((node, request.gpu, request.action))
+            slot = _cooldown_slot(request)
+            last = self._last_on.get(slot)
             cooldown = self.settings.node_cooldown
             if last is not None and now - last < cooldown:
-                gpu = f" gpu {request.gpu}" if request.gpu is not None else ""
+                gpu = f" gpu {slot[1]}" if slot[1] is not None else ""
                 return Decision(
                     "refuse",
                     f"cooldown: {request.action} ran on {node}{gpu} "
@@ -286,7 +299,7 @@ class SafetyPolicy:
         if len(self._ran) > 1 and self._ran[-2] > mono:
             self._ran = deque(sorted(self._ran))
         if request.node is not None:
-            slot = (request.node, request.gpu, request.action)
+            slot = _cooldown_slot(request)
             self._last_on[slot] = max(mono, self._last_on.get(slot, mono))
 
     def admit(self, request: ActionRequest, cluster: ClusterSummary,

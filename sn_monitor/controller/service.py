@@ -67,6 +67,9 @@ class Controller:
         self.telemetry = ControllerMetrics(self.state)
         drivers.queue.on_result = self._command_result
         self._lock = threading.RLock()
+        # The engine is not thread-safe; ingest (the HTTP loop) and the sweep (the
+        # scheduler's thread) call it concurrently in the daemon. Held for engine calls only.
+        self._engine_lock = threading.Lock()
         self._firing: dict[str, set[tuple[str, str]]] = {}
         self._lost: set[str] = set()
         self._cordoned: set[str] = set()
@@ -89,11 +92,42 @@ class Controller:
             self._states[record.name] = state
             if record.cordoned_by_us:
                 self._cordoned.add(record.name)
+        rules = {rule.name: rule for rule in self.engine.rules}
         for incident in self.store.list_incidents(status="open", limit=100_000):
             self._firing.setdefault(incident.node, set()).add((incident.rule, incident.subject))
+            self._settle_again(incident, rules.get(incident.rule))
         resumed = self.runner.resume(self.cluster())
         if resumed:
             log.info("resumed %d actions left in flight by the previous run", len(resumed))
+
+    def _settle_again(self, incident: Incident, rule: Rule | None) -> None:
+        """Defer again the settled actions of ``incident`` that were never recorded.
+
+        A controller that stopped within an incident's settle time had those actions
+        only in memory, and the rule does not fire again for a fault it already reported
+        (an XID is acknowledged once): without this they would never run.
+        """
+        if rule is None:
+            return
+        steps = [step for action in rule.actions
+                 for step in EXPANSIONS.get(action, (action,))
+                 if step in SETTLED_ACTIONS]
+        missing = [step for step in steps if self.store.get_action_by_key(
+            f"incident:{incident.id}:{step}") is None]
+        if not missing:
+            return
+        finding = Finding(
+            rule=incident.rule, kind=rule.kind, node=incident.node, subject=incident.subject,
+            gpu=incident.gpu, status="firing", severity=incident.severity,
+            actions=tuple(rule.actions), dry_run=rule.dry_run, value=incident.value,
+            message=incident.message, observed_wall=incident.observed_at,
+            detected_wall=incident.detected_at)
+        due = self.clock.monotonic() + self.settings.settle
+        log.info("incident %d: %s not yet decided before the restart; settling again",
+                 incident.id, ", ".join(missing),
+                 extra={"node": incident.node, "rule": incident.rule})
+        with self._lock:
+            self._deferred.extend((due, step, finding, incident.id) for step in missing)
 
     def close(self) -> None:
         self.runner.close()
@@ -125,7 +159,9 @@ class Controller:
         if peer is not None and report.metrics_port is not None:
             self._peers[report.node] = (peer, report.metrics_port)
         if accepted.applied:
-            self._handle(self.engine.observe(accepted.view))
+            with self._engine_lock:
+                findings = self.engine.observe(accepted.view)
+            self._handle(findings)
             if report.node in self._lost:
                 self._lost.discard(report.node)
         if report.command_results:
@@ -272,7 +308,9 @@ class Controller:
 
     def sweep(self) -> None:
         """Heartbeats, peers, retries, alert re-sends, node states: every second."""
-        self._handle(self.engine.sweep(self.registry.views()))
+        with self._engine_lock:
+            findings = self.engine.sweep(self.registry.views())
+        self._handle(findings)
         self._submit_settled()
         self.runner.tick()
         now = self.clock.monotonic()
@@ -321,12 +359,22 @@ class Controller:
     def cluster(self) -> ClusterSummary:
         """The numbers the safety policy needs."""
         views = self.registry.views()
+        # The runner records a cordon in the store the moment it is done; the sweep only
+        # copies it into memory every NODE_REFRESH_SECONDS. Read it here, or a second
+        # cordon within those seconds would not see the first one (max_unavailable).
+        records = self._safely(self.store.list_nodes)
+        if records is not None:
+            cordoned = {r.name for r in records if r.cordoned_by_us}
+            with self._lock:
+                self._cordoned = cordoned
         out = frozenset(n for n in views if self._state_of(n) in UNAVAILABLE)
         return ClusterSummary(total_nodes=max(1, len(views)), unavailable=out)
 
     def reload_rules(self, rules: Sequence[Rule]) -> None:
         """SIGHUP: new rules, firing state kept for unchanged ones."""
-        self._handle(self.engine.reload(rules))
+        with self._engine_lock:
+            findings = self.engine.reload(rules)
+        self._handle(findings)
         log.info("rules reloaded: %d rules", len(rules))
 
     # ------------------------------------------------------------------ API

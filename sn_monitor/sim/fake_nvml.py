@@ -13,7 +13,7 @@ moves time: the simulation driver calls ``gpu.step(dt)``.
 
 Test and simulator API: :func:`configure`, :func:`configure_missing_library`,
 :func:`configure_driver_not_loaded`, :func:`reset`, :func:`simulated_gpus`,
-:func:`call_counts`, :func:`call_count`.
+:func:`call_counts`, :func:`call_count`, :func:`inject_error`, :func:`clear_errors`.
 """
 
 from __future__ import annotations
@@ -287,6 +287,12 @@ class _EventSet:
 
 
 @dataclass(slots=True)
+class _InjectedError:
+    code: int
+    remaining: int | None  # calls left to fail; None: until cleared
+
+
+@dataclass(slots=True)
 class _State:
     gpus: list[SimulatedGpu] = field(default_factory=list)
     handles: list[_DeviceHandle] = field(default_factory=list)
@@ -296,6 +302,8 @@ class _State:
     missing_functions: frozenset[str] = frozenset()
     refcount: int = 0
     calls: Counter[str] = field(default_factory=Counter)
+    # (gpu or -1, function) -> the injected error; see inject_error.
+    errors: dict[tuple[int, str], _InjectedError] = field(default_factory=dict)
 
 
 _lock = threading.RLock()
@@ -329,6 +337,7 @@ def configure(
         _state.missing_functions = frozenset(missing_functions)
         _state.refcount = 0
         _state.calls.clear()
+        _state.errors.clear()
 
 
 def configure_missing_library() -> None:
@@ -346,8 +355,41 @@ def configure_driver_not_loaded() -> None:
 
 
 def reset() -> None:
-    """Back to an empty, uninitialized NVML with no GPUs."""
+    """Back to an empty, uninitialized NVML with no GPUs and no injected errors."""
     configure([])
+
+
+def inject_error(gpu: int, function: str, code: int, times: int | None = None) -> None:
+    """Make the next ``times`` calls of ``function`` on GPU ``gpu`` raise ``NVMLError(code)``.
+
+    ``pynvml.NVMLError(code)`` instantiates the code's own subclass (``NVMLError_Timeout``
+    for NVML_ERROR_TIMEOUT, ...), as the real bindings raise it. ``gpu`` is the NVML index
+    of the device the call is about (its handle, ``nvmlDeviceGetHandleByIndex``'s index, a
+    GPM sample's device); ``-1`` for calls tied to no GPU (``nvmlInit``,
+    ``nvmlSystemGetDriverVersion``, ``nvmlEventSetWait_v2``, ...). ``times=None`` fails
+    every call until :func:`clear_errors` (or :func:`configure`, :func:`reset`). The failing
+    call is counted in :func:`call_counts` like any other; a function made missing by
+    ``configure(missing_functions=...)`` still answers FunctionNotFound first. Injecting
+    again for the same GPU and function replaces the earlier injection.
+    """
+    if not callable(globals().get(function)) or not function.startswith("nvml"):
+        raise ValueError(f"the fake has no NVML function {function!r}")
+    if code == NVML_SUCCESS:
+        raise ValueError("cannot inject NVML_SUCCESS")
+    if times is not None and times < 1:
+        raise ValueError("times must be >= 1 (or None: until cleared)")
+    if gpu < -1:
+        raise ValueError("gpu must be a device index, or -1 for calls tied to no GPU")
+    with _lock:
+        _state.errors[(gpu, function)] = _InjectedError(code, times)
+
+
+def clear_errors(gpu: int | None = None, function: str | None = None) -> None:
+    """Drop injected errors: all of them, or those matching ``gpu`` and/or ``function``."""
+    with _lock:
+        for key in list(_state.errors):
+            if (gpu is None or key[0] == gpu) and (function is None or key[1] == function):
+                del _state.errors[key]
 
 
 def simulated_gpus() -> list[SimulatedGpu]:
@@ -367,11 +409,43 @@ def call_count(name: str) -> int:
         return _state.calls[name]
 
 
+def _target_gpu(name: str, args: tuple[Any, ...]) -> int:
+    """The GPU index a call is about, for :func:`inject_error`; -1 when none."""
+    if not args:
+        return -1
+    first = args[0]
+    if isinstance(first, _DeviceHandle):
+        return first._gpu.index
+    if name == "nvmlDeviceGetHandleByIndex" and isinstance(first, int):
+        return first
+    if name == "nvmlGpmMetricsGet":
+        sample = getattr(first, "sample1", None)
+        if isinstance(sample, _GpmSample) and sample.device_index is not None:
+            return sample.device_index
+    return -1
+
+
+def _raise_injected(name: str, args: tuple[Any, ...]) -> None:
+    """Raise the error injected for this call, if any, and count it down."""
+    if not _state.errors:
+        return
+    key = (_target_gpu(name, args), name)
+    injected = _state.errors.get(key)
+    if injected is None:
+        return
+    if injected.remaining is not None:
+        injected.remaining -= 1
+        if injected.remaining == 0:
+            del _state.errors[key]
+    raise NVMLError(injected.code)
+
+
 def _nvml_function(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """Count the call, then fail the way NVML would before reaching the device.
 
-    In order: function missing from this driver, not initialized, and (when the first
-    argument is a device handle) GPU lost, function not supported on this GPU.
+    In order: function missing from this driver, an error injected for this call (see
+    :func:`inject_error`), not initialized, and (when the first argument is a device
+    handle) GPU lost, function not supported on this GPU.
     """
     name = fn.__name__
 
@@ -381,6 +455,7 @@ def _nvml_function(fn: Callable[_P, _R]) -> Callable[_P, _R]:
             _state.calls[name] += 1
             if name in _state.missing_functions:
                 raise NVMLError_FunctionNotFound()
+            _raise_injected(name, args)
             if name not in _NO_INIT and _state.refcount == 0:
                 raise NVMLError_Uninitialized()
             if args and isinstance(args[0], _DeviceHandle):
