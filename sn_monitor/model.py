@@ -43,7 +43,9 @@ class Event:
 # decodes and validates thousands of reports a second, and a bad report is refused with
 # a message that names the field (``Expected `float`, got `str` - at `$.gpus[0].power_watts```).
 # Limits on sizes are part of the contract: a report can never make the controller
-# allocate without bound.
+# allocate without bound. The structs hold no reference cycles, so they are kept out of
+# the cyclic garbage collector (gc=False): with thousands of nodes' latest reports in
+# memory, full collections would otherwise stall ingest for hundreds of milliseconds.
 
 NodeName = Annotated[str, msgspec.Meta(min_length=1, max_length=253,
                                        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
@@ -58,7 +60,8 @@ MAX_EVENTS = 1000
 MAX_LABELS = 16
 
 
-class GpuReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+class GpuReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                gc=False):
     """One GPU's latest values. Rules name them ``gpu_<field>`` (``gpu_temperature_celsius``).
 
     NVLink counters are summed over the GPU's links (``nvlinks_down`` counts links not
@@ -101,7 +104,8 @@ class GpuReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_
     guard_throttled: bool = False
 
 
-class IbPortReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+class IbPortReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                gc=False):
     """One InfiniBand / RoCE port. Rules name values ``infiniband_port_<stem>``."""
 
     device: Annotated[str, msgspec.Meta(max_length=64)]
@@ -111,7 +115,8 @@ class IbPortReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkno
                         msgspec.Meta(max_length=128)] = {}
 
 
-class NetReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+class NetReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                gc=False):
     """One network interface. Rules name values ``network_<field>``."""
 
     device: Annotated[str, msgspec.Meta(max_length=64)]
@@ -123,7 +128,8 @@ class NetReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_
     transmit_drops_total: Counter | None = None
 
 
-class EventRecord(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+class EventRecord(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                gc=False):
     """An :class:`Event` on the wire, numbered by the agent so delivery can be acknowledged."""
 
     id: Annotated[int, msgspec.Meta(ge=0)]
@@ -140,7 +146,8 @@ class EventRecord(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
 CommandKind = Literal["throttle", "release", "checkpoint"]
 
 
-class Command(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+class Command(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                gc=False):
     """An order for an agent, carried in the reply to its report.
 
     ``throttle`` caps power: ``power_watts``, or ``power_fraction`` of the GPU's default
@@ -155,7 +162,8 @@ class Command(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fi
     reason: ShortText = ""
 
 
-class CommandResult(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+class CommandResult(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                gc=False):
     """What the agent did with a command."""
 
     id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -165,7 +173,8 @@ class CommandResult(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkn
     dry_run: bool = False
 
 
-class Report(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+class Report(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                gc=False):
     """What an agent sends after each sample.
 
     ``instance`` is random per agent start: with ``sequence`` it tells a restarted agent
@@ -188,7 +197,7 @@ class Report(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
     command_results: Annotated[list[CommandResult], msgspec.Meta(max_length=MAX_EVENTS)] = []
 
 
-class ReportReply(msgspec.Struct, frozen=True, omit_defaults=True):
+class ReportReply(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """The controller's answer: which events it has stored, and commands to run."""
 
     sequence: int

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import threading
@@ -30,6 +31,18 @@ def rule_paths(settings: ControllerSettings) -> list[Path]:
     return [Path(p) for p in settings.rules]
 
 
+def tune_garbage_collector() -> None:
+    """Fewer, cheaper collections for a long-lived process holding many small objects.
+
+    Everything allocated at start-up (modules, rules, the store) is frozen out of the
+    collector, and the first generation collects every 50,000 allocations instead of 700:
+    the ingest path allocates a lot and frees almost all of it by reference counting.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+
+
 def run_controller(settings: ControllerSettings, clock: Clock) -> int:
     """Serve until SIGTERM/SIGINT. Config problems raise ConfigError before anything runs."""
     rules = load_rules(rule_paths(settings))
@@ -47,6 +60,7 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
         raise ConfigError("controller config", "routes", None, str(err)) from None
     controller = Controller(settings, rules, clock, store, drivers)
     controller.start()
+    tune_garbage_collector()
     reload_wanted = threading.Event()
 
     def sweep() -> None:
