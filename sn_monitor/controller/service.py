@@ -8,6 +8,7 @@ comparisons, retries, re-sending firing alerts, node states) happens in :meth:`s
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -77,6 +78,7 @@ class Controller:
         self._states: dict[str, NodeState] = {}
         self._store_error: str | None = None
         self._breaker_was_open = False
+        self._saved_breaker: BreakerState | None = None
         self._last_refresh = -1e18
         self._last_resend = clock.monotonic()
         self._deferred: list[tuple[float, ActionName, Finding, int]] = []
@@ -85,6 +87,7 @@ class Controller:
 
     def start(self) -> None:
         """Load what the store remembers and resume actions a previous run left."""
+        self._restore_breaker()
         for record in self.store.list_nodes():
             state: NodeState = record.state if record.state in (
                 "healthy", "degraded", "lost", "cordoned", "evicted") else "healthy"  # type: ignore[assignment]
@@ -268,6 +271,33 @@ class Controller:
         )
         self._safely(self.runner.submit, request, self.cluster(), False)
 
+    def _save_breaker(self, state: BreakerState) -> None:
+        """Keep the breaker across restarts: a crash must not reopen evictions."""
+        if state == self._saved_breaker:
+            return
+        doc = json.dumps({"open": state.open, "reason": state.reason, "since": state.since,
+                          "until": state.until})
+        self._safely(self.store.set_meta, "breaker", doc)
+        self._saved_breaker = state
+
+    def _restore_breaker(self) -> None:
+        raw = self.store.get_meta("breaker")
+        if not raw:
+            return
+        try:
+            doc = json.loads(raw)
+            state = BreakerState(open=bool(doc["open"]), reason=str(doc["reason"]),
+                                 since=doc["since"], until=doc["until"])
+        except (ValueError, KeyError, TypeError) as err:
+            log.warning("ignoring a saved breaker state that cannot be read: %s", err)
+            return
+        self.policy.restore_breaker(state)
+        restored = self.policy.breaker_state()
+        self._saved_breaker = restored
+        if restored.open:
+            self._breaker_was_open = True
+            log.warning("circuit breaker still open after the restart: %s", restored.reason)
+
     def _breaker_closed(self) -> None:
         log.warning("circuit breaker closed: evictions allowed again")
         self._breaker_was_open = False
@@ -322,6 +352,7 @@ class Controller:
         breaker = self.policy.breaker_state()
         if self._breaker_was_open and not breaker.open:
             self._breaker_closed()
+        self._save_breaker(breaker)
         if now - self._last_refresh >= NODE_REFRESH_SECONDS:
             self._last_refresh = now
             self._refresh_nodes()

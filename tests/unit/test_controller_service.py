@@ -655,3 +655,18 @@ def test_a_late_report_from_before_an_agent_restart_is_not_applied(make: Any) ->
     node = h.controller.get_node("n1")
     assert node is not None
     assert node["hottest_gpu_celsius"] == 50
+
+
+def test_an_open_breaker_survives_a_controller_restart(make: Any, tmp_path: Path) -> None:
+    from sn_monitor.controller.policy import BreakerState
+
+    h = make("- {name: lost, heartbeat_timeout: 10s, actions: [alert]}")
+    until = h.clock.time() + 300
+    h.controller.policy.restore_breaker(
+        BreakerState(open=True, reason="2 of 4 nodes faulted", since=h.clock.time(), until=until))
+    h.controller.sweep()
+    again = make_harness(tmp_path / "second", [], store=h.store)
+    again.controller.start()
+    state = again.controller.policy.breaker_state()
+    assert state.open
+    assert state.reason == "2 of 4 nodes faulted"

@@ -1,0 +1,344 @@
+"""A controller and N simulated agents as real processes on 127.0.0.1, for end-to-end tests.
+
+Everything lives under one directory (a pytest ``tmp_path``): the controller's config,
+token files, state directory and rules come from the repository's ``rules/``; each
+process writes its stdout and stderr to its own log file there, so a failed wait can
+quote the end of every log. Ports are free ones picked at start. Every wait is bounded;
+:meth:`Cluster.close` kills whatever is still running (call it from a ``finally`` or a
+fixture's teardown).
+
+The action scripts (``drivers.command`` and ``drivers.job``) are small Python programs
+that append their ``SN_*`` environment, one JSON object a line, to ``evict.log`` /
+``job.log``: :meth:`Cluster.script_calls` reads them back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import requests
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "rules"
+T = TypeVar("T")
+
+#: What the action scripts run: append the SN_ variables as one JSON line, then succeed.
+SCRIPT = """\
+import json, os, sys
+record = {k: v for k, v in os.environ.items() if k.startswith("SN_")}
+line = json.dumps(record, sort_keys=True) + "\\n"
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+try:
+    os.write(fd, line.encode())
+finally:
+    os.close(fd)
+print(f"{record.get('SN_ACTION')} {record.get('SN_NODE')} done")
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def metric_samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def metric_value(text: str, name: str, **labels: str) -> float | None:
+    """The value of the first sample ``name`` whose labels include ``labels``."""
+    for found, value in metric_samples(text).get(name, []):
+        if all(found.get(k) == v for k, v in labels.items()):
+            return value
+    return None
+
+
+class Process:
+    """One child process with its output in a log file; start, kill, restart."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        assert self.popen is None or self.popen.poll() is not None, f"{self.name} is running"
+        with self.log_path.open("ab") as log:
+            log.write(f"----- start {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.popen = subprocess.Popen(
+                self.argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL, timeout: float = 15.0) -> int | None:
+        """Send ``sig`` and wait for the exit; SIGKILL if it is still there after ``timeout``."""
+        if self.popen is None:
+            return None
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=5)
+        return self.popen.returncode
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError as err:
+            return f"(no log: {err})"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class Agent(Process):
+    """A simulated agent: ``url`` serves /metrics, /healthz and POST /sim/fault."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, port: int) -> None:
+        super().__init__(name, argv, log_path)
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+
+    def fault(self, fault: str, gpu: int | None = None, **params: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"fault": fault, **params}
+        if gpu is not None:
+            body["gpu"] = gpu
+        reply = requests.post(f"{self.url}/sim/fault", json=body, timeout=10)
+        assert reply.status_code == 200, f"{self.name} /sim/fault {body}: {reply.text}"
+        return dict(reply.json())
+
+    def metrics(self) -> str:
+        return requests.get(f"{self.url}/metrics", timeout=10).text
+
+
+class Cluster:
+    """A controller and ``nodes`` simulated agents (``sim-0`` ... ``sim-N``)."""
+
+    def __init__(self, root: Path, *, nodes: int = 4, config: dict[str, Any] | None = None,
+                 gpus: int = 8, sim_speed: float = 10.0) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.state_dir = root / "controller-state"
+        self.evict_log = root / "evict.log"
+        self.job_log = root / "job.log"
+        script = root / "action.py"
+        script.write_text(SCRIPT)
+
+        agent_token, self.admin_token = secrets.token_hex(16), secrets.token_hex(16)
+        (root / "agent.token").write_text(agent_token + "\n")
+        (root / "admin.token").write_text(self.admin_token + "\n")
+        (root / "tokens.yaml").write_text(yaml.safe_dump([
+            {"name": "sim-agents", "role": "agent", "token_file": str(root / "agent.token"),
+             "nodes": ["sim-*"]},
+            {"name": "e2e-tests", "role": "admin", "token_file": str(root / "admin.token")},
+        ]))
+        settings: dict[str, Any] = {
+            "sweep_interval": "0.5s",
+            "settle": "1s",
+            "log_format": "json",
+            "policy": {
+                "max_unavailable": "100%",
+                "rate_limit": {"actions": 1000, "window": "1m"},
+                "node_cooldown": "30m",
+                "breaker": {"window": "30s", "max_faulted": "40%", "min_faulted": 2,
+                            "hold": "10m"},
+            },
+            "runner": {"retries": 2, "backoff": "0.5s", "timeout": "20s"},
+            "drivers": {
+                "command": {"program": [sys.executable, str(script), str(self.evict_log)],
+                            "timeout": "20s"},
+                "job": {"command": {"program": [sys.executable, str(script),
+                                                str(self.job_log)], "timeout": "20s"}},
+                "agent": {"redeliver_after": "3s"},
+            },
+            "routes": {"evict": ["command"], "cordon": ["command"], "uncordon": ["command"],
+                       "failover": ["job"], "checkpoint": ["job"], "restore": ["job"]},
+        }
+        _merge(settings, config or {})
+        self.config_path = root / "controller.yaml"
+        self.config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
+
+        self.controller = Process("controller", [
+            sys.executable, "-m", "sn_monitor.cli", "controller",
+            "--config", str(self.config_path), "--listen", f"127.0.0.1:{self.port}",
+            "--state-dir", str(self.state_dir), "--rules", str(RULES),
+            "--token-file", str(root / "tokens.yaml"), "--log-format", "json",
+        ], root / "controller.log")
+        self.agents: dict[str, Agent] = {}
+        for i in range(nodes):
+            name, port = f"sim-{i}", free_port()
+            self.agents[name] = Agent(name, [
+                sys.executable, "-m", "sn_monitor.cli", "agent", "--simulate", str(gpus),
+                "--controller", self.url, "--token-file", str(root / "agent.token"),
+                "--node", name, "--listen", f"127.0.0.1:{port}",
+                "--state-dir", str(root / f"{name}-state"),
+                "--sim-speed", f"{sim_speed:g}", "--log-format", "json",
+            ], root / f"{name}.log", port)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def processes(self) -> list[Process]:
+        return [self.controller, *self.agents.values()]
+
+    def start(self, timeout: float = 60.0) -> Cluster:
+        """Start the controller and every agent; return when every agent has reported."""
+        self.start_controller(timeout)
+        for agent in self.agents.values():
+            agent.start()
+        for agent in self.agents.values():
+            self.wait_for(lambda a=agent: self._healthy(a), timeout,
+                          f"agent {agent.name} healthy on {agent.url}")
+        self.wait_reporting(list(self.agents), timeout)
+        return self
+
+    def start_controller(self, timeout: float = 60.0) -> None:
+        self.controller.start()
+        self.wait_for(lambda: self._healthy(self.controller), timeout,
+                      f"controller healthy on {self.url}")
+
+    def _healthy(self, proc: Process) -> bool:
+        url = proc.url if isinstance(proc, Agent) else self.url
+        if not proc.running:
+            raise AssertionError(f"{proc.name} exited with {proc.popen and proc.popen.poll()}"
+                                 f"\n{self.logs()}")
+        try:
+            return requests.get(f"{url}/healthz", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def wait_reporting(self, names: list[str], timeout: float = 60.0,
+                       fresher_than: float = 3.0) -> None:
+        """Wait until the controller has a report younger than ``fresher_than`` from each."""
+        def fresh() -> bool:
+            nodes = {n["name"]: n for n in self.get("/api/v1/nodes")["nodes"]}
+            return all(name in nodes and nodes[name]["last_report_age_seconds"] is not None
+                       and nodes[name]["last_report_age_seconds"] < fresher_than
+                       for name in names)
+        self.wait_for(fresh, timeout, f"fresh reports from {', '.join(names)}")
+
+    def close(self) -> None:
+        """Kill every process still running (SIGTERM first, briefly, then SIGKILL)."""
+        for proc in self.processes:
+            if proc.running and proc.popen is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.processes:
+            if proc.popen is None:
+                continue
+            try:
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.popen.wait(timeout=5)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ waits and logs
+
+    def logs(self, lines: int = 25) -> str:
+        parts = []
+        for proc in self.processes:
+            state = "running" if proc.running else (
+                f"exited {proc.popen.returncode}" if proc.popen else "not started")
+            parts.append(f"===== {proc.name} ({state}), last {lines} lines of {proc.log_path}"
+                         f"\n{proc.tail(lines)}")
+        for path in (self.evict_log, self.job_log):
+            text = path.read_text() if path.exists() else "(empty)"
+            parts.append(f"===== {path.name}\n{text.strip()}")
+        return "\n".join(parts)
+
+    def wait_for(self, probe: Callable[[], T], timeout: float, what: str,
+                 interval: float = 0.25) -> T:
+        """Call ``probe`` until it returns something truthy; fail after ``timeout`` seconds.
+
+        A probe that raises a connection error counts as not yet; the last value and the
+        end of every process's log are in the failure message.
+        """
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while True:
+            try:
+                value = probe()
+            except (requests.RequestException, ValueError) as err:
+                value, last = None, f"{type(err).__name__}: {err}"  # type: ignore[assignment]
+            else:
+                last = value
+            if value:
+                return value
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"waited {timeout:g}s for {what}; last: {last!r}\n"
+                                     f"{self.logs()}")
+            time.sleep(interval)
+
+    # ------------------------------------------------------------------ the API
+
+    def get(self, path: str, **params: Any) -> Any:
+        reply = requests.get(f"{self.url}{path}", params=params or None, timeout=10,
+                             headers={"Authorization": f"Bearer {self.admin_token}"})
+        reply.raise_for_status()
+        return reply.json()
+
+    def incidents(self, **params: Any) -> list[dict[str, Any]]:
+        return list(self.get("/api/v1/incidents", limit=1000, **params)["incidents"])
+
+    def actions(self, **params: Any) -> list[dict[str, Any]]:
+        return list(self.get("/api/v1/actions", limit=1000, **params)["actions"])
+
+    def incident_actions(self, incident_id: int) -> list[dict[str, Any]]:
+        return list(self.get(f"/api/v1/incidents/{incident_id}")["actions"])
+
+    def controller_metrics(self) -> str:
+        return requests.get(f"{self.url}/metrics", timeout=10).text
+
+    def script_calls(self, log: Path | None = None) -> list[dict[str, str]]:
+        """What the action scripts ran: one dict of SN_ variables per call."""
+        paths = [log] if log is not None else [self.evict_log, self.job_log]
+        calls = []
+        for path in paths:
+            if path.exists():
+                calls += [json.loads(line) for line in path.read_text().splitlines() if line]
+        return calls
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
+__all__ = ["Agent", "Cluster", "Process", "free_port", "metric_samples", "metric_value"]
