@@ -26,7 +26,7 @@ from sn_monitor.controller.metrics import ControllerMetrics, ControllerState
 from sn_monitor.controller.policy import BreakerState, ClusterSummary, SafetyPolicy
 from sn_monitor.controller.routing import Drivers
 from sn_monitor.controller.rules.engine import Finding, RuleEngine
-from sn_monitor.controller.rules.spec import Rule
+from sn_monitor.controller.rules.spec import EventRule, Rule
 from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.state import NodeState, NodeView
 from sn_monitor.controller.store import ActionRecord, Incident, Store, StoreError
@@ -82,6 +82,7 @@ class Controller:
         self._last_refresh = -1e18
         self._last_resend = clock.monotonic()
         self._deferred: list[tuple[float, ActionName, Finding, int]] = []
+        self._inherited: dict[tuple[str, str, str], tuple[Incident, float]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -96,12 +97,54 @@ class Controller:
             if record.cordoned_by_us:
                 self._cordoned.add(record.name)
         rules = {rule.name: rule for rule in self.engine.rules}
+        grace = restart_grace(self.engine.rules)
+        now_mono, now_wall = self.clock.monotonic(), self.clock.time()
         for incident in self.store.list_incidents(status="open", limit=100_000):
             self._firing.setdefault(incident.node, set()).add((incident.rule, incident.subject))
-            self._settle_again(incident, rules.get(incident.rule))
+            rule = rules.get(incident.rule)
+            self._settle_again(incident, rule)
+            wait = grace
+            if isinstance(rule, EventRule):
+                wait = max(0.0, incident.detected_at + rule.clear_after - now_wall)
+            elif rule is None:
+                wait = 0.0
+            self._inherited[(incident.rule, incident.node, incident.subject)] = (
+                incident, now_mono + wait)
         resumed = self.runner.resume(self.cluster())
         if resumed:
             log.info("resumed %d actions left in flight by the previous run", len(resumed))
+
+    def _close_inherited(self) -> None:
+        """Close incidents from before a restart whose fault is gone.
+
+        The engine starts with no memory of what fired, so an incident whose fault cleared
+        while the controller was down would stay open forever. Each inherited incident
+        gets a grace period (long enough for every node to report and every ``for`` timer
+        to run again; for event rules, the rest of ``clear_after``); if its rule has not
+        fired again by then, it is resolved like any other.
+        """
+        if not self._inherited:
+            return
+        now = self.clock.monotonic()
+        with self._engine_lock:
+            firing = {(f.rule, f.node, f.subject) for f in self.engine.firing()}
+        rules = {rule.name: rule for rule in self.engine.rules}
+        for key, (incident, deadline) in list(self._inherited.items()):
+            if key in firing:
+                del self._inherited[key]
+                continue
+            if now < deadline:
+                continue
+            del self._inherited[key]
+            rule = rules.get(incident.rule)
+            self._resolved(Finding(
+                rule=incident.rule, kind=rule.kind if rule else "gone", node=incident.node,
+                subject=incident.subject, gpu=incident.gpu, status="resolved",
+                severity=incident.severity, actions=tuple(rule.actions) if rule else (),
+                dry_run=rule.dry_run if rule else False, value=incident.value,
+                message=f"{incident.message} (cleared while the controller was down, or "
+                        "its rule was removed)",
+                observed_wall=incident.observed_at, detected_wall=self.clock.time()))
 
     def _settle_again(self, incident: Incident, rule: Rule | None) -> None:
         """Defer again the settled actions of ``incident`` that were never recorded.
@@ -341,6 +384,7 @@ class Controller:
         with self._engine_lock:
             findings = self.engine.sweep(self.registry.views())
         self._handle(findings)
+        self._close_inherited()
         self._submit_settled()
         self.runner.tick()
         now = self.clock.monotonic()
@@ -530,6 +574,14 @@ class Controller:
     def metrics(self) -> bytes:
         """The controller's /metrics body."""
         return self.telemetry.render()
+
+
+def restart_grace(rules: Sequence[Rule]) -> float:
+    """How long an incident from before a restart waits for its rule to fire again."""
+    longest = max((float(getattr(rule, "hold", 0) or 0) for rule in rules), default=0.0)
+    heartbeat = max((float(getattr(rule, "heartbeat_timeout", 0) or 0) for rule in rules),
+                    default=0.0)
+    return max(60.0, 2 * longest + 30.0, 3 * heartbeat)
 
 
 def _incident_doc(incident: Incident) -> dict[str, Any]:

@@ -670,3 +670,37 @@ def test_an_open_breaker_survives_a_controller_restart(make: Any, tmp_path: Path
     state = again.controller.policy.breaker_state()
     assert state.open
     assert state.reason == "2 of 4 nodes faulted"
+
+
+INSTANT_HOT = "- {name: hot, metric: gpu_temperature_celsius, above: 85, actions: [alert]}"
+
+
+def test_an_incident_that_cleared_during_a_restart_is_resolved_after_the_grace(
+        make: Any) -> None:
+    first = make(INSTANT_HOT)
+    first.report("n1", temps=[95])
+    (incident,) = first.controller.list_incidents("open", "n1", 10)
+    # the controller restarts; the GPU cooled down meanwhile
+    second = make(INSTANT_HOT, store=first.store)
+    second.report("n1", temps=[40])
+    second.controller.sweep()
+    assert second.controller.list_incidents("open", "n1", 10), "closed before the grace"
+    second.clock.advance(61)
+    second.report("n1", temps=[40])
+    second.controller.sweep()
+    assert second.controller.list_incidents("open", "n1", 10) == []
+    resolved = [a for a in second.actions("alert") if a["key"].endswith(":resolved")]
+    assert [a["incident_id"] for a in resolved] == [incident["id"]]
+
+
+def test_an_incident_still_firing_after_a_restart_keeps_its_id(make: Any) -> None:
+    first = make(INSTANT_HOT)
+    first.report("n1", temps=[95])
+    (incident,) = first.controller.list_incidents("open", "n1", 10)
+    second = make(INSTANT_HOT, store=first.store)
+    second.clock.advance(61)
+    second.report("n1", temps=[95])
+    second.controller.sweep()
+    (still,) = second.controller.list_incidents("open", "n1", 10)
+    assert still["id"] == incident["id"]
+    assert len([a for a in second.actions("alert") if a["incident_id"] == incident["id"]]) == 1

@@ -13,7 +13,9 @@ A metric name says where in a :class:`~sn_monitor.model.Report` a value lives:
 
 Each value belongs to a :class:`Subject`, the thing inside the node it describes (``gpu=3``,
 ``device=mlx5_0,port=1``, ``device=eth0``). Subjects are interned, so reading a report
-allocates only the result list: this runs for every rule on every report.
+allocates only the result list: this runs for every rule on every report. The engine's
+hot path reads through :func:`frame_of` / :func:`compile_reader` instead: a report's
+values are read once per metric for all rules, as columns, without per-value tuples.
 """
 
 from __future__ import annotations
@@ -286,6 +288,125 @@ def _net_accessor(get: Callable[[NetReport], object],
                 out.append((subject, float(value)))  # type: ignore[arg-type]
         return out
     return read
+
+
+class Frame:
+    """One report's values, read once for all the rules that look at it.
+
+    Each rule asks for its metric's *column*: the raw values (None where missing) of
+    every subject of the metric's family, in report order, aligned with that family's
+    subjects. A column is computed at the first rule that asks and shared by the others;
+    GPU columns are one ``map`` over the non-lost GPUs, in C. See :func:`frame_of`.
+    """
+
+    __slots__ = ("_columns", "_gpus", "_subjects", "report")
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+        self._gpus: tuple[GpuReport, ...] | None = None
+        self._subjects: dict[str, tuple[Subject, ...]] = {}
+        self._columns: dict[str, tuple[float | None, ...]] = {}
+
+    def gpus(self) -> tuple[GpuReport, ...]:
+        """The GPUs that are not lost, in report order."""
+        gpus = self._gpus
+        if gpus is None:
+            gpus = self._gpus = tuple(g for g in self.report.gpus if not g.lost)
+        return gpus
+
+    def subjects(self, family: str) -> tuple[Subject, ...]:
+        """The subjects of ``family``'s values, aligned with its columns."""
+        found = self._subjects.get(family)
+        if found is None:
+            if family == "gpu":
+                subjects = _GPU_SUBJECTS
+                found = tuple([subjects[g.index] for g in self.gpus()])
+            elif family == "infiniband":
+                found = tuple([ib_subject(p.device, p.port) for p in self.report.infiniband])
+            else:
+                found = tuple([net_subject(n.device) for n in self.report.network])
+            self._subjects[family] = found
+        return found
+
+    def column(self, metric: str, compute: Callable[[Frame], tuple[float | None, ...]]
+               ) -> tuple[float | None, ...]:
+        """``metric``'s raw values (``compute`` reads them the first time)."""
+        found = self._columns.get(metric)
+        if found is None:
+            found = self._columns[metric] = compute(self)
+        return found
+
+
+_last_frame: tuple[Report, Frame] | None = None
+
+
+def frame_of(report: Report) -> Frame:
+    """The :class:`Frame` of ``report``, shared by every rule that reads it in turn.
+
+    One frame is kept (the latest report's): the engine applies all rules to one report
+    before the next, so each report is read once, not once per rule.
+    """
+    global _last_frame
+    last = _last_frame
+    if last is not None and last[0] is report:
+        return last[1]
+    frame = Frame(report)
+    _last_frame = (report, frame)
+    return frame
+
+
+Column = tuple[tuple[Subject, ...], tuple[float | None, ...]]
+"""(subjects, raw values) of one metric in one report; a value may be None (missing)."""
+Reader = Callable[[Frame], Column]
+
+
+def compile_reader(metric: str, labels: Mapping[str, str] | None = None) -> Reader:
+    """Like :func:`compile_accessor`, but reading a shared :class:`Frame`, in columns.
+
+    The values come as they are (not converted to float, None where missing), so that a
+    rule can judge a whole column at once. Lost GPUs are left out, as are subjects that
+    ``labels`` rejects.
+    """
+    family = metric_family(metric)
+    accept = _subject_filter(labels or {})
+    compute: Callable[[Frame], tuple[float | None, ...]]
+    if family == "gpu":
+        name = metric[4:]
+        get = DERIVED_GPU_METRICS.get(name) or attrgetter(name)
+
+        def compute(frame: Frame) -> tuple[float | None, ...]:
+            return tuple(map(get, frame.gpus()))
+    elif family == "infiniband":
+        stem = metric[16:]
+        bare = stem[:-6] if stem.endswith("_total") else stem
+
+        def compute(frame: Frame) -> tuple[float | None, ...]:
+            ports = frame.report.infiniband
+            if stem == "state":
+                return tuple([p.state for p in ports])
+            if bare is stem:
+                return tuple([p.counters.get(stem) for p in ports])
+            return tuple([c if (c := p.counters.get(stem)) is not None
+                          else p.counters.get(bare) for p in ports])
+    else:
+        get_net = attrgetter(metric[8:])
+
+        def compute(frame: Frame) -> tuple[float | None, ...]:
+            return tuple(map(get_net, frame.report.network))
+
+    if accept is None:
+        def read(frame: Frame) -> Column:
+            return frame.subjects(family), frame.column(metric, compute)
+        return read
+
+    def read_some(frame: Frame) -> Column:
+        subjects = frame.subjects(family)
+        values = frame.column(metric, compute)
+        keep = [i for i, s in enumerate(subjects) if accept(s)]
+        if len(keep) == len(subjects):
+            return subjects, values
+        return tuple([subjects[i] for i in keep]), tuple([values[i] for i in keep])
+    return read_some
 
 
 def describe(metric: str) -> tuple[str, str]:
