@@ -23,7 +23,7 @@ from sn_monitor.controller.rules.base import (
     format_duration,
     format_number,
 )
-from sn_monitor.controller.rules.series import Subject, compile_accessor, describe
+from sn_monitor.controller.rules.series import Subject, compile_reader, describe, frame_of
 from sn_monitor.controller.rules.spec import BaselineRule
 from sn_monitor.controller.state import NodeView
 
@@ -53,7 +53,7 @@ class BaselineEvaluator(HoldingEvaluator[BaselineRule, _Series]):
 
     def __init__(self, rule: BaselineRule) -> None:
         super().__init__(rule, float(rule.hold))
-        self._read = compile_accessor(rule.metric, rule.labels)
+        self._read = compile_reader(rule.metric, rule.labels)
         spec = rule.baseline
         self._window = float(spec.window)
         self._sigmas = spec.sigmas
@@ -74,7 +74,11 @@ class BaselineEvaluator(HoldingEvaluator[BaselineRule, _Series]):
         if states is None:
             states = self._states[node] = {}
         t = now.monotonic
-        for subject, value in self._read(report):
+        subjects, values = self._read(frame_of(report))
+        for subject, raw in zip(subjects, values, strict=True):
+            if raw is None:
+                continue
+            value = float(raw)
             if not math.isfinite(value):
                 continue  # one bad sample must not poison a baseline for good
             state = states.get(subject.text)
