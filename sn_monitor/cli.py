@@ -117,6 +117,11 @@ def check_file(path: Path) -> str:
     from sn_monitor.controller.settings import ControllerSettings
 
     doc = load_yaml(path)
+    if isinstance(doc.data, dict) and doc.data.get("kind") == "DistributedJob":
+        from sn_monitor.jobs.spec import parse_job
+
+        parse_job(doc)
+        return "job file"
     if isinstance(doc.data, list):
         if any(isinstance(item, dict) and ({"token", "token_file", "role"} & item.keys())
                for item in doc.data):

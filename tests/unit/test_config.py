@@ -50,7 +50,7 @@ def test_bad_config_names_file_key_and_line(name, message):
 @pytest.mark.parametrize(
     ("path", "kind"),
     [("deploy/agent.yaml", "agent config"), ("deploy/controller.yaml", "controller config"),
-     ("rules/default.yaml", "rule file")],
+     ("rules/default.yaml", "rule file"), ("tests/fixtures/jobs/trillion.yaml", "job file")],
 )
 def test_shipped_files_are_valid(path, kind):
     assert check_file(ROOT / path) == kind
