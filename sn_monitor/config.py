@@ -151,6 +151,37 @@ def _to_python(node: yaml.Node | None, key: KeyPath, lines: dict[KeyPath, int], 
 Check = Callable[[Any], None]
 
 
+def positive(value: float) -> None:
+    """A check for ``setting(check=...)``: greater than 0."""
+    if value <= 0:
+        raise ValueError(f"must be greater than 0, got {value}")
+
+
+def non_negative(value: float) -> None:
+    """A check for ``setting(check=...)``: 0 or more."""
+    if value < 0:
+        raise ValueError(f"must not be negative, got {value}")
+
+
+def at_least_one(value: int) -> None:
+    """A check for ``setting(check=...)``: a count of at least 1."""
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+
+
+def fraction(value: float) -> None:
+    """A check for ``setting(check=...)``: a share in (0, 1]."""
+    if not 0 < value <= 1:
+        raise ValueError(f"must be a fraction in (0, 1], got {value}")
+
+
+def listen_address(value: str) -> None:
+    """A check for ``setting(check=...)``: ``HOST:PORT``."""
+    _, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT with a port 1-65535, got {value!r}")
+
+
 def setting(*, key: str | None = None, check: Check | None = None, **kwargs: Any) -> Any:
     """A dataclass field with a YAML name (``key``, e.g. ``for``) and a validator.
 

@@ -34,3 +34,13 @@ def assert_promtool_clean(exposition: str) -> None:
     problems = (result.stdout + result.stderr).strip()
     assert result.returncode == 0, problems
     assert problems == ""
+
+
+def expected_messages(directory: Path) -> list[tuple[str, str]]:
+    """A corpus of bad files: ``directory/EXPECTED`` lines ``file | message after the path``."""
+    rows = []
+    for line in (directory / "EXPECTED").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, message = (part.strip() for part in line.split("|", 1))
+            rows.append((name, message))
+    return rows

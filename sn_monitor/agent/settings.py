@@ -8,7 +8,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from sn_monitor.config import Document, Duration, bind, load_yaml, setting
+from sn_monitor.config import (
+    Document,
+    Duration,
+    bind,
+    fraction,
+    listen_address,
+    load_yaml,
+    positive,
+    setting,
+)
 
 
 def _regex(value: str | None) -> None:
@@ -20,30 +29,14 @@ def _regex(value: str | None) -> None:
         raise ValueError(f"invalid regular expression {value!r}: {err}") from None
 
 
-def _listen_address(value: str) -> None:
-    _, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"expected HOST:PORT with a port 1-65535, got {value!r}")
-
-
 def _http_url(value: str | None) -> None:
     if value is not None and not value.startswith(("http://", "https://")):
         raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
 
 
-def _positive(value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"must be greater than 0, got {value}")
-
-
 def _temperature(value: float) -> None:
     if not 20 <= value <= 120:
         raise ValueError(f"must be a GPU temperature between 20 and 120 °C, got {value}")
-
-
-def _fraction(value: float) -> None:
-    if not 0 < value <= 1:
-        raise ValueError(f"must be a fraction in (0, 1], got {value}")
 
 
 @dataclass(frozen=True)
@@ -52,8 +45,8 @@ class ControllerSettings:
 
     url: str | None = setting(default=None, check=_http_url)
     token_file: str | None = None
-    timeout: Duration = setting(default=Duration(2.0), check=_positive)
-    spool_max_bytes: int = setting(default=64 << 20, check=_positive)
+    timeout: Duration = setting(default=Duration(2.0), check=positive)
+    spool_max_bytes: int = setting(default=64 << 20, check=positive)
 
 
 @dataclass(frozen=True)
@@ -100,7 +93,7 @@ class GuardSettings:
     throttle_at: float = setting(default=85.0, check=_temperature)
     release_at: float = setting(default=80.0, check=_temperature)
     hold: Duration = setting(default=Duration(5.0), key="for")
-    power_cap: float = setting(default=0.7, check=_fraction)
+    power_cap: float = setting(default=0.7, check=fraction)
 
     def __post_init__(self) -> None:
         if self.release_at >= self.throttle_at:
@@ -115,8 +108,8 @@ class AgentSettings:
 
     node: str = field(default_factory=socket.gethostname)
     labels: dict[str, str] = field(default_factory=dict)
-    interval: Duration = setting(default=Duration(1.0), check=_positive)
-    listen: str = setting(default="0.0.0.0:9847", check=_listen_address)
+    interval: Duration = setting(default=Duration(1.0), check=positive)
+    listen: str = setting(default="0.0.0.0:9847", check=listen_address)
     controller: ControllerSettings = field(default_factory=ControllerSettings)
     state_dir: str = "/var/lib/sn-monitor"
     paths: PathSettings = field(default_factory=PathSettings)

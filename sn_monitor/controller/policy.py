@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal, get_args
 
 from sn_monitor.clock import Clock
-from sn_monitor.config import Duration, setting
+from sn_monitor.config import Duration, at_least_one, positive, setting
 from sn_monitor.controller.actions.base import DISRUPTIVE, ActionName, ActionRequest
 
 #: Actions that take a node out of service: counted against max_unavailable.
@@ -91,16 +91,6 @@ def _count_or_percent(value: int | str) -> None:
     parse_share(value)
 
 
-def _at_least_one(value: int) -> None:
-    if value < 1:
-        raise ValueError(f"must be at least 1, got {value}")
-
-
-def _positive(value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"must be greater than 0, got {value}")
-
-
 def _action_names(value: list[str]) -> None:
     known = get_args(ActionName)
     for name in value:
@@ -123,8 +113,8 @@ def human_duration(seconds: float) -> str:
 class RateLimitSettings:
     """At most ``actions`` disruptive actions per ``window``, cluster-wide."""
 
-    actions: int = setting(default=10, check=_at_least_one)
-    window: Duration = setting(default=Duration(600.0), check=_positive)
+    actions: int = setting(default=10, check=at_least_one)
+    window: Duration = setting(default=Duration(600.0), check=positive)
 
 
 @dataclass(frozen=True)
@@ -138,10 +128,10 @@ class BreakerSettings:
     """
 
     enabled: bool = True
-    window: Duration = setting(default=Duration(120.0), check=_positive)
+    window: Duration = setting(default=Duration(120.0), check=positive)
     max_faulted: int | str = setting(default="20%", check=_count_or_percent)
-    min_faulted: int = setting(default=3, check=_at_least_one)
-    hold: Duration = setting(default=Duration(600.0), check=_positive)
+    min_faulted: int = setting(default=3, check=at_least_one)
+    hold: Duration = setting(default=Duration(600.0), check=positive)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from sn_monitor.config import ConfigError, Duration, bind, load_yaml, setting
+from sn_monitor.config import (
+    ConfigError,
+    Duration,
+    bind,
+    listen_address,
+    load_yaml,
+    non_negative,
+    positive,
+    setting,
+)
 from sn_monitor.controller.actions.agent import AgentQueueSettings
 from sn_monitor.controller.actions.alertmanager import AlertmanagerSettings
 from sn_monitor.controller.actions.base import ActionName
@@ -17,22 +26,6 @@ from sn_monitor.controller.actions.slack import SlackSettings
 from sn_monitor.controller.actions.slurm import SlurmSettings
 from sn_monitor.controller.actions.webhook import WebhookSettings
 from sn_monitor.controller.policy import PolicySettings
-
-
-def _listen_address(value: str) -> None:
-    _, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"expected HOST:PORT with a port 1-65535, got {value!r}")
-
-
-def _non_negative(value: float) -> None:
-    if value < 0:
-        raise ValueError(f"must not be negative, got {value}")
-
-
-def _positive(value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"must be greater than 0, got {value}")
 
 
 @dataclass(frozen=True)
@@ -85,17 +78,17 @@ class ControllerSettings:
     restore and failover to job control.
     """
 
-    listen: str = setting(default="0.0.0.0:9848", check=_listen_address)
+    listen: str = setting(default="0.0.0.0:9848", check=listen_address)
     state_dir: str = "/var/lib/sn-monitor"
     rules: list[str] = field(default_factory=lambda: ["/etc/sn-monitor/rules"])
     token_file: str | None = None
-    max_body_bytes: int = setting(default=1 << 20, check=_positive)
-    sweep_interval: Duration = setting(default=Duration(1.0), check=_positive)
+    max_body_bytes: int = setting(default=1 << 20, check=positive)
+    sweep_interval: Duration = setting(default=Duration(1.0), check=positive)
     #: Node-taking actions (cordon, evict, failover) wait this long before they are
     #: submitted, so that a burst of simultaneous faults (a switch, a partition) reaches
     #: the circuit breaker before the first eviction runs, and a node that blinks back
     #: within it is left alone.
-    settle: Duration = setting(default=Duration(3.0), check=_non_negative)
+    settle: Duration = setting(default=Duration(3.0), check=non_negative)
     policy: PolicySettings = field(default_factory=PolicySettings)
     runner: RunnerSettings = field(default_factory=RunnerSettings)
     drivers: DriverSettings = field(default_factory=DriverSettings)

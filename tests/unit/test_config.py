@@ -20,18 +20,14 @@ from sn_monitor.config import (
     parse_yaml,
     setting,
 )
+from tests.conftest import expected_messages
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = ROOT / "tests" / "fixtures" / "config" / "bad"
 
 
 def _expected() -> list[tuple[str, str]]:
-    rows = []
-    for line in (BAD / "EXPECTED").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, message = (part.strip() for part in line.split("|", 1))
-            rows.append((name, message))
-    return rows
+    return expected_messages(BAD)
 
 
 def test_every_bad_file_has_an_expectation():

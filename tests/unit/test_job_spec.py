@@ -18,6 +18,7 @@ from sn_monitor.jobs.spec import (
     load_jobs,
     parse_job,
 )
+from tests.conftest import expected_messages
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = ROOT / "tests" / "fixtures" / "jobs"
@@ -36,12 +37,7 @@ spec:
 
 
 def _expected() -> list[tuple[str, str]]:
-    rows = []
-    for line in (BAD / "EXPECTED").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, message = (part.strip() for part in line.split("|", 1))
-            rows.append((name, message))
-    return rows
+    return expected_messages(BAD)
 
 
 def test_every_bad_job_has_an_expectation():

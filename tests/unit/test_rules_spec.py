@@ -18,6 +18,7 @@ from sn_monitor.controller.rules.spec import (
     parse_rules,
 )
 from sn_monitor.model import GpuReport, IbPortReport, NetReport, Report
+from tests.conftest import expected_messages
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = ROOT / "tests" / "fixtures" / "rules" / "bad"
@@ -25,12 +26,7 @@ DEFAULT = ROOT / "rules" / "default.yaml"
 
 
 def _expected() -> list[tuple[str, str]]:
-    rows = []
-    for line in (BAD / "EXPECTED").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, message = (part.strip() for part in line.split("|", 1))
-            rows.append((name, message))
-    return rows
+    return expected_messages(BAD)
 
 
 def test_every_bad_rule_file_has_an_expectation():

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sn_monitor.clock import Clock, SystemClock
-from sn_monitor.config import Duration, setting
+from sn_monitor.config import Duration, at_least_one, fraction, positive, setting
 from sn_monitor.controller.actions.base import (
     ActionRequest,
     Outcome,
@@ -45,21 +45,6 @@ log = logging.getLogger(__name__)
 ResultCallback = Callable[[str, CommandResult], None]
 
 
-def _positive(value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"must be greater than 0, got {value}")
-
-
-def _at_least_one(value: int) -> None:
-    if value < 1:
-        raise ValueError(f"must be at least 1, got {value}")
-
-
-def _fraction(value: float) -> None:
-    if not 0 < value <= 1:
-        raise ValueError(f"must be a fraction in (0, 1], got {value}")
-
-
 @dataclass(frozen=True)
 class AgentQueueSettings:
     """Bounds and timers of the per-node command queues.
@@ -68,12 +53,12 @@ class AgentQueueSettings:
     act and report back, short enough that a lost reply costs little.
     """
 
-    max_per_node: int = setting(default=32, check=_at_least_one)
-    redeliver_after: Duration = setting(default=Duration(10.0), check=_positive)
-    expire_after: Duration = setting(default=Duration(600.0), check=_positive)
-    results_kept: int = setting(default=10_000, check=_at_least_one)
+    max_per_node: int = setting(default=32, check=at_least_one)
+    redeliver_after: Duration = setting(default=Duration(10.0), check=positive)
+    expire_after: Duration = setting(default=Duration(600.0), check=positive)
+    results_kept: int = setting(default=10_000, check=at_least_one)
     #: Throttle to this fraction of the default power limit when the action says nothing.
-    power_fraction: float = setting(default=0.7, check=_fraction)
+    power_fraction: float = setting(default=0.7, check=fraction)
 
 
 @dataclass

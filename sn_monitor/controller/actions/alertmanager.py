@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sn_monitor.clock import Clock, SystemClock
-from sn_monitor.config import Duration, setting
+from sn_monitor.config import Duration, positive, setting
 from sn_monitor.controller.actions.base import (
     ActionError,
     ActionRequest,
@@ -43,11 +43,6 @@ ALERTS_PATH = "/api/v2/alerts"
 #: How many resend intervals a firing alert outlives its last send (as Prometheus does).
 ENDS_AFTER_INTERVALS = 4
 _LABEL_NAME_BAD = re.compile(r"[^A-Za-z0-9_]")
-
-
-def _positive(value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"must be greater than 0, got {value}")
 
 
 def _urls(value: list[str]) -> None:
@@ -72,8 +67,8 @@ class AlertmanagerSettings:
     """
 
     urls: list[str] = setting(check=_urls)
-    resend_interval: Duration = setting(default=Duration(60.0), check=_positive)
-    timeout: Duration = setting(default=Duration(5.0), check=_positive)
+    resend_interval: Duration = setting(default=Duration(60.0), check=positive)
+    timeout: Duration = setting(default=Duration(5.0), check=positive)
     generator_url: str | None = setting(default=None, check=_optional_url)
     headers: dict[str, str] = field(default_factory=dict)
     ca_file: str | None = None

@@ -30,7 +30,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sn_monitor.config import Duration, setting
+from sn_monitor.config import Duration, positive, setting
 from sn_monitor.controller.actions.base import (
     ActionRequest,
     Outcome,
@@ -50,11 +50,6 @@ def _program(value: list[str]) -> None:
         raise ValueError("name the program to run, e.g. [/usr/local/bin/drain-node]")
 
 
-def _positive(value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"must be greater than 0, got {value}")
-
-
 @dataclass(frozen=True)
 class CommandSettings:
     """The program (argv list, no shell), its timeout and extra environment.
@@ -64,7 +59,7 @@ class CommandSettings:
     """
 
     program: list[str] = setting(check=_program)
-    timeout: Duration = setting(default=Duration(60.0), check=_positive)
+    timeout: Duration = setting(default=Duration(60.0), check=positive)
     env: dict[str, str] = field(default_factory=dict)
     inherit_environment: bool = True
 

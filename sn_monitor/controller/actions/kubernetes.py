@@ -36,7 +36,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException, OpenApiException
 from kubernetes.config.config_exception import ConfigException
 
-from sn_monitor.config import Duration, setting
+from sn_monitor.config import Duration, positive, setting
 from sn_monitor.controller.actions.base import (
     ActionRequest,
     Outcome,
@@ -54,11 +54,6 @@ OWNER = "sn-monitor"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 #: Annotation values are limited only by object size; keep ours readable.
 MAX_REASON = 256
-
-
-def _positive(value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"must be greater than 0, got {value}")
 
 
 def _optional_url(value: str | None) -> None:
@@ -83,13 +78,13 @@ class KubernetesSettings:
     host: str | None = setting(default=None, check=_optional_url)
     kubeconfig: str | None = None
     context: str | None = None
-    timeout: Duration = setting(default=Duration(10.0), check=_positive)
+    timeout: Duration = setting(default=Duration(10.0), check=positive)
     taint_key: str = "sn-monitor.io/unhealthy"
     cordon_before_evict: bool = True
     grace_period_seconds: int | None = setting(default=None, check=_grace)
     #: Wait before retrying an eviction that a PodDisruptionBudget blocked (when the
     #: API server gives no Retry-After).
-    eviction_retry_after: Duration = setting(default=Duration(10.0), check=_positive)
+    eviction_retry_after: Duration = setting(default=Duration(10.0), check=positive)
 
 
 def api_client(settings: KubernetesSettings) -> k8s.ApiClient:

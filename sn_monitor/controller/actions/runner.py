@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, Protocol, runtime_checkable
 
 from sn_monitor.clock import Clock
-from sn_monitor.config import Duration, setting
+from sn_monitor.config import Duration, non_negative, positive, setting
 from sn_monitor.controller.actions.base import (
     DISRUPTIVE,
     ActionRequest,
@@ -81,27 +81,17 @@ _VERDICT_STATE: Final[dict[str, ActionState]] = {
 _TIMED_OUT: Final = "timed_out"
 
 
-def _non_negative(value: float) -> None:
-    if value < 0:
-        raise ValueError(f"must not be negative, got {value}")
-
-
-def _positive(value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"must be greater than 0, got {value}")
-
-
 @dataclass(frozen=True)
 class RunnerSettings:
     """Retries, timeouts and the failure throttle (the ``actions:`` config section)."""
 
-    retries: int = setting(default=3, check=_non_negative)
-    backoff: Duration = setting(default=Duration(2.0), check=_positive)
-    max_backoff: Duration = setting(default=Duration(60.0), check=_positive)
-    timeout: Duration = setting(default=Duration(30.0), check=_positive)
-    workers: int = setting(default=4, check=_positive)
-    throttle_failures: int = setting(default=3, check=_positive)
-    throttle_window: Duration = setting(default=Duration(600.0), check=_positive)
+    retries: int = setting(default=3, check=non_negative)
+    backoff: Duration = setting(default=Duration(2.0), check=positive)
+    max_backoff: Duration = setting(default=Duration(60.0), check=positive)
+    timeout: Duration = setting(default=Duration(30.0), check=positive)
+    workers: int = setting(default=4, check=positive)
+    throttle_failures: int = setting(default=3, check=positive)
+    throttle_window: Duration = setting(default=Duration(600.0), check=positive)
 
 
 @runtime_checkable

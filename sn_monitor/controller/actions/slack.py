@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sn_monitor.config import Duration, setting
+from sn_monitor.config import Duration, positive, setting
 from sn_monitor.controller.actions.base import ActionRequest, Outcome
 from sn_monitor.controller.actions.http import HttpClient, check_http_url
 from sn_monitor.controller.actions.webhook import alert_status
@@ -32,17 +32,12 @@ RESOLVED_STYLE = (":white_check_mark:", "#2eb67d")
 MAX_TEXT = 2900
 
 
-def _positive(value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"must be greater than 0, got {value}")
-
-
 @dataclass(frozen=True)
 class SlackSettings:
     """The incoming-webhook URL (keep it secret: it is the credential)."""
 
     url: str = setting(check=check_http_url)
-    timeout: Duration = setting(default=Duration(5.0), check=_positive)
+    timeout: Duration = setting(default=Duration(5.0), check=positive)
     ca_file: str | None = None
 
 

@@ -21,7 +21,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from sn_monitor.config import Duration, setting
+from sn_monitor.config import Duration, positive, setting
 from sn_monitor.controller.actions.base import (
     ActionRequest,
     Outcome,
@@ -41,17 +41,12 @@ _STATE = re.compile(r"(?:^|\s)State=(\S+)")
 MAX_REASON = 200
 
 
-def _positive(value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"must be greater than 0, got {value}")
-
-
 @dataclass(frozen=True)
 class SlurmSettings:
     """Which ``scontrol`` to run (a name on PATH or a path) and how long to wait for it."""
 
     scontrol: str = "scontrol"
-    timeout: Duration = setting(default=Duration(10.0), check=_positive)
+    timeout: Duration = setting(default=Duration(10.0), check=positive)
 
 
 @dataclass(frozen=True)

@@ -36,16 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from sn_monitor.clock import Clock, SystemClock
-from sn_monitor.config import Duration, setting
+from sn_monitor.config import Duration, positive, setting
 from sn_monitor.controller.actions.base import ActionRequest, Outcome, PermanentError
 from sn_monitor.controller.actions.http import HttpClient, check_http_url
 
 STANDARD_WEBHOOKS_PREFIX = "whsec_"
-
-
-def _positive(value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"must be greater than 0, got {value}")
 
 
 def _secret(value: str | None) -> None:
@@ -65,7 +60,7 @@ class WebhookSettings:
     url: str = setting(check=check_http_url)
     secret: str | None = setting(default=None, check=_secret)
     secret_file: str | None = None
-    timeout: Duration = setting(default=Duration(5.0), check=_positive)
+    timeout: Duration = setting(default=Duration(5.0), check=positive)
     headers: dict[str, str] = field(default_factory=dict)
     ca_file: str | None = None
 

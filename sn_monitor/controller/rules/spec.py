@@ -29,7 +29,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from sn_monitor.config import ConfigError, Document, Duration, KeyPath, bind, load_yaml, setting
+from sn_monitor.config import (
+    ConfigError,
+    Document,
+    Duration,
+    KeyPath,
+    at_least_one,
+    bind,
+    load_yaml,
+    non_negative,
+    positive,
+    setting,
+)
 from sn_monitor.controller.actions.base import ActionName
 from sn_monitor.controller.rules.series import FAMILY_LABELS, check_metric, metric_family
 from sn_monitor.model import EventKind
@@ -56,21 +67,6 @@ def _regex_problems(key: str, patterns: dict[str, str]) -> Iterator[tuple[str, s
 def _label_name(value: str) -> None:
     if not value:
         raise ValueError("must name a node label (job, supernode, ...)")
-
-
-def _positive(value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"must be greater than 0, got {value}")
-
-
-def _positive_int(value: int) -> None:
-    if value < 1:
-        raise ValueError(f"must be at least 1, got {value}")
-
-
-def _nonnegative(value: float) -> None:
-    if value < 0:
-        raise ValueError(f"must not be negative, got {value}")
 
 
 def _fraction(value: float) -> None:
@@ -110,7 +106,7 @@ class RuleBase:
 class Window:
     """``rate: {window: 1m}`` / ``increase: {window: 5m}``."""
 
-    window: Duration = setting(check=_positive)
+    window: Duration = setting(check=positive)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,11 +150,11 @@ class ThresholdRule(RuleBase):
 class BaselineSpec:
     """How a per-series baseline learns and how far from it is anomalous."""
 
-    window: Duration = setting(check=_positive)
-    sigmas: float = setting(default=4.0, check=_positive)
-    min_delta: float = setting(default=0.0, check=_nonnegative)
+    window: Duration = setting(check=positive)
+    sigmas: float = setting(default=4.0, check=positive)
+    min_delta: float = setting(default=0.0, check=non_negative)
     warmup: Duration | None = None
-    min_samples: int = setting(default=30, check=_positive_int)
+    min_samples: int = setting(default=30, check=at_least_one)
     direction: Direction | None = None
 
 
@@ -234,9 +230,9 @@ class EventRule(RuleBase):
 
     event: EventKind
     codes: list[int] = field(default_factory=list)
-    count: int = setting(default=1, check=_positive_int)
-    window: Duration | None = setting(default=None, check=_positive)
-    clear_after: Duration = setting(default=Duration(600), check=_positive)
+    count: int = setting(default=1, check=at_least_one)
+    window: Duration | None = setting(default=None, check=positive)
+    clear_after: Duration = setting(default=Duration(600), check=positive)
 
     def problems(self) -> Iterator[tuple[str, str]]:
         yield from super().problems()
@@ -252,7 +248,7 @@ class HeartbeatRule(RuleBase):
 
     kind: ClassVar[str] = "heartbeat"
 
-    heartbeat_timeout: Duration = setting(check=_positive)
+    heartbeat_timeout: Duration = setting(check=positive)
 
 
 Rule = ThresholdRule | BaselineRule | PeersRule | EventRule | HeartbeatRule
