@@ -20,7 +20,6 @@ import os
 import platform
 import pstats
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from typing import Any
 
 import requests
 
+from bench.common import fmt, free_port, proc_cpu_seconds, proc_status_kb, summary
 from sn_monitor import __version__
 from sn_monitor.agent.daemon import Agent
 from sn_monitor.agent.exposition import render_text
@@ -58,31 +58,6 @@ HTTP_TIMEOUT = 5.0
 # ---------------------------------------------------------------- small helpers
 
 
-def pct(values: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile (p in 0..100); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def summary(values: Sequence[float]) -> dict[str, float]:
-    return {
-        "n": len(values),
-        "median": statistics.median(values) if values else math.nan,
-        "p90": pct(values, 90),
-        "p99": pct(values, 99),
-        "min": min(values) if values else math.nan,
-    }
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def sample_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line and not line.startswith("#")]
 
@@ -105,26 +80,6 @@ def wait_http(session: requests.Session, url: str, deadline_s: float,
             pass
         time.sleep(0.1)
     return None
-
-
-def proc_status_kb(pid: int, field: str) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def proc_cpu_seconds(pid: int) -> float | None:
-    """utime + stime of a process from /proc/<pid>/stat."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int | None, float]:
@@ -476,12 +431,6 @@ def bench_rss(run_seconds: int, tmp: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- report
-
-
-def fmt(value: float | None, digits: int = 2) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:.{digits}f}"
 
 
 def render(results: dict[str, Any]) -> str:
