@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""A small training loop wired to sn-monitor: progress, checkpoints, restore after a failure.
+
+Pure Python (no torch): the "model" is a few lists of floats that every step updates
+deterministically, so a run resumed from a checkpoint ends with exactly the weights of a
+run that never stopped. Checkpoints use PyTorch DCP's directory layout
+(``DIR/step_000000123/`` with the data file ``__0_0.distcp`` and ``.metadata`` written
+last, by :func:`sn_monitor.jobs.dcp.write_checkpoint`; one bytes entry per layer plus
+``train_state``), so a directory without a readable ``.metadata`` is an incomplete
+checkpoint (:func:`sn_monitor.jobs.dcp.is_complete`) and is never resumed from.
+
+    export SN_CONTROLLER_URL=http://sn-controller:9848 SN_JOB=demo
+    python examples/train.py --steps 1000 --checkpoint-dir /tmp/ckpt --checkpoint-every 100
+
+At start it asks the controller where to resume (``restore_point()``); with no answer it
+resumes from the latest complete checkpoint in ``--checkpoint-dir``, else from step 0.
+``--steps`` is the step to finish at, not a count from where it resumed. Each step is
+reported with ``progress(step)``; a checkpoint is saved every ``--checkpoint-every``
+steps and whenever the controller asks (``should_checkpoint()``). Rank 0 writes
+checkpoints and reports them; other ranks only report progress.
+
+For tests: ``--crash-at S`` dies at the start of step S (exit code 1, no clean-up, like
+a node failure), ``--hang-at S`` stops making progress at the start of step S but keeps
+running (like a rank stuck in an NCCL collective) until it is killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import struct
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from sn_monitor.client import JobClient
+from sn_monitor.jobs.dcp import DcpError, is_complete, read_metadata, write_checkpoint
+
+#: The state-dict entry that holds the step (the layers are entries of their own).
+TRAIN_STATE = "train_state"
+CRASH_EXIT_CODE = 1
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+Model = dict[str, list[float]]
+
+
+def new_model(width: int) -> Model:
+    return {
+        "embed.weight": [math.sin(i + 1.0) for i in range(width)],
+        "layer0.weight": [math.cos(i + 1.0) for i in range(width)],
+        "head.weight": [1.0 / (i + 1.0) for i in range(width)],
+    }
+
+
+def train_step(model: Model, step: int) -> float:
+    """One deterministic "optimizer step"; returns a made-up loss."""
+    loss = 0.0
+    for k, (_, weights) in enumerate(sorted(model.items())):
+        for i, w in enumerate(weights):
+            grad = w - math.cos(0.01 * step + i + k)
+            weights[i] = w - 0.05 * grad
+            loss += grad * grad
+    return loss / sum(len(w) for w in model.values())
+
+
+def save(model: Model, step: int, checkpoint_dir: Path) -> Path:
+    """One DCP bytes entry per layer (little-endian float64s) plus the training state."""
+    blobs = {name: struct.pack(f"<{len(weights)}d", *weights)
+             for name, weights in sorted(model.items())}
+    blobs[TRAIN_STATE] = json.dumps({"step": step}).encode()
+    return write_checkpoint(checkpoint_dir, step, blobs)
+
+
+def load(path: Path) -> tuple[int, Model]:
+    """The step and model of a complete checkpoint directory; ValueError if it is not."""
+    complete = is_complete(path)
+    if not complete:
+        raise ValueError(f"{path} is not a complete checkpoint: {complete.reason}")
+    try:
+        entries: dict[str, bytes] = {}
+        for item in read_metadata(path).items:
+            with (path / item.relative_path).open("rb") as handle:
+                handle.seek(item.offset)
+                entries[item.fqn] = handle.read(item.length)
+        step = int(json.loads(entries.pop(TRAIN_STATE))["step"])
+        model = {name: list(struct.unpack(f"<{len(raw) // 8}d", raw))
+                 for name, raw in entries.items()}
+    except (OSError, ValueError, KeyError, TypeError, DcpError, struct.error) as err:
+        raise ValueError(f"cannot read checkpoint {path}: {err}") from None
+    return step, model
+
+
+def latest_complete(checkpoint_dir: Path) -> Path | None:
+    """The newest complete ``step_*`` checkpoint under ``checkpoint_dir``."""
+    found = sorted(
+        (int(match.group(1)), child)
+        for child in (checkpoint_dir.iterdir() if checkpoint_dir.is_dir() else ())
+        if (match := _STEP_DIR.match(child.name)) and is_complete(child)
+    )
+    return found[-1][1] if found else None
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, required=True, help="the step to finish at")
+    parser.add_argument("--checkpoint-dir", type=Path, required=True)
+    parser.add_argument("--checkpoint-every", type=int, default=100, metavar="K")
+    parser.add_argument("--step-time", type=float, default=0.05, metavar="SECONDS",
+                        help="simulated compute time per step")
+    parser.add_argument("--width", type=int, default=64, help="floats per fake layer")
+    parser.add_argument("--crash-at", type=int, metavar="STEP",
+                        help="exit non-zero at the start of STEP (a node failure)")
+    parser.add_argument("--hang-at", type=int, metavar="STEP",
+                        help="stop making progress at the start of STEP (a hang)")
+    args = parser.parse_args(argv)
+    if args.steps < 0 or args.checkpoint_every < 1 or args.step_time < 0:
+        parser.error("--steps >= 0, --checkpoint-every >= 1 and --step-time >= 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        client = JobClient.from_env()
+    except ValueError as err:
+        print(f"train.py: {err}", file=sys.stderr)
+        return 2
+    writer = client.rank == 0
+
+    step, model = 0, new_model(args.width)
+    point = client.restore_point()
+    if point is None:  # no restore point, or no controller: the latest local checkpoint
+        source = latest_complete(args.checkpoint_dir)
+    else:  # the controller's word; an empty path means from scratch
+        source = Path(point.path) if point.path else None
+    if source is not None:
+        try:
+            step, model = load(source)
+        except ValueError as err:
+            # Starting over would silently throw the job's work away: stop instead.
+            print(f"train.py: cannot resume: {err}", file=sys.stderr)
+            return 3
+        if point is not None and step != point.step:
+            print(f"train.py: {source} holds step {step}, controller said {point.step}",
+                  file=sys.stderr)
+            return 3
+        how = f"generation {point.generation}" if point else "latest local checkpoint"
+        print(f"resuming from step {step} ({source}, {how})", flush=True)
+    else:
+        print("starting from step 0", flush=True)
+
+    last_saved = step
+    while step < args.steps:
+        step += 1
+        if step == args.crash_at:
+            print(f"simulated node failure at step {step}", file=sys.stderr, flush=True)
+            os._exit(CRASH_EXIT_CODE)
+        if step == args.hang_at:
+            print(f"simulated hang at step {step}", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(1)
+        if args.step_time:
+            time.sleep(args.step_time)
+        loss = train_step(model, step)
+        client.progress(step)
+        requested = client.should_checkpoint()
+        if writer and (step % args.checkpoint_every == 0 or requested) and step != last_saved:
+            path = save(model, step, args.checkpoint_dir)
+            client.checkpoint_saved(step, path)
+            last_saved = step
+            why = "requested by the controller" if requested else "scheduled"
+            print(f"step {step} loss {loss:.6f}: checkpoint {path} ({why})", flush=True)
+
+    client.close()
+    print(f"done at step {step}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
