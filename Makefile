@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check sn_monitor tests bench
+	$(BIN)/ruff check sn_monitor tests bench examples
 	$(BIN)/mypy
 
 bench: $(STAMP)
