@@ -54,7 +54,7 @@ FINAL_STATES: Final[frozenset[str]] = frozenset(
 IncidentStatus = Literal["open", "closed"]
 
 #: The schema this code writes; older files are migrated on open, newer ones refused.
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 # _MIGRATIONS[i] takes a database from user_version i to i + 1.
 _MIGRATIONS: Final[tuple[str, ...]] = (
@@ -141,6 +141,55 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
         UNIQUE (node, event_id, time)
     );
     CREATE INDEX events_node ON events (node, received_at);
+    """,
+    # 1 -> 2: training jobs and their recoveries (sn_monitor.jobs.orchestrator)
+    """
+    CREATE TABLE jobs (
+        name TEXT PRIMARY KEY,
+        spec TEXT NOT NULL,
+        source TEXT NOT NULL,
+        state TEXT NOT NULL,
+        state_reason TEXT NOT NULL DEFAULT '',
+        generation INTEGER NOT NULL DEFAULT 0,
+        failures INTEGER NOT NULL DEFAULT 0,
+        nodes TEXT NOT NULL DEFAULT '[]',
+        added TEXT NOT NULL DEFAULT '[]',
+        excluded TEXT NOT NULL DEFAULT '[]',
+        pool TEXT NOT NULL DEFAULT '[]',
+        data TEXT NOT NULL DEFAULT '{}',
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE recoveries (
+        id TEXT PRIMARY KEY,
+        job TEXT NOT NULL,
+        generation INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        strategy TEXT NOT NULL,
+        failed_nodes TEXT NOT NULL DEFAULT '[]',
+        replacement_nodes TEXT NOT NULL DEFAULT '[]',
+        nodes TEXT NOT NULL DEFAULT '[]',
+        incident_ids TEXT NOT NULL DEFAULT '[]',
+        checkpoint_step INTEGER,
+        checkpoint_path TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        deadline REAL,
+        fault_seen REAL NOT NULL,
+        detected REAL,
+        evicted REAL,
+        restore_sent REAL,
+        resumed REAL,
+        finished_at REAL,
+        error TEXT NOT NULL DEFAULT '',
+        actions TEXT NOT NULL DEFAULT '{}',
+        data TEXT NOT NULL DEFAULT '{}',
+        history TEXT NOT NULL DEFAULT '[]',
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE INDEX recoveries_job ON recoveries (job, created_at);
+    CREATE INDEX recoveries_state ON recoveries (state);
     """,
 )
 
@@ -271,6 +320,97 @@ class ActionRecord:
             params=dict(request.params), requested_by=request.requested_by,
             verdict_reason=reason,
         )
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """A training job as the store keeps it (see :mod:`sn_monitor.jobs.orchestrator`).
+
+    ``spec`` is the DistributedJob as plain data (``spec.job_to_dict``); ``nodes`` the
+    job's members when last computed; ``added`` the replacement nodes taken into the job,
+    ``excluded`` the nodes failed out of it (back only through ``return_to_pool``),
+    ``pool`` the spares left; ``data`` the orchestrator's own bookkeeping.
+    """
+
+    name: str
+    spec: Mapping[str, Any]
+    source: str
+    state: str
+    created_at: float
+    updated_at: float
+    state_reason: str = ""
+    generation: int = 0
+    failures: int = 0
+    nodes: tuple[str, ...] = ()
+    added: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()
+    pool: tuple[str, ...] = ()
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RecoveryRow:
+    """One recovery of a job: a persisted state machine (see the orchestrator).
+
+    Times are wall-clock seconds; ``actions`` maps each step (``evict:node-3``,
+    ``restore``) to the id of the action submitted for it.
+    """
+
+    id: str
+    job: str
+    generation: int
+    state: str
+    kind: str
+    strategy: str
+    fault_seen: float
+    created_at: float
+    updated_at: float
+    failed_nodes: tuple[str, ...] = ()
+    replacement_nodes: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
+    incident_ids: tuple[int, ...] = ()
+    checkpoint_step: int | None = None
+    checkpoint_path: str | None = None
+    attempts: int = 0
+    deadline: float | None = None
+    detected: float | None = None
+    evicted: float | None = None
+    restore_sent: float | None = None
+    resumed: float | None = None
+    finished_at: float | None = None
+    error: str = ""
+    actions: Mapping[str, str] = field(default_factory=dict)
+    data: Mapping[str, Any] = field(default_factory=dict)
+    history: tuple[Mapping[str, Any], ...] = ()
+
+
+_RECOVERY_COLUMNS: Final = (
+    "id", "job", "generation", "state", "kind", "strategy", "failed_nodes",
+    "replacement_nodes", "nodes", "incident_ids", "checkpoint_step", "checkpoint_path",
+    "attempts", "deadline", "fault_seen", "detected", "evicted", "restore_sent", "resumed",
+    "finished_at", "error", "actions", "data", "history", "created_at", "updated_at",
+)
+_RECOVERY_JSON: Final = frozenset(
+    {"failed_nodes", "replacement_nodes", "nodes", "incident_ids", "actions", "data",
+     "history"})
+_JOB_COLUMNS: Final = (
+    "name", "spec", "source", "state", "state_reason", "generation", "failures", "nodes",
+    "added", "excluded", "pool", "data", "created_at", "updated_at",
+)
+_JOB_JSON: Final = frozenset({"spec", "nodes", "added", "excluded", "pool", "data"})
+
+
+def _to_json(value: Any) -> str:
+    if isinstance(value, tuple):
+        value = list(value)
+    elif isinstance(value, Mapping):
+        value = dict(value)
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _from_json(text: str) -> Any:
+    value = json.loads(text)
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _check_state(state: str) -> None:
@@ -673,6 +813,80 @@ class Store:
             f"SELECT * FROM actions WHERE state IN ({marks}) ORDER BY created_at, rowid",
             wanted)
         return [self._action(r) for r in rows]
+
+    # -- jobs and recoveries ------------------------------------------------------------
+
+    def save_job(self, row: JobRow) -> None:
+        """Insert or replace a job's row. Committed durably (it carries recovery state)."""
+        values = [_to_json(getattr(row, c)) if c in _JOB_JSON else getattr(row, c)
+                  for c in _JOB_COLUMNS]
+        marks = ", ".join("?" for _ in _JOB_COLUMNS)
+        with self._tx(durable=True) as db:
+            db.execute(f"INSERT OR REPLACE INTO jobs ({', '.join(_JOB_COLUMNS)})"
+                       f" VALUES ({marks})", values)
+
+    @staticmethod
+    def _job(row: sqlite3.Row) -> JobRow:
+        values = {c: _from_json(row[c]) if c in _JOB_JSON else row[c] for c in _JOB_COLUMNS}
+        return JobRow(**values)
+
+    def get_job(self, name: str) -> JobRow | None:
+        """One job, or None."""
+        rows = self._query("SELECT * FROM jobs WHERE name = ?", (name,))
+        return self._job(rows[0]) if rows else None
+
+    def list_jobs(self) -> list[JobRow]:
+        """Every job, by name."""
+        return [self._job(r) for r in self._query("SELECT * FROM jobs ORDER BY name")]
+
+    def delete_job(self, name: str) -> bool:
+        """Forget a job (its recoveries stay, as history). True if it existed."""
+        with self._tx(durable=True) as db:
+            return db.execute("DELETE FROM jobs WHERE name = ?", (name,)).rowcount > 0
+
+    def save_recovery(self, row: RecoveryRow) -> None:
+        """Insert or replace a recovery's row. Committed durably: written before acting."""
+        values = [_to_json(getattr(row, c)) if c in _RECOVERY_JSON else getattr(row, c)
+                  for c in _RECOVERY_COLUMNS]
+        marks = ", ".join("?" for _ in _RECOVERY_COLUMNS)
+        with self._tx(durable=True) as db:
+            db.execute(f"INSERT OR REPLACE INTO recoveries ({', '.join(_RECOVERY_COLUMNS)})"
+                       f" VALUES ({marks})", values)
+
+    @staticmethod
+    def _recovery(row: sqlite3.Row) -> RecoveryRow:
+        values = {c: _from_json(row[c]) if c in _RECOVERY_JSON else row[c]
+                  for c in _RECOVERY_COLUMNS}
+        values["incident_ids"] = tuple(int(i) for i in values["incident_ids"])
+        return RecoveryRow(**values)
+
+    def get_recovery(self, recovery_id: str) -> RecoveryRow | None:
+        """One recovery, or None."""
+        rows = self._query("SELECT * FROM recoveries WHERE id = ?", (recovery_id,))
+        return self._recovery(rows[0]) if rows else None
+
+    def list_recoveries(self, *, job: str | None = None,
+                        states: Iterable[str] | None = None,
+                        limit: int = 1000) -> list[RecoveryRow]:
+        """Recoveries, oldest first (the newest ``limit``), optionally of one job / states."""
+        where: list[str] = []
+        args: list[Any] = []
+        if job is not None:
+            where.append("job = ?")
+            args.append(job)
+        if states is not None:
+            wanted = sorted(set(states))
+            if not wanted:
+                return []
+            where.append(f"state IN ({', '.join('?' for _ in wanted)})")
+            args.extend(wanted)
+        sql = "SELECT * FROM recoveries"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = self._query(
+            f"SELECT * FROM ({sql} ORDER BY created_at DESC, id DESC LIMIT ?)"
+            " ORDER BY created_at, id", (*args, limit))
+        return [self._recovery(r) for r in rows]
 
     # -- meta -------------------------------------------------------------------------
 

@@ -1,0 +1,174 @@
+"""Training progress of one job, as its ranks report it: steps, step times, ETTR.
+
+Kept in memory by the orchestrator (a progress report is the hot path: thousands of ranks
+post every second, so nothing here touches the store); the few numbers that must
+survive a controller restart (the frontier and the productive seconds) are saved by the
+orchestrator every few seconds.
+
+Effective training time ratio (ETTR)
+------------------------------------
+``ETTR = productive seconds / wall seconds since the job was added``.
+
+The job's *frontier* is the highest step any rank ever reported. Only moving the
+frontier is productive: when it advances from step ``F`` (reached at time ``t_F``) to
+step ``S`` at time ``t`` (the client's wall times), the gap ``t - t_F`` is productive
+when it is at most ``SLACK x (S - F) x the median step time`` (ordinary jitter); a
+longer gap means the job stalled in between (hung, recovering, relaunching, loading a
+checkpoint), and only ``(S - F) x median`` of it is productive: the time those new
+steps took. Steps re-computed after a restore from an older checkpoint do not move the
+frontier, so the work lost since that checkpoint is not productive either. While the
+median step time is not known yet, a gap counts whole up to ``unknown_gap`` seconds.
+The very first step gives no credit (its start is not known).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: A frontier gap up to this many median step times per step counts whole (jitter).
+SLACK = 2.0
+
+
+@dataclass
+class RankProgress:
+    """The last progress of one rank."""
+
+    node: str
+    step: int
+    #: The client's wall time of ``step``.
+    time: float
+    #: The controller's wall time when this rank's step last advanced.
+    received: float
+    step_time: float | None
+
+
+class JobProgress:
+    """Per-rank last step and time, median step time, frontier and productive time."""
+
+    def __init__(self, max_ranks: int, unknown_gap: float = 60.0) -> None:
+        self.max_ranks = max_ranks
+        self.unknown_gap = unknown_gap
+        self.ranks: dict[int, RankProgress] = {}
+        self.world_size = 0
+        #: Controller wall time of the last advance of any rank (this generation).
+        self.last_advance: float | None = None
+        self.frontier: int | None = None
+        self.frontier_time: float | None = None
+        self.productive = 0.0
+        #: Whether the current stall was already reported as a hang.
+        self.hang_reported = False
+        self.dirty = False
+        self._median: float | None = None
+        self._median_stale = True
+        self._median_at = -1e18
+
+    def reset_ranks(self) -> None:
+        """A new generation starts: forget the ranks (the world may have changed)."""
+        self.ranks.clear()
+        self.world_size = 0
+        self.last_advance = None
+        self.hang_reported = False
+        self._median_stale = True
+
+    def update(self, rank: int, node: str, world_size: int,
+               updates: Sequence[tuple[int, float]], step_time: float | None,
+               now: float) -> bool:
+        """Take one rank's batch; True when the rank advanced."""
+        if world_size < 1 or world_size > self.max_ranks:
+            raise ValueError(f"world_size must be between 1 and {self.max_ranks}, "
+                             f"got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be between 0 and world_size - 1, got {rank}")
+        if step_time is not None and not step_time > 0:
+            step_time = None
+        if world_size < self.world_size:  # the world shrank: forget ranks beyond it
+            for old in [r for r in self.ranks if r >= world_size]:
+                del self.ranks[old]
+            self._median_stale = True
+        self.world_size = world_size
+        current = self.ranks.get(rank)
+        advanced = False
+        for step, when in sorted(updates, key=lambda u: (u[1], u[0])):
+            if step < 0:
+                raise ValueError(f"a step is not negative, got {step}")
+            self._frontier(step, when, now)
+            if current is None:
+                current = RankProgress(node, step, when, now, step_time)
+                self.ranks[rank] = current
+                advanced = True
+                continue
+            if step != current.step or when > current.time:
+                if step_time is None and step > current.step and when > current.time:
+                    step_time = (when - current.time) / (step - current.step)
+                if step != current.step:
+                    advanced = True
+                current.step, current.time, current.node = step, when, node
+        if current is not None:
+            if step_time is not None and step_time != current.step_time:
+                current.step_time = step_time
+                self._median_stale = True
+            if advanced:
+                current.received = now
+                self.last_advance = now
+                self.hang_reported = False
+        return advanced
+
+    def _frontier(self, step: int, when: float, now: float) -> None:
+        if self.frontier is None or self.frontier_time is None:
+            self.frontier, self.frontier_time = step, when
+            self.dirty = True
+            return
+        if step <= self.frontier:
+            return
+        steps = step - self.frontier
+        gap = when - self.frontier_time
+        median = self.median_step_time(now)
+        if gap > 0:
+            if median is None:
+                self.productive += gap if gap <= self.unknown_gap else 0.0
+            elif gap <= SLACK * steps * median:
+                self.productive += gap
+            else:
+                self.productive += steps * median
+        self.frontier = step
+        self.frontier_time = max(when, self.frontier_time)
+        self.dirty = True
+
+    def median_step_time(self, now: float | None = None) -> float | None:
+        """The median of the ranks' step times (None while no rank knows its own).
+
+        With ``now`` (the progress hot path) it is recomputed at most once a second:
+        every rank's post changes its step time a little, and the median costs O(ranks).
+        """
+        if self._median_stale and (now is None or self._median is None
+                                   or now - self._median_at >= 1.0):
+            times = [r.step_time for r in self.ranks.values() if r.step_time is not None]
+            if times:
+                self._median = statistics.median(times)
+            self._median_stale = False
+            if now is not None:
+                self._median_at = now
+        return self._median
+
+    def all_reported(self) -> bool:
+        """Every rank of the world has reported in this generation."""
+        return self.world_size > 0 and len(self.ranks) >= self.world_size
+
+    def first_stopped(self) -> list[tuple[int, RankProgress]]:
+        """The ranks whose last progress is the oldest (within a fraction of a step)."""
+        if not self.ranks:
+            return []
+        oldest = min(r.time for r in self.ranks.values())
+        median = self.median_step_time()
+        tolerance = 0.5 * median if median is not None else 1.0
+        return sorted((rank, r) for rank, r in self.ranks.items()
+                      if r.time <= oldest + tolerance)
+
+    def last_step(self) -> int | None:
+        """The highest step a rank of this generation reported."""
+        return max((r.step for r in self.ranks.values()), default=None)
+
+
+__all__ = ["SLACK", "JobProgress", "RankProgress"]
