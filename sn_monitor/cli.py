@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     controller.add_argument("--rules", action="append", metavar="DIR",
                             help="rule files or directories (repeatable)")
     controller.add_argument("--token-file", metavar="F", help="the API token file (YAML)")
+    controller.add_argument("--jobs", metavar="DIR", help="a directory of DistributedJob files")
     _log_options(controller)
 
     demo = sub.add_parser("demo", help="watch a simulated node overheat and recover",
@@ -105,7 +106,8 @@ def _log_options(parser: argparse.ArgumentParser, default_level: str = "info") -
 
 #: Keys only a controller config has: how check-config tells the two apart.
 _CONTROLLER_KEYS = frozenset({"state_dir", "rules", "token_file", "max_body_bytes",
-                              "sweep_interval", "policy", "runner", "drivers", "routes"})
+                              "sweep_interval", "policy", "runner", "drivers", "routes",
+                              "jobs", "recovery", "settle"})
 _AGENT_KEYS = frozenset({"node", "labels", "interval", "controller", "paths", "collectors",
                          "guard"})
 
@@ -217,6 +219,8 @@ def run_controller_command(args: argparse.Namespace) -> int:
             overrides["rules"] = list(args.rules)
         if args.token_file:
             overrides["token_file"] = args.token_file
+        if args.jobs:
+            overrides["jobs"] = args.jobs
         settings = replace(settings, **overrides)  # type: ignore[arg-type]
         configure_logging(args.log_format or settings.log_format,
                           args.log_level or settings.log_level)

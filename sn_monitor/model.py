@@ -203,3 +203,34 @@ class ReportReply(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     sequence: int
     events_stored_through: int = -1
     commands: list[Command] = []
+
+
+# --------------------------------------------------------------------------- training jobs
+#
+# What sn_monitor.client sends (it builds the JSON itself: it depends on requests only).
+
+
+class ProgressUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """One step a rank reached, at the rank's wall time."""
+
+    step: Annotated[int, msgspec.Meta(ge=0)]
+    time: float
+
+
+class ProgressBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """``POST /api/v1/jobs/{job}/progress`` from one rank."""
+
+    rank: Annotated[int, msgspec.Meta(ge=0, lt=1 << 20)]
+    node: NodeName
+    world_size: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)]
+    updates: Annotated[list[ProgressUpdate], msgspec.Meta(max_length=256)] = []
+    step_time_seconds: Annotated[float, msgspec.Meta(gt=0)] | None = None
+
+
+class CheckpointBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """``POST /api/v1/jobs/{job}/checkpoints``: a rank (normally 0) saved a checkpoint."""
+
+    rank: Annotated[int, msgspec.Meta(ge=0, lt=1 << 20)]
+    node: NodeName
+    step: Annotated[int, msgspec.Meta(ge=0)]
+    path: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]

@@ -22,7 +22,7 @@ from sn_monitor import __version__
 from sn_monitor.controller.auth import OPEN_ACCESS, Identity, Role, TokenBook
 from sn_monitor.controller.errors import ApiError
 from sn_monitor.controller.ingest import ReportRejected
-from sn_monitor.model import Report, ReportReply
+from sn_monitor.model import CheckpointBody, ProgressBody, Report, ReportReply
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,16 @@ class ControllerApi(Protocol):
     def approve(self, action_id: str, who: str) -> dict[str, Any]: ...
     def list_events(self, node: str | None, kind: str | None,
                     limit: int) -> list[dict[str, Any]]: ...
+    def add_job(self, body: bytes, who: str) -> dict[str, Any]: ...
+    def list_jobs(self) -> list[dict[str, Any]]: ...
+    def get_job(self, name: str) -> dict[str, Any] | None: ...
+    def delete_job(self, name: str, who: str) -> None: ...
+    def job_progress(self, name: str, body: bytes) -> dict[str, Any]: ...
+    def job_checkpoint(self, name: str, body: bytes) -> dict[str, Any]: ...
+    def restore_point(self, name: str) -> dict[str, Any] | None: ...
+    def list_recoveries(self, job: str | None, limit: int) -> list[dict[str, Any]]: ...
+    def approve_recovery(self, recovery_id: str, who: str) -> dict[str, Any]: ...
+    def return_to_pool(self, job: str, node: str, who: str) -> dict[str, Any]: ...
     def service_discovery(self) -> list[dict[str, Any]]: ...
     def health(self) -> tuple[bool, dict[str, Any]]: ...
     def metrics(self) -> bytes: ...
@@ -267,6 +277,68 @@ def _build_router(
             _limit(request))})
 
     @guarded
+    async def jobs(request: Request) -> Response:
+        if request.method == "POST":
+            identity = identify(request, "operate")
+            body = await read_body(request)
+            return _json(await run_in_threadpool(controller.add_job, body, identity.name), 201)
+        identify(request, "read")
+        return _json({"jobs": controller.list_jobs()})
+
+    @guarded
+    async def job(request: Request) -> Response:
+        name = request.path_params["name"]
+        if request.method == "DELETE":
+            identity = identify(request, "operate")
+            await run_in_threadpool(controller.delete_job, name, identity.name)
+            return Response(status_code=204)
+        identify(request, "read")
+        found = controller.get_job(name)
+        if found is None:
+            raise ApiError(404, f"no job {name!r}")
+        return _json(found)
+
+    @guarded
+    async def job_progress(request: Request) -> Response:
+        identify(request, "agent")
+        body = await read_body(request)
+        return _json(controller.job_progress(request.path_params["name"], body))
+
+    @guarded
+    async def job_checkpoints(request: Request) -> Response:
+        identify(request, "agent")
+        body = await read_body(request)
+        return _json(await run_in_threadpool(controller.job_checkpoint,
+                                              request.path_params["name"], body))
+
+    @guarded
+    async def restore_point(request: Request) -> Response:
+        identify(request, "agent")
+        point = await run_in_threadpool(controller.restore_point, request.path_params["name"])
+        if point is None:
+            raise ApiError(404, "no complete checkpoint yet")
+        return _json(point)
+
+    @guarded
+    async def return_to_pool(request: Request) -> Response:
+        identity = identify(request, "operate")
+        return _json(await run_in_threadpool(
+            controller.return_to_pool, request.path_params["name"],
+            request.path_params["node"], identity.name))
+
+    @guarded
+    async def recoveries(request: Request) -> Response:
+        identify(request, "read")
+        return _json({"recoveries": controller.list_recoveries(
+            request.query_params.get("job"), _limit(request))})
+
+    @guarded
+    async def approve_recovery(request: Request) -> Response:
+        identity = identify(request, "operate")
+        return _json(await run_in_threadpool(
+            controller.approve_recovery, request.path_params["recovery_id"], identity.name))
+
+    @guarded
     async def approve(request: Request) -> Response:
         identity = identify(request, "operate")
         record = await run_in_threadpool(controller.approve, request.path_params["action_id"],
@@ -299,6 +371,14 @@ def _build_router(
         Route("/api/v1/incidents/{incident_id}", incident, methods=["GET"]),
         Route("/api/v1/actions", actions, methods=["GET"]),
         Route("/api/v1/events", events, methods=["GET"]),
+        Route("/api/v1/jobs", jobs, methods=["GET", "POST"]),
+        Route("/api/v1/jobs/{name}", job, methods=["GET", "DELETE"]),
+        Route("/api/v1/jobs/{name}/progress", job_progress, methods=["POST"]),
+        Route("/api/v1/jobs/{name}/checkpoints", job_checkpoints, methods=["POST"]),
+        Route("/api/v1/jobs/{name}/restore-point", restore_point, methods=["GET"]),
+        Route("/api/v1/jobs/{name}/spares/{node}", return_to_pool, methods=["POST"]),
+        Route("/api/v1/recoveries", recoveries, methods=["GET"]),
+        Route("/api/v1/recoveries/{recovery_id}/approve", approve_recovery, methods=["POST"]),
         Route("/api/v1/actions/{action_id}/approve", approve, methods=["POST"]),
         Route("/api/v1/sd", service_discovery, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
@@ -310,7 +390,8 @@ def _build_router(
 
 def openapi_document() -> dict[str, Any]:
     """OpenAPI 3.1 for the v1 API; the report schemas come from the wire types themselves."""
-    _, components = msgspec.json.schema_components([Report, ReportReply],
+    _, components = msgspec.json.schema_components([Report, ReportReply, ProgressBody,
+                                                    CheckpointBody],
                                                    ref_template="#/components/schemas/{name}")
     error = {"description": "error", "content": {"application/json": {"schema": {
         "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}}}}
@@ -369,6 +450,48 @@ def openapi_document() -> dict[str, Any]:
                                      {"200": any_json, "422": error},
                                      parameters=[*listing, {"name": "kind", "in": "query",
                                                             "schema": {"type": "string"}}])},
+        "/api/v1/jobs": {
+            "get": op("Every DistributedJob with its state", {"200": any_json}),
+            "post": op("Add or replace a DistributedJob (JSON or YAML)",
+                       {"201": any_json, "400": error, "413": error, "422": error,
+                        "409": error},
+                       requestBody={"required": True, "content": {
+                           "application/json": {"schema": {"type": "object"}},
+                           "application/yaml": {"schema": {"type": "string"}}}})},
+        "/api/v1/jobs/{name}": {
+            "get": op("One job with its recent recoveries", {"200": any_json, "404": error,},
+                      parameters=name_param),
+            "delete": op("Stop managing a job", {"204": {"description": "removed"},
+                                                 "404": error},
+                         parameters=name_param)},
+        "/api/v1/jobs/{name}/progress": {"post": op(
+            "A rank's progress (the training client, batched); the reply asks for "
+            "checkpoints and carries restores",
+            {"200": any_json, "400": error, "404": error, "413": error, "422": error},
+            parameters=name_param, requestBody={"required": True, "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/ProgressBody"}}}})},
+        "/api/v1/jobs/{name}/checkpoints": {"post": op(
+            "A checkpoint the job saved (verified before it counts)",
+            {"200": any_json, "400": error, "404": error, "413": error, "422": error},
+            parameters=name_param, requestBody={"required": True, "content": {
+                "application/json": {
+                    "schema": {"$ref": "#/components/schemas/CheckpointBody"}}}})},
+        "/api/v1/jobs/{name}/restore-point": {"get": op(
+            "The latest complete checkpoint to resume from", {"200": any_json, "404": error},
+            parameters=name_param)},
+        "/api/v1/jobs/{name}/spares/{node}": {"post": op(
+            "Return a repaired node to the job's spare pool",
+            {"200": any_json, "404": error, "409": error},
+            parameters=[*name_param, {"name": "node", "in": "path", "required": True,
+                                     "schema": {"type": "string"}}])},
+        "/api/v1/recoveries": {"get": op(
+            "Job recoveries, newest first", {"200": any_json, "422": error},
+            parameters=[{"name": "job", "in": "query", "schema": {"type": "string"}},
+                        listing[0]])},
+        "/api/v1/recoveries/{recovery_id}/approve": {"post": op(
+            "Approve a manual recovery", {"200": any_json, "404": error, "409": error},
+            parameters=[{"name": "recovery_id", "in": "path", "required": True,
+                         "schema": {"type": "string"}}])},
         "/api/v1/actions/{action_id}/approve": {"post": op(
             "Approve an action waiting for approval", {"200": any_json, "404": error,
                                                         "409": error},

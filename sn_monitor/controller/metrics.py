@@ -10,10 +10,16 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from sn_monitor import __version__
+from sn_monitor.jobs.orchestrator import JobMetrics
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0)
 INGEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -29,6 +35,7 @@ class ControllerState:
     action_outcomes: Mapping[tuple[str, str], int] = field(default_factory=dict)
     breaker_open: bool = False
     store_up: bool = True
+    jobs: JobMetrics | None = None
 
 
 class ControllerStateCollector(Collector):
@@ -67,10 +74,65 @@ class ControllerStateCollector(Collector):
         yield GaugeMetricFamily("sn_breaker_open",
                                 "1 while the circuit breaker freezes evictions.",
                                 value=1.0 if state.breaker_open else 0.0)
+        if state.jobs is not None:
+            yield from _job_families(state.jobs)
         yield GaugeMetricFamily("sn_controller_store_up",
                                 "1 while the store takes writes (0: the controller refuses "
                                 "to act without an audit record).",
                                 value=1.0 if state.store_up else 0.0)
+
+
+RECOVERY_BUCKETS = (5.0, 10.0, 20.0, 30.0, 40.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+PHASES = ("detection", "eviction", "restart", "reload")
+
+
+def _job_families(jobs: JobMetrics) -> Iterator[Metric]:
+    """Per job state and ETTR; recoveries as a histogram rebuilt from the store's record."""
+    state = GaugeMetricFamily("sn_job_state", "1 for each job's current state.",
+                              labels=["job", "state"])
+    generation = GaugeMetricFamily("sn_job_generation",
+                                   "How many times the job was restored.", labels=["job"])
+    failures = CounterMetricFamily("sn_job_failures", "Recoveries the job went through.",
+                                   labels=["job"])
+    ettr = GaugeMetricFamily(
+        "sn_job_effective_training_ratio",
+        "Productive training time / wall time since the job was added (ETTR).", labels=["job"])
+    age = GaugeMetricFamily("sn_job_checkpoint_age_seconds",
+                            "Age of the latest complete checkpoint.", labels=["job"])
+    step = GaugeMetricFamily("sn_job_step", "The highest step the job reported.",
+                             labels=["job"])
+    for name, job in sorted(jobs.jobs.items()):
+        state.add_metric([name, job.state], 1.0)
+        generation.add_metric([name], float(job.generation))
+        failures.add_metric([name], float(job.failures_total))
+        if job.effective_training_ratio is not None:
+            ettr.add_metric([name], job.effective_training_ratio)
+        if job.checkpoint_age_seconds is not None:
+            age.add_metric([name], job.checkpoint_age_seconds)
+        if job.last_step is not None:
+            step.add_metric([name], float(job.last_step))
+    yield from (state, generation, failures, ettr, age, step)
+    histogram = HistogramMetricFamily(
+        "sn_recovery_duration_seconds",
+        "From the fault first seen to the job's progress resumed (MTTR).", labels=["job"])
+    phases = GaugeMetricFamily("sn_recovery_last_phase_seconds",
+                               "How the job's latest recovery split.", labels=["job", "phase"])
+    by_job: dict[str, list[float]] = {}
+    latest: dict[str, tuple[float, tuple[float, ...]]] = {}
+    for rec in jobs.recoveries:
+        by_job.setdefault(rec.job, []).append(rec.total)
+        split: tuple[float, ...] = (rec.detection, rec.eviction, rec.restart, rec.reload)
+        if rec.job not in latest or rec.finished_at > latest[rec.job][0]:
+            latest[rec.job] = (rec.finished_at, split)
+    for name, totals in sorted(by_job.items()):
+        buckets = [(str(b), float(sum(1 for t in totals if t <= b))) for b in RECOVERY_BUCKETS]
+        buckets.append(("+Inf", float(len(totals))))
+        histogram.add_metric([name], buckets, sum(totals))
+    for name, (_, split) in sorted(latest.items()):
+        for phase, seconds in zip(PHASES, split, strict=True):
+            phases.add_metric([name, phase], seconds)
+    yield histogram
+    yield phases
 
 
 class ControllerMetrics:

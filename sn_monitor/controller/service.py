@@ -14,9 +14,14 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any, cast
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import msgspec
 
 from sn_monitor.clock import Clock
+from sn_monitor.config import ConfigError
 from sn_monitor.controller.actions.base import ActionName, ActionRequest
 from sn_monitor.controller.actions.runner import ActionRunner, ActionStateError
 from sn_monitor.controller.auth import Identity
@@ -30,7 +35,15 @@ from sn_monitor.controller.rules.spec import EventRule, Rule
 from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.state import NodeState, NodeView
 from sn_monitor.controller.store import ActionRecord, Incident, Store, StoreError
-from sn_monitor.model import CommandResult, ReportReply
+from sn_monitor.jobs.orchestrator import (
+    HangFinding,
+    JobError,
+    JobOrchestrator,
+    UnknownJob,
+    UnknownRecovery,
+)
+from sn_monitor.jobs.spec import job_from_json, load_jobs
+from sn_monitor.model import CheckpointBody, CommandResult, ProgressBody, ReportReply
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +51,13 @@ log = logging.getLogger(__name__)
 NODE_FATAL_ACTIONS = frozenset({"failover", "evict", "cordon"})
 #: ``failover`` is evict the node, then hand the job to job control (spare + restore).
 EXPANSIONS: dict[str, tuple[ActionName, ...]] = {"failover": ("evict", "failover")}
-#: Actions that wait ``settle`` seconds before they are submitted.
-SETTLED_ACTIONS = frozenset({"cordon", "evict", "failover"})
+#: For a node of a DistributedJob, ``failover`` is a job recovery (the orchestrator
+#: evicts the node, takes a spare and restores from the latest complete checkpoint) and
+#: ``checkpoint`` asks the job for a pre-emptive checkpoint.
+RECOVER = "recover"
+CHECKPOINT_JOBS = "checkpoint-jobs"
+#: Steps that wait ``settle`` seconds before they run.
+SETTLED_ACTIONS = frozenset({"cordon", "evict", "failover", RECOVER})
 #: States that take a node out of service for the max_unavailable budget.
 UNAVAILABLE: frozenset[str] = frozenset({"lost", "cordoned", "evicted"})
 NODE_REFRESH_SECONDS = 5.0
@@ -65,6 +83,9 @@ class Controller:
         self.policy = SafetyPolicy(settings.policy, clock)
         self.runner = ActionRunner(store, self.policy, drivers.by_action, clock,
                                    settings.runner)
+        self.jobs = JobOrchestrator(
+            store, clock, lambda request: self.runner.submit(request, self.cluster(), False),
+            self._labels_of, settings.recovery)
         self.telemetry = ControllerMetrics(self.state)
         drivers.queue.on_result = self._command_result
         self._lock = threading.RLock()
@@ -81,8 +102,9 @@ class Controller:
         self._saved_breaker: BreakerState | None = None
         self._last_refresh = -1e18
         self._last_resend = clock.monotonic()
-        self._deferred: list[tuple[float, ActionName, Finding, int]] = []
+        self._deferred: list[tuple[float, str, Finding, int]] = []
         self._inherited: dict[tuple[str, str, str], tuple[Incident, float]] = {}
+        self._hangs: dict[str, Finding] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -96,6 +118,8 @@ class Controller:
             self._states[record.name] = state
             if record.cordoned_by_us:
                 self._cordoned.add(record.name)
+        self.jobs.load_from_store()
+        self._load_job_files()
         rules = {rule.name: rule for rule in self.engine.rules}
         grace = restart_grace(self.engine.rules)
         now_mono, now_wall = self.clock.monotonic(), self.clock.time()
@@ -155,10 +179,11 @@ class Controller:
         """
         if rule is None:
             return
-        steps = [step for action in rule.actions
-                 for step in EXPANSIONS.get(action, (action,))
+        steps = [step for step in self._plan(incident.node, rule.actions)
                  if step in SETTLED_ACTIONS]
-        missing = [step for step in steps if self.store.get_action_by_key(
+        # A job recovery is keyed by its incident inside the orchestrator: asking again
+        # for one it already handled does nothing, so it is always settled again.
+        missing = [step for step in steps if step == RECOVER or self.store.get_action_by_key(
             f"incident:{incident.id}:{step}") is None]
         if not missing:
             return
@@ -174,6 +199,13 @@ class Controller:
                  extra={"node": incident.node, "rule": incident.rule})
         with self._lock:
             self._deferred.extend((due, step, finding, incident.id) for step in missing)
+
+    def _load_job_files(self) -> None:
+        if self.settings.jobs is None:
+            return
+        for name, job in load_jobs(Path(self.settings.jobs)).items():
+            self.jobs.add_job(job, f"{self.settings.jobs}/{name}")
+            log.info("job %s loaded from %s", name, self.settings.jobs)
 
     def close(self) -> None:
         self.runner.close()
@@ -196,6 +228,7 @@ class Controller:
         now = self.clock.time()
         if accepted.new_node or accepted.labels_changed:
             self._safely(self.store.upsert_node, report.node, report.labels, now)
+            self.jobs.note_node(report.node, report.labels)
         stored_through = -1
         if report.events and self._safely(
                 self.store.record_events, report.node, report.events, now) is not None:
@@ -249,13 +282,35 @@ class Controller:
             if opened is not None:
                 self._breaker_opened(opened)
         due = self.clock.monotonic() + self.settings.settle
-        for action in f.actions:
-            for step in EXPANSIONS.get(action, (cast(ActionName, action),)):
-                if step in SETTLED_ACTIONS and self.settings.settle > 0:
-                    with self._lock:
-                        self._deferred.append((due, step, f, incident_id))
-                else:
-                    self._submit(step, f, incident_id, "firing")
+        for step in self._plan(f.node, f.actions):
+            if step in SETTLED_ACTIONS and self.settings.settle > 0:
+                with self._lock:
+                    self._deferred.append((due, step, f, incident_id))
+            else:
+                self._run_step(step, f, incident_id)
+
+    def _plan(self, node: str, actions: Sequence[str]) -> list[str]:
+        """The steps a firing rule's actions mean for this node (see EXPANSIONS, RECOVER)."""
+        in_job = bool(self.jobs.jobs_of_node(node))
+        steps: list[str] = []
+        for action in actions:
+            if in_job and action == "failover":
+                steps.append(RECOVER)
+            elif in_job and action == "checkpoint":
+                steps.append(CHECKPOINT_JOBS)
+            else:
+                steps.extend(EXPANSIONS.get(action, (action,)))
+        return steps
+
+    def _run_step(self, step: str, f: Finding, incident_id: int) -> None:
+        if step == RECOVER:
+            self._safely(self.jobs.on_node_fault, f.node,
+                         "lost" if f.kind == "heartbeat" else "fatal", incident_id,
+                         f.kind != "heartbeat", f.observed_wall)
+        elif step == CHECKPOINT_JOBS:
+            self._safely(self.jobs.on_node_degrading, f.node, f.rule, incident_id)
+        else:
+            self._submit(cast(ActionName, step), f, incident_id, "firing")
 
     def _submit_settled(self) -> None:
         """Submit node-taking actions whose settle time has passed, if still wanted."""
@@ -270,7 +325,40 @@ class Controller:
                 log.info("not running %s: %s cleared within the settle time", action, f.rule,
                          extra={"node": f.node, "rule": f.rule})
                 continue
-            self._submit(action, f, incident_id, "firing")
+            self._run_step(action, f, incident_id)
+
+    def _job_hung(self, hang: HangFinding) -> None:
+        """A job stopped making progress: a hang incident naming who stopped first."""
+        node = hang.nodes[0] if hang.nodes else f"job:{hang.job}"
+        who = (f"ranks {', '.join(map(str, hang.ranks))} on {', '.join(hang.nodes)} "
+               "stopped first" if hang.nodes else "every rank stopped together")
+        finding = Finding(
+            rule="job-hang", kind="hang", node=node, subject=f"job:{hang.job}", gpu=None,
+            status="firing", severity="critical", actions=("alert",), dry_run=False,
+            value=hang.stalled_seconds,
+            message=(f"job {hang.job} hung at step {hang.step}: {who}, "
+                     f"{hang.stalled_seconds:.0f} s without progress"),
+            observed_wall=hang.stopped_at, detected_wall=self.clock.time())
+        self._fired(finding)
+        incident_id = self._safely(self.store.open_incident, finding.rule, node,
+                                   finding.subject, severity="critical",
+                                   message=finding.message, observed_at=hang.stopped_at,
+                                   detected_at=finding.detected_wall)
+        with self._lock:
+            self._hangs[hang.job] = finding
+        self._safely(self.jobs.on_hang, hang, incident_id)
+
+    def _close_hangs(self) -> None:
+        """A hang incident clears once its job runs again (recovered, or unstuck)."""
+        with self._lock:
+            hung = dict(self._hangs)
+        for job, finding in hung.items():
+            status = self.jobs.job(job)
+            if status is not None and status.state not in ("running",):
+                continue
+            with self._lock:
+                self._hangs.pop(job, None)
+            self._resolved(replace(finding, status="resolved", detected_wall=self.clock.time()))
 
     def _resolved(self, f: Finding) -> None:
         with self._lock:
@@ -386,6 +474,9 @@ class Controller:
         self._handle(findings)
         self._close_inherited()
         self._submit_settled()
+        for hang in self._safely(self.jobs.tick) or ():
+            self._job_hung(hang)
+        self._close_hangs()
         self.runner.tick()
         now = self.clock.monotonic()
         alertmanager = self.drivers.alertmanager
@@ -430,6 +521,10 @@ class Controller:
             if self._firing.get(node):
                 return "degraded"
         return "healthy"
+
+    def _labels_of(self, node: str) -> dict[str, str] | None:
+        view = self.registry.get(node)
+        return dict(view.labels) if view is not None else None
 
     def cluster(self) -> ClusterSummary:
         """The numbers the safety policy needs."""
@@ -519,6 +614,88 @@ class Controller:
         return [_action_doc(a) for a in self.store.list_actions(
             node=node, state=state, limit=limit)]
 
+    # ------------------------------------------------------------------ jobs API
+
+    def add_job(self, body: bytes, who: str) -> dict[str, Any]:
+        try:
+            job = job_from_json(body)
+        except ConfigError as err:
+            raise ApiError(422, str(err)) from None
+        try:
+            status = self.jobs.add_job(job, f"api:{who}")
+        except JobError as err:
+            raise ApiError(409, str(err)) from None
+        log.info("job %s added by %s", job.name, who)
+        return status.to_dict()
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        return [status.to_dict() for status in self.jobs.jobs()]
+
+    def get_job(self, name: str) -> dict[str, Any] | None:
+        status = self.jobs.job(name)
+        if status is None:
+            return None
+        doc = status.to_dict()
+        doc["recoveries"] = [r.to_dict() for r in self.jobs.recoveries(name, limit=20)]
+        return doc
+
+    def delete_job(self, name: str, who: str) -> None:
+        if not self.jobs.remove_job(name):
+            raise ApiError(404, f"no job {name!r}")
+        log.info("job %s removed by %s", name, who)
+
+    def job_progress(self, name: str, body: bytes) -> dict[str, Any]:
+        progress = _decode(_progress_decoder, body)
+        try:
+            reply = self.jobs.progress(
+                name, progress.rank, progress.node, progress.world_size,
+                [(u.step, u.time) for u in progress.updates], progress.step_time_seconds)
+        except UnknownJob:
+            raise ApiError(404, f"no job {name!r}") from None
+        except ValueError as err:
+            raise ApiError(422, str(err)) from None
+        return reply.to_dict()
+
+    def job_checkpoint(self, name: str, body: bytes) -> dict[str, Any]:
+        saved = _decode(_checkpoint_decoder, body)
+        try:
+            checkpoint = self.jobs.checkpoint_saved(name, saved.rank, saved.node, saved.step,
+                                                    saved.path)
+        except UnknownJob:
+            raise ApiError(404, f"no job {name!r}") from None
+        except (ValueError, OSError) as err:
+            raise ApiError(422, str(err)) from None
+        return {"step": checkpoint.step, "path": str(checkpoint.path),
+                "complete": checkpoint.complete, "reason": checkpoint.reason}
+
+    def restore_point(self, name: str) -> dict[str, Any] | None:
+        try:
+            point = self.jobs.restore_point(name)
+        except UnknownJob:
+            raise ApiError(404, f"no job {name!r}") from None
+        return None if point is None else point.to_dict()
+
+    def list_recoveries(self, job: str | None, limit: int) -> list[dict[str, Any]]:
+        return [r.to_dict() for r in self.jobs.recoveries(job, limit=limit)]
+
+    def approve_recovery(self, recovery_id: str, who: str) -> dict[str, Any]:
+        try:
+            return self.jobs.approve_recovery(recovery_id, who).to_dict()
+        except UnknownRecovery:
+            raise ApiError(404, f"no recovery {recovery_id!r}") from None
+        except JobError as err:
+            raise ApiError(409, str(err)) from None
+
+    def return_to_pool(self, job: str, node: str, who: str) -> dict[str, Any]:
+        try:
+            status = self.jobs.return_to_pool(job, node)
+        except UnknownJob:
+            raise ApiError(404, f"no job {job!r}") from None
+        except JobError as err:
+            raise ApiError(409, str(err)) from None
+        log.info("node %s returned to the spare pool of %s by %s", node, job, who)
+        return status.to_dict()
+
     def list_events(self, node: str | None, kind: str | None,
                     limit: int) -> list[dict[str, Any]]:
         return self.store.list_events(node=node, kind=kind, limit=limit)
@@ -569,11 +746,27 @@ class Controller:
             action_outcomes=self.runner.outcomes(),
             breaker_open=self.policy.breaker_state().open,
             store_up=self._store_error is None,
+            jobs=self.jobs.metrics(),
         )
 
     def metrics(self) -> bytes:
         """The controller's /metrics body."""
         return self.telemetry.render()
+
+
+_progress_decoder = msgspec.json.Decoder(ProgressBody)
+_checkpoint_decoder = msgspec.json.Decoder(CheckpointBody)
+
+_T = TypeVar("_T")
+
+
+def _decode(decoder: msgspec.json.Decoder[_T], body: bytes) -> _T:
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as err:
+        raise ApiError(422, f"invalid body: {err}") from None
+    except msgspec.DecodeError as err:
+        raise ApiError(400, f"malformed JSON: {err}") from None
 
 
 def restart_grace(rules: Sequence[Rule]) -> float:

@@ -26,6 +26,7 @@ from sn_monitor.controller.actions.slack import SlackSettings
 from sn_monitor.controller.actions.slurm import SlurmSettings
 from sn_monitor.controller.actions.webhook import WebhookSettings
 from sn_monitor.controller.policy import PolicySettings
+from sn_monitor.jobs.orchestrator import JobSettings
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,9 @@ class ControllerSettings:
     runner: RunnerSettings = field(default_factory=RunnerSettings)
     drivers: DriverSettings = field(default_factory=DriverSettings)
     routes: dict[str, list[str]] = setting(default_factory=dict, check=_routes)
+    #: DistributedJob files (a directory of *.yaml); jobs can also come through the API.
+    jobs: str | None = None
+    recovery: JobSettings = field(default_factory=JobSettings)
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
