@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sn_monitor.clock import Clock
@@ -24,6 +24,7 @@ from sn_monitor.controller.actions.slack import SlackDriver
 from sn_monitor.controller.actions.slurm import SlurmDriver
 from sn_monitor.controller.actions.webhook import WebhookDriver
 from sn_monitor.controller.settings import DriverSettings
+from sn_monitor.jobs.spec import JobControl
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,51 @@ class LogAlert:
         return Outcome("logged (no alert destination configured)")
 
 
+class JobControlRouter:
+    """checkpoint / restore / failover to the launcher of the job they are about.
+
+    A DistributedJob names its own launcher (``spec.control``: a webhook or a command);
+    an action whose ``params["job"]`` names a known job goes there. Others (and jobs
+    without one) go to the controller-wide job driver, if any.
+    """
+
+    name = "job-router"
+
+    def __init__(self, fallback: Driver | None,
+                 control_of: Callable[[str], JobControl | None],
+                 clock: Clock) -> None:
+        self._fallback = fallback
+        self._control_of = control_of
+        self._clock = clock
+        self._drivers: dict[str, tuple[JobControl, JobControlDriver]] = {}
+        self._lock = threading.Lock()
+        self.idempotent = bool(getattr(fallback, "idempotent", False))
+
+    def _driver_for(self, job: str) -> Driver | None:
+        control = self._control_of(job)
+        if control is None:
+            return self._fallback
+        with self._lock:
+            cached = self._drivers.get(job)
+            if cached is None or cached[0] is not control:
+                driver = JobControlDriver(
+                    webhook=WebhookDriver(control.webhook, clock=self._clock)
+                    if control.webhook else None,
+                    command=CommandDriver(control.command) if control.command else None,
+                )
+                cached = (control, driver)
+                self._drivers[job] = cached
+            return cached[1]
+
+    def run(self, request: ActionRequest) -> Outcome:
+        job = request.params.get("job")
+        driver = self._driver_for(str(job)) if job else self._fallback
+        if driver is None:
+            raise PermanentError(f"no launcher to {request.action} job {job or '?'}: set the "
+                                 "job's spec.control or drivers.job")
+        return driver.run(request)
+
+
 class NoDriver:
     """Stands in for an action with no driver configured: it fails, saying so."""
 
@@ -115,6 +161,20 @@ class Drivers:
     queue: AgentCommandQueue
     alertmanager: AlertmanagerDriver | None = None
     every: list[Driver] = field(default_factory=list)
+    #: Actions whose driver the config named explicitly (``routes``).
+    routed: frozenset[str] = frozenset()
+
+    def route_jobs(self, control_of: Callable[[str], JobControl | None], clock: Clock) -> None:
+        """Send checkpoint / restore / failover to the launcher of the job they name.
+
+        Actions the config routed by hand keep their driver.
+        """
+        for action in JOB_ACTIONS:
+            if action in self.routed:
+                continue
+            current = self.by_action[action]
+            fallback = None if isinstance(current, NoDriver) else current
+            self.by_action[action] = JobControlRouter(fallback, control_of, clock)
 
     def close(self) -> None:
         for driver in self.every:
@@ -171,4 +231,5 @@ def build_drivers(settings: DriverSettings, routes: Mapping[str, list[str]],
         by_action[action] = pick(action, ["job"])
     for action, driver in sorted(by_action.items()):
         log.info("action %s -> %s", action, driver.name)
-    return Drivers(by_action, queue, alertmanager, list(named.values()))
+    return Drivers(by_action, queue, alertmanager, list(named.values()),
+                   routed=frozenset(routes))

@@ -42,7 +42,7 @@ from sn_monitor.jobs.orchestrator import (
     UnknownJob,
     UnknownRecovery,
 )
-from sn_monitor.jobs.spec import job_from_json, load_jobs
+from sn_monitor.jobs.spec import JobControl, job_from_json, load_jobs
 from sn_monitor.model import CheckpointBody, CommandResult, ProgressBody, ReportReply
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ class Controller:
         self.engine = RuleEngine(rules, clock)
         self.registry = NodeRegistry(clock)
         self.policy = SafetyPolicy(settings.policy, clock)
+        drivers.route_jobs(self._job_control, clock)
         self.runner = ActionRunner(store, self.policy, drivers.by_action, clock,
                                    settings.runner)
         self.jobs = JobOrchestrator(
@@ -521,6 +522,10 @@ class Controller:
             if self._firing.get(node):
                 return "degraded"
         return "healthy"
+
+    def _job_control(self, job: str) -> JobControl | None:
+        spec = self.jobs.spec(job)
+        return None if spec is None else spec.spec.control
 
     def _labels_of(self, node: str) -> dict[str, str] | None:
         view = self.registry.get(node)

@@ -578,6 +578,12 @@ class JobOrchestrator:
             j = self._jobs.get(name)
             return None if j is None else self._status(j)
 
+    def spec(self, name: str) -> DistributedJob | None:
+        """The job's DistributedJob as added (its ``control`` says how to reach its launcher)."""
+        with self._lock:
+            j = self._jobs.get(name)
+            return None if j is None else j.job
+
     def jobs_of_node(self, node: str) -> list[str]:
         """The jobs running on ``node`` (not those holding it as a spare)."""
         with self._lock:
