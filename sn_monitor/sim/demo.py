@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.logging import RichHandler
 from rich.text import Text
 
 from sn_monitor.agent.daemon import build_agent
@@ -111,8 +112,15 @@ def run_demo(gpus: int, listen: str, speed: float, duration: float | None,
         if headless or not console.is_terminal:
             agent.run_until_signalled(duration)
         else:
-            with Live(console=console, refresh_per_second=4, screen=False) as live:
-                agent.run_until_signalled(duration)
+            # Log lines go through the console too, above the live table, not across it.
+            root = logging.getLogger()
+            handlers, root.handlers = root.handlers, [RichHandler(console=console,
+                                                                  show_path=False)]
+            try:
+                with Live(console=console, refresh_per_second=4, screen=True) as live:
+                    agent.run_until_signalled(duration)
+            finally:
+                root.handlers = handlers
         console.print("faults injected:\n  " + ("\n  ".join(driver.fired) or "none"))
         final = agent.sampler.latest
         if final is not None:
