@@ -36,6 +36,7 @@ from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import Clock
 from sn_monitor.model import Event
+from sn_monitor.notify import SystemdNotifier
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,7 @@ class Agent:
         self._scheduler = BackgroundScheduler(daemon=True)
         self._stopped = threading.Event()
         self._report_loop: ReportLoop | None = None
+        self.notifier = SystemdNotifier(clock)
         if protection is not None and protection.reporter is not None:
             self._report_loop = ReportLoop(protection.reporter, protection.executor)
         host, port = parse_listen(settings.listen)
@@ -191,6 +193,9 @@ class Agent:
             self.tick()
         except Exception:  # the loop must survive a bad cycle; it is logged
             log.exception("sampling cycle failed", extra={"node": self.settings.node})
+            return
+        # Only a loop that completes cycles pets the watchdog: a hung one gets restarted.
+        self.notifier.watchdog()
 
     def start(self) -> None:
         """Take the first sample, then serve and sample every ``interval``."""
@@ -203,6 +208,8 @@ class Agent:
             id="sample", max_instances=1, coalesce=True, misfire_grace_time=None,
         )
         self._scheduler.start()
+        self.notifier.ready(f"sampling every {self.settings.interval}s")
+        self.notifier.watchdog()
         log.info("agent serving on %s, sampling every %ss", self.settings.listen,
                  self.settings.interval, extra={"node": self.settings.node})
 
@@ -211,6 +218,7 @@ class Agent:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        self.notifier.stopping()
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
         if self._report_loop is not None:

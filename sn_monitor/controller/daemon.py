@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+import socket
 import threading
 from pathlib import Path
 from types import FrameType
@@ -21,6 +22,7 @@ from sn_monitor.controller.rules.spec import load_rules
 from sn_monitor.controller.service import Controller
 from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.store import Store
+from sn_monitor.notify import SystemdNotifier
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,23 @@ STOP_DEADLINE_SECONDS = 20
 
 def rule_paths(settings: ControllerSettings) -> list[Path]:
     return [Path(p) for p in settings.rules]
+
+
+def _already_stopping(signum: int, frame: FrameType | None) -> None:
+    del signum, frame
+
+
+class NotifyingServer(uvicorn.Server):
+    """uvicorn that tells systemd READY=1 once it accepts connections."""
+
+    def __init__(self, config: uvicorn.Config, notifier: SystemdNotifier) -> None:
+        super().__init__(config)
+        self._notifier = notifier
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.should_exit:
+            self._notifier.ready("serving")
 
 
 def tune_garbage_collector() -> None:
@@ -62,6 +81,7 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
     controller.start()
     tune_garbage_collector()
     reload_wanted = threading.Event()
+    notifier = SystemdNotifier(clock)
 
     def sweep() -> None:
         if reload_wanted.is_set():
@@ -74,12 +94,18 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
             controller.sweep()
         except Exception:  # the sweep must keep running; the failure is logged
             log.exception("sweep failed")
+            return
+        notifier.watchdog()
 
     def on_hup(signum: int, frame: FrameType | None) -> None:
         del signum, frame
         reload_wanted.set()
 
     previous = signal.signal(signal.SIGHUP, on_hup)
+    # uvicorn stops gracefully on SIGTERM/SIGINT and then re-raises the signal to the
+    # handler that was there before it: make that a no-op, so that an orderly stop exits 0.
+    stop_handlers = {sig: signal.signal(sig, _already_stopping)
+                     for sig in (signal.SIGTERM, signal.SIGINT)}
     scheduler = BackgroundScheduler(daemon=True)
     scheduler.add_job(sweep, "interval", seconds=settings.sweep_interval, id="sweep",
                       max_instances=1, coalesce=True, misfire_grace_time=None)
@@ -94,11 +120,14 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
     log.info("controller serving on %s with %d rules, state in %s", settings.listen,
              len(rules), state_dir)
     try:
-        uvicorn.Server(config).run()
+        NotifyingServer(config, notifier).run()
     finally:
+        notifier.stopping()
         scheduler.shutdown(wait=True)
         controller.close()
         store.close()
         signal.signal(signal.SIGHUP, previous)
+        for sig, handler in stop_handlers.items():
+            signal.signal(sig, handler)
         log.info("controller stopped")
     return 0

@@ -40,7 +40,8 @@ What it does:
   ``restoring``: a ``restore`` action with ``{job, checkpoint: {step, path}, nodes,
   generation}`` (the latest *complete* checkpoint; generation + 1), the same in the
   progress replies, then wait for progress from the new generation (a step at or past
-  the checkpoint's, reported after the restore was sent, from one of the new nodes):
+  the checkpoint's, reported after the launcher took the restore (its action
+  succeeded: until then the old ranks may still run), from one of the new nodes):
   ``done``. MTTR = resumed - fault seen, split into detection (fault seen -> detected),
   eviction (-> evicted, the pre-fault checkpoint included), restart (-> restore sent:
   planning, approval) and reload (-> resumed: relaunch and checkpoint load).
@@ -471,6 +472,8 @@ class JobOrchestrator:
         #: (job, incident id, node or "") already acted upon: a re-fired incident (the
         #: controller settles again after a restart) does not start a second recovery.
         self._handled: set[tuple[str, int, str]] = set()
+        #: restore action id -> when it succeeded (see :meth:`_restore_taken`).
+        self._restore_taken_at: dict[str, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -699,9 +702,34 @@ class JobOrchestrator:
             if (rec is not None and rec.state == "restoring" and rec.restore_sent is not None
                     and node in rec.nodes and batch):
                 floor = rec.checkpoint_step if rec.checkpoint_step is not None else 0
-                if any(step >= floor and when > rec.restore_sent for step, when in batch):
+                # Only progress after the launcher took the restore is the new generation's:
+                # the old ranks (on the nodes that stay) run on until it stops them, and
+                # the restore action runs in a worker, after restore_sent.
+                taken = self._restore_taken(rec)
+                if taken is not None and any(step >= floor and when > taken
+                                             for step, when in batch):
                     self._resumed(j, rec, now, f"rank {rank} on {node} made progress")
             return self._reply(j)
+
+    def _restore_taken(self, rec: RecoveryRow) -> float | None:
+        """When the current restore action succeeded (the launcher took it), else None.
+
+        A store read, once per restore (then remembered); never a write.
+        """
+        seq = int(rec.data.get("restore_seq") or 1)
+        action_id = rec.actions.get("restore" if seq == 1 else f"restore:{seq}")
+        if action_id is None:
+            return None
+        taken = self._restore_taken_at.get(action_id)
+        if taken is None:
+            try:
+                record = self.store.get_action(action_id)
+            except StoreError:
+                return None
+            if record is None or record.state not in _GOOD:
+                return None
+            taken = self._restore_taken_at[action_id] = record.updated_at
+        return taken
 
     def _reply(self, j: _Job) -> ProgressReply:
         request = self._request_of(j)
@@ -1326,6 +1354,7 @@ class JobOrchestrator:
         rec = replace(rec, state="done", resumed=now, finished_at=now, deadline=None)
         self._save_rec(rec)
         self._active.pop(j.name, None)
+        self._restore_taken_at.clear()  # only the active recoveries' restores matter
         duration = recovery_duration(rec)
         if duration is not None:
             self._finished.append(duration)
