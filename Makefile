@@ -30,6 +30,7 @@ bench: $(STAMP)
 	command -v prometheus-node-exporter >/dev/null || (apt-get install -y -q prometheus-node-exporter || echo "node_exporter not installed: comparison skipped")
 	$(BIN)/python -m bench.agent_bench
 	$(BIN)/python -m bench.controller_bench
+	$(BIN)/python -m bench.recovery_bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

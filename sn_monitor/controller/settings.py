@@ -84,7 +84,7 @@ class ControllerSettings:
     rules: list[str] = field(default_factory=lambda: ["/etc/sn-monitor/rules"])
     token_file: str | None = None
     max_body_bytes: int = setting(default=1 << 20, check=positive)
-    sweep_interval: Duration = setting(default=Duration(1.0), check=positive)
+    sweep_interval: Duration = setting(default=Duration(0.5), check=positive)
     #: Node-taking actions (cordon, evict, failover) wait this long before they are
     #: submitted, so that a burst of simultaneous faults (a switch, a partition) reaches
     #: the circuit breaker before the first eviction runs, and a node that blinks back

@@ -139,7 +139,12 @@ class Cluster:
     """A controller and ``nodes`` simulated agents (``sim-0`` ... ``sim-N``)."""
 
     def __init__(self, root: Path, *, nodes: int = 4, config: dict[str, Any] | None = None,
-                 gpus: int = 8, sim_speed: float = 10.0) -> None:
+                 gpus: int = 8, sim_speed: float = 10.0,
+                 routes: dict[str, list[str]] | None = None,
+                 jobs_dir: Path | None = None) -> None:
+        """``config`` is merged into the defaults below; ``routes`` replaces theirs
+        (leave checkpoint/restore/failover out to send them to each job's own
+        ``spec.control``); ``jobs_dir`` is the controller's ``--jobs`` directory."""
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -181,6 +186,8 @@ class Cluster:
                        "failover": ["job"], "checkpoint": ["job"], "restore": ["job"]},
         }
         _merge(settings, config or {})
+        if routes is not None:
+            settings["routes"] = routes
         self.config_path = root / "controller.yaml"
         self.config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
 
@@ -189,7 +196,10 @@ class Cluster:
             "--config", str(self.config_path), "--listen", f"127.0.0.1:{self.port}",
             "--state-dir", str(self.state_dir), "--rules", str(RULES),
             "--token-file", str(root / "tokens.yaml"), "--log-format", "json",
+            *(["--jobs", str(jobs_dir)] if jobs_dir is not None else []),
         ], root / "controller.log")
+        #: More text for :meth:`logs` (a test's own processes): each returns a section.
+        self.log_sources: list[Callable[[], str]] = []
         self.agents: dict[str, Agent] = {}
         for i in range(nodes):
             name, port = f"sim-{i}", free_port()
@@ -278,6 +288,11 @@ class Cluster:
         for path in (self.evict_log, self.job_log):
             text = path.read_text() if path.exists() else "(empty)"
             parts.append(f"===== {path.name}\n{text.strip()}")
+        for source in self.log_sources:
+            try:
+                parts.append(source())
+            except Exception as err:  # noqa: BLE001 - a broken source must not hide the others
+                parts.append(f"===== (log source failed: {err!r})")
         return "\n".join(parts)
 
     def wait_for(self, probe: Callable[[], T], timeout: float, what: str,
