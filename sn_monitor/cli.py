@@ -1,4 +1,4 @@
-"""The one entry point: ``sn-monitor agent|demo|check-config|version``."""
+"""The one entry point: ``sn-monitor agent|controller|demo|simulate|check-config|version``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sn_monitor import __version__
 from sn_monitor.agent.settings import AgentSettings, agent_settings_from, load_agent_settings
-from sn_monitor.config import ConfigError, bind, load_yaml
+from sn_monitor.config import ConfigError, bind, load_yaml, parse_duration
 from sn_monitor.logs import configure_logging
 
 log = logging.getLogger("sn_monitor")
@@ -35,6 +35,16 @@ def _positive_int(value: str) -> int:
     if number <= 0:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
     return number
+
+
+def _duration(value: str) -> float:
+    try:
+        seconds = float(value) if value.replace(".", "", 1).isdigit() else parse_duration(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {value!r}")
+    return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,6 +99,41 @@ def build_parser() -> argparse.ArgumentParser:
                       help="print a status line per second instead of the live table")
     _log_options(demo, default_level="warning")
 
+    simulate = sub.add_parser(
+        "simulate", help="run many simulated agents against a controller",
+        description="Run N simulated 8-GPU nodes in this process, each reporting to the "
+                    "controller every interval, optionally breaking them by a scenario "
+                    "file; print what the controller answered (accepted, refused, "
+                    "latencies).")
+    simulate.add_argument("--controller", required=True, metavar="URL",
+                          help="the controller (http[s]://host:9848)")
+    simulate.add_argument("--nodes", type=_positive_int, default=1000,
+                          help="simulated nodes (default 1000), named sim-0000, sim-0001, ...")
+    simulate.add_argument("--interval", type=_duration, default=1.0, metavar="S",
+                          help="report interval of each node: 1s, 500ms, 2 (default 1s)")
+    simulate.add_argument("--scenario", metavar="F",
+                          help="a scenario file, or a packaged one by name "
+                               "(default, thermal, network, mass-failure)")
+    simulate.add_argument("--token-file", metavar="F",
+                          help="file holding the agents' bearer token")
+    simulate.add_argument("--duration", type=_duration, default=None, metavar="S",
+                          help="stop after S wall seconds (default: the scenario's duration "
+                               "divided by --speed; without a scenario, run until Ctrl-C)")
+    simulate.add_argument("--speed", type=float, default=1.0, metavar="X",
+                          help="simulated seconds per wall second: scenario time and GPU "
+                               "physics (default 1)")
+    simulate.add_argument("--gpus", type=_positive_int, default=8, help="GPUs per node")
+    simulate.add_argument("--connections", type=_positive_int, default=16,
+                          help="keep-alive connections to the controller (default 16)")
+    simulate.add_argument("--jitter", type=float, default=0.1, metavar="F",
+                          help="each interval varies by up to this fraction (default 0.1)")
+    simulate.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    simulate.add_argument("--json", action="store_true",
+                          help="print the summary as JSON instead of a table")
+    simulate.add_argument("--quiet", action="store_true",
+                          help="no progress line every 10 s on stderr")
+    _log_options(simulate, default_level="warning")
+
     check = sub.add_parser("check-config", help="validate config files; exit 2 on any error")
     check.add_argument("files", nargs="+", type=Path)
 
@@ -119,6 +164,11 @@ def check_file(path: Path) -> str:
     from sn_monitor.controller.settings import ControllerSettings
 
     doc = load_yaml(path)
+    if isinstance(doc.data, dict) and doc.data.get("kind") == "Scenario":
+        from sn_monitor.sim.scenario import parse_scenario
+
+        parse_scenario(doc)
+        return "scenario file"
     if isinstance(doc.data, dict) and doc.data.get("kind") == "DistributedJob":
         from sn_monitor.jobs.spec import parse_job
 
@@ -233,6 +283,65 @@ def run_controller_command(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
 
 
+def run_simulate(args: argparse.Namespace) -> int:
+    """``sn-monitor simulate``: many simulated agents against one controller."""
+    import json
+    import signal
+    import threading
+
+    from sn_monitor.agent.reporter import TokenError, read_token
+    from sn_monitor.sim.fleet import Fleet, FleetOptions, render_summary
+    from sn_monitor.sim.scenario import find_scenario
+
+    try:
+        scenario = find_scenario(args.scenario) if args.scenario else None
+        token = read_token(args.token_file) if args.token_file else None
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return EXIT_CONFIG
+    except TokenError as err:
+        print(f"sn-monitor simulate: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.speed <= 0 or not 0 <= args.jitter < 1:
+        print("sn-monitor simulate: --speed must be above 0 and --jitter from 0 to 0.99",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    duration = args.duration
+    if duration is None and scenario is not None and scenario.duration is not None:
+        duration = scenario.duration / args.speed
+    options = FleetOptions(controller=args.controller, nodes=args.nodes,
+                           interval=args.interval, duration=duration, speed=args.speed,
+                           gpus=args.gpus, connections=args.connections, jitter=args.jitter,
+                           seed=args.seed, token=token)
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        fleet = Fleet(options, scenario, progress=None if args.quiet else progress)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return EXIT_CONFIG
+    except ValueError as err:
+        print(f"sn-monitor simulate: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if not args.quiet:
+            until = f"for {duration:g} s" if duration is not None else "until Ctrl-C"
+            progress(f"simulating {options.nodes} nodes against {options.controller} "
+                     f"{until}" + (f", scenario {scenario.name}" if scenario else ""))
+        fleet.run(stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    summary = fleet.summary()
+    print(json.dumps(summary, indent=2) if args.json else render_summary(summary))
+    return 1 if summary["sent"] and not summary["accepted"] else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a subcommand; return the exit status."""
     args = build_parser().parse_args(argv)
@@ -243,6 +352,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check_config(args.files)
     if args.command == "controller":
         return run_controller_command(args)
+    if args.command == "simulate":
+        configure_logging(args.log_format or "text", args.log_level or "warning")
+        return run_simulate(args)
     try:
         settings = _agent_settings(args) if args.command == "agent" else AgentSettings()
     except ConfigError as err:

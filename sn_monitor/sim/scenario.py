@@ -1,0 +1,455 @@
+"""Scenario files: which fault hits which simulated node, and when.
+
+A scenario is a YAML mapping with ``kind: Scenario`` (that is how ``check-config`` tells
+it from the other files) and a list of timed faults::
+
+    kind: Scenario
+    name: default                  # default: the file's name
+    description: what it shows
+    duration: 10m                  # simulated time it covers (optional)
+    gpus: 8                        # GPUs per simulated node (default 8)
+    faults:
+      - {at: 30s, node: 3, gpu: 5, fault: overheat, factor: 1.8}
+      - {at: 2m, node: sim-0007, gpu: 2, fault: xid, code: 79}
+      - {at: 3m, node: 11, fault: node-lost}            # the agent stops reporting
+      - {at: 4m, node: "*", count: 6, fault: node-lost}  # six nodes at once
+
+Each fault has ``at`` (simulated time from the start: ``30s``, ``2m``, a number of
+seconds), ``node`` (an index into the simulated fleet, 0-based; a node name such as
+``sim-0007``; or ``"*"``: ``count`` nodes picked at random, a number or a share of the
+fleet such as ``25%``, every node without ``count``), ``fault`` (a name from
+:data:`FAULT_SPECS`), ``gpu`` when the fault needs one, and the fault's parameters,
+inline or under ``params:``. ``count`` next to ``node: "*"``
+is the number of nodes; a fault's own ``count`` parameter (``ecc-uncorrectable``,
+``ib-symbol-errors``) then goes under ``params:``. Parameters left out take the
+defaults listed in :data:`FAULT_SPECS`.
+
+The node faults are those of :data:`sn_monitor.sim.node.FAULTS` (what ``POST /sim/fault``
+takes on a simulated agent); ``node-lost``, ``node-back`` and ``straggler`` only the
+fleet simulator (``sn-monitor simulate``) can play, because they act on a whole agent.
+
+Every error is a :class:`~sn_monitor.config.ConfigError` naming file, line and key path
+(``scenario.yaml:7: faults[3].gpu: overheat needs a gpu from 0 to 7``). Whether a node
+index or name exists depends on the fleet: :meth:`Scenario.resolve` checks that, with
+the same kind of message, once the fleet's size is known.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from sn_monitor.config import ConfigError, Document, KeyPath, load_yaml, parse_duration, parse_yaml
+from sn_monitor.sim.node import FAULTS
+from sn_monitor.sim.node_tree import DEFAULT_IB_DEVICES, DEFAULT_NETDEVS
+
+ParamKind = Literal["int", "number", "ratio", "string", "choice"]
+
+#: Network interfaces a carrier fault may name (``lo`` has no carrier to lose).
+NETDEVS: tuple[str, ...] = tuple(d for d in DEFAULT_NETDEVS if d != "lo")
+#: NVLinks per GPU (H100 SXM).
+NVLINKS = 18
+
+
+@dataclass(frozen=True)
+class FaultParam:
+    """One parameter of a fault: its type, range, default and what it means."""
+
+    kind: ParamKind
+    default: Any = None
+    required: bool = False
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+    nullable: bool = False
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """What a fault needs: a GPU or not, which parameters; ``fleet_only``: simulate only."""
+
+    needs_gpu: bool
+    params: dict[str, FaultParam] = field(default_factory=dict)
+    fleet_only: bool = False
+    doc: str = ""
+
+
+def _count(doc: str, default: int = 1) -> FaultParam:
+    return FaultParam("int", default=default, low=1, high=1_000_000, doc=doc)
+
+
+def _device(doc: str = "the RDMA device, port 1") -> FaultParam:
+    return FaultParam("choice", default=DEFAULT_IB_DEVICES[0], choices=DEFAULT_IB_DEVICES,
+                      doc=doc)
+
+
+def _link() -> FaultParam:
+    return FaultParam("int", default=0, low=0, high=NVLINKS - 1, doc="NVLink index")
+
+
+#: Every fault a scenario may name. The node faults mirror :data:`sn_monitor.sim.node.FAULTS`
+#: (``needs_gpu`` is taken from there; a unit test keeps the two lists equal); FAULTS
+#: knows how to inject them but not their parameters' names and ranges, which live here.
+FAULT_SPECS: dict[str, FaultSpec] = {
+    "overheat": FaultSpec(FAULTS["overheat"].needs_gpu, {
+        "factor": FaultParam("number", default=1.7, low=0.1, high=10.0,
+                             doc="thermal resistance multiplier (a failed fan: 1.5-2)")},
+        doc="the GPU's cooling fails: it heats towards its slowdown temperature"),
+    "cooling-repaired": FaultSpec(FAULTS["cooling-repaired"].needs_gpu,
+                                  doc="the cooling works again"),
+    "xid": FaultSpec(FAULTS["xid"].needs_gpu, {
+        "code": FaultParam("int", required=True, low=1, high=1023, doc="the XID number"),
+        "message": FaultParam("string", default="Simulated fault", doc="driver text")},
+        doc="an XID as the driver reports it"),
+    "ecc-uncorrectable": FaultSpec(FAULTS["ecc-uncorrectable"].needs_gpu, {
+        "count": _count("uncorrectable ECC errors")},
+        doc="uncorrectable ECC errors; a row remap is then pending"),
+    "row-remap-pending": FaultSpec(FAULTS["row-remap-pending"].needs_gpu,
+                                   doc="an HBM row remap waits for the next GPU reset"),
+    "row-remap-failure": FaultSpec(FAULTS["row-remap-failure"].needs_gpu,
+                                   doc="HBM ran out of spare rows"),
+    "nvlink-errors": FaultSpec(FAULTS["nvlink-errors"].needs_gpu, {
+        "link": _link(),
+        "crc": FaultParam("int", default=100, low=0, high=10**12, doc="flit CRC errors"),
+        "replay": FaultParam("int", default=0, low=0, high=10**12, doc="replay errors"),
+        "recovery": FaultParam("int", default=0, low=0, high=10**12, doc="recoveries")},
+        doc="error counters of one NVLink jump"),
+    "nvlink-down": FaultSpec(FAULTS["nvlink-down"].needs_gpu, {"link": _link()},
+                             doc="one NVLink goes down"),
+    "pcie-downgrade": FaultSpec(FAULTS["pcie-downgrade"].needs_gpu, {
+        "generation": FaultParam("int", default=4, low=1, high=5, doc="PCIe generation"),
+        "width": FaultParam("int", default=8, low=1, high=16, doc="lanes")},
+        doc="the GPU's PCIe link retrains below its maximum"),
+    "fall-off-bus": FaultSpec(FAULTS["fall-off-bus"].needs_gpu,
+                              doc="the GPU vanishes (XID 79)"),
+    "load": FaultSpec(FAULTS["load"].needs_gpu, {
+        "utilization": FaultParam("ratio", default=None, low=0.0, high=1.0, nullable=True,
+                                  doc="held utilization 0-1; null: the training pattern")},
+        doc="hold one GPU's utilization"),
+    "ib-port-down": FaultSpec(FAULTS["ib-port-down"].needs_gpu, {"device": _device()},
+                              doc="an InfiniBand port goes down and stays down"),
+    "ib-port-up": FaultSpec(FAULTS["ib-port-up"].needs_gpu, {"device": _device()},
+                            doc="the port trains up again"),
+    "ib-flap": FaultSpec(FAULTS["ib-flap"].needs_gpu, {"device": _device()},
+                         doc="the port goes down and up within one sample (link_downed +1)"),
+    "ib-symbol-errors": FaultSpec(FAULTS["ib-symbol-errors"].needs_gpu, {
+        "device": _device(), "count": _count("symbol errors", 100)},
+        doc="physical-layer symbol errors on a port"),
+    "carrier-flap": FaultSpec(FAULTS["carrier-flap"].needs_gpu, {
+        "device": FaultParam("choice", default=NETDEVS[0], choices=NETDEVS,
+                             doc="the network interface")},
+        doc="an interface loses carrier and gets it back"),
+    # Fleet-level faults: they act on the whole (simulated) agent.
+    "node-lost": FaultSpec(False, fleet_only=True,
+                           doc="the node stops reporting (server, agent or network gone)"),
+    "node-back": FaultSpec(False, fleet_only=True, doc="a lost node reports again"),
+    "straggler": FaultSpec(False, {
+        "utilization": FaultParam("ratio", default=0.3, low=0.0, high=1.0,
+                                  doc="every GPU's utilization, 0-1")},
+        fleet_only=True, doc="every GPU of the node runs at low utilization"),
+}
+
+_TOP_KEYS = ("kind", "name", "description", "duration", "gpus", "faults")
+_FAULT_KEYS = ("at", "node", "count", "gpu", "fault", "params")
+
+
+@dataclass(frozen=True)
+class ScenarioFault:
+    """One fault of a scenario.
+
+    ``node`` is an index, a name, or ``"*"`` (``count`` nodes, or a ``share`` of the
+    fleet; neither: every node). ``params`` are complete: defaults filled in, checked.
+    """
+
+    at: float
+    fault: str
+    node: int | str
+    count: int | None = None
+    share: float | None = None
+    gpu: int | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    line: int | None = None
+    position: int = 0
+
+    def describe(self) -> str:
+        """``overheat factor=1.8`` (the node and GPU are said by whoever plays it)."""
+        extra = " ".join(f"{k}={v}" for k, v in self.params.items() if v is not None)
+        return f"{self.fault} {extra}".rstrip()
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    """A fault bound to fleet node indices: what the simulator plays at ``at``."""
+
+    at: float
+    fault: str
+    nodes: tuple[int, ...]
+    gpu: int | None
+    params: dict[str, Any]
+    source: ScenarioFault
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A parsed scenario file; faults sorted by time (ties keep the file's order)."""
+
+    name: str
+    path: str
+    faults: tuple[ScenarioFault, ...]
+    description: str = ""
+    duration: float | None = None
+    gpus: int = 8
+
+    def resolve(self, nodes: int, names: list[str] | None = None) -> list[PlannedFault]:
+        """Bind every fault to node indices of a fleet of ``nodes`` nodes named ``names``.
+
+        ``"*"`` picks ``count`` distinct nodes (a share: rounded up), the same ones every
+        run (the pick is seeded by the scenario's name and the fault's position). Raises
+        ConfigError naming the fault when an index or name is not in the fleet.
+        """
+        by_name = {name: i for i, name in enumerate(names or [])}
+        planned = []
+        for fault in self.faults:
+            where = f"faults[{fault.position}]"
+            if fault.node == "*":
+                count = fault.count
+                if fault.share is not None:
+                    count = max(1, math.ceil(fault.share * nodes))
+                if count is None:
+                    chosen: tuple[int, ...] = tuple(range(nodes))
+                else:
+                    if count > nodes:
+                        raise ConfigError(self.path, f"{where}.count", fault.line,
+                                          f"{count} nodes asked for, the fleet has {nodes}")
+                    rng = random.Random(f"{self.name}/{fault.position}")
+                    chosen = tuple(sorted(rng.sample(range(nodes), count)))
+            elif isinstance(fault.node, int):
+                if fault.node >= nodes:
+                    raise ConfigError(self.path, f"{where}.node", fault.line,
+                                      f"node {fault.node} is not in a fleet of {nodes} "
+                                      f"nodes (0 to {nodes - 1})")
+                chosen = (fault.node,)
+            else:
+                index = by_name.get(fault.node)
+                if index is None:
+                    span = f" ({names[0]} to {names[-1]})" if names else ""
+                    raise ConfigError(self.path, f"{where}.node", fault.line,
+                                      f"no node named {fault.node!r} in the fleet{span}")
+                chosen = (index,)
+            planned.append(PlannedFault(at=fault.at, fault=fault.fault, nodes=chosen,
+                                        gpu=fault.gpu, params=dict(fault.params),
+                                        source=fault))
+        return planned
+
+    def check_gpus(self, gpus: int) -> None:
+        """Every fault's GPU exists on nodes with ``gpus`` GPUs; ConfigError if not."""
+        for fault in self.faults:
+            if fault.gpu is not None and fault.gpu >= gpus:
+                raise ConfigError(self.path, f"faults[{fault.position}].gpu", fault.line,
+                                  f"{fault.fault} needs a gpu from 0 to {gpus - 1}")
+
+
+def format_seconds(seconds: float) -> str:
+    """``90`` -> ``1m30s``; ``0.5`` -> ``500ms``: durations as a scenario writes them."""
+    if seconds < 1 and seconds != 0:
+        return f"{seconds * 1000:g}ms"
+    out = ""
+    rest = seconds
+    for unit, size in (("h", 3600.0), ("m", 60.0)):
+        if rest >= size:
+            whole = math.floor(rest / size)
+            out += f"{whole}{unit}"
+            rest -= whole * size
+    if rest or not out:
+        out += f"{rest:g}s"
+    return out
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; ConfigError on any problem."""
+    return parse_scenario(load_yaml(path))
+
+
+def parse_scenario(doc: Document) -> Scenario:
+    """Validate a parsed scenario file (see the module's docstring for the format)."""
+    data = doc.data
+    if not isinstance(data, dict):
+        raise doc.error((), "a scenario is a mapping with kind: Scenario and faults: [...]")
+    unknown = [k for k in data if k not in _TOP_KEYS]
+    if unknown:
+        raise doc.error((unknown[0],), f"unknown key (known keys: {', '.join(_TOP_KEYS)})")
+    if data.get("kind") != "Scenario":
+        raise doc.error(("kind",), f"must be Scenario; got {data.get('kind')!r}")
+    name = data.get("name", Path(doc.path).stem)
+    if not isinstance(name, str) or not name:
+        raise doc.error(("name",), f"expected a name, got {name!r}")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise doc.error(("description",), f"expected text, got {description!r}")
+    duration = None
+    if "duration" in data:
+        duration = _duration(doc, ("duration",), data["duration"])
+        if duration <= 0:
+            raise doc.error(("duration",), "must be greater than 0")
+    gpus = data.get("gpus", 8)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
+        raise doc.error(("gpus",), f"expected a GPU count from 1 to 64, got {gpus!r}")
+    if "faults" not in data:
+        raise doc.error((), "missing required key 'faults'")
+    faults_data = data["faults"]
+    if faults_data is None:
+        faults_data = []
+    if not isinstance(faults_data, list):
+        raise doc.error(("faults",), "expected a list of faults")
+    faults = [_fault(doc, i, item, gpus, duration) for i, item in enumerate(faults_data)]
+    faults.sort(key=lambda f: f.at)
+    return Scenario(name=name, path=doc.path, faults=tuple(faults), description=description,
+                    duration=duration, gpus=gpus)
+
+
+def _duration(doc: Document, key: KeyPath, value: Any) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as err:
+        raise doc.error(key, str(err)) from None
+
+
+def _fault(doc: Document, i: int, item: Any, gpus: int, duration: float | None
+           ) -> ScenarioFault:
+    key: KeyPath = ("faults", i)
+    if not isinstance(item, dict):
+        raise doc.error(key, "expected a mapping such as {at: 30s, node: 3, gpu: 5, "
+                             "fault: overheat}")
+    for required in ("at", "node", "fault"):
+        if required not in item:
+            raise doc.error(key, f"missing required key '{required}'")
+    fault = item["fault"]
+    spec = FAULT_SPECS.get(fault) if isinstance(fault, str) else None
+    if spec is None:
+        raise doc.error((*key, "fault"), f"unknown fault {fault!r} (known: "
+                                         f"{', '.join(sorted(FAULT_SPECS))})")
+    at = _duration(doc, (*key, "at"), item["at"])
+    if duration is not None and at > duration:
+        raise doc.error((*key, "at"), f"{format_seconds(at)} is after the scenario's "
+                                      f"duration ({format_seconds(duration)})")
+    node = item["node"]
+    if isinstance(node, bool) or not (
+            (isinstance(node, int) and node >= 0) or (isinstance(node, str) and node)):
+        raise doc.error((*key, "node"), 'expected a node index (0, 1, ...), a node name '
+                                        f'or "*", got {node!r}')
+    count: int | None = None
+    inline = {k: v for k, v in item.items() if k not in _FAULT_KEYS}
+    share: float | None = None
+    if node == "*" and "count" in item:
+        count, share = _node_count(doc, (*key, "count"), item["count"])
+    elif "count" in item:
+        inline["count"] = item["count"]
+    gpu = item.get("gpu")
+    if spec.needs_gpu:
+        if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < gpus:
+            raise doc.error((*key, "gpu") if "gpu" in item else key,
+                            f"{fault} needs a gpu from 0 to {gpus - 1}")
+    elif gpu is not None:
+        raise doc.error((*key, "gpu"), f"{fault} takes no gpu")
+    params_key: KeyPath = key
+    if "params" in item:
+        extra = item["params"]
+        if not isinstance(extra, dict):
+            raise doc.error((*key, "params"), "expected a mapping of the fault's parameters")
+        for name in extra:
+            if name in inline:
+                raise doc.error((*key, "params", name), "given both inline and in params")
+        inline.update(extra)
+        params_key = (*key, "params")
+    params = _params(doc, key, params_key, str(fault), spec, inline, item)
+    return ScenarioFault(at=at, fault=str(fault), node=node, count=count, share=share,
+                         gpu=gpu if spec.needs_gpu else None, params=params,
+                         line=doc.line(key), position=i)
+
+
+def _node_count(doc: Document, key: KeyPath, value: Any) -> tuple[int | None, float | None]:
+    """``count`` next to ``node: "*"``: a number of nodes, or a share such as ``25%``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value, None
+    if isinstance(value, str) and value.endswith("%"):
+        try:
+            percent = float(value[:-1])
+        except ValueError:
+            percent = math.nan
+        if 0 < percent <= 100:
+            return None, percent / 100
+    raise doc.error(key, f"expected a number of nodes (1 or more) or a share of the fleet "
+                         f"such as 25%, got {value!r}")
+
+
+def _params(doc: Document, key: KeyPath, params_key: KeyPath, fault: str, spec: FaultSpec,
+            given: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in given.items():
+        where = (*key, name) if name in item else (*params_key, name)
+        param = spec.params.get(str(name))
+        if param is None:
+            takes = ", ".join(spec.params) or "no parameters"
+            raise doc.error(where, f"{fault} takes no parameter {name!r} (it takes: {takes})")
+        out[str(name)] = _param_value(doc, where, param, value)
+    for name, param in spec.params.items():
+        if name not in out:
+            if param.required:
+                raise doc.error(key, f"{fault} needs {name} ({param.doc})")
+            out[name] = param.default
+    return out
+
+
+def _param_value(doc: Document, where: KeyPath, param: FaultParam, value: Any) -> Any:
+    if value is None and param.nullable:
+        return None
+    if param.kind == "string":
+        if not isinstance(value, str):
+            raise doc.error(where, f"expected text, got {value!r}")
+        return value
+    if param.kind == "choice":
+        if value not in param.choices:
+            raise doc.error(where, f"must be one of {', '.join(param.choices)}; got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            param.kind == "int" and not isinstance(value, int)):
+        wanted = "a whole number" if param.kind == "int" else "a number"
+        raise doc.error(where, f"expected {wanted}, got {value!r}")
+    low = param.low if param.low is not None else -math.inf
+    high = param.high if param.high is not None else math.inf
+    if not low <= value <= high:
+        raise doc.error(where, f"must be from {low:g} to {high:g}, got {value!r}")
+    return int(value) if param.kind == "int" else float(value)
+
+
+# ---------------------------------------------------------------- the packaged scenarios
+
+
+def packaged_scenario_names() -> list[str]:
+    """Names of the scenarios shipped in the package (``default``, ``thermal``, ...)."""
+    folder = resources.files("sn_monitor.sim").joinpath("scenarios")
+    return sorted(entry.name.removesuffix(".yaml") for entry in folder.iterdir()
+                  if entry.name.endswith(".yaml"))
+
+
+def packaged_scenario(name: str) -> Scenario:
+    """A scenario shipped in the package, by name; ConfigError if there is none."""
+    entry = resources.files("sn_monitor.sim").joinpath("scenarios").joinpath(f"{name}.yaml")
+    if not entry.is_file():
+        raise ConfigError(name, "", None, "no such scenario file, and no packaged scenario "
+                                          f"of that name (packaged: "
+                                          f"{', '.join(packaged_scenario_names())})")
+    return parse_scenario(parse_yaml(entry.read_text(encoding="utf-8"), str(entry)))
+
+
+def find_scenario(name_or_path: str) -> Scenario:
+    """A scenario file by path, else a packaged scenario by name."""
+    path = Path(name_or_path)
+    if path.exists() or path.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        return load_scenario(path)
+    return packaged_scenario(name_or_path)

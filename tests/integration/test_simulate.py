@@ -1,0 +1,147 @@
+"""``sn-monitor simulate`` against a real ``sn-monitor controller``: load, refusals, a scenario."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Controller:
+    url: str
+    admin: str
+    agent_token_file: Path
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def get(self, path: str, **params: Any) -> Any:
+        reply = requests.get(f"{self.url}{path}", params=params or None, timeout=10,
+                             headers={"Authorization": f"Bearer {self.admin}"})
+        reply.raise_for_status()
+        return reply.json()
+
+
+@pytest.fixture
+def controller(tmp_path: Path) -> Iterator[Controller]:
+    """A controller with the default rules, agent tokens for sim-*, actions not rate-limited."""
+    agent, admin = secrets.token_hex(16), secrets.token_hex(16)
+    (tmp_path / "agent.token").write_text(agent + "\n")
+    (tmp_path / "admin.token").write_text(admin + "\n")
+    (tmp_path / "tokens.yaml").write_text(yaml.safe_dump([
+        {"name": "fleet", "role": "agent", "token_file": str(tmp_path / "agent.token"),
+         "nodes": ["sim-*"]},
+        {"name": "tests", "role": "admin", "token_file": str(tmp_path / "admin.token")},
+    ]))
+    (tmp_path / "controller.yaml").write_text(yaml.safe_dump({
+        "sweep_interval": "0.5s", "log_level": "warning",
+        "policy": {"rate_limit": {"actions": 10000, "window": "1m"}}}))
+    port = _free_port()
+    log = tmp_path / "controller.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sn_monitor.cli", "controller",
+             "--config", str(tmp_path / "controller.yaml"), "--listen", f"127.0.0.1:{port}",
+             "--state-dir", str(tmp_path / "state"), "--rules", str(ROOT / "rules"),
+             "--token-file", str(tmp_path / "tokens.yaml")],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
+    ctl = Controller(f"http://127.0.0.1:{port}", admin, tmp_path / "agent.token", proc, log)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                if requests.get(f"{ctl.url}/healthz", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert time.monotonic() < deadline, f"controller never healthy\n{log.read_text()}"
+            time.sleep(0.1)
+        yield ctl
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def simulate(*args: str, timeout: float = 60) -> tuple[int, dict[str, Any], str]:
+    """Run ``sn-monitor simulate --json``; (exit status, the summary, stderr)."""
+    result = subprocess.run([sys.executable, "-m", "sn_monitor.cli", "simulate", "--json",
+                             "--quiet", *args], capture_output=True, text=True,
+                            timeout=timeout, cwd=ROOT, check=False)
+    try:
+        summary = json.loads(result.stdout)
+    except ValueError:
+        pytest.fail(f"no JSON summary (exit {result.returncode}):\n{result.stdout}\n"
+                    f"{result.stderr}")
+    return result.returncode, summary, result.stderr
+
+
+def test_a_thousand_nodes_every_two_seconds(controller: Controller) -> None:
+    status, summary, err = simulate("--controller", controller.url, "--nodes", "1000",
+                                    "--interval", "2s", "--duration", "6",
+                                    "--token-file", str(controller.agent_token_file))
+    assert status == 0, err
+    assert 2700 <= summary["accepted"] <= 3300, summary
+    assert summary["refused"] == {}, summary
+    assert summary["failed"]["connection"] == 0, summary
+    assert summary["latency_ms"]["p50"] is not None
+    nodes = controller.get("/api/v1/nodes")["nodes"]
+    assert len(nodes) == 1000
+    assert {n["name"] for n in nodes} == {f"sim-{i:04d}" for i in range(1000)}
+
+
+def test_a_wrong_token_is_refused_and_said_so(controller: Controller, tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text("not-a-token\n")
+    status, summary, _ = simulate("--controller", controller.url, "--nodes", "20",
+                                  "--interval", "500ms", "--duration", "1.5",
+                                  "--token-file", str(wrong))
+    assert status == 1
+    assert summary["accepted"] == 0, summary
+    assert summary["refused"].get("401", 0) >= 20, summary
+    assert any(m.startswith("401") for m in summary["messages"]), summary
+
+
+def test_an_overheat_scenario_opens_an_incident_and_is_throttled(
+        controller: Controller, tmp_path: Path) -> None:
+    scenario = tmp_path / "hot.yaml"
+    scenario.write_text("kind: Scenario\nname: hot\nfaults:\n"
+                        "  - {at: 10s, node: 2, gpu: 3, fault: overheat, factor: 2.0}\n")
+    status, summary, err = simulate("--controller", controller.url, "--nodes", "16",
+                                    "--interval", "500ms", "--speed", "10",
+                                    "--duration", "10", "--scenario", str(scenario),
+                                    "--token-file", str(controller.agent_token_file))
+    assert status == 0, err
+    assert summary["faults_played"] == ["t=10s: overheat factor=2.0 on sim-0002 GPU 3"]
+    incidents = controller.get("/api/v1/incidents", node="sim-0002", limit=100)["incidents"]
+    assert any(i["rule"] == "gpu-overheat" and i["gpu"] == 3 for i in incidents), incidents
+    assert summary["commands"].get("throttle", 0) >= 1, summary
+    actions = controller.get("/api/v1/actions", node="sim-0002", limit=100)["actions"]
+    throttles = [a for a in actions if a["action"] == "throttle" and a["rule"] == "gpu-overheat"]
+    assert throttles, actions
+    assert throttles[0]["state"] == "succeeded", throttles

@@ -1,0 +1,240 @@
+"""Scenario files: the format, its errors, the packaged scenarios, and the fleet playing them."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from sn_monitor.cli import check_file
+from sn_monitor.config import ConfigError, parse_yaml
+from sn_monitor.model import Command, Report
+from sn_monitor.sim.fleet import Fleet, FleetOptions, base_reports, node_name
+from sn_monitor.sim.node import FAULTS
+from sn_monitor.sim.scenario import (
+    FAULT_SPECS,
+    format_seconds,
+    load_scenario,
+    packaged_scenario,
+    packaged_scenario_names,
+    parse_scenario,
+)
+from tests.conftest import FIXTURES, expected_messages
+
+BAD = FIXTURES / "scenarios" / "bad"
+
+GOOD = """\
+kind: Scenario
+name: tour
+description: one of each
+duration: 10m
+faults:
+  - {at: 30s, node: 3, gpu: 5, fault: overheat, factor: 1.8}
+  - {at: 2m, node: sim-0007, gpu: 2, fault: xid, code: 79}
+  - {at: 3m, node: 11, fault: node-lost}
+  - {at: 4m, node: "*", count: 6, fault: node-lost}
+  - {at: 1m, node: "*", count: 25%, fault: ib-flap}
+  - {at: 5m, node: 1, gpu: 0, fault: ecc-uncorrectable, count: 3}
+  - {at: 6m, node: "*", count: 2, gpu: 0, fault: ecc-uncorrectable, params: {count: 4}}
+  - {at: 7m, node: 2, fault: straggler}
+"""
+
+
+def _parse(text: str):
+    return parse_scenario(parse_yaml(text, "s.yaml"))
+
+
+def test_a_scenario_parses_sorted_with_defaults_filled_in():
+    s = _parse(GOOD)
+    assert (s.name, s.description, s.duration, s.gpus) == ("tour", "one of each", 600.0, 8)
+    assert [f.at for f in s.faults] == sorted(f.at for f in s.faults)
+    hot = s.faults[0]
+    assert (hot.fault, hot.node, hot.gpu, hot.params, hot.line) == (
+        "overheat", 3, 5, {"factor": 1.8}, 6)
+    xid = next(f for f in s.faults if f.fault == "xid")
+    assert xid.params == {"code": 79, "message": "Simulated fault"}
+    assert xid.node == "sim-0007"
+    flap = next(f for f in s.faults if f.fault == "ib-flap")
+    assert (flap.node, flap.count, flap.share, flap.params) == ("*", None, 0.25,
+                                                               {"device": "mlx5_0"})
+    ecc = [f for f in s.faults if f.fault == "ecc-uncorrectable"]
+    assert [(f.count, f.params) for f in ecc] == [(None, {"count": 3}), (2, {"count": 4})]
+    assert next(f for f in s.faults if f.fault == "straggler").params == {"utilization": 0.3}
+
+
+def test_resolve_binds_indices_names_and_seeded_picks():
+    s = _parse(GOOD)
+    names = [node_name(i, 64) for i in range(64)]
+    plan = s.resolve(64, names)
+    by_fault = {(p.fault, p.source.position): p.nodes for p in plan}
+    assert by_fault[("xid", 1)] == (7,)
+    assert len(by_fault[("node-lost", 3)]) == 6
+    assert len(by_fault[("ib-flap", 4)]) == 16  # 25 % of 64
+    assert s.resolve(64, names) == plan  # the same nodes every run
+
+
+def test_resolve_names_the_fault_that_does_not_fit_the_fleet():
+    s = _parse("kind: Scenario\nfaults:\n  - {at: 1s, node: 11, fault: node-lost}\n"
+               "  - {at: 2s, node: '*', count: 6, fault: node-lost}\n")
+    with pytest.raises(ConfigError) as err:
+        s.resolve(10)
+    assert str(err.value) == ("s.yaml:3: faults[0].node: node 11 is not in a fleet of 10 "
+                              "nodes (0 to 9)")
+    with pytest.raises(ConfigError) as err:
+        _parse("kind: Scenario\nfaults:\n  - {at: 2s, node: '*', count: 6, "
+               "fault: node-lost}\n").resolve(5)
+    assert str(err.value) == "s.yaml:3: faults[0].count: 6 nodes asked for, the fleet has 5"
+
+
+def test_an_unknown_node_name_and_a_gpu_beyond_the_fleet_are_errors():
+    s = _parse("kind: Scenario\nfaults:\n  - {at: 1s, node: gpu-7, gpu: 7, fault: overheat}\n")
+    with pytest.raises(ConfigError, match=r"s.yaml:3: faults\[0\].node: no node named 'gpu-7' "
+                                          r"in the fleet \(sim-0000 to sim-0003\)"):
+        s.resolve(4, [node_name(i, 4) for i in range(4)])
+    with pytest.raises(ConfigError, match=r"faults\[0\].gpu: overheat needs a gpu from 0 to 3"):
+        s.check_gpus(4)
+
+
+def test_fault_specs_cover_every_node_fault():
+    node_faults = {name for name, spec in FAULT_SPECS.items() if not spec.fleet_only}
+    assert node_faults == set(FAULTS)
+    for name in node_faults:
+        assert FAULT_SPECS[name].needs_gpu == FAULTS[name].needs_gpu, name
+
+
+def _expected():
+    return expected_messages(BAD)
+
+
+def test_every_bad_scenario_has_an_expectation():
+    assert {name for name, _ in _expected()} == {p.name for p in BAD.glob("*.yaml")}
+
+
+@pytest.mark.parametrize(("name", "message"), _expected())
+def test_bad_scenario_names_file_key_and_line(name, message):
+    path = BAD / name
+    with pytest.raises(ConfigError) as err:
+        load_scenario(path)
+    assert str(err.value) == f"{path}{message}"
+
+
+def test_check_config_knows_scenario_files():
+    path = BAD.parent.parent.parent.parent / "sn_monitor" / "sim" / "scenarios" / "default.yaml"
+    assert check_file(path) == "scenario file"
+    with pytest.raises(ConfigError):
+        check_file(BAD / "gpu-out-of-range.yaml")
+
+
+def test_packaged_scenarios_all_load_and_fit_a_small_fleet():
+    names = packaged_scenario_names()
+    assert {"default", "thermal", "network", "mass-failure"} <= set(names)
+    for name in names:
+        s = packaged_scenario(name)
+        assert s.name == name
+        assert s.faults
+        assert s.description
+        s.resolve(16, [node_name(i, 16) for i in range(16)])
+    with pytest.raises(ConfigError, match="packaged: default"):
+        packaged_scenario("nope")
+
+
+def test_format_seconds():
+    assert [format_seconds(x) for x in (0.5, 30, 90, 3600, 3725)] == [
+        "500ms", "30s", "1m30s", "1h", "1h2m5s"]
+
+
+# ---------------------------------------------------------------- the fleet, without a network
+
+
+def _fleet(nodes=4, scenario=None, **kw):
+    return Fleet(FleetOptions(controller="http://127.0.0.1:1", nodes=nodes, **kw), scenario)
+
+
+def test_base_reports_are_valid_working_temperature_reports():
+    reports = base_reports(8, variants=3)
+    for r in reports:
+        decoded = msgspec.json.decode(msgspec.json.encode(r), type=Report)
+        assert len(decoded.gpus) == 8
+        assert len(decoded.infiniband) == 8
+        assert all(60 <= g.temperature_celsius <= 80 for g in decoded.gpus)
+        assert "symbol_errors" in decoded.infiniband[0].counters
+
+
+def test_fast_and_slow_bodies_are_reports_of_the_right_node():
+    fleet = _fleet()
+    node = fleet.nodes[2]
+    fast = msgspec.json.decode(fleet.fast_body(node, 3, 100.0), type=Report)
+    assert (fast.node, fast.sequence, fast.labels["rack"]) == ("sim-0002", 3, "r000")
+    assert fast.interval_seconds == 1.0
+    assert fast.events == []
+    body, events, results = fleet.slow_body(node, 4, 101.0, 0.0)
+    slow = msgspec.json.decode(body, type=Report)
+    assert (slow.node, slow.sequence, events, results) == ("sim-0002", 4, 0, 0)
+
+
+def test_an_overheat_heats_its_gpu_and_a_throttle_cools_it():
+    s = _parse("kind: Scenario\nfaults:\n  - {at: 0s, node: 1, gpu: 3, fault: overheat, "
+               "factor: 1.8}\n")
+    fleet = _fleet(scenario=s)
+    fleet.apply(fleet.plan[0], 0.0)
+    node = fleet.nodes[1]
+    assert node.slow
+
+    def gpu3(sim_now):
+        body, _, _ = fleet.slow_body(node, 1, 0.0, sim_now)
+        return msgspec.json.decode(body, type=Report).gpus[3]
+
+    hot = gpu3(60.0)
+    assert hot.temperature_celsius >= 85
+    assert fleet.stats.faults_played == ["t=0s: overheat factor=1.8 on sim-0001 GPU 3"]
+    command = msgspec.json.encode(Command(id="a1", kind="throttle", gpu=3, power_fraction=0.6))
+    fleet._commands(node, [msgspec.Raw(command)], 60.0)
+    assert node.results[0].ok
+    assert fleet.stats.commands["throttle"] == 1
+    cooled = gpu3(300.0)
+    assert cooled.power_limit_watts == pytest.approx(420.0)
+    assert cooled.temperature_celsius < hot.temperature_celsius - 5
+
+
+def test_xid_events_wait_for_the_acknowledgement():
+    s = _parse("kind: Scenario\nfaults:\n  - {at: 0s, node: 0, gpu: 2, fault: fall-off-bus}\n"
+               "  - {at: 0s, node: 0, gpu: 1, fault: xid, code: 13}\n")
+    fleet = _fleet(scenario=s)
+    for planned in fleet.plan:
+        fleet.apply(planned, 0.0)
+    node = fleet.nodes[0]
+    body, sent, _ = fleet.slow_body(node, 1, 0.0, 1.0)
+    report = msgspec.json.decode(body, type=Report)
+    kinds = sorted((e.kind, e.code) for e in report.events)
+    assert kinds == [("gpu_fallen_off_bus", None), ("xid", 13), ("xid", 79)]
+    ids = [e.id for e in report.events]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 3
+    assert sent == 3
+    assert report.gpus[2].lost
+    fleet._reply(node, msgspec.json.encode({"sequence": 1, "events_stored_through": ids[1]}),
+                 1.0)
+    assert [e.id for e in node.events] == [ids[2]]
+    assert fleet.stats.events_acknowledged == 2
+
+
+def test_node_lost_and_back_and_network_faults():
+    s = _parse("kind: Scenario\nfaults:\n"
+               "  - {at: 0s, node: 0, fault: node-lost}\n"
+               "  - {at: 0s, node: 1, fault: ib-port-down, device: mlx5_2}\n"
+               "  - {at: 0s, node: 1, fault: carrier-flap}\n"
+               "  - {at: 0s, node: 2, fault: straggler, utilization: 0.2}\n"
+               "  - {at: 1s, node: 0, fault: node-back}\n")
+    fleet = _fleet(scenario=s)
+    for planned in fleet.plan[:4]:
+        fleet.apply(planned, 0.0)
+    assert fleet.nodes[0].lost
+    body, _, _ = fleet.slow_body(fleet.nodes[1], 1, 0.0, 1.0)
+    report = msgspec.json.decode(body, type=Report)
+    port = next(p for p in report.infiniband if p.device == "mlx5_2")
+    assert port.state == 1
+    assert port.counters["link_downed"] == 1
+    assert report.network[0].carrier_changes_total == 4
+    body, _, _ = fleet.slow_body(fleet.nodes[2], 1, 0.0, 5.0)
+    assert all(g.utilization_ratio == 0.2 for g in msgspec.json.decode(body, type=Report).gpus)
+    fleet.apply(fleet.plan[4], 1.0)
+    assert not fleet.nodes[0].lost
