@@ -79,8 +79,11 @@ class NodeRegistry:
                 return Accepted(view, applied=False, new_node=False, labels_changed=False)
             self._last[report.node] = (report.instance, report.sequence,
                                        report.sample_time_seconds)
-            labels_changed = not new_node and dict(view.labels) != report.labels
-            if labels_changed or new_node:
+            # compared with the last report's own labels: the controller may add some to
+            # the view (the node's job) that the agent does not send
+            before = view.report.labels if view.report is not None else None
+            labels_changed = not new_node and before is not None and before != report.labels
+            if labels_changed or new_node or before is None:
                 view.labels = dict(report.labels)
             view.report = report
             view.received_monotonic = now_mono

@@ -239,6 +239,7 @@ class Controller:
         if peer is not None and report.metrics_port is not None:
             self._peers[report.node] = (peer, report.metrics_port)
         if accepted.applied:
+            self._label_with_job(accepted.view)
             with self._engine_lock:
                 findings = self.engine.observe(accepted.view)
             self._handle(findings)
@@ -522,6 +523,17 @@ class Controller:
             if self._firing.get(node):
                 return "degraded"
         return "healthy"
+
+    def _label_with_job(self, view: NodeView) -> None:
+        """Give a node of a DistributedJob the ``job`` label, for rules that group by it.
+
+        A ``job`` label the agent sends itself wins.
+        """
+        if "job" in view.labels:
+            return
+        jobs = self.jobs.jobs_of_node(view.name)
+        if jobs:
+            view.labels = {**view.labels, "job": jobs[0]}
 
     def _job_control(self, job: str) -> JobControl | None:
         spec = self.jobs.spec(job)

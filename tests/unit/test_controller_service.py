@@ -704,3 +704,23 @@ def test_an_incident_still_firing_after_a_restart_keeps_its_id(make: Any) -> Non
     (still,) = second.controller.list_incidents("open", "n1", 10)
     assert still["id"] == incident["id"]
     assert len([a for a in second.actions("alert") if a["incident_id"] == incident["id"]]) == 1
+
+
+def test_nodes_of_a_job_get_its_label_for_peer_rules(make: Any, tmp_path: Path) -> None:
+    from sn_monitor.jobs.spec import job_from_json
+
+    h = make("- {name: hot, metric: gpu_temperature_celsius, above: 85}")
+    job = job_from_json(msgspec.json.encode({
+        "apiVersion": "sn-monitor/v1", "kind": "DistributedJob", "metadata": {"name": "llm"},
+        "spec": {"replicas": 2, "nodes": ["n1", "n2"], "checkpoint": {"dir": str(tmp_path)},
+                 "control": {"command": ["/bin/true"]}}}))
+    h.controller.jobs.add_job(job, "test")
+    h.report("n1", temps=[40])
+    h.report("n3", temps=[40], labels={"job": "other"})
+    h.report("n4", temps=[40])
+    views = h.controller.registry.views()
+    assert views["n1"].labels == {"job": "llm"}
+    assert views["n3"].labels == {"job": "other"}  # what the agent says wins
+    assert views["n4"].labels == {}
+    h.report("n1", temps=[41])  # a later report keeps it, and is no label change
+    assert views["n1"].labels == {"job": "llm"}
