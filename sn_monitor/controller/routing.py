@@ -19,9 +19,11 @@ from sn_monitor.controller.actions.base import (
 )
 from sn_monitor.controller.actions.command import CommandDriver
 from sn_monitor.controller.actions.jobs import JobControlDriver
+from sn_monitor.controller.actions.k8s_jobs import KubernetesJobControl
 from sn_monitor.controller.actions.kubernetes import KubernetesDriver
 from sn_monitor.controller.actions.slack import SlackDriver
 from sn_monitor.controller.actions.slurm import SlurmDriver
+from sn_monitor.controller.actions.slurm_jobs import SlurmJobControl
 from sn_monitor.controller.actions.webhook import WebhookDriver
 from sn_monitor.controller.settings import DriverSettings
 from sn_monitor.jobs.spec import JobControl
@@ -94,41 +96,76 @@ class LogAlert:
         return Outcome("logged (no alert destination configured)")
 
 
+def job_control_driver(control: JobControl, clock: Clock) -> JobControlDriver:
+    """The driver for a job's ``spec.control``: webhook, command, kubernetes or slurm."""
+    return JobControlDriver(
+        webhook=WebhookDriver(control.webhook, clock=clock) if control.webhook else None,
+        command=CommandDriver(control.command) if control.command else None,
+        kubernetes=KubernetesJobControl(control.kubernetes) if control.kubernetes else None,
+        slurm=SlurmJobControl(control.slurm) if control.slurm else None,
+    )
+
+
+class JobControlDrivers:
+    """One driver per job, built from its ``spec.control`` and rebuilt when that changes.
+
+    Shared by the routers of checkpoint, restore and failover (one API client per job).
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._drivers: dict[str, tuple[JobControl, JobControlDriver]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, job: str, control: JobControl) -> JobControlDriver:
+        """The driver of ``job`` (a bad control, e.g. no Kubernetes config: PermanentError)."""
+        stale: JobControlDriver | None = None
+        with self._lock:
+            cached = self._drivers.get(job)
+            if cached is None or cached[0] is not control:
+                try:
+                    driver = job_control_driver(control, self._clock)
+                except ValueError as err:
+                    raise PermanentError(f"job {job}: cannot reach its launcher "
+                                         f"({control.kind}): {err}") from None
+                stale = cached[1] if cached is not None else None
+                cached = (control, driver)
+                self._drivers[job] = cached
+        if stale is not None:
+            stale.close()
+        return cached[1]
+
+    def close(self) -> None:
+        with self._lock:
+            drivers = [d for _, d in self._drivers.values()]
+            self._drivers.clear()
+        for driver in drivers:
+            driver.close()
+
+
 class JobControlRouter:
     """checkpoint / restore / failover to the launcher of the job they are about.
 
-    A DistributedJob names its own launcher (``spec.control``: a webhook or a command);
-    an action whose ``params["job"]`` names a known job goes there. Others (and jobs
-    without one) go to the controller-wide job driver, if any.
+    A DistributedJob names its own launcher (``spec.control``: a webhook, a command,
+    Kubernetes or Slurm); an action whose ``params["job"]`` names a known job goes there.
+    Others (and jobs without one) go to the controller-wide job driver, if any.
     """
 
     name = "job-router"
 
     def __init__(self, fallback: Driver | None,
                  control_of: Callable[[str], JobControl | None],
-                 clock: Clock) -> None:
+                 clock: Clock, drivers: JobControlDrivers | None = None) -> None:
         self._fallback = fallback
         self._control_of = control_of
-        self._clock = clock
-        self._drivers: dict[str, tuple[JobControl, JobControlDriver]] = {}
-        self._lock = threading.Lock()
+        self._drivers = drivers if drivers is not None else JobControlDrivers(clock)
         self.idempotent = bool(getattr(fallback, "idempotent", False))
 
     def _driver_for(self, job: str) -> Driver | None:
         control = self._control_of(job)
         if control is None:
             return self._fallback
-        with self._lock:
-            cached = self._drivers.get(job)
-            if cached is None or cached[0] is not control:
-                driver = JobControlDriver(
-                    webhook=WebhookDriver(control.webhook, clock=self._clock)
-                    if control.webhook else None,
-                    command=CommandDriver(control.command) if control.command else None,
-                )
-                cached = (control, driver)
-                self._drivers[job] = cached
-            return cached[1]
+        return self._drivers.get(job, control)
 
     def run(self, request: ActionRequest) -> Outcome:
         job = request.params.get("job")
@@ -137,6 +174,22 @@ class JobControlRouter:
             raise PermanentError(f"no launcher to {request.action} job {job or '?'}: set the "
                                  "job's spec.control or drivers.job")
         return driver.run(request)
+
+    def reconcile(self, request: ActionRequest) -> bool | None:
+        """Whatever the job's driver can tell (None when it cannot, or there is none)."""
+        job = request.params.get("job")
+        try:
+            driver = self._driver_for(str(job)) if job else self._fallback
+        except PermanentError:
+            return None
+        reconcile = getattr(driver, "reconcile", None)
+        if not callable(reconcile):
+            return None
+        result: bool | None = reconcile(request)
+        return result
+
+    def close(self) -> None:
+        self._drivers.close()
 
 
 class NoDriver:
@@ -163,24 +216,30 @@ class Drivers:
     every: list[Driver] = field(default_factory=list)
     #: Actions whose driver the config named explicitly (``routes``).
     routed: frozenset[str] = frozenset()
+    #: The per-job drivers that :meth:`route_jobs` built (closed with the others).
+    job_drivers: JobControlDrivers | None = None
 
     def route_jobs(self, control_of: Callable[[str], JobControl | None], clock: Clock) -> None:
         """Send checkpoint / restore / failover to the launcher of the job they name.
 
         Actions the config routed by hand keep their driver.
         """
+        shared = JobControlDrivers(clock)
         for action in JOB_ACTIONS:
             if action in self.routed:
                 continue
             current = self.by_action[action]
             fallback = None if isinstance(current, NoDriver) else current
-            self.by_action[action] = JobControlRouter(fallback, control_of, clock)
+            self.by_action[action] = JobControlRouter(fallback, control_of, clock, shared)
+        self.job_drivers = shared
 
     def close(self) -> None:
         for driver in self.every:
             close = getattr(driver, "close", None)
             if callable(close):
                 close()
+        if self.job_drivers is not None:
+            self.job_drivers.close()
 
 
 def build_drivers(settings: DriverSettings, routes: Mapping[str, list[str]],

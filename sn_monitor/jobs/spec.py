@@ -13,7 +13,7 @@ The YAML keys are the camelCase ones users already write (see DESIGN.md)::
       nodes: {supernode: sn0}      # a label selector, or a list of node names
       spares: [node-129, node-130]
       checkpoint: {dir: /mnt/ckpt/trillion, marker: COMPLETE, keep: 5}
-      control: {webhook: http://launcher:8080/control}   # or command: [argv...]
+      control: {webhook: http://launcher:8080/control}   # or command / kubernetes / slurm
       hangTimeout: 10m             # default: max(2m, 10 x the median step time)
       minReplicas: 96              # elastic: the fewest replicas worth running on
 
@@ -43,6 +43,8 @@ from sn_monitor.config import (
     setting,
 )
 from sn_monitor.controller.actions.command import CommandSettings
+from sn_monitor.controller.actions.k8s_jobs import KubernetesJobSettings
+from sn_monitor.controller.actions.slurm_jobs import SlurmJobSettings
 from sn_monitor.controller.actions.webhook import WebhookSettings
 
 API_VERSION = "sn-monitor/v1"
@@ -164,15 +166,31 @@ class JobControl:
     """How to ask the job's launcher to checkpoint, stop and restore: exactly one way.
 
     ``webhook: URL`` is short for ``webhook: {url: URL}``; ``command: [argv...]`` for
-    ``command: {program: [argv...]}``.
+    ``command: {program: [argv...]}``. ``kubernetes: {namespace, selector, ...}``: the
+    job's pods (see :mod:`sn_monitor.controller.actions.k8s_jobs`); ``slurm: {jobId}``
+    or ``slurm: {jobName}``: its batch job (see
+    :mod:`sn_monitor.controller.actions.slurm_jobs`). A numeric ``jobId`` may be written
+    unquoted.
     """
 
     webhook: WebhookSettings | None = None
     command: CommandSettings | None = None
+    kubernetes: KubernetesJobSettings | None = None
+    slurm: SlurmJobSettings | None = None
 
     def __post_init__(self) -> None:
-        if (self.webhook is None) == (self.command is None):
-            raise ValueError("give exactly one of webhook and command")
+        given = [x for x in (self.webhook, self.command, self.kubernetes, self.slurm)
+                 if x is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of webhook, command, kubernetes and slurm")
+
+    @property
+    def kind(self) -> str:
+        """webhook, command, kubernetes or slurm."""
+        for kind in ("webhook", "command", "kubernetes", "slurm"):
+            if getattr(self, kind) is not None:
+                return kind
+        raise AssertionError("unreachable: __post_init__ checks one is set")
 
 
 @dataclass(frozen=True)
@@ -315,6 +333,9 @@ def _normalize(doc: Document) -> Any:
             control["webhook"] = {"url": control["webhook"]}
         if isinstance(control.get("command"), list):
             control["command"] = {"program": control["command"]}
+        slurm = control.get("slurm")
+        if isinstance(slurm, dict) and type(slurm.get("jobId")) is int:
+            control["slurm"] = {**slurm, "jobId": str(slurm["jobId"])}
         spec["control"] = control
     return {**data, "spec": spec}
 

@@ -165,12 +165,15 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 
 
 class StubKubernetesAPI(_Base):
-    """Just enough of the Kubernetes API for the driver: nodes, pods, evictions.
+    """Just enough of the Kubernetes API for the drivers: nodes, pods, evictions.
 
     Node patches (merge or strategic-merge JSON: both applied as a merge patch, which is
     right for the fields we touch) honour ``metadata.resourceVersion`` (409 on a stale
     one) and bump it. Evicting a pod removes it, unless it is in ``pdb_protected`` (429)
-    or unknown (404). Every call is in ``requests``.
+    or unknown (404). Pods in a namespace can be listed by ``labelSelector`` (equality
+    terms, ``a=b,c=d``), patched (merge) and deleted (404 when unknown). ``fail_next``
+    fails the next requests, whatever they are; ``fail_method["DELETE"]`` the next ones
+    of that method. Every call is in ``requests``.
     """
 
     def __init__(self) -> None:
@@ -179,6 +182,7 @@ class StubKubernetesAPI(_Base):
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.pdb_protected: set[tuple[str, str]] = set()
         self.fail_next: list[int] = []
+        self.fail_method: dict[str, list[int]] = {}
         self._version = 100
 
     def add_node(self, name: str, **spec: Any) -> None:
@@ -191,9 +195,15 @@ class StubKubernetesAPI(_Base):
                 "spec": dict(spec),
             }
 
-    def add_pod(self, namespace: str, name: str, node: str, *, owner: str | None = None,
-                mirror: bool = False, pdb: bool = False, phase: str = "Running") -> None:
-        meta: dict[str, Any] = {"name": name, "namespace": namespace, "annotations": {}}
+    def add_pod(self, namespace: str, name: str, node: str | None, *, owner: str | None = None,
+                mirror: bool = False, pdb: bool = False, phase: str = "Running",
+                labels: dict[str, str] | None = None,
+                created: str = "2024-05-01T10:00:00Z", deleting: bool = False) -> None:
+        """A pod on ``node`` (None: not scheduled yet); ``created``: its creationTimestamp."""
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "annotations": {},
+                                "labels": dict(labels or {}), "creationTimestamp": created}
+        if deleting:
+            meta["deletionTimestamp"] = "2024-05-01T11:00:00Z"
         if owner is not None:
             meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner,
                                         "name": f"{name}-owner", "uid": f"uid-{name}"}]
@@ -213,10 +223,18 @@ class StubKubernetesAPI(_Base):
             copy: dict[str, Any] = json.loads(json.dumps(self.nodes[name]))
         return copy
 
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        with self.lock:
+            copy: dict[str, Any] = json.loads(json.dumps(self.pods[(namespace, name)]))
+        return copy
+
     def answer(self, record: Recorded) -> tuple[int, bytes, dict[str, str], float]:
         with self.lock:
             if self.fail_next:
                 return self._status(self.fail_next.pop(0), "InternalError", "scripted")
+            if self.fail_method.get(record.method):
+                return self._status(self.fail_method[record.method].pop(0), "InternalError",
+                                    "scripted")
             return self._route(record)
 
     def _status(self, code: int, reason: str, message: str,
@@ -253,6 +271,25 @@ class StubKubernetesAPI(_Base):
             return self._ok({"apiVersion": "v1", "kind": "PodList",
                              "metadata": {"resourceVersion": str(self._version)},
                              "items": items})
+        if (len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"]
+                and parts[4] == "pods" and record.method == "GET"):
+            wanted = _selector(record.query.get("labelSelector", [""])[0])
+            items = [p for (ns, _), p in sorted(self.pods.items()) if ns == parts[3]
+                     and all(p["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
+            return self._ok({"apiVersion": "v1", "kind": "PodList",
+                             "metadata": {"resourceVersion": str(self._version)},
+                             "items": items})
+        if (len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"]
+                and parts[4] == "pods" and record.method in ("DELETE", "PATCH")):
+            key = (parts[3], parts[5])
+            pod = self.pods.get(key)
+            if pod is None:
+                return self._status(404, "NotFound", f'pods "{parts[5]}" not found')
+            if record.method == "PATCH":
+                _merge(pod, json.loads(record.body))
+                return self._ok(pod)
+            del self.pods[key]
+            return self._ok(pod)
         if (len(parts) == 7 and parts[:3] == ["api", "v1", "namespaces"]
                 and parts[4] == "pods" and parts[6] == "eviction" and record.method == "POST"):
             key = (parts[3], parts[5])
@@ -267,6 +304,15 @@ class StubKubernetesAPI(_Base):
         return self._status(404, "NotFound", f"no route for {record.method} {record.path}")
 
 
+def _selector(text: str) -> dict[str, str]:
+    """An equality label selector ``a=b,c=d`` (all the drivers send)."""
+    out: dict[str, str] = {}
+    for term in filter(None, text.split(",")):
+        key, _, value = term.partition("=")
+        out[key] = value
+    return out
+
+
 FAKE_SCONTROL = """#!/bin/sh
 # A stand-in for Slurm's scontrol: records argv, prints canned `show node` output.
 dir="$(dirname "$0")"
@@ -276,6 +322,25 @@ if [ -f "$dir/scontrol.fail" ]; then cat "$dir/scontrol.fail" >&2; exit 1; fi
 if [ "$1" = show ]; then cat "$dir/scontrol.show"; fi
 exit 0
 """
+
+
+FAKE_SQUEUE = """#!/bin/sh
+# A stand-in for Slurm's squeue: records argv, prints canned output.
+dir="$(dirname "$0")"
+printf '%s\\n' "$*" >> "$dir/squeue.argv"
+if [ -f "$dir/squeue.fail" ]; then cat "$dir/squeue.fail" >&2; exit 1; fi
+if [ -f "$dir/squeue.out" ]; then cat "$dir/squeue.out"; fi
+exit 0
+"""
+
+
+def show_job(job_id: str, state: str) -> str:
+    """``scontrol show job`` output (the lines a driver may read)."""
+    return (f"JobId={job_id} JobName=trillion\n"
+            "   UserId=ml(1000) GroupId=ml(1000) MCS_label=N/A\n"
+            f"   JobState={state} Reason=None Dependency=(null)\n"
+            "   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0\n"
+            "   NodeList=node-[1-4]\n")
 
 
 def show_node(name: str, state: str, reason: str | None) -> str:
@@ -316,12 +381,30 @@ class FakeScontrol:
     def hang(self, seconds: float) -> None:
         (self.directory / "scontrol.sleep").write_text(str(seconds))
 
+    def set_job(self, job_id: str, state: str) -> None:
+        """What ``scontrol show`` prints (the file serves show node and show job alike)."""
+        (self.directory / "scontrol.show").write_text(show_job(job_id, state))
+
+    @property
+    def squeue_path(self) -> str:
+        return str(self.directory / "squeue")
+
+    def squeue_calls(self) -> list[str]:
+        log = self.directory / "squeue.argv"
+        return log.read_text().splitlines() if log.exists() else []
+
+    def set_queue(self, *lines: str) -> None:
+        """What the fake squeue prints, e.g. ``set_queue("4242 RUNNING")``."""
+        (self.directory / "squeue.out").write_text("".join(f"{line}\n" for line in lines))
+
 
 def make_fake_scontrol(directory: Path) -> FakeScontrol:
+    """A fake ``scontrol`` (and ``squeue`` next to it) in ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
-    script = directory / "scontrol"
-    script.write_text(FAKE_SCONTROL)
-    script.chmod(0o755)
+    for name, text in (("scontrol", FAKE_SCONTROL), ("squeue", FAKE_SQUEUE)):
+        script = directory / name
+        script.write_text(text)
+        script.chmod(0o755)
     return FakeScontrol(directory)
 
 
