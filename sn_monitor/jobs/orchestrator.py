@@ -1309,7 +1309,8 @@ class JobOrchestrator:
             + (f"step {rec.checkpoint_step}" if checkpoint else "scratch")
             + f" (generation {rec.generation}, recovery {rec.id})",
             {"job": j.name, "checkpoint": checkpoint, "nodes": list(rec.nodes),
-             "generation": rec.generation, "recovery": rec.id})
+             "failed_nodes": list(rec.failed_nodes), "generation": rec.generation,
+             "recovery": rec.id})
         state = record.state if record is not None else "pending"
         if state in _BAD:
             detail = (record.outcome_message or record.verdict_reason) if record else ""
