@@ -84,6 +84,7 @@ class Controller:
         drivers.route_jobs(self._job_control, clock)
         self.runner = ActionRunner(store, self.policy, drivers.by_action, clock,
                                    settings.runner)
+        self.runner.on_succeeded = self._action_succeeded
         self.jobs = JobOrchestrator(
             store, clock, lambda request: self.runner.submit(request, self.cluster(), False),
             self._labels_of, settings.recovery)
@@ -328,6 +329,12 @@ class Controller:
                          extra={"node": f.node, "rule": f.rule})
                 continue
             self._run_step(action, f, incident_id)
+
+    def _action_succeeded(self, record: ActionRecord) -> None:
+        """A recovery's step finished: take the next one now, not at the next sweep."""
+        if record.key.startswith("recovery:"):
+            for hang in self._safely(self.jobs.tick) or ():
+                self._job_hung(hang)
 
     def _job_hung(self, hang: HangFinding) -> None:
         """A job stopped making progress: a hang incident naming who stopped first."""

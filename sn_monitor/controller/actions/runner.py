@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -130,6 +130,9 @@ class ActionRunner:
         self._failures: dict[tuple[str, str], deque[float]] = {}  # (node, action) -> mono
         self._outcomes: Counter[tuple[str, str]] = Counter()
         self._closed = False
+        #: Called (on the worker thread) after an action succeeds: lets a multi-step
+        #: process (a job recovery) take its next step without waiting for the sweep.
+        self.on_succeeded: Callable[[ActionRecord], None] | None = None
 
     # -- public -----------------------------------------------------------------------
 
@@ -401,6 +404,11 @@ class ActionRunner:
                 self.store.set_cordoned_by_us(record.node, True, now)
             elif record.action == "uncordon":
                 self.store.set_cordoned_by_us(record.node, False, now)
+        if state == "succeeded" and self.on_succeeded is not None:
+            try:
+                self.on_succeeded(record)
+            except Exception:  # the hook's failure must not undo a finished action; logged
+                log.exception("after-action hook failed for %s", record.id)
 
     def _count(self, action: str, outcome: str) -> None:
         with self._lock:
