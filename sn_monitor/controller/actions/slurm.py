@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sn_monitor.config import Duration, positive, setting
@@ -35,6 +36,30 @@ log = logging.getLogger(__name__)
 REASON_PREFIX = "sn-monitor"
 #: stderr phrases that retrying cannot fix (anything else may pass: slurmctld busy, ...).
 _PERMANENT = re.compile(r"Invalid node name|Access/permission denied|Invalid user")
+
+
+def run_slurm_tool(argv: list[str], what: str, timeout: float, permanent: re.Pattern[str],
+                   on_failure: Callable[[str], None] | None = None) -> str:
+    """Run a Slurm command (no shell); its stdout, or the error its failure means.
+
+    A timeout and an unrecognised failure are temporary; a message matching
+    ``permanent``, or a tool that cannot be run, is permanent. ``on_failure`` sees the
+    error text first and may raise something more specific.
+    """
+    try:
+        result = run_program(argv, timeout=timeout)
+    except Timeout:
+        raise TemporaryError(f"{what} timed out after {timeout}s") from None
+    except OSError as err:
+        raise PermanentError(f"cannot run {argv[0]}: {err.strerror}") from None
+    if result.returncode != 0:
+        stderr = " ".join(result.stderr.split())[-500:] or f"exit {result.returncode}"
+        if permanent.search(stderr):
+            raise PermanentError(f"{what}: {stderr}")
+        if on_failure is not None:
+            on_failure(stderr)
+        raise TemporaryError(f"{what}: {stderr}")
+    return result.stdout
 _REASON = re.compile(r"^\s*Reason=(.*?)(?:\s+\[[^\]]*@[^\]]*\])?\s*$", re.MULTILINE)
 _STATE = re.compile(r"(?:^|\s)State=(\S+)")
 #: Slurm keeps reasons short in its displays; keep ours readable.
@@ -140,20 +165,8 @@ class SlurmDriver:
             raise PermanentError(f"cannot read scontrol show node {node}: {err}") from None
 
     def _scontrol(self, *args: str) -> str:
-        argv = [self.settings.scontrol, *args]
-        what = f"scontrol {args[0]}"
-        try:
-            result = run_program(argv, timeout=self.settings.timeout)
-        except Timeout:
-            raise TemporaryError(f"{what} timed out after {self.settings.timeout}s") from None
-        except OSError as err:
-            raise PermanentError(f"cannot run {self.settings.scontrol}: {err.strerror}") from None
-        if result.returncode != 0:
-            stderr = " ".join(result.stderr.split())[-500:] or f"exit {result.returncode}"
-            if _PERMANENT.search(stderr):
-                raise PermanentError(f"{what}: {stderr}")
-            raise TemporaryError(f"{what}: {stderr}")
-        return result.stdout
+        return run_slurm_tool([self.settings.scontrol, *args], f"scontrol {args[0]}",
+                              self.settings.timeout, _PERMANENT)
 
 
 def _node(request: ActionRequest) -> str:

@@ -39,7 +39,7 @@ from sn_monitor.controller.actions.base import (
     PermanentError,
     TemporaryError,
 )
-from sn_monitor.controller.actions.command import Timeout, run_program
+from sn_monitor.controller.actions.slurm import run_slurm_tool
 
 log = logging.getLogger(__name__)
 
@@ -190,20 +190,11 @@ class SlurmJobControl:
         return True
 
     def _run(self, argv: list[str], what: str) -> str:
-        try:
-            result = run_program(argv, timeout=self.settings.timeout)
-        except Timeout:
-            raise TemporaryError(f"{what} timed out after {self.settings.timeout}s") from None
-        except OSError as err:
-            raise PermanentError(f"cannot run {argv[0]}: {err.strerror}") from None
-        if result.returncode != 0:
-            stderr = " ".join(result.stderr.split())[-500:] or f"exit {result.returncode}"
-            if _PERMANENT.search(stderr):
-                raise PermanentError(f"{what}: {stderr}")
+        def pending(stderr: str) -> None:
             if argv[1:2] == ["requeue"] and _PENDING.search(stderr):
                 raise _Pending(stderr)
-            raise TemporaryError(f"{what}: {stderr}")
-        return result.stdout
+
+        return run_slurm_tool(argv, what, self.settings.timeout, _PERMANENT, pending)
 
 
 class _Pending(Exception):
