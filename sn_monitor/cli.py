@@ -86,17 +86,36 @@ def build_parser() -> argparse.ArgumentParser:
     controller.add_argument("--jobs", metavar="DIR", help="a directory of DistributedJob files")
     _log_options(controller)
 
-    demo = sub.add_parser("demo", help="watch a simulated node overheat and recover",
-                          description="Run a simulated 8-GPU node's agent with a live view "
-                                      "of its GPUs and a fault timeline; serves /metrics.")
-    demo.add_argument("--gpus", type=_positive_int, default=8)
-    demo.add_argument("--listen", type=_listen, default="127.0.0.1:9847", metavar="HOST:PORT")
-    demo.add_argument("--speed", type=float, default=10.0,
-                      help="simulated seconds per real second (default 10)")
-    demo.add_argument("--duration", type=float, default=None, metavar="S",
-                      help="stop after S real seconds (default: run until Ctrl-C)")
+    demo = sub.add_parser(
+        "demo", help="watch a simulated supernode break and recover",
+        description="Start a controller, N simulated agents (real agent processes) and a "
+                    "training job over all but 2 of them (the spares), play a scenario of "
+                    "faults, show it live, and end with a summary: each fault, when it was "
+                    "detected, what was done, how long recovery took, the job's effective "
+                    "training ratio.")
+    demo.add_argument("--nodes", type=_positive_int, default=16,
+                      help="simulated nodes, the last 2 of them spares (default 16)")
+    demo.add_argument("--gpus-per-node", type=_positive_int, default=8, dest="gpus",
+                      help="GPUs per node (default 8)")
+    demo.add_argument("--scenario", metavar="F", default="default",
+                      help="a scenario file, or a packaged one by name (default: default)")
+    demo.add_argument("--speed", type=float, default=10.0, metavar="X",
+                      help="simulated seconds per wall second: scenario time, GPU physics "
+                           "and rule holds (default 10)")
+    demo.add_argument("--duration", type=_duration, default=None, metavar="S",
+                      help="stop after S wall seconds (default: the scenario's end)")
+    demo.add_argument("--listen", type=_listen, default="127.0.0.1:9848", metavar="HOST:PORT",
+                      help="the controller's address (default 127.0.0.1:9848); agents take "
+                           "the free ports after it")
+    demo.add_argument("--state-dir", type=Path, default=None, metavar="DIR",
+                      help="keep the store, configs and logs here (default: a temporary "
+                           "directory, removed at exit)")
     demo.add_argument("--headless", action="store_true",
-                      help="print a status line per second instead of the live table")
+                      help="no live view: print the summary as JSON; exit 1 if a fault "
+                           "went undetected")
+    demo.add_argument("--keep-running", action="store_true",
+                      help="after the scenario, leave everything up (/metrics, /api/v1/sd "
+                           "for Prometheus) until Ctrl-C")
     _log_options(demo, default_level="warning")
 
     simulate = sub.add_parser(
@@ -342,6 +361,37 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 1 if summary["sent"] and not summary["accepted"] else 0
 
 
+def run_demo_command(args: argparse.Namespace) -> int:
+    """``sn-monitor demo``: a simulated supernode, a scenario, a live view, a summary."""
+    from sn_monitor.sim.demo import DemoOptions, run_demo
+    from sn_monitor.sim.scenario import find_scenario
+
+    try:
+        scenario = find_scenario(args.scenario)
+        scenario.check_gpus(args.gpus)
+        scenario.resolve(args.nodes, [_demo_node(i, args.nodes) for i in range(args.nodes)])
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return EXIT_CONFIG
+    if args.speed <= 0:
+        print("sn-monitor demo: --speed must be above 0", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.nodes < 3:
+        print("sn-monitor demo: --nodes must be at least 3 (a job and 2 spares)",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    return run_demo(DemoOptions(
+        scenario=scenario, nodes=args.nodes, gpus=args.gpus, speed=args.speed,
+        duration=args.duration, headless=args.headless, keep_running=args.keep_running,
+        listen=args.listen, state_dir=args.state_dir))
+
+
+def _demo_node(index: int, nodes: int) -> str:
+    from sn_monitor.sim.fleet import node_name
+
+    return node_name(index, nodes)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a subcommand; return the exit status."""
     args = build_parser().parse_args(argv)
@@ -366,10 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_agent(settings, simulate=args.simulate, duration=args.duration,
                          sim_speed=args.sim_speed)
     if args.command == "demo":
-        from sn_monitor.sim.demo import run_demo
-
-        return run_demo(gpus=args.gpus, listen=args.listen, speed=args.speed,
-                        duration=args.duration, headless=args.headless)
+        return run_demo_command(args)
     raise AssertionError(f"unhandled command {args.command}")
 
 

@@ -135,6 +135,10 @@ class UnknownRecovery(JobError, KeyError):
         return str(self.args[0]) if self.args else "unknown recovery"
 
 
+#: How often a recovery held by an open circuit breaker asks again to evict.
+BREAKER_RECHECK_SECONDS: Final = 15.0
+
+
 @dataclass(frozen=True)
 class JobSettings:
     """Timeouts and limits of job recovery (the controller's ``jobs:`` section)."""
@@ -1178,17 +1182,36 @@ class JobOrchestrator:
         now = self.clock.time()
         tries: dict[str, int] = dict(rec.data.get("evict_tries") or {})
         skipped: list[str] = list(rec.data.get("evict_skipped") or ())
+        held: dict[str, list[float]] = dict(rec.data.get("evict_held") or {})
         waiting = approval = False
         for node in rec.failed_nodes:
             if node in skipped:
                 continue
             n = tries.get(node, 0)
+            times_held, recheck_at = held.get(node, [0, 0.0])
+            key = f"evict:{node}" if n == 0 else f"evict:{node}:{n + 1}"
+            if times_held:
+                key += f":held{int(times_held)}"
+            if times_held and now < recheck_at:
+                waiting = True
+                continue
             rec, record = self._submit_step(
-                rec, f"evict:{node}" if n == 0 else f"evict:{node}:{n + 1}", "evict", node,
+                rec, key, "evict", node,
                 f"{rec.kind} fault on {node}: out of job {j.name} (recovery {rec.id})",
                 {"job": j.name, "recovery": rec.id, "status": "firing"})
             state = record.state if record is not None else "pending"
             if state in _GOOD:
+                continue
+            if (state == "refused" and record is not None
+                    and "circuit breaker" in record.verdict_reason):
+                # Evictions are frozen because many nodes failed together: that is not
+                # this recovery failing. Hold it (no retry counted, no timeout) and ask
+                # again a little later; it goes on when the breaker closes.
+                held[node] = [times_held + 1, now + BREAKER_RECHECK_SECONDS]
+                rec = self._history(rec, "held", f"evicting {node}: {record.verdict_reason}")
+                rec = self._save_rec(replace(rec, data={**rec.data, "evict_held": held},
+                                             deadline=now + self.settings.evict_timeout))
+                waiting = True
                 continue
             if state in _BAD:
                 detail = (record.outcome_message or record.verdict_reason) if record else ""

@@ -1,128 +1,478 @@
-"""``sn-monitor demo``: one simulated 8-GPU node's agent, a fault timeline, a live view.
+"""``sn-monitor demo``: a simulated supernode breaking and recovering, live in the terminal.
 
-Until the controller exists the demo is one node: the real agent code samples a
-simulated node whose clock runs ``speed`` times faster than the wall, while a timeline
-breaks it (a cooling failure, XIDs, NVLink errors, an InfiniBand flap, a PCIe downgrade,
-a GPU falling off the bus) and the terminal shows what the agent sees. /metrics is
-served all along, so Prometheus can scrape it.
+One command starts (see :mod:`sn_monitor.sim.supernode`) a controller, N simulated
+agents (real agent processes) and a training job over all but two of them, then plays a
+scenario (the packaged ``default``, or ``--scenario F``): at each fault's simulated time
+(divided by ``--speed``) it breaks a node through the agent's ``POST /sim/fault``, or
+freezes / resumes a whole agent for ``node-lost`` / ``node-back``. Twice a second it
+reads the controller's API and draws the nodes, the open incidents, the actions and the
+job's step and effective training ratio.
+
+At the end it prints a summary: each injected fault, when it was detected (from the
+injection to the first incident on that node after it), what was done about it, how
+long the job's recovery took, and the job's effective training ratio. ``--headless``
+prints the summary as JSON, and the exit status is 1 when a fault that should have been
+detected was not.
 """
 
 from __future__ import annotations
 
-import logging
+import json
+import signal
+import sys
 import tempfile
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import requests
 from rich.console import Console, Group
 from rich.live import Live
-from rich.logging import RichHandler
+from rich.panel import Panel
+from rich.table import Table
 from rich.text import Text
 
-from sn_monitor.agent.daemon import build_agent
-from sn_monitor.agent.settings import AgentSettings
-from sn_monitor.agent.snapshot import NodeSnapshot
-from sn_monitor.agent.view import render_node, summary_line
-from sn_monitor.clock import ScaledClock
-from sn_monitor.config import Duration
-from sn_monitor.sim.node import SimulatedNode
+from sn_monitor.sim.scenario import Scenario, format_seconds
+from sn_monitor.sim.supernode import JOB, Supernode, SupernodeError, SupernodeOptions
 
-log = logging.getLogger(__name__)
+#: Faults that repair something: nothing to detect, they end an earlier fault.
+REPAIRS = frozenset({"cooling-repaired", "ib-port-up", "node-back"})
+#: After the scenario's last fault: at most this long (wall) for detections to land.
+GRACE_SECONDS = 20.0
+POLL_SECONDS = 0.5
+STATE_STYLE = {"healthy": "green", "degraded": "yellow", "cordoned": "magenta",
+               "lost": "red"}
 
 
 @dataclass(frozen=True)
-class TimedFault:
-    """A fault injected when the simulated clock reaches ``at_seconds``."""
+class DemoOptions:
+    scenario: Scenario
+    nodes: int = 16
+    gpus: int = 8
+    spares: int = 2
+    speed: float = 10.0
+    duration: float | None = None
+    headless: bool = False
+    keep_running: bool = False
+    listen: str = "127.0.0.1:9848"
+    state_dir: Path | None = None
 
-    at_seconds: float
+
+@dataclass
+class Injection:
+    """One fault on one node, as played."""
+
+    at: float
+    fault: str
+    node: str
+    gpu: int | None
+    params: dict[str, Any]
     description: str
-    inject: Callable[[SimulatedNode], None]
+    injected_wall: float | None = None
+    offset: float | None = None
+    result: str = ""
+    error: str | None = None
+
+    @property
+    def expects_detection(self) -> bool:
+        return (self.fault not in REPAIRS and self.injected_wall is not None
+                and self.error is None and "not delivered" not in self.result)
 
 
-def default_timeline(gpus: int) -> list[TimedFault]:
-    """Each kind of fault the agent reports, a few simulated minutes apart."""
-    hot, app, link, pcie, lost = (min(i, gpus - 1) for i in (3, 5, 1, 6, 7))
-    return [
-        TimedFault(20, f"cooling failure on GPU {hot}",
-                   lambda n: n.gpus[hot].inject_cooling_failure(1.7)),
-        TimedFault(60, f"XID 13 (application fault) on GPU {app}",
-                   lambda n: n.inject_xid(app, 13, "Graphics SM Warp Exception")),
-        TimedFault(90, f"NVLink CRC errors on GPU {link} link 4",
-                   lambda n: n.gpus[link].inject_nvlink_errors(4, crc=250)),
-        TimedFault(120, "InfiniBand port mlx5_2 flaps",
-                   lambda n: n.tree.flap_ib_port("mlx5_2")),
-        TimedFault(150, f"PCIe link of GPU {pcie} trains at x8",
-                   lambda n: n.gpus[pcie].inject_pcie_downgrade(5, 8)),
-        TimedFault(200, f"cooling repaired on GPU {hot}",
-                   lambda n: n.gpus[hot].clear_cooling_failure()),
-        TimedFault(240, f"GPU {lost} falls off the bus (XID 79)",
-                   lambda n: n.fall_off_bus(lost)),
-    ]
+@dataclass
+class Observed:
+    """What the last poll of the controller saw, and a few things remembered across polls."""
+
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    incidents: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    job: dict[str, Any] | None = None
+    health: dict[str, Any] = field(default_factory=dict)
+    breaker_reason: str | None = None
+    breaker_since: float | None = None
+    error: str | None = None
 
 
-class DemoDriver:
-    """Advances the simulated node at ``speed`` and fires the timeline as time passes."""
+class Demo:
+    def __init__(self, options: DemoOptions, supernode: Supernode) -> None:
+        self.options = options
+        self.sn = supernode
+        self.stop = threading.Event()
+        self.started_wall = 0.0
+        self.started_mono = 0.0
+        self.observed = Observed()
+        self.injections: list[Injection] = []
+        self._pending: list[tuple[float, Injection]] = []
+        self.notes: list[str] = []
+        plan = options.scenario.resolve(options.nodes, supernode.names)
+        for item in plan:
+            for index in item.nodes:
+                name = supernode.names[index]
+                where = name + (f" GPU {item.gpu}" if item.gpu is not None else "")
+                self._pending.append((item.at, Injection(
+                    at=item.at, fault=item.fault, node=name, gpu=item.gpu,
+                    params=dict(item.params),
+                    description=f"{where}: {item.source.describe()}")))
 
-    def __init__(self, node: SimulatedNode, speed: float, timeline: list[TimedFault]) -> None:
-        self.node = node
-        self.speed = speed
-        self.simulated_seconds = 0.0
-        self._pending = sorted(timeline, key=lambda f: f.at_seconds)
-        self.fired: list[str] = []
-        self._lock = threading.Lock()
+    # ------------------------------------------------------------------ the timeline
 
-    def advance(self, seconds: float) -> None:
-        """Called by the agent before each sample with the simulated seconds since the last."""
-        with self._lock:
-            self.simulated_seconds += seconds
-            self.node.step(seconds)
-            while self._pending and self._pending[0].at_seconds <= self.simulated_seconds:
-                fault = self._pending.pop(0)
-                fault.inject(self.node)
-                note = f"t={fault.at_seconds:>4.0f}s  {fault.description}"
-                self.fired.append(note)
-                log.warning("injected: %s", fault.description)
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started_mono
 
-
-def run_demo(gpus: int, listen: str, speed: float, duration: float | None,
-             headless: bool) -> int:
-    """Run the demo until Ctrl-C or ``duration`` real seconds."""
-    console = Console()
-    with tempfile.TemporaryDirectory(prefix="sn-demo-") as tmp:
-        node = SimulatedNode(Path(tmp), gpus=gpus)
-        settings = node.agent_settings(
-            AgentSettings(node="sim-node-01", listen=listen, interval=Duration(speed)))
-        driver = DemoDriver(node, speed, default_timeline(gpus))
-        clock = ScaledClock(speed)
-        live: Live | None = None
-
-        def show(snapshot: NodeSnapshot) -> None:
-            header = Text(f"sn-monitor demo: simulated time {driver.simulated_seconds:.0f}s "
-                          f"(x{speed:g}); metrics at http://{listen}/metrics", style="bold")
-            faults = Text("\n".join(driver.fired) or "no fault injected yet", style="yellow")
-            if live is not None:
-                live.update(Group(header, render_node(snapshot), Text("faults:"), faults))
-            else:
-                console.print(f"t={driver.simulated_seconds:6.0f}s  {summary_line(snapshot)}")
-
-        agent = build_agent(settings, node.nvml, clock, before_sample=driver.advance,
-                            after_sample=[show], time_scale=speed)
-        if headless or not console.is_terminal:
-            agent.run_until_signalled(duration)
-        else:
-            # Log lines go through the console too, above the live table, not across it.
-            root = logging.getLogger()
-            handlers, root.handlers = root.handlers, [RichHandler(console=console,
-                                                                  show_path=False)]
+    def _inject_due(self) -> None:
+        simulated = self.elapsed * self.options.speed
+        while self._pending and self._pending[0][0] <= simulated:
+            _, injection = self._pending.pop(0)
+            injection.injected_wall = time.time()
+            injection.offset = self.elapsed
             try:
-                with Live(console=console, refresh_per_second=4, screen=True) as live:
-                    agent.run_until_signalled(duration)
-            finally:
-                root.handlers = handlers
-        console.print("faults injected:\n  " + ("\n  ".join(driver.fired) or "none"))
-        final = agent.sampler.latest
-        if final is not None:
-            console.print(summary_line(final))
-    return 0
+                injection.result = self.sn.inject(injection.node, injection.fault,
+                                                  injection.gpu, injection.params)
+            except (RuntimeError, requests.RequestException, ValueError) as err:
+                injection.error = str(err)
+            if injection.fault == "node-back" and injection.result == "was not lost":
+                continue  # a "*" node-back on a node that was fine: not worth a line
+            self.injections.append(injection)
+            self._say(f"t={format_seconds(injection.at):>7}  {injection.description}"
+                      + (f"  FAILED: {injection.error}" if injection.error else ""))
+
+    def _say(self, line: str) -> None:
+        self.notes.append(line)
+        if self.options.headless:
+            print(line, file=sys.stderr, flush=True)
+
+    def _poll(self) -> None:
+        obs = self.observed
+        try:
+            obs.nodes = self.sn.get("/api/v1/nodes")["nodes"]
+            obs.incidents = self.sn.get("/api/v1/incidents", status="open",
+                                        limit=200)["incidents"]
+            obs.actions = self.sn.get("/api/v1/actions", limit=40)["actions"]
+            obs.job = self.sn.get(f"/api/v1/jobs/{JOB}")
+            obs.health = self.sn.health()
+            obs.error = None
+        except (requests.RequestException, ValueError, KeyError) as err:
+            obs.error = f"controller unreachable: {err}"
+            return
+        breaker = obs.health.get("breaker") or {}
+        if breaker.get("open") and obs.breaker_reason is None:
+            obs.breaker_reason = str(breaker.get("reason"))
+            obs.breaker_since = self.elapsed
+            self._say(f"CIRCUIT BREAKER OPEN - evictions and failovers FROZEN: "
+                      f"{obs.breaker_reason}")
+
+    def _undetected_now(self) -> bool:
+        """True while an injected fault still waits for its first incident."""
+        try:
+            incidents = self.sn.get("/api/v1/incidents", limit=1000)["incidents"]
+        except (requests.RequestException, ValueError, KeyError):
+            return True
+        return any(e["detected_at"] is None for e in self._entries(incidents, [], []))
+
+    def run(self, view: Live | None) -> None:
+        """Play the scenario; return at its end (or ``--duration``, or a signal)."""
+        self.started_wall = time.time()
+        self.started_mono = time.monotonic()
+        scenario = self.options.scenario
+        end = (scenario.duration or (self._pending[-1][0] if self._pending else 0.0)
+               ) / self.options.speed
+        if self.options.duration is not None:
+            end = self.options.duration
+        next_poll = 0.0
+        grace_until: float | None = None
+        while not self.stop.is_set():
+            now = self.elapsed
+            if now < end:
+                self._inject_due()
+            if now >= next_poll:
+                self._poll()
+                next_poll = now + POLL_SECONDS
+                if view is not None:
+                    view.update(self.render())
+            if now >= end:
+                if self.options.keep_running:
+                    break
+                if grace_until is None:
+                    grace_until = now + GRACE_SECONDS
+                if now >= grace_until or not self._undetected_now():
+                    break
+            self.stop.wait(0.1)
+        if self.options.keep_running and not self.stop.is_set() and view is not None:
+            self._say(f"scenario done; everything keeps running (controller {self.sn.url}, "
+                      f"/metrics, /api/v1/sd): Ctrl-C to stop")
+            while not self.stop.is_set() and view is not None:
+                self._poll()
+                view.update(self.render())
+                self.stop.wait(POLL_SECONDS)
+
+    # ------------------------------------------------------------------ the live view
+
+    def render(self) -> Group:
+        obs = self.observed
+        opts = self.options
+        simulated = self.elapsed * opts.speed
+        job = obs.job or {}
+        ettr = job.get("effective_training_ratio")
+        header = Text.assemble(
+            ("sn-monitor demo", "bold"),
+            f"  scenario {opts.scenario.name}  t={format_seconds(round(simulated))} "
+            f"(x{opts.speed:g})  controller {self.sn.url}\n",
+            (f"job {JOB}: ", "bold"),
+            f"step {job.get('last_step')}  generation {job.get('generation')}  "
+            f"state {job.get('state')}  ranks {job.get('ranks_reporting')}  ",
+            ("ETTR " + (f"{ettr:.3f}" if isinstance(ettr, int | float) else "-"), "bold cyan"),
+        )
+        parts: list[Any] = [header]
+        if obs.breaker_reason is not None:
+            parts.append(Panel(Text(f"CIRCUIT BREAKER OPEN: evictions and failovers are "
+                                    f"FROZEN; a person is paged.\n{obs.breaker_reason}",
+                                    style="bold white on red")))
+        if obs.error:
+            parts.append(Text(obs.error, style="red"))
+        parts.append(self._grid())
+        incidents = Table(title="open incidents", expand=True, title_justify="left")
+        for col in ("id", "node", "rule", "severity", "message"):
+            incidents.add_column(col, overflow="ellipsis", no_wrap=True)
+        for inc in obs.incidents[:10]:
+            incidents.add_row(str(inc["id"]), inc["node"], inc["rule"], inc["severity"],
+                              inc["message"])
+        actions = Table(title="actions (newest first)", expand=True, title_justify="left")
+        for col in ("action", "node", "rule", "state", "outcome"):
+            actions.add_column(col, overflow="ellipsis", no_wrap=True)
+        for act in sorted(obs.actions, key=lambda a: a["created_at"], reverse=True)[:10]:
+            style = {"succeeded": "green", "refused": "red", "failed": "red"}.get(
+                act["state"], "")
+            actions.add_row(act["action"], act["node"] or "-", act["rule"] or "-",
+                            Text(act["state"], style=style),
+                            act.get("verdict") or act.get("outcome") or "")
+        faults = Text("\n".join(self.notes[-8:]) or "no fault injected yet", style="yellow")
+        parts += [incidents, actions, Panel(faults, title="injected faults")]
+        return Group(*parts)
+
+    def _grid(self) -> Table:
+        grid = Table.grid(padding=(0, 1))
+        columns = 8
+        for _ in range(columns):
+            grid.add_column()
+        job_nodes = set((self.observed.job or {}).get("nodes") or self.sn.job_nodes)
+        cells = []
+        for node in self.observed.nodes:
+            state = node["state"]
+            hot = node.get("hottest_gpu_celsius")
+            role = "job" if node["name"] in job_nodes else (
+                "spare" if node["name"] in self.sn.spares else "out")
+            text = Text(f"{node['name']}\n{state} {role}\n"
+                        + (f"{hot:.0f}°C" if isinstance(hot, int | float) else "-"),
+                        style=f"bold {STATE_STYLE.get(state, 'white')}")
+            cells.append(Panel(text, padding=(0, 1)))
+        for start in range(0, len(cells), columns):
+            row = cells[start:start + columns]
+            grid.add_row(*row, *([""] * (columns - len(row))))
+        return grid
+
+    # ------------------------------------------------------------------ the summary
+
+    def _entries(self, incidents: list[dict[str, Any]], actions: list[dict[str, Any]],
+                 recoveries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        played = [i for i in self.injections if i.injected_wall is not None]
+        for inj in played:
+            assert inj.injected_wall is not None
+            # A fault's window ends at the next fault on its node (a repair does not end
+            # it: an incident may land just after the repair was injected).
+            later = [o.injected_wall for o in played if o.node == inj.node
+                     and o.injected_wall is not None and o.injected_wall > inj.injected_wall
+                     and (o.fault not in REPAIRS or inj.fault in REPAIRS)]
+            until = min(later) if later else float("inf")
+            mine = sorted((i for i in incidents if i["node"] == inj.node
+                           and inj.injected_wall - 0.5 <= i["detected_at"] < until),
+                          key=lambda i: i["detected_at"])
+            ids = {i["id"] for i in mine}
+            done = [a for a in actions
+                    if a["incident_id"] in ids or (
+                        a["node"] == inj.node and a["incident_id"] is None
+                        and inj.injected_wall <= a["created_at"] < until)]
+            counts = Counter(f"{a['action']} {a['state']}" for a in done)
+            recs = [r for r in recoveries if ids & set(r["incident_ids"])]
+            entry: dict[str, Any] = {
+                "at": format_seconds(inj.at), "at_seconds": inj.at,
+                "wall_offset_seconds": round(inj.offset or 0.0, 2),
+                "fault": inj.fault, "node": inj.node, "gpu": inj.gpu,
+                "params": inj.params, "result": inj.error or inj.result,
+                "expects_detection": inj.expects_detection,
+                "detected_at": None, "detection_latency_seconds": None,
+                "incidents": [f"{i['rule']}#{i['id']}" for i in mine],
+                "actions": [f"{k} x{n}" if n > 1 else k for k, n in counts.items()],
+                "refused": sorted({a["verdict"] for a in done if a["state"] == "refused"}),
+                "recoveries": [{"id": r["id"], "state": r["state"],
+                                "failed_nodes": r["failed_nodes"],
+                                "replacement_nodes": r["replacement_nodes"],
+                                "mttr_seconds": r["mttr_seconds"]} for r in recs],
+            }
+            if mine and inj.expects_detection:
+                entry["detected_at"] = mine[0]["detected_at"]
+                entry["detection_latency_seconds"] = round(
+                    max(0.0, mine[0]["detected_at"] - inj.injected_wall), 2)
+            if inj.expects_detection or inj.fault in REPAIRS:
+                out.append(entry)
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        sn = self.sn
+        try:
+            incidents = sn.get("/api/v1/incidents", limit=1000)["incidents"]
+            actions = sn.get("/api/v1/actions", limit=1000)["actions"]
+            recoveries = sn.get("/api/v1/recoveries", job=JOB, limit=100)["recoveries"]
+            job = sn.get(f"/api/v1/jobs/{JOB}")
+            health = sn.health()
+        except (requests.RequestException, ValueError, KeyError) as err:
+            return {"error": f"controller unreachable at the end: {err}", "ok": False,
+                    "faults": [], "undetected": []}
+        entries = self._entries(incidents, actions, recoveries)
+        undetected = [f"{e['at']} {e['fault']} on {e['node']}" for e in entries
+                      if e["expects_detection"] and e["detected_at"] is None]
+        totals: dict[str, dict[str, int]] = {}
+        for act in actions:
+            bucket = totals.setdefault(act["action"], {})
+            bucket[act["state"]] = bucket.get(act["state"], 0) + 1
+        breaker = health.get("breaker") or {}
+        latencies = [e["detection_latency_seconds"] for e in entries
+                     if e["detection_latency_seconds"] is not None]
+        return {
+            "scenario": self.options.scenario.name,
+            "speed": self.options.speed,
+            "nodes": self.options.nodes,
+            "gpus_per_node": self.options.gpus,
+            "spares": sn.spares,
+            "controller": sn.url,
+            "state_dir": str(sn.root),
+            "wall_seconds": round(self.elapsed, 1),
+            "faults": entries,
+            "undetected": undetected,
+            "detection_latency_seconds": {
+                "max": max(latencies) if latencies else None,
+                "mean": round(sum(latencies) / len(latencies), 2) if latencies else None},
+            "actions": totals,
+            "breaker": {"tripped": bool(breaker.get("open")) or (
+                self.observed.breaker_reason is not None),
+                "open": bool(breaker.get("open")),
+                "reason": breaker.get("reason") or self.observed.breaker_reason},
+            "recoveries": [{"id": r["id"], "state": r["state"], "kind": r["kind"],
+                            "failed_nodes": r["failed_nodes"],
+                            "replacement_nodes": r["replacement_nodes"],
+                            "generation": r["generation"],
+                            "mttr_seconds": r["mttr_seconds"]} for r in recoveries],
+            "job": {"state": job.get("state"), "state_reason": job.get("state_reason"),
+                    "generation": job.get("generation"),
+                    "last_step": job.get("last_step"), "nodes": job.get("nodes"),
+                    "spares": job.get("spares"),
+                    "effective_training_ratio": job.get("effective_training_ratio")},
+            "ok": not undetected,
+        }
+
+
+def render_summary(summary: dict[str, Any], console: Console) -> None:
+    """The summary as tables."""
+    if "error" in summary:
+        console.print(f"[red]{summary['error']}[/red]")
+        return
+    table = Table(title=f"scenario {summary['scenario']}: injected faults", expand=True)
+    for col in ("at", "node", "fault", "detected after", "incidents", "actions",
+                "recovery"):
+        table.add_column(col, overflow="fold")
+    for e in summary["faults"]:
+        if e["expects_detection"]:
+            latency = e["detection_latency_seconds"]
+            detected = Text(f"{latency:.1f}s", style="green") if latency is not None else (
+                Text("NOT DETECTED", style="bold red"))
+        else:
+            detected = Text("(repair)", style="dim")
+        recs = ", ".join(f"{r['state']}" + (f" in {r['mttr_seconds']:.1f}s"
+                                            if r["mttr_seconds"] is not None else "")
+                         for r in e["recoveries"])
+        fault = e["fault"] + (f" GPU {e['gpu']}" if e["gpu"] is not None else "")
+        table.add_row(e["at"], e["node"], fault, detected, ", ".join(e["incidents"]),
+                      ", ".join(e["actions"]) + ("\nrefused: " + "; ".join(e["refused"])
+                                                 if e["refused"] else ""), recs)
+    console.print(table)
+    breaker = summary["breaker"]
+    if breaker["tripped"]:
+        console.print(f"[bold red]circuit breaker tripped, evictions frozen:[/bold red] "
+                      f"{breaker['reason']}")
+    for rec in summary["recoveries"]:
+        mttr = rec["mttr_seconds"]
+        console.print(f"recovery {rec['id'][:8]} ({rec['kind']}): {rec['state']}, "
+                      f"{', '.join(rec['failed_nodes'])} -> "
+                      f"{', '.join(rec['replacement_nodes']) or '-'}, generation "
+                      f"{rec['generation']}" + (f", {mttr:.1f}s" if mttr is not None else ""))
+    job = summary["job"]
+    ettr = job["effective_training_ratio"]
+    reason = f" ({job['state_reason']})" if job.get("state_reason") else ""
+    console.print(f"job {JOB}: {job['state']}{reason}, step {job['last_step']}, generation "
+                  f"{job['generation']}, effective training ratio "
+                  + (f"{ettr:.3f}" if isinstance(ettr, int | float) else "-"))
+    lat = summary["detection_latency_seconds"]
+    if lat["max"] is not None:
+        console.print(f"detection latency: mean {lat['mean']}s, max {lat['max']}s")
+    if summary["undetected"]:
+        console.print("[bold red]undetected:[/bold red] " + "; ".join(summary["undetected"]))
+
+
+def run_demo(options: DemoOptions) -> int:
+    """Start the supernode, play the scenario, print the summary; stop everything."""
+    console = Console(stderr=options.headless)
+    headless = options.headless or not console.is_terminal
+    with tempfile.TemporaryDirectory(prefix="sn-demo-") as tmp:
+        state_dir = options.state_dir or Path(tmp)
+        try:
+            sn = Supernode(SupernodeOptions(
+                state_dir=state_dir, nodes=options.nodes, gpus=options.gpus,
+                spares=options.spares, speed=options.speed, listen=options.listen))
+            demo = Demo(options, sn)
+        except SupernodeError as err:
+            print(f"sn-monitor demo: {err}", file=sys.stderr)
+            return 2
+        stop = demo.stop
+
+        def on_signal(*_: object) -> None:
+            stop.set()
+
+        previous = {sig: signal.signal(sig, on_signal)
+                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            def progress(line: str) -> None:
+                print(line, file=sys.stderr, flush=True)
+
+            try:
+                sn.start(progress)
+            except SupernodeError as err:
+                print(f"sn-monitor demo: {err}", file=sys.stderr)
+                return 1
+            if stop.is_set():
+                return 130
+            progress(f"playing scenario {options.scenario.name} at x{options.speed:g}: "
+                     f"{options.scenario.description}")
+            if headless:
+                demo.run(None)
+            else:
+                with Live(demo.render(), console=console, refresh_per_second=4,
+                          screen=False, transient=True) as live:
+                    demo.run(live)
+            summary = demo.summary()
+            if options.headless:
+                print(json.dumps(summary, indent=2))
+            else:
+                render_summary(summary, console)
+            if options.keep_running and headless:
+                progress(f"everything keeps running: controller {sn.url} (/metrics, "
+                         f"/api/v1/sd); Ctrl-C or SIGTERM to stop")
+                stop.wait()
+            return 0 if summary.get("ok") else 1
+        finally:
+            sn.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -155,17 +155,3 @@ def test_real_pynvml_without_a_gpu_keeps_host_collectors(tmp_path: Path):
     assert err.count("NVML library not found") == 1
     assert "Traceback" not in err
     assert code == 0
-
-
-def test_demo_headless_runs_its_fault_timeline():
-    port = free_port()
-    result = subprocess.run(
-        [sys.executable, "-m", "sn_monitor.cli", "demo", "--headless", "--speed", "60",
-         "--duration", "6", "--listen", f"127.0.0.1:{port}"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "cooling failure on GPU 3" in result.stdout
-    assert "GPU 7 falls off the bus (XID 79)" in result.stdout
-    assert result.stdout.strip().splitlines()[-1].endswith("IB active 8/8")
-    assert "lost 1" in result.stdout.strip().splitlines()[-1]

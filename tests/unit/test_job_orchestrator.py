@@ -565,3 +565,29 @@ def test_a_dry_run_restore_is_not_shown_to_the_ranks(orch, clock, ckpt, submit):
     assert orch.progress("train", 0, node(0), 16, []).restore is None
     assert orch.job("train").state == "running"
     assert orch.metrics().recoveries == ()
+
+
+def test_an_open_breaker_holds_the_recovery_instead_of_failing_it(orch, clock, ckpt, submit,
+                                                                   store):
+    orch.add_job(make_job(ckpt, nodes=16, spares=2), "api")
+    _with_checkpoints(ckpt, clock)
+    train(orch, clock, "train", NODES, 1, 310)
+    submit.states["evict"] = "pending"
+    [status] = orch.on_node_fault(node(5), "fatal", _incident(store, clock, node(5)),
+                                  alive=False)
+    first = f"recovery:{status.id}:evict:{node(5)}"
+    record = store.get_action_by_key(first)
+    store.update_action(record.id, at=clock.time(), state="refused",
+                        verdict_reason="circuit breaker open: 6 of 16 nodes faulted within 2m")
+    for _ in range(10):  # far more ticks than step_retries: still no failure
+        clock.advance(1)
+        orch.tick()
+    assert orch.job("train").state == "recovering"
+    assert submit.of("restore") == []
+    submit.states["evict"] = "succeeded"  # the breaker closed
+    clock.advance(10)
+    orch.tick()
+    assert submit.keys("evict")[-1] == f"{first}:held1"
+    [restore] = submit.of("restore")
+    assert restore.params["failed_nodes"] == [node(5)]
+    assert orch.job("train").state == "recovering"

@@ -1,0 +1,249 @@
+"""A tiny job launcher: what torchrun's elastic agent or a Kubernetes operator does.
+
+This is the launcher ``sn-monitor demo`` gives its DistributedJob as ``spec.control``
+(and as the command driver of evict / cordon, which it only records): run it as
+``python -m sn_monitor.sim.launcher``. The example training loop is the repository's
+``examples/train.py``.
+
+It runs as a DistributedJob's ``spec.control.command`` (the controller's command driver
+calls it with ``SN_ACTION``, ``SN_ACTION_ID`` and ``SN_PARAMS`` in its environment) and
+keeps the job's ranks in a JSON state file: one ``examples/train.py`` process per node
+(a "node" is only the ``SN_NODE`` name; every process runs on this machine), started
+detached (own session, output to a log file per rank) so they outlive the launcher.
+
+    launcher.py --state F init --controller URL --job NAME --checkpoint-dir D ...
+    launcher.py --state F start --nodes n0,n1,...     # generation 0 (the test helper)
+    launcher.py --state F                             # an action: SN_ACTION from the env
+
+Actions:
+
+``restore``   SN_PARAMS has ``nodes``, ``generation``, ``checkpoint`` and ``recovery``:
+              kill the old ranks (the pids in the state file, their whole process
+              groups) and start rank i on ``nodes[i]`` with WORLD_SIZE = len(nodes).
+              The ranks ask the controller for their restore point themselves.
+``checkpoint`` nothing to do: the training client's ``should_checkpoint`` already saw
+              the request in its progress reply. Exit 0 at once.
+``failover``  logged only (the orchestrator restores job nodes itself).
+
+Every invocation is appended to the state's ``calls`` (also a repeated action id, marked
+``duplicate``), so a test can tell how often each action reached the launcher. A restore
+whose action id was already carried out is not carried out again (``SN_ACTION_ID`` is the
+same on every retry of one action).
+
+Options for tests: ``init --rank-args RANK=ARGS`` adds arguments to one rank of
+generation 0 only (``--hang-at 80``); ``--restart-delay S`` makes restored ranks start S
+seconds late (a slow scheduler or image pull), which widens the window in which a test
+can kill the controller between "restore taken" and "progress resumed".
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "examples" / "train.py"
+#: How to run this launcher as a command: ``[*LAUNCHER, "--state", F, ...]``.
+LAUNCHER = (sys.executable, "-m", "sn_monitor.sim.launcher")
+#: What a delayed rank runs first: sleep, then become train.py (same pid).
+_DELAYED = ("import os, sys, time; time.sleep(float(sys.argv[1])); "
+            "os.execv(sys.argv[2], sys.argv[2:])")
+
+
+# ------------------------------------------------------------------ the state file
+
+
+@contextlib.contextmanager
+def locked(state_path: Path) -> Iterator[dict[str, Any]]:
+    """The state, read under an exclusive lock and written back on a clean exit."""
+    lock_path = state_path.with_name(state_path.name + ".lock")
+    with lock_path.open("a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = load(state_path)
+        yield state
+        tmp = state_path.with_name(state_path.name + ".tmp")
+        tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+        os.replace(tmp, state_path)
+
+
+def load(state_path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(state_path.read_text())
+    except FileNotFoundError:
+        return {}
+    assert isinstance(data, dict)
+    return data
+
+
+# ------------------------------------------------------------------ processes
+
+
+def _is_our_rank(pid: int) -> bool:
+    """The pid is alive (not a zombie) and runs train.py: never signal anything else."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    if stat.rpartition(")")[2].split()[0] == "Z":
+        return False
+    return b"train.py" in cmdline
+
+
+def kill_ranks(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
+    """SIGKILL the process group of each rank still running; wait until they are gone."""
+    killed = []
+    for pid in pids:
+        if _is_our_rank(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)  # started with its own session: pgid == pid
+            killed.append(pid)
+    deadline = time.monotonic() + timeout
+    while any(_is_our_rank(p) for p in killed) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return killed
+
+
+def start_ranks(state: dict[str, Any], nodes: Sequence[str], generation: int,
+                delay: float = 0.0) -> list[dict[str, Any]]:
+    """Rank i on nodes[i], detached; the state's ``ranks`` become these."""
+    log_dir = Path(state["log_dir"])
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+           and not k.startswith(("SLURM_", "SN_"))}
+    env.update(PYTHONPATH=str(ROOT), SN_CONTROLLER_URL=state["controller"],
+               SN_JOB=state["job"], WORLD_SIZE=str(len(nodes)), LOCAL_RANK="0",
+               SN_FLUSH_INTERVAL=str(state.get("flush_interval", 1.0)))
+    if state.get("token_file"):
+        env["SN_TOKEN_FILE"] = state["token_file"]
+    python = state.get("python") or sys.executable
+    extra = state.get("rank_args", {}) if generation == 0 else {}
+    ranks = []
+    for rank, node in enumerate(nodes):
+        argv = [python, str(TRAIN), "--checkpoint-dir", state["checkpoint_dir"],
+                *state.get("train_args", []), *extra.get(str(rank), [])]
+        if delay > 0:
+            argv = [python, "-c", _DELAYED, str(delay), *argv]
+        log_path = log_dir / f"gen{generation}-rank{rank}-{node}.log"
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env={**env, "SN_NODE": node, "RANK": str(rank)}, start_new_session=True)
+        ranks.append({"rank": rank, "node": node, "pid": proc.pid, "log": str(log_path),
+                      "generation": generation})
+    state["ranks"] = ranks
+    state["nodes"] = list(nodes)
+    state["generation"] = generation
+    state.setdefault("all_pids", []).extend(r["pid"] for r in ranks)
+    return ranks
+
+
+# ------------------------------------------------------------------ commands
+
+
+def init(state_path: Path, args: argparse.Namespace) -> int:
+    rank_args: dict[str, list[str]] = {}
+    for item in args.rank_args:
+        rank, sep, rest = item.partition("=")
+        if not sep or not rank.isdigit():
+            print(f"--rank-args wants RANK=ARGS, got {item!r}", file=sys.stderr)
+            return 2
+        rank_args[rank] = shlex.split(rest)
+    with locked(state_path) as state:
+        state.clear()
+        state.update(controller=args.controller, job=args.job, token_file=args.token_file,
+                     checkpoint_dir=str(args.checkpoint_dir), log_dir=str(args.log_dir),
+                     train_args=list(args.train_args), rank_args=rank_args,
+                     restart_delay=args.restart_delay, flush_interval=args.flush_interval,
+                     python=sys.executable, generation=None, nodes=[], ranks=[], calls=[],
+                     all_pids=[])
+    return 0
+
+
+def start(state_path: Path, nodes: list[str]) -> int:
+    with locked(state_path) as state:
+        kill_ranks([r["pid"] for r in state.get("ranks", [])])
+        ranks = start_ranks(state, nodes, 0)
+        state["calls"].append({"action": "start", "at": time.time(), "nodes": nodes,
+                               "generation": 0, "pids": [r["pid"] for r in ranks]})
+    print(f"started generation 0 on {len(nodes)} nodes")
+    return 0
+
+
+def act(state_path: Path) -> int:
+    """One action from the controller (SN_ACTION, SN_ACTION_ID, SN_PARAMS)."""
+    action = os.environ.get("SN_ACTION", "")
+    action_id = os.environ.get("SN_ACTION_ID", "")
+    try:
+        params = json.loads(os.environ.get("SN_PARAMS") or "{}")
+    except ValueError as err:
+        print(f"SN_PARAMS is not JSON: {err}", file=sys.stderr)
+        return 2
+    with locked(state_path) as state:
+        calls = state.setdefault("calls", [])
+        duplicate = any(c.get("action_id") == action_id and c.get("done")
+                        for c in calls if action_id)
+        call: dict[str, Any] = {"action": action, "action_id": action_id, "params": params,
+                                "at": time.time(), "duplicate": duplicate, "done": False}
+        calls.append(call)
+        if action == "restore" and not duplicate:
+            nodes = [str(n) for n in params.get("nodes") or []]
+            generation = int(params.get("generation") or 0)
+            if not nodes:
+                print("restore without nodes", file=sys.stderr)
+                return 1  # the state is still written: the call is on record
+            killed = kill_ranks([r["pid"] for r in state.get("ranks", [])])
+            ranks = start_ranks(state, nodes, generation,
+                                float(state.get("restart_delay") or 0.0))
+            call.update(killed=killed, pids=[r["pid"] for r in ranks])
+        call["done"] = True
+    if action == "restore":
+        print(f"restore: generation {params.get('generation')} on "
+              f"{len(params.get('nodes') or [])} nodes" + (" (already done)" if duplicate else ""))
+    else:
+        print(f"{action}: nothing to do")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--state", type=Path, required=True, help="the launcher's state file")
+    sub = parser.add_subparsers(dest="command")
+    p_init = sub.add_parser("init", help="write the job's launch configuration")
+    p_init.add_argument("--controller", required=True)
+    p_init.add_argument("--job", required=True)
+    p_init.add_argument("--token-file")
+    p_init.add_argument("--checkpoint-dir", type=Path, required=True)
+    p_init.add_argument("--log-dir", type=Path, required=True)
+    p_init.add_argument("--rank-args", action="append", default=[], metavar="RANK=ARGS",
+                        help="extra train.py arguments for one rank of generation 0")
+    p_init.add_argument("--restart-delay", type=float, default=0.0, metavar="S")
+    p_init.add_argument("--flush-interval", type=float, default=1.0, metavar="S")
+    p_init.add_argument("train_args", nargs=argparse.REMAINDER,
+                        help="after --: arguments for every rank's train.py")
+    p_start = sub.add_parser("start", help="start generation 0")
+    p_start.add_argument("--nodes", required=True, help="comma-separated node names")
+    args = parser.parse_args(argv)
+    if args.command == "init":
+        if args.train_args and args.train_args[0] == "--":
+            args.train_args = args.train_args[1:]
+        return init(args.state, args)
+    if args.command == "start":
+        return start(args.state, [n for n in args.nodes.split(",") if n])
+    return act(args.state)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

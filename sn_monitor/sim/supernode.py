@@ -1,0 +1,385 @@
+"""A simulated supernode as real processes: a controller, N agents, one training job.
+
+What ``sn-monitor demo`` runs, on 127.0.0.1, under one state directory:
+
+* ``sn-monitor controller`` with its SQLite store in ``STATE/controller``, the default
+  rules (``rules/``) with their holds shortened by the demo's speed, a command driver
+  for evict / cordon (the launcher, which only records them) and the job's directory;
+* one ``sn-monitor agent --simulate G`` per node (``sim-0000`` ...), the real agent code
+  on a simulated node whose physics run ``speed`` times faster, on consecutive free
+  ports after the controller's;
+* a DistributedJob ``demo`` over every node but the last ``spares`` (its spares), run by
+  :mod:`sn_monitor.sim.launcher`: one ``examples/train.py`` rank per node, started
+  detached, restarted on the controller's ``restore``.
+
+Every child runs in its own session (process group); :meth:`Supernode.close` stops them
+all (SIGCONT first, for agents a scenario has frozen, then SIGTERM, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+from sn_monitor.config import parse_duration
+from sn_monitor.sim import launcher
+from sn_monitor.sim.fleet import node_name
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "rules"
+JOB = "demo"
+#: The fleet-level faults the supernode plays itself (the rest go to POST /sim/fault).
+PROCESS_FAULTS = ("node-lost", "node-back", "straggler")
+
+
+class SupernodeError(RuntimeError):
+    """The supernode could not be started (a port taken, a process that died, ...)."""
+
+
+@dataclass(frozen=True)
+class SupernodeOptions:
+    """The size and pace of the simulated supernode."""
+
+    state_dir: Path
+    nodes: int = 16
+    gpus: int = 8
+    spares: int = 2
+    speed: float = 10.0
+    listen: str = "127.0.0.1:9848"
+    step_time: float = 0.1
+    checkpoint_every: int = 20
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(host: str, after: int, count: int) -> list[int]:
+    """``count`` consecutive-ish free ports above ``after`` (taken ones are skipped)."""
+    ports: list[int] = []
+    port = after + 1
+    while len(ports) < count:
+        if port > 65535:
+            raise SupernodeError(f"not enough free ports above {after}")
+        if port_free(host, port):
+            ports.append(port)
+        port += 1
+    return ports
+
+
+def scaled_rules(source: Path, speed: float) -> list[dict[str, Any]]:
+    """The rules of ``source`` (a file or directory), holds divided by ``speed``.
+
+    ``for`` holds and heartbeat timeouts shrink (never below 1 s, heartbeats never below
+    4 s): the demo compresses time, and a 2-minute straggler hold would outlast it.
+    """
+    files = sorted(source.glob("*.yaml")) if source.is_dir() else [source]
+    rules: list[dict[str, Any]] = []
+    for path in files:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+        for rule in data:
+            rule = dict(rule)
+            for key, floor in (("for", 1.0), ("heartbeat_timeout", 4.0)):
+                if key in rule:
+                    seconds = parse_duration(rule[key])
+                    rule[key] = f"{min(seconds, max(floor, seconds / speed)):g}s"
+            rules.append(rule)
+    return rules
+
+
+class Child:
+    """One child process in its own session, its output in a log file."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.frozen = False
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.popen = subprocess.Popen(
+                self.argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def signal_group(self, sig: int) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, sig)
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError as err:
+            return f"(no log: {err})"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class Supernode:
+    """The controller, the agents and the job; start, break, read, close."""
+
+    def __init__(self, options: SupernodeOptions) -> None:
+        if options.nodes - options.spares < 1:
+            raise SupernodeError(f"{options.nodes} nodes leave no room for a job with "
+                                 f"{options.spares} spares")
+        self.options = options
+        self.root = options.state_dir
+        self.root.mkdir(parents=True, exist_ok=True)
+        host, _, port = options.listen.rpartition(":")
+        self.host = host
+        self.port = int(port)
+        self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+        self.names = [node_name(i, options.nodes) for i in range(options.nodes)]
+        self.job_nodes = self.names[:options.nodes - options.spares]
+        self.spares = self.names[options.nodes - options.spares:]
+        self.job_root = self.root / "job"
+        self.launcher_state = self.job_root / "launcher.json"
+        self.session = requests.Session()
+        self.agents: dict[str, Child] = {}
+        self.agent_urls: dict[str, str] = {}
+        self.controller: Child | None = None
+
+    # ------------------------------------------------------------------ start
+
+    def _launcher_command(self) -> list[str]:
+        return [*launcher.LAUNCHER, "--state", str(self.launcher_state)]
+
+    def _write_config(self) -> Path:
+        opts = self.options
+        if not RULES.is_dir():
+            raise SupernodeError(f"the default rules are not at {RULES}")
+        if not launcher.TRAIN.is_file():
+            raise SupernodeError(f"the example training loop is not at {launcher.TRAIN}")
+        rules_dir = self.root / "rules"
+        rules_dir.mkdir(exist_ok=True)
+        (rules_dir / "default.yaml").write_text(
+            yaml.safe_dump(scaled_rules(RULES, opts.speed), sort_keys=False))
+        jobs_dir = self.root / "jobs"
+        jobs_dir.mkdir(exist_ok=True)
+        ckpt = self.job_root / "ckpt"
+        ckpt.mkdir(parents=True, exist_ok=True)
+        (jobs_dir / f"{JOB}.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "sn-monitor/v1", "kind": "DistributedJob",
+            "metadata": {"name": JOB},
+            "spec": {
+                "replicas": len(self.job_nodes), "minReplicas": 1,
+                "nodes": self.job_nodes, "spares": self.spares,
+                "checkpointInterval": "5s", "maxFailures": 20,
+                "recoveryStrategy": "restart", "hangTimeout": "60s",
+                "checkpoint": {"dir": str(ckpt)},
+                "control": {"command": {"program": self._launcher_command(),
+                                        "timeout": "30s"}},
+            },
+        }, sort_keys=False))
+        breaker_window = max(5.0, 120.0 / opts.speed)
+        config = {
+            "sweep_interval": "0.5s",
+            "settle": "1s",
+            "policy": {
+                "max_unavailable": "50%",
+                "rate_limit": {"actions": 1000, "window": "1m"},
+                "node_cooldown": "10m",
+                "breaker": {"window": f"{breaker_window:g}s", "max_faulted": "20%",
+                            "min_faulted": 3, "hold": "1h"},
+            },
+            "runner": {"retries": 2, "backoff": "0.5s", "timeout": "30s"},
+            "drivers": {
+                "command": {"program": self._launcher_command(), "timeout": "30s"},
+                "agent": {"redeliver_after": "3s"},
+            },
+            "routes": {"evict": ["command"], "cordon": ["command"],
+                       "uncordon": ["command"]},
+            "recovery": {"checkpoint_wait": "5s", "scan_interval": "1s",
+                         "evict_timeout": "30s", "restore_timeout": "90s",
+                         "save_interval": "2s"},
+        }
+        path = self.root / "controller.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    def start(self, progress: Callable[[str], None] = lambda _: None,
+              timeout: float = 90.0) -> None:
+        """Start everything; return when every agent reports and every rank trains."""
+        opts = self.options
+        if not port_free(self.host or "127.0.0.1", self.port):
+            raise SupernodeError(f"{opts.listen} is taken (another demo or controller?); "
+                                 "pick another with --listen")
+        config = self._write_config()
+        logs = self.root / "logs"
+        logs.mkdir(exist_ok=True)
+        self.controller = Child("controller", [
+            sys.executable, "-m", "sn_monitor.cli", "controller", "--config", str(config),
+            "--listen", opts.listen, "--state-dir", str(self.root / "controller"),
+            "--rules", str(self.root / "rules"), "--jobs", str(self.root / "jobs"),
+            "--log-format", "json"], logs / "controller.log")
+        self.controller.start()
+        progress(f"controller starting on {self.url} (state in {self.root})")
+        ports = free_ports("127.0.0.1", self.port, opts.nodes)
+        for name, port in zip(self.names, ports, strict=True):
+            self.agent_urls[name] = f"http://127.0.0.1:{port}"
+            self.agents[name] = Child(name, [
+                sys.executable, "-m", "sn_monitor.cli", "agent", "--simulate", str(opts.gpus),
+                "--controller", self.url, "--node", name, "--listen", f"127.0.0.1:{port}",
+                "--state-dir", str(self.root / "agents" / name),
+                "--sim-speed", f"{opts.speed:g}", "--log-format", "json",
+                "--log-level", "warning"], logs / f"{name}.log")
+        self._wait(lambda: self._healthy(self.url, self.controller), timeout,
+                   "the controller to answer /healthz")
+        for agent in self.agents.values():
+            agent.start()
+        progress(f"{opts.nodes} simulated agents starting on ports "
+                 f"{ports[0]}-{ports[-1]}")
+        self._wait(self._all_reporting, timeout, "every agent to report")
+        progress(f"starting job {JOB!r} on {len(self.job_nodes)} nodes "
+                 f"({len(self.spares)} spares)")
+        self._run_launcher(
+            "init", "--controller", self.url, "--job", JOB,
+            "--checkpoint-dir", str(self.job_root / "ckpt"),
+            "--log-dir", str(self.job_root / "logs"), "--flush-interval", "0.5",
+            "--", "--steps", "1000000000", "--step-time", f"{opts.step_time:g}",
+            "--checkpoint-every", str(opts.checkpoint_every), "--width", "16")
+        self._run_launcher("start", "--nodes", ",".join(self.job_nodes))
+
+        def training() -> bool:
+            job = self.get(f"/api/v1/jobs/{JOB}")
+            return bool(job["ranks_reporting"] == len(self.job_nodes) and job["checkpoint"])
+        self._wait(training, timeout, "every rank to train and a first checkpoint")
+
+    def _run_launcher(self, *args: str) -> None:
+        done = subprocess.run([*self._launcher_command(), *args], capture_output=True,
+                              text=True, timeout=60, check=False, cwd=ROOT)
+        if done.returncode != 0:
+            raise SupernodeError(f"launcher {args[0]} failed: {done.stdout}{done.stderr}")
+
+    def _healthy(self, url: str, child: Child | None) -> bool:
+        if child is not None and not child.running:
+            raise SupernodeError(f"{child.name} exited; the end of its log "
+                                 f"({child.log_path}):\n{child.tail()}")
+        try:
+            return self.session.get(f"{url}/healthz", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def _all_reporting(self) -> bool:
+        for agent in self.agents.values():
+            if not agent.running:
+                raise SupernodeError(f"agent {agent.name} exited; the end of its log "
+                                     f"({agent.log_path}):\n{agent.tail()}")
+        nodes = {n["name"] for n in self.get("/api/v1/nodes")["nodes"]}
+        return set(self.names) <= nodes
+
+    def _wait(self, probe: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if probe():
+                    return
+            except (requests.RequestException, ValueError, KeyError):
+                pass
+            if time.monotonic() > deadline:
+                raise SupernodeError(f"waited {timeout:g}s for {what}; logs in "
+                                     f"{self.root / 'logs'}")
+            time.sleep(0.25)
+
+    # ------------------------------------------------------------------ faults
+
+    def inject(self, node: str, fault: str, gpu: int | None,
+               params: dict[str, Any]) -> str:
+        """Break (or repair) one node; return what was done. RuntimeError on failure."""
+        agent = self.agents[node]
+        if fault == "node-lost":
+            agent.signal_group(signal.SIGSTOP)
+            agent.frozen = True
+            return "agent frozen (SIGSTOP): no more reports"
+        if fault == "node-back":
+            if not agent.frozen:
+                return "was not lost"
+            agent.signal_group(signal.SIGCONT)
+            agent.frozen = False
+            return "agent resumed (SIGCONT)"
+        if agent.frozen:
+            return "node is lost: fault not delivered"
+        if fault == "straggler":
+            for index in range(self.options.gpus):
+                self._post_fault(node, {"fault": "load", "gpu": index,
+                                        "utilization": params.get("utilization", 0.3)})
+            return f"every GPU held at {params.get('utilization', 0.3):g} utilization"
+        body: dict[str, Any] = {"fault": fault, **{k: v for k, v in params.items()
+                                                    if v is not None}}
+        if gpu is not None:
+            body["gpu"] = gpu
+        return self._post_fault(node, body)
+
+    def _post_fault(self, node: str, body: dict[str, Any]) -> str:
+        reply = self.session.post(f"{self.agent_urls[node]}/sim/fault", json=body, timeout=10)
+        doc = reply.json()
+        if reply.status_code != 200:
+            raise RuntimeError(f"{node}: {doc.get('error', reply.text)}")
+        return str(doc.get("result", "injected"))
+
+    # ------------------------------------------------------------------ reading
+
+    def get(self, path: str, **params: Any) -> Any:
+        reply = self.session.get(f"{self.url}{path}", params=params or None, timeout=5)
+        reply.raise_for_status()
+        return reply.json()
+
+    def health(self) -> dict[str, Any]:
+        reply = self.session.get(f"{self.url}/healthz", timeout=5)
+        return dict(reply.json())
+
+    def launcher_calls(self) -> list[dict[str, Any]]:
+        return list(launcher.load(self.launcher_state).get("calls", []))
+
+    # ------------------------------------------------------------------ stop
+
+    def close(self) -> None:
+        """Stop every process this supernode started (ranks, agents, controller)."""
+        with contextlib.suppress(OSError, ValueError):
+            launcher.kill_ranks(launcher.load(self.launcher_state).get("all_pids", []))
+        children = [*self.agents.values(), *([self.controller] if self.controller else [])]
+        for child in children:
+            if child.frozen:
+                child.signal_group(signal.SIGCONT)
+            child.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for child in children:
+            if child.popen is None:
+                continue
+            try:
+                child.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.signal_group(signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.popen.wait(timeout=5)
+        # A rank restored while we were stopping: once more, now the controller is gone.
+        with contextlib.suppress(OSError, ValueError):
+            launcher.kill_ranks(launcher.load(self.launcher_state).get("all_pids", []))
+        self.session.close()
+
+
+def dump(doc: Any) -> str:
+    return json.dumps(doc, indent=2, sort_keys=False, default=str)

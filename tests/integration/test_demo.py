@@ -1,0 +1,117 @@
+"""``sn-monitor demo --headless``: a whole simulated supernode plays the default scenario.
+
+One run (a controller, 8 agents, a 6-rank job with 2 spares, at x15) checks the JSON
+summary: every fault detected, the throttle / release of the hot GPU, the fail-over and
+restore of the fatal XID, the circuit breaker freezing the burst, a recovery done, and
+the job's effective training ratio. A broken scenario file is refused before anything
+starts.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _demo(*args: str, timeout: float = 110) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sn_monitor.cli", "demo", *args],
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    state = tmp_path_factory.mktemp("demo")
+    done = _demo("--headless", "--nodes", "8", "--speed", "15",
+                 "--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(state))
+    logs = "\n".join(f"== {p.name}\n" + "\n".join(p.read_text().splitlines()[-15:])
+                     for p in sorted((state / "logs").glob("*.log"))[:3])
+    assert done.returncode == 0, f"{done.stderr}\n{done.stdout[-4000:]}\n{logs}"
+    doc = json.loads(done.stdout)
+    doc["_stderr"] = done.stderr
+    return dict(doc)
+
+
+def _faults(summary: dict[str, Any], fault: str) -> list[dict[str, Any]]:
+    found = [f for f in summary["faults"] if f["fault"] == fault]
+    assert found, f"no {fault} in {[f['fault'] for f in summary['faults']]}"
+    return found
+
+
+def test_every_fault_kind_is_played_and_detected(summary):
+    assert summary["ok"] is True
+    assert summary["undetected"] == []
+    kinds = {f["fault"] for f in summary["faults"]}
+    assert {"overheat", "xid", "fall-off-bus", "ib-port-down", "straggler",
+            "node-lost", "node-back", "cooling-repaired"} <= kinds
+    for fault in summary["faults"]:
+        if fault["expects_detection"]:
+            assert fault["detection_latency_seconds"] is not None, fault
+            assert fault["incidents"], fault
+
+
+def test_the_hot_gpu_is_throttled_and_released(summary):
+    hot = _faults(summary, "overheat")[0]
+    assert any(i.startswith("gpu-overheat#") for i in hot["incidents"])
+    actions = " ".join(hot["actions"])
+    assert "throttle succeeded" in actions
+    assert "release succeeded" in actions
+
+
+def test_the_fatal_xid_fails_over_to_a_spare_and_the_job_restores(summary):
+    dead = _faults(summary, "fall-off-bus")[0]
+    actions = " ".join(dead["actions"])
+    assert "evict succeeded" in actions
+    assert "restore succeeded" in actions
+    assert [r["state"] for r in dead["recoveries"]] == ["done"]
+    assert dead["recoveries"][0]["replacement_nodes"][0] in summary["spares"]
+    done = [r for r in summary["recoveries"] if r["state"] == "done"]
+    assert done
+    assert all(r["mttr_seconds"] > 0 for r in done)
+
+
+def test_the_burst_trips_the_breaker_and_evictions_are_frozen(summary):
+    assert summary["breaker"]["tripped"] is True
+    assert "circuit breaker open" in summary["breaker"]["reason"]
+    assert "FROZEN" in summary["_stderr"]
+    burst = [f for f in _faults(summary, "node-lost") if f["at"] == "6m30s"]
+    assert len(burst) >= 3
+    assert any(any("circuit breaker" in r for r in f["refused"]) for f in burst)
+    assert summary["actions"]["evict"].get("refused", 0) >= 1
+
+
+def test_the_job_trained_and_its_effective_training_ratio_is_reported(summary):
+    job = summary["job"]
+    assert job["last_step"] > 0
+    assert job["generation"] >= 1
+    assert 0 < job["effective_training_ratio"] <= 1
+
+
+def test_a_bad_scenario_file_is_refused_with_its_line(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: Scenario\nfaults:\n  - {at: 10s, node: 1, fault: overheat}\n")
+    done = _demo("--headless", "--scenario", str(bad), timeout=30)
+    assert done.returncode == 2
+    assert f"{bad}:3: faults[0]: overheat needs a gpu from 0 to 7" in done.stderr
+    assert done.stdout == ""
+
+
+def test_a_scenario_that_does_not_fit_the_fleet_is_refused(tmp_path: Path):
+    bad = tmp_path / "big.yaml"
+    bad.write_text("kind: Scenario\nfaults:\n  - {at: 10s, node: 12, fault: node-lost}\n")
+    done = _demo("--headless", "--nodes", "8", "--scenario", str(bad), timeout=30)
+    assert done.returncode == 2
+    assert "node 12 is not in a fleet of 8 nodes" in done.stderr
