@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.agent_bench
 	$(BIN)/python -m bench.controller_bench
 	$(BIN)/python -m bench.recovery_bench
+	$(BIN)/python -m bench.simulate_bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
