@@ -2,7 +2,7 @@
 
 Every process is real: ``sn-monitor controller`` (with ``--jobs DIR`` or jobs posted to
 the API), ``sn-monitor agent --simulate 8`` per node, and the job's ranks, one
-``examples/train.py`` per node started by ``launcher.py`` (the job's ``spec.control``
+``examples/train.py`` per node started by ``sn_monitor.sim.launcher`` (the job's ``spec.control``
 command; it kills and restarts ranks on ``restore``). Evictions go to the command script
 of ``cluster.py`` (``evict.log``); checkpoint / restore go to each job's launcher.
 
@@ -18,7 +18,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,12 +28,12 @@ import requests
 import yaml
 
 from sn_monitor.jobs.dcp import is_complete
-from tests.integration import launcher
+from sn_monitor.sim import launcher
 from tests.integration.cluster import Cluster, metric_value
 
 pytestmark = pytest.mark.integration
 
-LAUNCHER = Path(launcher.__file__)
+LAUNCHER = launcher.LAUNCHER
 #: Bounded waits, generous for a loaded two-core machine.
 WAIT = 60.0
 #: The node-lost rule's heartbeat timeout (10 s), settle, a sweep, slack.
@@ -77,7 +76,7 @@ class Job:
                 "recoveryStrategy": strategy, "hangTimeout": hang_timeout,
                 "checkpoint": {"dir": str(self.ckpt)},
                 "control": {"command": {
-                    "program": [sys.executable, str(LAUNCHER), "--state",
+                    "program": [*LAUNCHER, "--state",
                                 str(self.state_path)],
                     "timeout": "30s"}},
             },
@@ -92,7 +91,7 @@ class Job:
         c.log_sources.append(self.logs)
 
     def _launcher(self, *args: str) -> None:
-        done = subprocess.run([sys.executable, str(LAUNCHER), "--state", str(self.state_path),
+        done = subprocess.run([*LAUNCHER, "--state", str(self.state_path),
                                *args], capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0, f"launcher {args[0]}: {done.stdout}{done.stderr}"
 
