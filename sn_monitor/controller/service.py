@@ -263,7 +263,8 @@ class Controller:
             else:
                 self._resolved(finding)
 
-    def _fired(self, f: Finding) -> None:
+    def _fired(self, f: Finding) -> int | None:
+        """Record the incident and start its actions; its id (None: not recorded)."""
         with self._lock:
             self._firing.setdefault(f.node, set()).add((f.rule, f.subject))
             if f.kind == "heartbeat":
@@ -279,7 +280,7 @@ class Controller:
         if incident_id is None:
             log.error("not acting on %s: the incident could not be recorded", f.rule,
                       extra={"node": f.node, "rule": f.rule})
-            return
+            return None
         if f.kind == "heartbeat" or NODE_FATAL_ACTIONS & set(f.actions):
             opened = self.policy.note_fault(f.node, max(1, len(self.registry)))
             if opened is not None:
@@ -291,6 +292,7 @@ class Controller:
                     self._deferred.append((due, step, f, incident_id))
             else:
                 self._run_step(step, f, incident_id)
+        return int(incident_id)
 
     def _plan(self, node: str, actions: Sequence[str]) -> list[str]:
         """The steps a firing rule's actions mean for this node (see EXPANSIONS, RECOVER)."""
@@ -348,11 +350,7 @@ class Controller:
             message=(f"job {hang.job} hung at step {hang.step}: {who}, "
                      f"{hang.stalled_seconds:.0f} s without progress"),
             observed_wall=hang.stopped_at, detected_wall=self.clock.time())
-        self._fired(finding)
-        incident_id = self._safely(self.store.open_incident, finding.rule, node,
-                                   finding.subject, severity="critical",
-                                   message=finding.message, observed_at=hang.stopped_at,
-                                   detected_at=finding.detected_wall)
+        incident_id = self._fired(finding)
         with self._lock:
             self._hangs[hang.job] = finding
         self._safely(self.jobs.on_hang, hang, incident_id)

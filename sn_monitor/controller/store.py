@@ -28,7 +28,7 @@ import json
 import logging
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -816,14 +816,19 @@ class Store:
 
     # -- jobs and recoveries ------------------------------------------------------------
 
+    def _replace(self, table: str, columns: Sequence[str], json_columns: Collection[str],
+                 row: Any) -> None:
+        """INSERT OR REPLACE one dataclass row, its ``json_columns`` encoded. Durable."""
+        values = [_to_json(getattr(row, c)) if c in json_columns else getattr(row, c)
+                  for c in columns]
+        marks = ", ".join("?" for _ in columns)
+        with self._tx(durable=True) as db:
+            db.execute(f"INSERT OR REPLACE INTO {table} ({', '.join(columns)})"
+                       f" VALUES ({marks})", values)
+
     def save_job(self, row: JobRow) -> None:
         """Insert or replace a job's row. Committed durably (it carries recovery state)."""
-        values = [_to_json(getattr(row, c)) if c in _JOB_JSON else getattr(row, c)
-                  for c in _JOB_COLUMNS]
-        marks = ", ".join("?" for _ in _JOB_COLUMNS)
-        with self._tx(durable=True) as db:
-            db.execute(f"INSERT OR REPLACE INTO jobs ({', '.join(_JOB_COLUMNS)})"
-                       f" VALUES ({marks})", values)
+        self._replace("jobs", _JOB_COLUMNS, _JOB_JSON, row)
 
     @staticmethod
     def _job(row: sqlite3.Row) -> JobRow:
@@ -846,12 +851,7 @@ class Store:
 
     def save_recovery(self, row: RecoveryRow) -> None:
         """Insert or replace a recovery's row. Committed durably: written before acting."""
-        values = [_to_json(getattr(row, c)) if c in _RECOVERY_JSON else getattr(row, c)
-                  for c in _RECOVERY_COLUMNS]
-        marks = ", ".join("?" for _ in _RECOVERY_COLUMNS)
-        with self._tx(durable=True) as db:
-            db.execute(f"INSERT OR REPLACE INTO recoveries ({', '.join(_RECOVERY_COLUMNS)})"
-                       f" VALUES ({marks})", values)
+        self._replace("recoveries", _RECOVERY_COLUMNS, _RECOVERY_JSON, row)
 
     @staticmethod
     def _recovery(row: sqlite3.Row) -> RecoveryRow:
