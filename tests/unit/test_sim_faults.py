@@ -1,0 +1,53 @@
+"""Injecting faults into a simulated node, by name and over POST /sim/fault."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sn_monitor.sim import fake_nvml
+from sn_monitor.sim.node import FaultError, SimulatedNode, fault_endpoint
+
+
+@pytest.fixture
+def node(tmp_path):
+    sim = SimulatedNode(tmp_path, gpus=2)
+    yield sim
+    fake_nvml.reset()
+
+
+def test_a_fault_by_name_reaches_the_gpu_and_the_kernel_log(node):
+    assert node.inject("xid", 1, code=79) == "xid injected on GPU 1"
+    assert "Xid (PCI:0000:2a:00): 79" in node.kmsg_path.read_text()
+    node.inject("overheat", 0, factor=2.0)
+    assert node.gpus[0].cooling_factor == 2.0
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        (b"{not json", 400, "malformed JSON"),
+        (b'{"gpu": 1}', 422, 'expected {"fault": NAME'),
+        (b'{"fault": "melt", "gpu": 0}', 422, "unknown fault 'melt'"),
+        (b'{"fault": "overheat"}', 422, "overheat needs a gpu from 0 to 1"),
+        (b'{"fault": "overheat", "gpu": 7}', 422, "overheat needs a gpu from 0 to 1"),
+        (b'{"fault": "overheat", "gpu": "one"}', 422, "gpu must be a whole number"),
+        (b'{"fault": "xid", "gpu": 0}', 422, "xid: bad parameters"),
+    ],
+)
+def test_bad_fault_requests_are_refused_with_a_reason(node, body, status, message):
+    code, doc = fault_endpoint(node)(body)
+    assert code == status
+    assert message in doc["error"]
+
+
+def test_a_good_request_is_applied(node):
+    code, doc = fault_endpoint(node)(json.dumps({"fault": "fall-off-bus", "gpu": 1}).encode())
+    assert (code, doc) == (200, {"result": "fall-off-bus injected on GPU 1"})
+    assert node.gpus[1].lost
+
+
+def test_unknown_faults_raise_a_fault_error(node):
+    with pytest.raises(FaultError, match="unknown fault"):
+        node.inject("melt", 0)
