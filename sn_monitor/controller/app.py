@@ -84,13 +84,56 @@ def _whole_number(text: str) -> int | None:
 REPORTS_PATH = "/api/v1/reports"
 
 
+class ReportGate:
+    """Who may report, how large a report may be, and the answer to one: one copy of it.
+
+    Used by the ASGI handler (``ControllerApp``) and by uvicorn's protocol for the
+    reports' lane (:mod:`sn_monitor.controller.report_lane`), which bypasses ASGI.
+    """
+
+    def __init__(self, controller: ControllerApi, tokens: TokenBook | None,
+                 max_body_bytes: int) -> None:
+        self._controller = controller
+        self._tokens = tokens
+        self.max_body_bytes = max_body_bytes
+
+    def admit(self, headers: dict[bytes, bytes]) -> Identity:
+        """Check the headers before the body is read; ApiError 401/403/413 if refused."""
+        identity = OPEN_ACCESS
+        if self._tokens is not None:
+            found = self._tokens.identify(headers.get(b"authorization", b"").decode("latin-1"))
+            if found is None:
+                raise ApiError(401, "missing or unknown bearer token")
+            if not found.at_least("agent"):
+                raise ApiError(403, f"{found.name} ({found.role}) may not report")
+            identity = found
+        declared = headers.get(b"content-length")
+        length = _whole_number(declared.decode("latin-1")) if declared else None
+        if length is not None and length > self.max_body_bytes:
+            raise ApiError(413, f"body larger than {self.max_body_bytes} bytes")
+        return identity
+
+    def answer(self, identity: Identity, body: bytes, peer: str | None) -> tuple[int, bytes]:
+        """Ingest one report: (HTTP status, JSON body)."""
+        try:
+            reply = self._controller.ingest(body, identity, peer)
+        except ReportRejected as err:
+            return err.status, self.error_body(err.message)
+        return 200, _encoder.encode(reply)
+
+    @staticmethod
+    def error_body(message: str) -> bytes:
+        return _encoder.encode({"error": message})
+
+
 class ControllerApp:
     """The ASGI app: the reports' hot path, then Starlette's router for the rest."""
 
-    def __init__(self, reports: ASGIApp, router: Starlette) -> None:
+    def __init__(self, reports: ASGIApp, router: Starlette, gate: ReportGate) -> None:
         self._reports = reports
         self.router = router
         self.routes = router.routes
+        self.gate = gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] == "http" and scope["path"] == REPORTS_PATH
@@ -112,23 +155,12 @@ def build_app(
     rest of the API is ordinary Starlette routes.
     """
     router = _build_router(controller, tokens, max_body_bytes)
+    gate = ReportGate(controller, tokens, max_body_bytes)
 
     async def reports(scope: Scope, receive: Receive, send: Send) -> None:
-        status, body = 200, b""
         try:
             headers = dict(scope["headers"])
-            identity = OPEN_ACCESS
-            if tokens is not None:
-                found = tokens.identify(headers.get(b"authorization", b"").decode("latin-1"))
-                if found is None:
-                    raise ApiError(401, "missing or unknown bearer token")
-                if not found.at_least("agent"):
-                    raise ApiError(403, f"{found.name} ({found.role}) may not report")
-                identity = found
-            declared = headers.get(b"content-length")
-            length = _whole_number(declared.decode("latin-1")) if declared else None
-            if length is not None and length > max_body_bytes:
-                raise ApiError(413, f"body larger than {max_body_bytes} bytes")
+            identity = gate.admit(headers)
             chunks: list[bytes] = []
             size = 0
             while True:
@@ -141,16 +173,15 @@ def build_app(
                 if not message.get("more_body", False):
                     break
             client = scope.get("client")
-            reply = controller.ingest(b"".join(chunks), identity, client[0] if client else None)
-            body = _encoder.encode(reply)
-        except (ApiError, ReportRejected) as err:
-            status, body = err.status, _encoder.encode({"error": err.message})
+            status, body = gate.answer(identity, b"".join(chunks), client[0] if client else None)
+        except ApiError as err:
+            status, body = err.status, gate.error_body(err.message)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
-    return ControllerApp(reports, router)
+    return ControllerApp(reports, router, gate)
 
 
 def _build_router(

@@ -17,6 +17,7 @@ from sn_monitor.clock import Clock
 from sn_monitor.config import ConfigError
 from sn_monitor.controller.app import build_app
 from sn_monitor.controller.auth import TokenBook
+from sn_monitor.controller.report_lane import report_lane
 from sn_monitor.controller.routing import build_drivers
 from sn_monitor.controller.rules.spec import load_rules
 from sn_monitor.controller.service import Controller
@@ -111,11 +112,13 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
                       max_instances=1, coalesce=True, misfire_grace_time=None)
     scheduler.start()
     host, _, port = settings.listen.rpartition(":")
+    app = build_app(controller, tokens, settings.max_body_bytes)
+    # Agents connect directly: the peer address is theirs (it names their /metrics in
+    # service discovery), so no X-Forwarded-For rewriting.
     config = uvicorn.Config(
-        build_app(controller, tokens, settings.max_body_bytes),
-        host=host.strip("[]"), port=int(port), log_level="warning", access_log=False,
+        app, host=host.strip("[]"), port=int(port), log_level="warning", access_log=False,
         lifespan="off", timeout_graceful_shutdown=STOP_DEADLINE_SECONDS // 2,
-        http="httptools", loop="uvloop",
+        http=report_lane(app.gate), loop="uvloop", proxy_headers=False,
     )
     log.info("controller serving on %s with %d rules, state in %s", settings.listen,
              len(rules), state_dir)

@@ -111,6 +111,11 @@ class NodeRegistry:
         with self._lock:
             return dict(self._views)
 
+    def names(self) -> frozenset[str]:
+        """Every known node's name."""
+        with self._lock:
+            return frozenset(self._views)
+
     def get(self, name: str) -> NodeView | None:
         with self._lock:
             return self._views.get(name)

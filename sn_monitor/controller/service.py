@@ -58,8 +58,6 @@ RECOVER = "recover"
 CHECKPOINT_JOBS = "checkpoint-jobs"
 #: Steps that wait ``settle`` seconds before they run.
 SETTLED_ACTIONS = frozenset({"cordon", "evict", "failover", RECOVER})
-#: States that take a node out of service for the max_unavailable budget.
-UNAVAILABLE: frozenset[str] = frozenset({"lost", "cordoned", "evicted"})
 NODE_REFRESH_SECONDS = 5.0
 
 
@@ -500,14 +498,13 @@ class Controller:
             self._refresh_nodes()
 
     def _refresh_nodes(self) -> None:
-        records = self._safely(self.store.list_nodes)
-        if records is None:
+        cordoned = self._safely(self.store.cordoned_by_us)
+        if cordoned is None:
             return
         if self._store_error is not None and self._safely(
                 self.store.set_meta, "alive", str(self.clock.time())) is not None:
             log.warning("store writable again: acting resumes")
             self._store_error = None
-        cordoned = {r.name for r in records if r.cordoned_by_us}
         with self._lock:
             self._cordoned = cordoned
         now = self.clock.time()
@@ -550,17 +547,18 @@ class Controller:
 
     def cluster(self) -> ClusterSummary:
         """The numbers the safety policy needs."""
-        views = self.registry.views()
         # The runner records a cordon in the store the moment it is done; the sweep only
         # copies it into memory every NODE_REFRESH_SECONDS. Read it here, or a second
         # cordon within those seconds would not see the first one (max_unavailable).
-        records = self._safely(self.store.list_nodes)
-        if records is not None:
-            cordoned = {r.name for r in records if r.cordoned_by_us}
-            with self._lock:
+        # One small query and set arithmetic: this runs before every action, and a
+        # per-node walk of 8,192 nodes here was most of the controller's CPU in a burst.
+        cordoned = self._safely(self.store.cordoned_by_us)
+        known = self.registry.names()
+        with self._lock:
+            if cordoned is not None:
                 self._cordoned = cordoned
-        out = frozenset(n for n in views if self._state_of(n) in UNAVAILABLE)
-        return ClusterSummary(total_nodes=max(1, len(views)), unavailable=out)
+            out = frozenset((self._lost | self._cordoned) & known)
+        return ClusterSummary(total_nodes=max(1, len(known)), unavailable=out)
 
     def reload_rules(self, rules: Sequence[Rule]) -> None:
         """SIGHUP: new rules, firing state kept for unchanged ones."""

@@ -598,6 +598,10 @@ class Store:
         """Every node, by name."""
         return [self._node(r) for r in self._query("SELECT * FROM nodes ORDER BY name")]
 
+    def cordoned_by_us(self) -> set[str]:
+        """The nodes whose cordon sn-monitor holds (read before every disruptive action)."""
+        return {r[0] for r in self._query("SELECT name FROM nodes WHERE cordoned_by_us = 1")}
+
     def transitions(self, node: str, limit: int = 100) -> list[Transition]:
         """The node's last ``limit`` state changes, oldest first."""
         rows = self._query(

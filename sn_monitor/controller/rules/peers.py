@@ -6,12 +6,18 @@ only when at least ``min_group`` of its nodes have data and are not lost; a node
 no longer be compared (it left the group, the group shrank) resolves, since a straggler
 needs peers to straggle behind. ``below_median_by: 0.3`` fires at or below 70 % of the
 median; ``above_median_by: 0.3`` at or above 130 %.
+
+Comparing every node with its group costs a pass over the fleet (80 ms at 8,192 nodes), so
+it runs every :data:`PEERS_EVERY` seconds at most, or a tenth of the rule's ``for`` if
+that is shorter; sweeps in between only complete ``for`` timers. A straggler with
+``for: 2m`` fires within 2 minutes + 5 s, and resolves within 5 s of catching up.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
+from typing import Final
 
 from sn_monitor.controller.rules.base import (
     Finding,
@@ -25,6 +31,9 @@ from sn_monitor.controller.rules.series import NODE, compile_accessor, describe
 from sn_monitor.controller.rules.spec import PeersRule
 from sn_monitor.controller.state import NodeView
 from sn_monitor.model import Report
+
+PEERS_EVERY: Final = 5.0
+"""Seconds between two comparisons of the fleet at most (see the module docstring)."""
 
 
 class _Node(Held):
@@ -54,6 +63,8 @@ class PeersEvaluator(HoldingEvaluator[PeersRule, _Node]):
             raise ValueError(f"rule {rule.name}: peers needs below_median_by or above_median_by")
         self._what, self._unit = describe(rule.metric)
         self._means: dict[str, tuple[Report, float | None]] = {}
+        self._every = min(PEERS_EVERY, float(rule.hold) / 10)
+        self._compared_at: float | None = None
 
     def _mean(self, node: str, report: Report) -> float | None:
         cached = self._means.get(node)
@@ -65,6 +76,11 @@ class PeersEvaluator(HoldingEvaluator[PeersRule, _Node]):
         return mean
 
     def sweep(self, views: Mapping[str, NodeView], now: Now, out: list[Finding]) -> None:
+        last = self._compared_at
+        if last is not None and 0 <= now.monotonic - last < self._every:
+            super().sweep(views, now, out)  # only the ``for`` timers time has completed
+            return
+        self._compared_at = now.monotonic
         groups: dict[str, list[tuple[str, float, float]]] = {}
         for name, view in views.items():
             report = view.report

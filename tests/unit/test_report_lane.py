@@ -1,0 +1,224 @@
+"""The reports' lane over a real socket: same answers as the ASGI path, HTTP/1.1 kept.
+
+A real uvicorn server (in a thread, on 127.0.0.1) runs the controller's app with
+:func:`~sn_monitor.controller.report_lane.report_lane` as its protocol, around a real
+controller (the harness of test_controller_service). Each request is sent as raw bytes,
+so keep-alive, HTTP/1.0, pipelining and chunked bodies are what is on the wire; the
+same requests through Starlette's TestClient (the ASGI handler) must get the same answers.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import uvicorn
+from starlette.testclient import TestClient
+
+from sn_monitor.controller.app import ControllerApp, build_app
+from sn_monitor.controller.auth import TokenBook
+from sn_monitor.controller.report_lane import report_lane
+from tests.unit.test_controller_api import AGENT, READ, write_tokens
+from tests.unit.test_controller_service import (
+    HOT_RULE,
+    Harness,
+    make_harness,
+    report_body,
+    rules_from,
+)
+
+MAX_BODY = 64 * 1024
+
+
+class Server:
+    """uvicorn with the lane, serving ``app`` on a free loopback port, in a thread."""
+
+    def __init__(self, app: ControllerApp) -> None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                access_log=False, lifespan="off", http=report_lane(app.gate),
+                                proxy_headers=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start within 10 s"
+            time.sleep(0.01)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+
+    def connect(self) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        return sock
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    h = make_harness(tmp_path, rules_from(HOT_RULE))
+    yield h
+    h.controller.close()
+    h.store.close()
+
+
+@pytest.fixture
+def app(harness: Harness, tmp_path: Path) -> ControllerApp:
+    return build_app(harness.controller, TokenBook.load(write_tokens(tmp_path)), MAX_BODY)
+
+
+@pytest.fixture
+def server(app: ControllerApp) -> Iterator[Server]:
+    s = Server(app)
+    yield s
+    s.stop()
+
+
+def request(body: bytes, *, token: str | None = AGENT, version: str = "1.1",
+            path: str = "/api/v1/reports", extra: str = "", chunked: bool = False) -> bytes:
+    head = f"POST {path} HTTP/{version}\r\nHost: controller\r\n"
+    if token is not None:
+        head += f"Authorization: Bearer {token}\r\n"
+    head += "Content-Type: application/json\r\n" + extra
+    if chunked:
+        head += "Transfer-Encoding: chunked\r\n\r\n"
+        return head.encode() + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    return head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+class Reader:
+    """HTTP/1.1 responses read off one socket, one at a time."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = b""
+
+    def _fill(self) -> bool:
+        chunk = self.sock.recv(65536)
+        self.buffer += chunk
+        return bool(chunk)
+
+    def response(self) -> tuple[int, dict[str, str], bytes]:
+        while b"\r\n\r\n" not in self.buffer:
+            assert self._fill(), f"connection closed mid-response: {self.buffer!r}"
+        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        length = 0 if status == 100 else int(headers["content-length"])
+        while len(self.buffer) < length:
+            assert self._fill(), "connection closed mid-body"
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        return status, headers, body
+
+    def closed(self) -> bool:
+        self.sock.settimeout(5)
+        return self.buffer == b"" and not self._fill()
+
+
+def test_reports_on_one_kept_alive_connection(server: Server, harness: Harness) -> None:
+    with server.connect() as sock:
+        reader = Reader(sock)
+        for sequence in (1, 2, 3):
+            sock.sendall(request(report_body("gpu-a", temps=[60.0], sequence=sequence)))
+            status, headers, body = reader.response()
+            assert status == 200, body
+            assert msgspec.json.decode(body)["sequence"] == sequence
+            assert headers["content-type"] == "application/json"
+            assert "connection" not in headers
+            assert "date" in headers  # uvicorn's default headers are kept
+    view = harness.controller.registry.get("gpu-a")
+    assert view is not None
+    assert view.report is not None
+    assert view.report.sequence == 3
+
+
+CASES = {
+    "accepted": (report_body("gpu-b", temps=[50.0]), AGENT),
+    "no token": (report_body("gpu-b", temps=[50.0]), None),
+    "read role": (report_body("gpu-b", temps=[50.0]), READ),
+    "another node": (report_body("cpu-1", temps=[50.0]), AGENT),
+    "malformed": (b'{"node": "gpu-b", ', AGENT),
+    "invalid": (b'{"node": "gpu-b", "instance": "i", "sequence": "one"}', AGENT),
+    "too large": (b" " * (MAX_BODY + 1), AGENT),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_lane_answers_as_the_asgi_handler(case: str, app: ControllerApp,
+                                              server: Server) -> None:
+    body, token = CASES[case]
+    with server.connect() as sock:
+        sock.sendall(request(body, token=token))
+        lane_status, _, lane_body = Reader(sock).response()
+    # The same request through ASGI (the report was applied once: send a later sequence).
+    if case == "accepted":
+        body = report_body("gpu-b", temps=[50.0], sequence=2)
+    with TestClient(app) as client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        answer = client.post("/api/v1/reports", content=body, headers=headers)
+    assert lane_status == answer.status_code
+    lane = msgspec.json.decode(lane_body)
+    asgi = answer.json()
+    if case == "accepted":
+        assert (lane["sequence"], asgi["sequence"]) == (1, 2)
+    else:
+        assert lane == asgi
+        assert lane["error"]
+
+
+def test_an_oversized_chunked_body_is_refused_and_the_connection_kept(server: Server) -> None:
+    with server.connect() as sock:
+        reader = Reader(sock)
+        sock.sendall(request(b"x" * (MAX_BODY + 10), chunked=True))
+        status, _, body = reader.response()
+        assert status == 413, body
+        sock.sendall(request(report_body("gpu-c", temps=[50.0]), chunked=True))
+        assert reader.response()[0] == 200
+
+
+def test_http_1_0_is_answered_and_closed(server: Server) -> None:
+    with server.connect() as sock:
+        sock.sendall(request(report_body("gpu-d", temps=[50.0]), version="1.0"))
+        reader = Reader(sock)
+        status, headers, _ = reader.response()
+        assert status == 200
+        assert headers["connection"] == "close"
+        assert reader.closed()
+
+
+def test_pipelined_requests_are_answered_in_order(server: Server) -> None:
+    with server.connect() as sock:
+        sock.sendall(b"".join(request(report_body("gpu-e", temps=[50.0], sequence=s))
+                              for s in (1, 2, 3)))
+        reader = Reader(sock)
+        assert [msgspec.json.decode(reader.response()[2])["sequence"]
+                for _ in range(3)] == [1, 2, 3]
+
+
+def test_other_requests_take_the_asgi_path_on_the_same_connection(server: Server) -> None:
+    with server.connect() as sock:
+        reader = Reader(sock)
+        sock.sendall(request(report_body("gpu-f", temps=[50.0], sequence=1)))
+        assert reader.response()[0] == 200
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: controller\r\n\r\n")
+        status, _, body = reader.response()
+        assert status == 200
+        assert "store" in msgspec.json.decode(body)
+        # a query string, and Expect: 100-continue, go through ASGI and get the same answer
+        sock.sendall(request(report_body("gpu-f", temps=[50.0], sequence=2),
+                             path="/api/v1/reports?from=test"))
+        assert msgspec.json.decode(reader.response()[2])["sequence"] == 2
+        sock.sendall(request(report_body("gpu-f", temps=[50.0], sequence=3),
+                             extra="Expect: 100-continue\r\n"))
+        status, _, body = reader.response()
+        if status == 100:
+            status, _, body = reader.response()
+        assert status == 200
+        assert msgspec.json.decode(body)["sequence"] == 3
