@@ -22,6 +22,7 @@ from sn_monitor import __version__
 from sn_monitor.controller.auth import OPEN_ACCESS, Identity, Role, TokenBook
 from sn_monitor.controller.errors import ApiError
 from sn_monitor.controller.ingest import ReportRejected
+from sn_monitor.controller.rules.alerts import webhook_schema_types
 from sn_monitor.model import CheckpointBody, ProgressBody, Report, ReportReply
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class ControllerApi(Protocol):
     """What the HTTP layer needs from the controller."""
 
     def ingest(self, body: bytes, identity: Identity, peer: str | None) -> ReportReply: ...
+    def ingest_alerts(self, body: bytes, who: str) -> dict[str, Any]: ...
     def list_nodes(self) -> list[dict[str, Any]]: ...
     def get_node(self, name: str) -> dict[str, Any] | None: ...
     def manual_action(self, action: str, node: str, who: str, reason: str) -> dict[str, Any]: ...
@@ -233,6 +235,12 @@ def _build_router(
         return Response(_encoder.encode(reply), media_type="application/json")
 
     @guarded
+    async def alertmanager(request: Request) -> Response:
+        identity = identify(request, "operate")
+        body = await read_body(request)
+        return _json(await run_in_threadpool(controller.ingest_alerts, body, identity.name))
+
+    @guarded
     async def nodes(request: Request) -> Response:
         identify(request, "read")
         return _json({"nodes": controller.list_nodes()})
@@ -394,6 +402,7 @@ def _build_router(
 
     routes = [
         Route("/api/v1/reports", post_report, methods=["POST"]),
+        Route("/api/v1/alertmanager", alertmanager, methods=["POST"]),
         Route("/api/v1/nodes", nodes, methods=["GET"]),
         Route("/api/v1/nodes/{name}", node, methods=["GET"]),
         Route("/api/v1/nodes/{name}/cordon", node_action("cordon"), methods=["POST"]),
@@ -422,7 +431,7 @@ def _build_router(
 def openapi_document() -> dict[str, Any]:
     """OpenAPI 3.1 for the v1 API; the report schemas come from the wire types themselves."""
     _, components = msgspec.json.schema_components([Report, ReportReply, ProgressBody,
-                                                    CheckpointBody],
+                                                    CheckpointBody, *webhook_schema_types()],
                                                    ref_template="#/components/schemas/{name}")
     error = {"description": "error", "content": {"application/json": {"schema": {
         "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}}}}
@@ -456,6 +465,18 @@ def openapi_document() -> dict[str, Any]:
              "400": error, "401": error, "403": error, "413": error, "422": error},
             requestBody={"required": True, "content": {"application/json": {
                 "schema": {"$ref": "#/components/schemas/Report"}}}})},
+        "/api/v1/alertmanager": {"post": op(
+            "Alertmanager's webhook (operate role): alerts that alert rules match open and "
+            "resolve incidents, acted on through the safety policy",
+            {"200": {"description": "applied", "content": {"application/json": {"schema": {
+                "type": "object", "properties": {
+                    "accepted": {"type": "integer"}, "skipped": {"type": "integer"},
+                    "unmatched": {"type": "integer"}, "findings": {"type": "integer"},
+                    "by": {"type": "string"}},
+                "required": ["accepted", "skipped", "unmatched", "findings", "by"]}}}},
+             "400": error, "413": error},
+            requestBody={"required": True, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/WebhookPayload"}}}})},
         "/api/v1/nodes": {"get": op("Every node", {"200": any_json})},
         "/api/v1/nodes/{name}": {"get": op("One node", {"200": any_json, "404": error},
                                            parameters=name_param)},

@@ -158,6 +158,14 @@ class ControllerMetrics:
             "sn_controller_events", "Agent events stored, by kind.", ["kind"],
             registry=self.registry,
         )
+        self.webhook_alerts = Counter(
+            "sn_controller_alertmanager_alerts",
+            "Alerts received on POST /api/v1/alertmanager, by outcome: accepted (an alert "
+            "rule took it), unmatched (no rule in scope), skipped (no usable node, or the "
+            "controller's own alert).", ["outcome"], registry=self.registry,
+        )
+        for outcome in ("accepted", "unmatched", "skipped"):
+            self.webhook_alerts.labels(outcome)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -30,8 +30,9 @@ from sn_monitor.controller.ingest import NodeRegistry, ReportRejected, decode_re
 from sn_monitor.controller.metrics import ControllerMetrics, ControllerState
 from sn_monitor.controller.policy import BreakerState, ClusterSummary, SafetyPolicy
 from sn_monitor.controller.routing import Drivers
+from sn_monitor.controller.rules.alerts import WebhookRejected, decode_webhook
 from sn_monitor.controller.rules.engine import Finding, RuleEngine
-from sn_monitor.controller.rules.spec import EventRule, Rule
+from sn_monitor.controller.rules.spec import AlertRule, EventRule, Rule
 from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.state import NodeState, NodeView
 from sn_monitor.controller.store import ActionRecord, Incident, Store, StoreError
@@ -127,6 +128,9 @@ class Controller:
             self._firing.setdefault(incident.node, set()).add((incident.rule, incident.subject))
             rule = rules.get(incident.rule)
             self._settle_again(incident, rule)
+            if isinstance(rule, AlertRule) and self.engine.restore(
+                    _firing_finding(incident, rule)):
+                continue  # Alertmanager, not a report, says when it resolves
             wait = grace
             if isinstance(rule, EventRule):
                 wait = max(0.0, incident.detected_at + rule.clear_after - now_wall)
@@ -187,12 +191,7 @@ class Controller:
             f"incident:{incident.id}:{step}") is None]
         if not missing:
             return
-        finding = Finding(
-            rule=incident.rule, kind=rule.kind, node=incident.node, subject=incident.subject,
-            gpu=incident.gpu, status="firing", severity=incident.severity,
-            actions=tuple(rule.actions), dry_run=rule.dry_run, value=incident.value,
-            message=incident.message, observed_wall=incident.observed_at,
-            detected_wall=incident.detected_at)
+        finding = _firing_finding(incident, rule)
         due = self.clock.monotonic() + self.settings.settle
         log.info("incident %d: %s not yet decided before the restart; settling again",
                  incident.id, ", ".join(missing),
@@ -251,6 +250,31 @@ class Controller:
         self.telemetry.ingest_seconds.observe(time.perf_counter() - started)
         return ReportReply(sequence=report.sequence, events_stored_through=stored_through,
                            commands=commands)
+
+    def ingest_alerts(self, body: bytes, who: str) -> dict[str, Any]:
+        """Alertmanager's webhook: alerts that alert rules match become findings.
+
+        They are handled like a report's (incidents, actions through the policy); the
+        actions' audit records name ``who`` (the token's name) as their source.
+        """
+        try:
+            payload = decode_webhook(body)
+        except WebhookRejected as err:
+            raise ApiError(err.status, err.message) from None
+        with self._engine_lock:
+            intake = self.engine.receive_alerts(payload.alerts, self._labels_of,
+                                                f"alertmanager:{who}")
+        self._handle(intake.findings)
+        for outcome, count in (("accepted", intake.accepted), ("unmatched", intake.unmatched),
+                               ("skipped", intake.skipped)):
+            self.telemetry.webhook_alerts.labels(outcome).inc(count)
+        log.info("alertmanager (%s, %s): %d alerts, %d accepted, %d skipped, %d unmatched, "
+                 "%d findings", who, payload.receiver or "no receiver", len(payload.alerts),
+                 intake.accepted, intake.skipped, intake.unmatched, len(intake.findings))
+        for why in intake.why:
+            log.warning("alertmanager alert skipped: %s", why)
+        return {"accepted": intake.accepted, "skipped": intake.skipped,
+                "unmatched": intake.unmatched, "findings": len(intake.findings), "by": who}
 
     # ------------------------------------------------------------------ findings
 
@@ -391,7 +415,8 @@ class Controller:
             labels=dict(view.labels) if view else {},
             params={"status": status, "subject": f.subject, "value": f.value,
                     "observed_at": f.observed_wall, "detected_at": f.detected_wall},
-            requested_by=f"rule:{f.rule}", created_seconds=self.clock.time(),
+            requested_by=f"rule:{f.rule}" + (f" via {f.source}" if f.source else ""),
+            created_seconds=self.clock.time(),
         )
         self._safely(self.runner.submit, request, self.cluster(), f.dry_run)
 
@@ -795,6 +820,16 @@ def restart_grace(rules: Sequence[Rule]) -> float:
     heartbeat = max((float(getattr(rule, "heartbeat_timeout", 0) or 0) for rule in rules),
                     default=0.0)
     return max(60.0, 2 * longest + 30.0, 3 * heartbeat)
+
+
+def _firing_finding(incident: Incident, rule: Rule) -> Finding:
+    """The firing finding an open incident stands for (after a restart)."""
+    return Finding(
+        rule=incident.rule, kind=rule.kind, node=incident.node, subject=incident.subject,
+        gpu=incident.gpu, status="firing", severity=incident.severity,
+        actions=tuple(rule.actions), dry_run=rule.dry_run, value=incident.value,
+        message=incident.message, observed_wall=incident.observed_at,
+        detected_wall=incident.detected_at)
 
 
 def _incident_doc(incident: Incident) -> dict[str, Any]:

@@ -141,10 +141,13 @@ class Cluster:
     def __init__(self, root: Path, *, nodes: int = 4, config: dict[str, Any] | None = None,
                  gpus: int = 8, sim_speed: float = 10.0,
                  routes: dict[str, list[str]] | None = None,
-                 jobs_dir: Path | None = None) -> None:
+                 jobs_dir: Path | None = None, rules: list[Path] | None = None,
+                 agent_labels: dict[str, str] | None = None) -> None:
         """``config`` is merged into the defaults below; ``routes`` replaces theirs
         (leave checkpoint/restore/failover out to send them to each job's own
-        ``spec.control``); ``jobs_dir`` is the controller's ``--jobs`` directory."""
+        ``spec.control``); ``jobs_dir`` is the controller's ``--jobs`` directory;
+        ``rules`` are rule files or directories loaded after the repository's;
+        ``agent_labels`` are every agent's ``labels`` (supernode, rack)."""
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -158,10 +161,15 @@ class Cluster:
         agent_token, self.admin_token = secrets.token_hex(16), secrets.token_hex(16)
         (root / "agent.token").write_text(agent_token + "\n")
         (root / "admin.token").write_text(self.admin_token + "\n")
+        #: A token of role operate (for Alertmanager's webhook), and the file holding it.
+        self.operate_token_file = root / "operate.token"
+        self.operate_token_file.write_text(secrets.token_hex(16) + "\n")
         (root / "tokens.yaml").write_text(yaml.safe_dump([
             {"name": "sim-agents", "role": "agent", "token_file": str(root / "agent.token"),
              "nodes": ["sim-*"]},
             {"name": "e2e-tests", "role": "admin", "token_file": str(root / "admin.token")},
+            {"name": "operators", "role": "operate",
+             "token_file": str(self.operate_token_file)},
         ]))
         settings: dict[str, Any] = {
             "sweep_interval": "0.5s",
@@ -195,12 +203,17 @@ class Cluster:
             sys.executable, "-m", "sn_monitor.cli", "controller",
             "--config", str(self.config_path), "--listen", f"127.0.0.1:{self.port}",
             "--state-dir", str(self.state_dir), "--rules", str(RULES),
+            *[arg for path in rules or () for arg in ("--rules", str(path))],
             "--token-file", str(root / "tokens.yaml"), "--log-format", "json",
             *(["--jobs", str(jobs_dir)] if jobs_dir is not None else []),
         ], root / "controller.log")
         #: More text for :meth:`logs` (a test's own processes): each returns a section.
         self.log_sources: list[Callable[[], str]] = []
         self.agents: dict[str, Agent] = {}
+        agent_config: list[str] = []
+        if agent_labels:
+            (root / "agent.yaml").write_text(yaml.safe_dump({"labels": agent_labels}))
+            agent_config = ["--config", str(root / "agent.yaml")]
         for i in range(nodes):
             name, port = f"sim-{i}", free_port()
             self.agents[name] = Agent(name, [
@@ -208,7 +221,7 @@ class Cluster:
                 "--controller", self.url, "--token-file", str(root / "agent.token"),
                 "--node", name, "--listen", f"127.0.0.1:{port}",
                 "--state-dir", str(root / f"{name}-state"),
-                "--sim-speed", f"{sim_speed:g}", "--log-format", "json",
+                "--sim-speed", f"{sim_speed:g}", "--log-format", "json", *agent_config,
             ], root / f"{name}.log", port)
 
     # ------------------------------------------------------------------ lifecycle

@@ -29,7 +29,9 @@ class Finding:
     ``observed_wall`` is when the fault was first seen by the agent (the report's sample
     time, the event's time): the start of the detection latency. ``detected_wall`` is the
     controller's wall clock when the rule fired or resolved. ``count`` is how many matching
-    events an event incident has absorbed (1 for other kinds).
+    events an event incident has absorbed (1 for other kinds). ``source`` says who told
+    the controller when it was not a report (``alertmanager:<token name>``), for the
+    audit trail.
     """
 
     rule: str
@@ -46,6 +48,7 @@ class Finding:
     observed_wall: float
     detected_wall: float
     count: int = 1
+    source: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +95,7 @@ class Evaluator(Generic[R]):
         for subjects in self._firing.values():
             for key, finding in subjects.items():
                 subjects[key] = dataclasses.replace(
-                    finding, severity=rule.severity, actions=self._actions,
+                    finding, severity=rule.severity or "warning", actions=self._actions,
                     dry_run=rule.dry_run)
 
     @property
@@ -120,7 +123,7 @@ class Evaluator(Generic[R]):
         rule = self.rule
         finding = Finding(
             rule=rule.name, kind=self.kind, node=node, subject=subject.text, gpu=subject.gpu,
-            status="firing", severity=rule.severity, actions=self._actions,
+            status="firing", severity=rule.severity or "warning", actions=self._actions,
             dry_run=rule.dry_run, value=value, message=message,
             observed_wall=observed_wall, detected_wall=now.wall, count=count,
         )
@@ -148,6 +151,14 @@ class Evaluator(Generic[R]):
         subjects = self._firing.get(node)
         if subjects is not None and subject in subjects:
             subjects[subject] = dataclasses.replace(subjects[subject], count=count)
+
+    def restore(self, finding: Finding) -> bool:
+        """Take back a firing finding after a controller restart; whether this kind can.
+
+        Kinds that see their fault again in the next reports cannot (they rediscover it,
+        or the controller resolves the inherited incident after a grace period).
+        """
+        return False
 
     def firing(self) -> Iterator[Finding]:
         """Every firing finding of this rule."""

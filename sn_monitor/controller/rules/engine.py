@@ -5,20 +5,31 @@ rate, baseline and event rules look at it) and :meth:`RuleEngine.sweep` about on
 second (heartbeats, peer comparisons, event incidents clearing, ``for`` timers that
 complete with time alone). Both return transitions: a :class:`Finding` when a
 (rule, node, subject) starts firing and one when it resolves, never repeats.
+
+Alert rules see neither reports nor time: Alertmanager's alerts reach them through
+:meth:`RuleEngine.receive_alerts`. The engine keeps them with the others so that a
+reload treats every rule alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sn_monitor.clock import Clock
+from sn_monitor.controller.rules.alerts import (
+    AlertEvaluator,
+    AlertIntake,
+    WebhookAlert,
+    receive_alerts,
+)
 from sn_monitor.controller.rules.base import Evaluator, Finding, Now
 from sn_monitor.controller.rules.baseline import BaselineEvaluator
 from sn_monitor.controller.rules.event import EventEvaluator
 from sn_monitor.controller.rules.heartbeat import HeartbeatEvaluator
 from sn_monitor.controller.rules.peers import PeersEvaluator
 from sn_monitor.controller.rules.spec import (
+    AlertRule,
     BaselineRule,
     EventRule,
     HeartbeatRule,
@@ -46,6 +57,8 @@ def evaluator_for(rule: Rule) -> AnyEvaluator:
         return EventEvaluator(rule)
     if isinstance(rule, HeartbeatRule):
         return HeartbeatEvaluator(rule)
+    if isinstance(rule, AlertRule):
+        return AlertEvaluator(rule)
     raise TypeError(f"not a rule: {rule!r}")
 
 
@@ -57,6 +70,7 @@ class RuleEngine:
         self._evaluators: dict[str, AnyEvaluator] = {}
         self._observers: list[AnyEvaluator] = []
         self._sweepers: list[AnyEvaluator] = []
+        self._alerting: list[AlertEvaluator] = []
         self._install({rule.name: evaluator_for(rule) for rule in _unique(rules)})
 
     @property
@@ -68,6 +82,7 @@ class RuleEngine:
         self._evaluators = evaluators
         self._observers = [e for e in evaluators.values() if e.observes]
         self._sweepers = [e for e in evaluators.values() if e.sweeps]
+        self._alerting = [e for e in evaluators.values() if isinstance(e, AlertEvaluator)]
 
     def _now(self) -> Now:
         return Now(self._clock.monotonic(), self._clock.time())
@@ -90,6 +105,25 @@ class RuleEngine:
         for evaluator in self._sweepers:
             evaluator.sweep(views, now, out)
         return out
+
+    def receive_alerts(self, alerts: Sequence[WebhookAlert],
+                       labels_of: Callable[[str], Mapping[str, str] | None],
+                       source: str) -> AlertIntake:
+        """Apply Alertmanager's alerts to the alert rules.
+
+        ``labels_of`` gives a node's labels (None: a node the controller does not know),
+        for the rules' ``scope``; ``source`` says who sent the alerts.
+        """
+        return receive_alerts(self._alerting, alerts, labels_of, self._now(), source)
+
+    def restore(self, finding: Finding) -> bool:
+        """Give ``finding`` (open before a restart) back to its rule, if its kind can.
+
+        Alert rules can; False for the other kinds (they rediscover their faults from
+        reports) and for a rule that is gone.
+        """
+        evaluator = self._evaluators.get(finding.rule)
+        return evaluator is not None and evaluator.restore(finding)
 
     def reload(self, rules: Sequence[Rule]) -> list[Finding]:
         """Take a new rule set, keeping the state of rules that did not change.

@@ -9,6 +9,8 @@ baseline      ``metric`` + ``baseline: {window, sigmas, min_delta, warmup, direc
 peers         ``metric`` + ``peers: {group, below_median_by | above_median_by, min_group}``
 event         ``event`` + ``codes``, ``count`` within ``window``, ``clear_after``
 heartbeat     ``heartbeat_timeout``
+alert         ``alert: {label: value | "=~regex", ...}`` [+ ``node_label``]: acts on
+              Alertmanager's alerts (``POST /api/v1/alertmanager``), not on reports
 ============  ====================================================================
 
 Bounds are inclusive: ``above: 85`` fires at 85, ``below: 3`` fires at 3. A firing rule
@@ -17,7 +19,8 @@ bound itself), which gives hysteresis where one is set.
 
 Every rule also takes ``name`` (unique across all files), ``severity``, ``actions``,
 ``dry_run``, ``description`` and ``scope`` (node labels to regular expressions: the rule
-applies to matching nodes only).
+applies to matching nodes only). An alert rule's ``severity`` defaults to the alert's
+own ``severity`` label.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ Severity = Literal["info", "warning", "critical"]
 Direction = Literal["above", "below", "both"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
+_PROMETHEUS_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: An alert matcher's value that starts with this is a regular expression (full match).
+REGEX_MATCH = "=~"
 
 
 def _check_name(name: str) -> None:
@@ -251,7 +257,45 @@ class HeartbeatRule(RuleBase):
     heartbeat_timeout: Duration = setting(check=positive)
 
 
-Rule = ThresholdRule | BaselineRule | PeersRule | EventRule | HeartbeatRule
+def _alert_label(name: str) -> None:
+    if not _PROMETHEUS_LABEL.fullmatch(name):
+        raise ValueError(f"must be an alert label name (node, instance, ...), got {name!r}")
+
+
+def _alert_matchers(matchers: dict[str, str]) -> None:
+    if not matchers:
+        raise ValueError("name at least one label to match (alertname: ...): "
+                         "an empty match would act on every alert")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlertRule(RuleBase):
+    """Acts on Alertmanager's alerts (detection written in PromQL), not on reports.
+
+    ``alert`` maps label names to the value an alert must have (``""``: the label is
+    absent) or, written ``=~...``, to a regular expression its value must match in full.
+    The node is the alert's ``node_label``, or its ``instance`` without the port.
+    """
+
+    kind: ClassVar[str] = "alert"
+
+    alert: dict[str, str] = setting(check=_alert_matchers)
+    node_label: str = setting(default="node", check=_alert_label)
+    # None: each finding takes the alert's own severity label (Alertmanager's routing
+    # names). A rule's severity is otherwise always set, hence the narrower base type.
+    severity: Severity | None = None  # type: ignore[assignment]
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        yield from super().problems()
+        for label in self.alert:
+            if not _PROMETHEUS_LABEL.fullmatch(label):
+                yield f"alert.{label}", "not an alert label name (letters, digits and _)"
+        yield from _regex_problems("alert", {
+            label: value[len(REGEX_MATCH):] for label, value in self.alert.items()
+            if value.startswith(REGEX_MATCH)})
+
+
+Rule = ThresholdRule | BaselineRule | PeersRule | EventRule | HeartbeatRule | AlertRule
 
 
 def _label_problems(metric: str, labels: dict[str, str]) -> Iterator[tuple[str, str]]:
@@ -270,6 +314,7 @@ _MARKERS: tuple[tuple[str, type[RuleBase], tuple[str, ...]], ...] = (
     ("peers", PeersRule, ("peers",)),
     ("event", EventRule, ("event",)),
     ("heartbeat", HeartbeatRule, ("heartbeat_timeout",)),
+    ("alert", AlertRule, ("alert",)),
 )
 
 
@@ -278,12 +323,16 @@ def _kind_of(item: dict[object, object], doc: Document, key: KeyPath) -> type[Ru
              for kind, cls, markers in _MARKERS if any(k in item for k in markers)]
     if not found:
         raise doc.error(key, "not a rule of any kind: give above/below (threshold), baseline, "
-                             "peers, event or heartbeat_timeout")
+                             "peers, event, heartbeat_timeout or alert")
     if len(found) > 1:
         (kind1, _, key1), (kind2, _, key2) = found[:2]
-        raise doc.error((*key, key2), f"a rule is one kind: {key1} makes this a {kind1} rule, "
-                                      f"{key2} a {kind2} rule")
+        raise doc.error((*key, key2), f"a rule is one kind: {key1} makes this {_a(kind1)} rule, "
+                                      f"{key2} {_a(kind2)} rule")
     return found[0][1]
+
+
+def _a(word: str) -> str:
+    return f"an {word}" if word[0] in "aeiou" else f"a {word}"
 
 
 def parse_rules(doc: Document) -> list[Rule]:
