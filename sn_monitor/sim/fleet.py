@@ -79,6 +79,9 @@ REPORTS_PATH = "/api/v1/reports"
 VARIANTS = 8
 #: A request with no full response after this long fails and its connection is closed.
 REQUEST_TIMEOUT_SECONDS = 10.0
+#: A kept-alive connection unused this long is replaced before its next request: servers
+#: close idle ones (uvicorn after 5 s), and a request sent as the server closes is lost.
+STALE_AFTER_SECONDS = 4.0
 #: Latencies kept for the percentiles (a uniform sample beyond this many).
 MAX_SAMPLES = 200_000
 _STATE_ACTIVE, _STATE_DOWN = 4, 1
@@ -427,13 +430,14 @@ class FleetStats:
 
 
 class _Connection:
-    __slots__ = ("buffer", "node", "retry_at", "sent_at", "sent_results", "sock")
+    __slots__ = ("buffer", "node", "retry_at", "sent_at", "sent_results", "sock", "used_at")
 
     def __init__(self) -> None:
         self.sock: socket.socket | None = None
         self.buffer = b""
         self.node: _Node | None = None
         self.sent_at = 0.0
+        self.used_at = 0.0
         self.sent_results = 0
         self.retry_at = 0.0
 
@@ -638,6 +642,7 @@ class Fleet:
                 return False
             conn.sock = sock
             conn.buffer = b""
+            conn.used_at = now
             sel.register(sock, selectors.EVENT_READ, conn)
             return True
 
@@ -683,6 +688,7 @@ class Fleet:
         def answered(conn: _Connection, status: int, body: bytes, now: float) -> None:
             node = conn.node
             conn.node = None
+            conn.used_at = now
             busy.discard(conn)
             idle.append(conn)
             if node is None:
@@ -748,6 +754,8 @@ class Fleet:
                 sim_now = (now - start) * opts.speed
                 while plan and plan[0].at <= sim_now:
                     self.apply(plan.pop(0), sim_now)
+                for conn in [c for c in idle if now - c.used_at > STALE_AFTER_SECONDS]:
+                    close(conn, now)  # reconnected just below
                 for conn in conns:
                     if conn.sock is None and conn.retry_at <= now and connect(conn, now):
                         idle.append(conn)
@@ -773,7 +781,7 @@ class Fleet:
                         self.stats.not_sent += 1
                         continue
                     self.lag.add((now - at) * 1e3)
-                    send(idle.pop(), node, now)
+                    send(idle.pop(0), node, now)  # in turn: none sits idle
                 timeout = 0.05
                 if due and idle:
                     timeout = max(0.0, min(timeout, due[0][0] - time.monotonic()))
