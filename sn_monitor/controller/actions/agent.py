@@ -100,6 +100,8 @@ class AgentCommandQueue:
 
     def take(self, node: str) -> list[Command]:
         """Commands for ``node``'s reply: new ones, and in-flight ones now overdue."""
+        if node not in self._queues:  # every report asks; almost always nothing is queued
+            return []
         now = self.clock.monotonic()
         expired = self._expire(node, now)
         out: list[Command] = []
@@ -157,7 +159,9 @@ class AgentCommandQueue:
         limit = self.settings.expire_after
         expired: list[CommandResult] = []
         with self._lock:
-            queue = self._queues.get(node, OrderedDict())
+            queue = self._queues.get(node)
+            if queue is None:
+                return expired
             for command_id in [i for i, e in queue.items() if now - e.queued_seconds >= limit]:
                 entry = queue.pop(command_id)
                 result = CommandResult(

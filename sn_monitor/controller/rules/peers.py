@@ -99,14 +99,18 @@ class PeersEvaluator(HoldingEvaluator[PeersRule, _Node]):
             median = statistics.median(v for _, v, _ in members)
             bound = self._sign * median * self._factor
             for name, value, observed in members:
-                judged.add(name)
-                states = self._states.setdefault(name, {})
-                state = states.get("")
-                if state is None:
-                    state = states[""] = _Node()
-                state.median, state.group, state.size = median, group, len(members)
                 outlier = self._sign * value >= bound
+                states = self._states.get(name)
+                state = states.get("") if states else None
+                if state is None:
+                    if not outlier:
+                        continue  # the common case: in line with its peers, nothing held
+                    state = self._states.setdefault(name, {})[""] = _Node()
+                judged.add(name)
+                state.median, state.group, state.size = median, group, len(members)
                 self.step(name, state, outlier, not outlier, value, observed, now, out)
+                if not state.firing and state.since is None:
+                    del self._states[name]  # idle again: a fresh state next time is the same
         for name, states in self._states.items():
             if name in judged:
                 continue
