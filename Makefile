@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all demo test lint bench clean venv
+.PHONY: all demo test lint bench soak clean venv
 
 all: test
 
@@ -32,6 +32,9 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.controller_bench
 	$(BIN)/python -m bench.recovery_bench
 	$(BIN)/python -m bench.simulate_bench
+
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak --progress
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
