@@ -225,6 +225,34 @@ def test_rate_fires_on_a_rising_counter_and_clears_when_it_calms():
     assert statuses(found) == [("nvlink-crc-rate", "gpu=0", "resolved")]
 
 
+@pytest.mark.parametrize("seed", [11, 12, 13, 14])
+def test_the_quiet_shortcut_changes_nothing(seed: int):
+    """Flat counters skip the full pass; the same histories without the shortcut agree."""
+    rng = random.Random(seed)
+    for window, above in (("1m", 0.05), ("5m", 0.01)):
+        text = RATE.replace("1m", window).replace("above: 10", f"above: {above}")
+        fast, full = Cluster(text), Cluster(text)
+        values = [1_000, 5, 0]
+        fired = 0
+        for _ in range(600):  # 2 s apart: quiet spells across buckets, steps, resets
+            step = rng.random()
+            for g in range(3):
+                if step < 0.06:
+                    values[g] += rng.randint(1, 40)
+                elif step < 0.065:
+                    values[g] = 0
+            gpus = [GpuReport(index=g, nvlink_crc_errors_total=v) for g, v in enumerate(values)]
+            for c in (fast, full):
+                c.clock.advance(2)
+            evaluator = full.engine._evaluators["nvlink-crc-rate"]
+            evaluator._quiet.clear()  # type: ignore[union-attr]
+            got, want = fast.send(gpus=gpus), full.send(gpus=gpus)
+            assert [(f.subject, f.status, f.value) for f in got] == [
+                (f.subject, f.status, f.value) for f in want]
+            fired += len(got)
+        assert fired >= 4  # the histories did exercise the rule
+
+
 def test_a_counter_reset_is_not_a_burst():
     c = Cluster(RATE)
     c.send(gpus=crc(1_000_000))

@@ -207,14 +207,23 @@ class ThresholdEvaluator(HoldingEvaluator[ThresholdRule, _Series]):
         width = self._width
         bucket = t // width
         quiet = self._quiet.get(node)
-        if (quiet is not None and quiet[0] == bucket and quiet[2] == values
+        states = self._states.get(node)
+        if (quiet is not None and states is not None and quiet[2] == values
                 and quiet[1] == subjects):
             # Nothing moved since the last report, which found every series flat over its
             # window (a rate and increase of 0, short of the bound), nothing firing or
-            # pending, in this same bucket: a full pass would only move the latest
-            # samples' times within the bucket, which no result depends on.
+            # pending. In the same bucket a full pass would only move the latest samples'
+            # times within it, which no result depends on. In a new bucket the samples
+            # must still be kept (the anchors of a later change), but a counter is
+            # monotonic: a series whose anchor equals its latest value is equal all
+            # through, so every rate and increase stays 0 and nothing can fire.
+            if quiet[0] != bucket:
+                for subject, raw in zip(subjects, values, strict=True):
+                    if raw is not None:
+                        slide(states[subject.text].samples, t, float(raw), self._window,
+                              width)
+                self._quiet[node] = (bucket, subjects, values)
             return
-        states = self._states.get(node)
         if states is None:
             states = self._states[node] = {}
         sign, fire_at, clear_at = self._sign, self._fire_at, self._clear_at
