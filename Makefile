@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all demo test lint bench soak clean venv
+.PHONY: all demo test fuzz lint bench soak clean venv
 
 all: test
 
@@ -21,6 +21,14 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest -q
+
+# The schema-driven fuzz of the API and the property tests, with budgets 20 to 100 times
+# those of `make test` (tests/fuzzing.py): several minutes.
+FUZZ_EXAMPLES ?= 400
+fuzz: $(STAMP)
+	SN_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) SN_HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -q -o timeout=3600 \
+		tests/integration/test_api_fuzz.py tests/unit/test_hostile_input.py \
+		tests/unit/test_rules_property.py tests/unit/test_kmsg.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check sn_monitor tests bench examples

@@ -157,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("files", nargs="+", type=Path)
 
     sub.add_parser("version", help="print the version")
+    # No abbreviations: "--token SECRET" must be refused, not taken for --token-file (and
+    # the secret then printed in "cannot read token file SECRET").
+    parser.allow_abbrev = False
+    for subparser in sub.choices.values():
+        subparser.allow_abbrev = False
     return parser
 
 
@@ -171,7 +176,7 @@ def _log_options(parser: argparse.ArgumentParser, default_level: str = "info") -
 #: Keys only a controller config has: how check-config tells the two apart.
 _CONTROLLER_KEYS = frozenset({"state_dir", "rules", "token_file", "max_body_bytes",
                               "sweep_interval", "policy", "runner", "drivers", "routes",
-                              "jobs", "recovery", "settle"})
+                              "jobs", "recovery", "settle", "tls"})
 _AGENT_KEYS = frozenset({"node", "labels", "interval", "controller", "paths", "collectors",
                          "guard"})
 

@@ -28,6 +28,9 @@ Environment read by :meth:`JobClient.from_env`:
     the job's name, as in the DistributedJob's ``metadata.name``.
 ``SN_TOKEN_FILE``
     a file holding the controller's bearer token (the token is never logged).
+``SN_CA_FILE``
+    with an ``https://`` URL: the CA bundle the controller's certificate must chain to
+    (default: the system's trusted CAs).
 ``SN_NODE``
     this node's name as its agent reports it; default: the hostname.
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``
@@ -139,7 +142,9 @@ class JobClient:
     """A training process's link to the sn-monitor controller; see the module docstring.
 
     Thread-safe. ``clock`` (monotonic seconds) times step durations and backoff; the
-    ``time`` of each update is wall-clock time (:func:`time.time`).
+    ``time`` of each update is wall-clock time (:func:`time.time`). ``verify``, for an
+    ``https://`` URL: a CA bundle path, or False to skip the check (tests only); None
+    leaves the session's own setting (the system's CAs).
     """
 
     def __init__(
@@ -158,6 +163,7 @@ class JobClient:
         local_rank: int = 0,
         max_backoff: float = MAX_BACKOFF_SECONDS,
         rng: random.Random | None = None,
+        verify: bool | str | None = None,
     ) -> None:
         if not url:
             raise ValueError("controller url is empty")
@@ -180,6 +186,9 @@ class JobClient:
         self._token = token
         self._owns_session = session is None
         self._session = session if session is not None else requests.Session()
+        # Per request, not on the session: requests lets REQUESTS_CA_BUNDLE override a
+        # session's ``verify``.
+        self._verify = verify
         self._clock = clock
         self._max_backoff = max(float(max_backoff), self.flush_interval)
         self._rng = rng or random.Random()
@@ -239,6 +248,11 @@ class JobClient:
         token_file = env.get("SN_TOKEN_FILE", "").strip()
         if token_file:
             token = read_token(token_file)
+        ca_file = env.get("SN_CA_FILE", "").strip()
+        if ca_file and "verify" not in kwargs:
+            if not os.path.isfile(ca_file):
+                raise ValueError(f"SN_CA_FILE={ca_file!r} is not a file")
+            kwargs["verify"] = ca_file
         node = env.get("SN_NODE", "").strip() or socket.gethostname()
         rank = _env_int(env, ("RANK", "SLURM_PROCID"), 0)
         world_size = _env_int(env, ("WORLD_SIZE", "SLURM_NTASKS"), 1)
@@ -315,7 +329,7 @@ class JobClient:
         try:
             with self._io_lock:
                 resp = self._session.get(self._restore_url, headers=self._headers(),
-                                         timeout=self.timeout)
+                                         timeout=self.timeout, verify=self._verify)
         except requests.RequestException as err:
             self._note_unreachable(err)
             return None
@@ -451,7 +465,8 @@ class JobClient:
     def _post(self, url: str, body: dict[str, Any], what: str) -> tuple[_Outcome, Any]:
         try:
             resp = self._session.post(url, json=body, headers=self._headers(),
-                                      timeout=self.timeout)
+                                      timeout=self.timeout, verify=self._verify,
+                                      allow_redirects=False)
         except requests.RequestException as err:
             self._note_unreachable(err)
             return _Outcome.RETRY, None

@@ -102,8 +102,15 @@ def parse_yaml(text: str, path: str) -> Document:
         raise ConfigError(path, "", line, f"invalid YAML: {problem}") from None
     except yaml.YAMLError as err:
         raise ConfigError(path, "", None, f"invalid YAML: {err}") from None
+    except RecursionError:
+        raise ConfigError(path, "", None, "invalid YAML: nested too deeply") from None
     lines: dict[KeyPath, int] = {}
-    data = _to_python(node, (), lines, path)
+    try:
+        data = _to_python(node, (), lines, path)
+    except RecursionError:  # a recursive alias, or nesting deeper than Python's stack
+        raise ConfigError(path, "", None, "nested too deeply (or a recursive alias)") from None
+    except ValueError as err:  # e.g. an integer with thousands of digits
+        raise ConfigError(path, "", None, f"a value cannot be read: {err}") from None
     return Document(path=path, data=data, lines=lines)
 
 

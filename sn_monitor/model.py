@@ -47,11 +47,29 @@ class Event:
 # the cyclic garbage collector (gc=False): with thousands of nodes' latest reports in
 # memory, full collections would otherwise stall ingest for hundreds of milliseconds.
 
+#
+# Numbers are bounded too, so that nothing a report holds can break the arithmetic behind
+# it: JSON has no NaN or Infinity and a float beyond the double range (``1e999``) is
+# refused by the decoder itself; measured values are within +-1e18 (no rate, variance or
+# ratio of them overflows); integers fit 64 bits signed (SQLite's INTEGER; a bigger one
+# would fail there or in ``float()``). Timestamps may be any finite number: the controller
+# maps them onto its own clock (:func:`sn_monitor.controller.ingest.controller_times`).
+
+INT64_MAX = 2**63 - 1
+MEASURE_MAX = 1e18
+
 NodeName = Annotated[str, msgspec.Meta(min_length=1, max_length=253,
                                        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 LabelValue = Annotated[str, msgspec.Meta(max_length=128)]
 ShortText = Annotated[str, msgspec.Meta(max_length=4096)]
-Counter = Annotated[int, msgspec.Meta(ge=0)]
+Counter = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+"""A hardware or kernel counter (at 10^9 a second, 292 years to reach the bound)."""
+Int64 = Annotated[int, msgspec.Meta(ge=-INT64_MAX - 1, le=INT64_MAX)]
+"""Any other integer (a port state, a link width, an XID code)."""
+Id = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+"""A sequence number, an id or a step: 0 or more."""
+Measure = Annotated[float, msgspec.Meta(ge=-MEASURE_MAX, le=MEASURE_MAX)]
+"""A measured value (a temperature, a power, a clock)."""
 Ratio = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
 MAX_GPUS = 64
@@ -75,15 +93,15 @@ class GpuReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_
     memory_bandwidth_utilization_ratio: Ratio | None = None
     memory_used_bytes: Counter | None = None
     memory_total_bytes: Counter | None = None
-    temperature_celsius: float | None = None
-    memory_temperature_celsius: float | None = None
-    slowdown_temperature_celsius: float | None = None
-    shutdown_temperature_celsius: float | None = None
-    memory_max_temperature_celsius: float | None = None
-    power_watts: float | None = None
-    power_limit_watts: float | None = None
-    power_default_limit_watts: float | None = None
-    sm_clock_hertz: float | None = None
+    temperature_celsius: Measure | None = None
+    memory_temperature_celsius: Measure | None = None
+    slowdown_temperature_celsius: Measure | None = None
+    shutdown_temperature_celsius: Measure | None = None
+    memory_max_temperature_celsius: Measure | None = None
+    power_watts: Measure | None = None
+    power_limit_watts: Measure | None = None
+    power_default_limit_watts: Measure | None = None
+    sm_clock_hertz: Measure | None = None
     throttle_reasons: Annotated[list[Annotated[str, msgspec.Meta(max_length=64)]],
                                 msgspec.Meta(max_length=32)] = []
     ecc_corrected_errors_total: Counter | None = None
@@ -93,10 +111,10 @@ class GpuReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_
     row_remap_pending: bool | None = None
     row_remap_failed: bool | None = None
     pcie_replays_total: Counter | None = None
-    pcie_link_generation: int | None = None
-    pcie_link_generation_max: int | None = None
-    pcie_link_width: int | None = None
-    pcie_link_width_max: int | None = None
+    pcie_link_generation: Int64 | None = None
+    pcie_link_generation_max: Int64 | None = None
+    pcie_link_width: Int64 | None = None
+    pcie_link_width_max: Int64 | None = None
     nvlink_crc_errors_total: Counter | None = None
     nvlink_replay_errors_total: Counter | None = None
     nvlink_recovery_errors_total: Counter | None = None
@@ -110,7 +128,7 @@ class IbPortReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkno
 
     device: Annotated[str, msgspec.Meta(max_length=64)]
     port: Annotated[int, msgspec.Meta(ge=0, le=255)]
-    state: int | None = None
+    state: Int64 | None = None
     counters: Annotated[dict[Annotated[str, msgspec.Meta(max_length=64)], Counter],
                         msgspec.Meta(max_length=128)] = {}
 
@@ -132,14 +150,14 @@ class EventRecord(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
                 gc=False):
     """An :class:`Event` on the wire, numbered by the agent so delivery can be acknowledged."""
 
-    id: Annotated[int, msgspec.Meta(ge=0)]
+    id: Id
     kind: EventKind
     source: EventSource
     time_seconds: float
     message: ShortText = ""
     gpu: Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS)] | None = None
     pci_bus_id: Annotated[str, msgspec.Meta(max_length=32)] | None = None
-    code: int | None = None
+    code: Int64 | None = None
     device: Annotated[str, msgspec.Meta(max_length=64)] | None = None
 
 
@@ -183,7 +201,7 @@ class Report(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
 
     node: NodeName
     instance: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-    sequence: Annotated[int, msgspec.Meta(ge=0)]
+    sequence: Id
     sample_time_seconds: float
     agent_version: Annotated[str, msgspec.Meta(max_length=64)] = ""
     interval_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 1.0
@@ -213,7 +231,7 @@ class ReportReply(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
 class ProgressUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """One step a rank reached, at the rank's wall time."""
 
-    step: Annotated[int, msgspec.Meta(ge=0)]
+    step: Id
     time: float
 
 
@@ -232,5 +250,5 @@ class CheckpointBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc
 
     rank: Annotated[int, msgspec.Meta(ge=0, lt=1 << 20)]
     node: NodeName
-    step: Annotated[int, msgspec.Meta(ge=0)]
+    step: Id
     path: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]

@@ -293,7 +293,8 @@ def build_agent(
             settings.node, settings.labels, clock,
             EventSpool(state / "spool", settings.controller.spool_max_bytes, clock),
             timeout=settings.controller.timeout, interval=settings.interval,
-            metrics_port=port or None,
+            metrics_port=port or None, verify=settings.controller.ca_file or True,
+            cert=settings.controller.client_cert,
         )
     return Agent(settings, collectors, clock, before_sample, after_sample,
                  Protection(guard, executor, reporter), time_scale=time_scale)

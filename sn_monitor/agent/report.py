@@ -14,15 +14,18 @@ stay on /metrics, where Prometheus scrapes them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from sn_monitor import __version__
 from sn_monitor.agent.snapshot import GpuSample, IbPortSample, NetDeviceSample, NodeSnapshot
 from sn_monitor.model import (
+    INT64_MAX,
     MAX_EVENTS,
     MAX_GPUS,
     MAX_LABELS,
     MAX_PORTS,
+    MEASURE_MAX,
     CommandResult,
     Event,
     EventRecord,
@@ -79,14 +82,25 @@ def _ratio(value: float | None) -> float | None:
 
 
 def _count(value: int | None) -> int | None:
-    """A counter as the wire takes it: an int >= 0, else left out."""
-    return None if value is None or value < 0 else int(value)
+    """A counter as the wire takes it: an int from 0 to INT64_MAX, else left out.
+
+    Out of range is a driver's sentinel (0xFFFF...), not a count: sent as it is, the
+    controller would refuse the whole report (422) and the node would look lost.
+    """
+    return None if value is None or not 0 <= value <= INT64_MAX else int(value)
+
+
+def _measure(value: float | None) -> float | None:
+    """A measured value as the wire takes it: finite and within MEASURE_MAX, else left out."""
+    if value is None or not math.isfinite(value) or abs(value) > MEASURE_MAX:
+        return None
+    return value
 
 
 def _sum(values: Iterable[int | None]) -> int | None:
     """Sum of the known values; None when no link reported the counter."""
-    known = [v for v in values if v is not None and v >= 0]
-    return sum(known) if known else None
+    known = [v for v in values if v is not None and 0 <= v <= INT64_MAX]
+    return _count(sum(known)) if known else None
 
 
 def gpu_report(sample: GpuSample, *, guard_throttled: bool = False) -> GpuReport:
@@ -101,15 +115,15 @@ def gpu_report(sample: GpuSample, *, guard_throttled: bool = False) -> GpuReport
         memory_bandwidth_utilization_ratio=_ratio(sample.memory_bandwidth_utilization_ratio),
         memory_used_bytes=_count(sample.memory_used_bytes),
         memory_total_bytes=_count(sample.memory_total_bytes),
-        temperature_celsius=sample.temperature_celsius,
-        memory_temperature_celsius=sample.memory_temperature_celsius,
-        slowdown_temperature_celsius=sample.slowdown_temperature_celsius,
-        shutdown_temperature_celsius=sample.shutdown_temperature_celsius,
-        memory_max_temperature_celsius=sample.memory_max_temperature_celsius,
-        power_watts=sample.power_watts,
-        power_limit_watts=sample.power_limit_watts,
-        power_default_limit_watts=sample.power_default_limit_watts,
-        sm_clock_hertz=sample.sm_clock_hertz,
+        temperature_celsius=_measure(sample.temperature_celsius),
+        memory_temperature_celsius=_measure(sample.memory_temperature_celsius),
+        slowdown_temperature_celsius=_measure(sample.slowdown_temperature_celsius),
+        shutdown_temperature_celsius=_measure(sample.shutdown_temperature_celsius),
+        memory_max_temperature_celsius=_measure(sample.memory_max_temperature_celsius),
+        power_watts=_measure(sample.power_watts),
+        power_limit_watts=_measure(sample.power_limit_watts),
+        power_default_limit_watts=_measure(sample.power_default_limit_watts),
+        sm_clock_hertz=_measure(sample.sm_clock_hertz),
         throttle_reasons=reasons[:_MAX_REASONS],
         ecc_corrected_errors_total=_count(sample.ecc_corrected_errors_total),
         ecc_uncorrected_errors_total=_count(sample.ecc_uncorrected_errors_total),
@@ -136,7 +150,7 @@ def ib_port_report(sample: IbPortSample) -> IbPortReport:
     for stem, value in sample.counters:
         if len(counters) >= _MAX_IB_COUNTERS:
             break
-        if len(stem) <= _MAX_KEY and value >= 0 and is_reported_ib_counter(stem):
+        if len(stem) <= _MAX_KEY and 0 <= value <= INT64_MAX and is_reported_ib_counter(stem):
             counters[stem] = int(value)
     return IbPortReport(
         device=sample.device[:_MAX_DEVICE],

@@ -1,10 +1,11 @@
 """Sends a report to the controller after each sample and hands back its commands.
 
 ``POST {url}/api/v1/reports`` with a JSON :class:`Report`, ``Authorization: Bearer``, over
-one keep-alive :class:`requests.Session`. Events ride along from the
-:class:`EventSpool` and leave it only when a reply says the controller stored them
-(``events_stored_through``), so an outage or a restart loses none; metrics are never
-resent, the controller sees fresh samples when it is back.
+one keep-alive :class:`requests.Session` (over HTTPS: ``verify`` is the CA bundle the
+controller's certificate must chain to, ``cert`` the agent's client certificate and key).
+Events ride along from the :class:`EventSpool` and leave it only when a reply says the
+controller stored them (``events_stored_through``), so an outage or a restart loses
+none; metrics are never resent, the controller sees fresh samples when it is back.
 
 When the controller is unreachable (connection refused, timeout, 5xx, 429) the reporter
 backs off: exponentially from one interval up to :data:`MAX_BACKOFF_SECONDS`, with
@@ -41,7 +42,10 @@ from sn_monitor.model import MAX_EVENTS, Command, CommandResult, Event, EventRec
 log = logging.getLogger(__name__)
 
 REPORTS_PATH = "/api/v1/reports"
-MAX_BACKOFF_SECONDS = 30.0
+#: Low enough that after a controller restart every agent is back within the grace the
+#: controller gives restored nodes (``RESTART_REPORT_GRACE`` in controller/service.py):
+#: a longer wait would make a healthy node look lost.
+MAX_BACKOFF_SECONDS = 10.0
 #: Events in one report take at most this many bytes: the controller refuses bodies over
 #: 1 MiB (413), and a report refused for its size would be refused forever.
 MAX_EVENT_BYTES_PER_REPORT = 512 * 1024
@@ -105,6 +109,8 @@ class Reporter:
         rng: random.Random | None = None,
         agent_version: str = __version__,
         metrics_port: int | None = None,
+        verify: bool | str = True,
+        cert: tuple[str, str] | None = None,
     ) -> None:
         if not 0 < max_events_per_report <= MAX_EVENTS:
             raise ValueError(f"max_events_per_report must be in 1..{MAX_EVENTS}")
@@ -116,6 +122,13 @@ class Reporter:
         self._spool = spool
         self._owns_session = session is None
         self._session = session or requests.Session()
+        # Per request, not on the session: requests lets REQUESTS_CA_BUNDLE override a
+        # session's ``verify`` (None: the session's and the environment's default).
+        self._verify: bool | str | None = None if verify is True else verify
+        self._cert = cert
+        if (verify is not True or cert is not None) and not url.startswith("https://"):
+            log.warning("controller ca_file / cert_file are set but %s is not https://: "
+                        "they are not used", url)
         self._timeout = timeout
         self._max_events = max_events_per_report
         self._interval = float(interval)
@@ -234,7 +247,8 @@ class Reporter:
         self.reports_total += 1
         try:
             response = self._session.post(
-                self._endpoint, data=body, headers=headers, timeout=self._timeout
+                self._endpoint, data=body, headers=headers, timeout=self._timeout,
+                verify=self._verify, cert=self._cert, allow_redirects=False,
             )
         except requests.RequestException as err:
             self._failed(f"controller unreachable: {type(err).__name__}: {err}")

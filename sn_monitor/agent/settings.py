@@ -18,6 +18,7 @@ from sn_monitor.config import (
     positive,
     setting,
 )
+from sn_monitor.tls import ca_bundle, check_key_pair, readable_file
 
 
 def _regex(value: str | None) -> None:
@@ -41,12 +42,34 @@ def _temperature(value: float) -> None:
 
 @dataclass(frozen=True)
 class ControllerSettings:
-    """Where the agent reports; no url means the agent only exports and guards."""
+    """Where the agent reports; no url means the agent only exports and guards.
+
+    Over ``https://``: ``ca_file`` is the CA the controller's certificate must chain to
+    (default: the system's), ``cert_file`` and ``key_file`` the agent's client
+    certificate (mutual TLS; it names this node). Both files are read again for each
+    new connection, so a renewed certificate needs no restart.
+    """
 
     url: str | None = setting(default=None, check=_http_url)
     token_file: str | None = None
+    ca_file: str | None = setting(default=None, check=ca_bundle)
+    cert_file: str | None = setting(default=None, check=readable_file)
+    key_file: str | None = setting(default=None, check=readable_file)
     timeout: Duration = setting(default=Duration(2.0), check=positive)
     spool_max_bytes: int = setting(default=64 << 20, check=positive)
+
+    def __post_init__(self) -> None:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("give both cert_file and key_file, or neither")
+        if self.cert_file is not None and self.key_file is not None:
+            check_key_pair(self.cert_file, self.key_file)
+
+    @property
+    def client_cert(self) -> tuple[str, str] | None:
+        """``(cert_file, key_file)`` for requests, or None."""
+        if self.cert_file is None or self.key_file is None:
+            return None
+        return self.cert_file, self.key_file
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import msgspec
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -20,8 +21,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sn_monitor import __version__
 from sn_monitor.controller.auth import OPEN_ACCESS, Identity, Role, TokenBook
+from sn_monitor.controller.bodies import BodyRefused, check_shape
 from sn_monitor.controller.errors import ApiError
 from sn_monitor.controller.ingest import ReportRejected
+from sn_monitor.controller.peer_identity import (
+    SCOPE_EXTENSION,
+    AgentAuth,
+    ClientCertificate,
+    report_identity,
+)
 from sn_monitor.controller.rules.alerts import webhook_schema_types
 from sn_monitor.model import CheckpointBody, ProgressBody, Report, ReportReply
 
@@ -46,7 +54,7 @@ class ControllerApi(Protocol):
     def approve(self, action_id: str, who: str) -> dict[str, Any]: ...
     def list_events(self, node: str | None, kind: str | None,
                     limit: int) -> list[dict[str, Any]]: ...
-    def add_job(self, body: bytes, who: str) -> dict[str, Any]: ...
+    def add_job(self, body: bytes, who: str, admin: bool = False) -> dict[str, Any]: ...
     def list_jobs(self) -> list[dict[str, Any]]: ...
     def get_job(self, name: str) -> dict[str, Any] | None: ...
     def delete_job(self, name: str, who: str) -> None: ...
@@ -91,18 +99,34 @@ class ReportGate:
 
     Used by the ASGI handler (``ControllerApp``) and by uvicorn's protocol for the
     reports' lane (:mod:`sn_monitor.controller.report_lane`), which bypasses ASGI.
+    With ``certificates`` (the server verifies client certificates) a report may come
+    with a token, a client certificate or both, as ``agent_auth`` says
+    (:mod:`sn_monitor.controller.peer_identity`).
     """
 
     def __init__(self, controller: ControllerApi, tokens: TokenBook | None,
-                 max_body_bytes: int) -> None:
+                 max_body_bytes: int, *, certificates: bool = False,
+                 agent_auth: AgentAuth = "either") -> None:
         self._controller = controller
         self._tokens = tokens
         self.max_body_bytes = max_body_bytes
+        self.certificates = certificates
+        self._agent_auth = agent_auth
 
-    def admit(self, headers: dict[bytes, bytes]) -> Identity:
-        """Check the headers before the body is read; ApiError 401/403/413 if refused."""
+    def admit(self, headers: dict[bytes, bytes],
+              certificate: ClientCertificate | None = None) -> Identity:
+        """Check the headers and client certificate; ApiError 401/403/413 if refused.
+
+        Runs before the body is read. ``certificate`` is the connection's verified client
+        certificate, if any.
+        """
         identity = OPEN_ACCESS
-        if self._tokens is not None:
+        if self.certificates:
+            authorization = headers.get(b"authorization")
+            identity = report_identity(
+                self._tokens, authorization.decode("latin-1") if authorization else None,
+                certificate, self._agent_auth)
+        elif self._tokens is not None:
             found = self._tokens.identify(headers.get(b"authorization", b"").decode("latin-1"))
             if found is None:
                 raise ApiError(401, "missing or unknown bearer token")
@@ -149,20 +173,29 @@ def build_app(
     controller: ControllerApi,
     tokens: TokenBook | None,
     max_body_bytes: int = 1 << 20,
+    *,
+    certificates: bool = False,
+    agent_auth: AgentAuth = "either",
 ) -> ControllerApp:
     """The ASGI app; ``tokens`` None means no authentication (development only).
+
+    ``certificates``: the server verifies client certificates, which may then identify
+    agents on the reports' route (see :class:`ReportGate`).
 
     ``POST /api/v1/reports`` — thousands a second — is answered by a bare ASGI handler
     in front of Starlette's router (no Request/Response objects on the hot path); the
     rest of the API is ordinary Starlette routes.
     """
     router = _build_router(controller, tokens, max_body_bytes)
-    gate = ReportGate(controller, tokens, max_body_bytes)
+    gate = ReportGate(controller, tokens, max_body_bytes, certificates=certificates,
+                      agent_auth=agent_auth)
 
     async def reports(scope: Scope, receive: Receive, send: Send) -> None:
         try:
             headers = dict(scope["headers"])
-            identity = gate.admit(headers)
+            # the lane protocol puts the connection's client certificate here
+            certificate = scope.get("extensions", {}).get(SCOPE_EXTENSION, {}).get("certificate")
+            identity = gate.admit(headers, certificate)
             chunks: list[bytes] = []
             size = 0
             while True:
@@ -203,7 +236,9 @@ def _build_router(
             raise ApiError(403, f"{identity.name} ({identity.role}) may not do this")
         return identity
 
-    async def read_body(request: Request) -> bytes:
+    async def read_body(request: Request, *, shape: bool = True,
+                        yaml_allowed: bool = False) -> bytes:
+        """The body, within the size limit and, with ``shape``, the limits of bodies.py."""
         declared = request.headers.get("content-length")
         length = _whole_number(declared) if declared is not None else None
         if length is not None and length > max_body_bytes:
@@ -215,7 +250,13 @@ def _build_router(
             if size > max_body_bytes:
                 raise ApiError(413, f"body larger than {max_body_bytes} bytes")
             chunks.append(chunk)
-        return b"".join(chunks)
+        body = b"".join(chunks)
+        if shape:
+            try:
+                check_shape(body, yaml_allowed=yaml_allowed)
+            except BodyRefused as err:
+                raise ApiError(400, err.message) from None
+        return body
 
     def guarded(handler: Handler) -> Handler:
         async def run(request: Request) -> Response:
@@ -230,7 +271,7 @@ def _build_router(
     @guarded
     async def post_report(request: Request) -> Response:
         identity = identify(request, "agent")
-        body = await read_body(request)
+        body = await read_body(request, shape=False)  # decode_report refuses any shape
         reply = controller.ingest(body, identity, request.client.host if request.client else None)
         return Response(_encoder.encode(reply), media_type="application/json")
 
@@ -281,9 +322,21 @@ def _build_router(
             raise ApiError(422, "limit must be a whole number from 1 to 1000")
         return limit
 
+    def only_query(request: Request, *known: str) -> None:
+        """Refuse a query parameter the route does not take (422, naming it).
+
+        A misspelt filter (``?stat=open``) would otherwise be ignored, and the answer
+        would look like one to the question asked.
+        """
+        for name in request.query_params:
+            if name not in known:
+                raise ApiError(422, f"unknown query parameter {name!r} "
+                                    f"(this route takes {', '.join(known)})")
+
     @guarded
     async def incidents(request: Request) -> Response:
         identify(request, "read")
+        only_query(request, "status", "node", "limit")
         status = request.query_params.get("status")
         if status not in (None, "open", "closed"):
             raise ApiError(422, "status must be open or closed")
@@ -304,6 +357,7 @@ def _build_router(
     @guarded
     async def actions(request: Request) -> Response:
         identify(request, "read")
+        only_query(request, "node", "state", "limit")
         return _json({"actions": controller.list_actions(
             request.query_params.get("node"), request.query_params.get("state"),
             _limit(request))})
@@ -311,6 +365,7 @@ def _build_router(
     @guarded
     async def events(request: Request) -> Response:
         identify(request, "read")
+        only_query(request, "node", "kind", "limit")
         return _json({"events": controller.list_events(
             request.query_params.get("node"), request.query_params.get("kind"),
             _limit(request))})
@@ -319,8 +374,9 @@ def _build_router(
     async def jobs(request: Request) -> Response:
         if request.method == "POST":
             identity = identify(request, "operate")
-            body = await read_body(request)
-            return _json(await run_in_threadpool(controller.add_job, body, identity.name), 201)
+            body = await read_body(request, yaml_allowed=True)
+            return _json(await run_in_threadpool(controller.add_job, body, identity.name,
+                                                 identity.at_least("admin")), 201)
         identify(request, "read")
         return _json({"jobs": controller.list_jobs()})
 
@@ -368,6 +424,7 @@ def _build_router(
     @guarded
     async def recoveries(request: Request) -> Response:
         identify(request, "read")
+        only_query(request, "job", "limit")
         return _json({"recoveries": controller.list_recoveries(
             request.query_params.get("job"), _limit(request))})
 
@@ -425,7 +482,16 @@ def _build_router(
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
-    return Starlette(routes=routes)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        """Starlette's own refusals (no such route, method not allowed) as JSON too."""
+        if not isinstance(exc, HTTPException):  # pragma: no cover - registered for it
+            raise exc
+        response = _error(exc.status_code, exc.detail)
+        response.headers.update(exc.headers or {})
+        return response
+
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
 
 def openapi_document() -> dict[str, Any]:
@@ -446,7 +512,15 @@ def openapi_document() -> dict[str, Any]:
         return {"summary": summary, "responses": {**responses, "401": error, "403": error},
                 **extra}
 
-    name_param = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
+    # Path parameters say what a name or an id looks like: anything else names nothing
+    # (404), and the schema-driven fuzz (tests/integration/test_api_fuzz.py) tries it.
+    node_name = {"type": "string", "minLength": 1, "maxLength": 253,
+                 "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]*$"}
+    job_name = {"type": "string", "minLength": 1, "maxLength": 63,
+                "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}
+    hex_id = {"type": "string", "minLength": 1, "maxLength": 64, "pattern": r"^[0-9a-f]+$"}
+    node_param = [{"name": "name", "in": "path", "required": True, "schema": node_name}]
+    name_param = [{"name": "name", "in": "path", "required": True, "schema": job_name}]
     reason_body = {"required": False, "content": {"application/json": {"schema": {
         "type": "object", "properties": {"reason": {"type": "string"}}}}}}
     # 202 whatever the policy said (the record's state tells); 503: no audit record possible
@@ -479,13 +553,13 @@ def openapi_document() -> dict[str, Any]:
                 "schema": {"$ref": "#/components/schemas/WebhookPayload"}}}})},
         "/api/v1/nodes": {"get": op("Every node", {"200": any_json})},
         "/api/v1/nodes/{name}": {"get": op("One node", {"200": any_json, "404": error},
-                                           parameters=name_param)},
+                                           parameters=node_param)},
         "/api/v1/nodes/{name}/cordon": {"post": op(
             "Cordon a node by hand (through the safety policy)", by_hand,
-            parameters=name_param, requestBody=reason_body)},
+            parameters=node_param, requestBody=reason_body)},
         "/api/v1/nodes/{name}/uncordon": {"post": op(
             "Uncordon a node sn-monitor cordoned", by_hand,
-            parameters=name_param, requestBody=reason_body)},
+            parameters=node_param, requestBody=reason_body)},
         "/api/v1/incidents": {"get": op("Incidents", {"200": any_json, "422": error},
                                         parameters=[*listing, {
                                             "name": "status", "in": "query",
@@ -535,7 +609,7 @@ def openapi_document() -> dict[str, Any]:
             "Return a repaired node to the job's spare pool",
             {"200": any_json, "404": error, "409": error},
             parameters=[*name_param, {"name": "node", "in": "path", "required": True,
-                                     "schema": {"type": "string"}}])},
+                                     "schema": node_name}])},
         "/api/v1/recoveries": {"get": op(
             "Job recoveries, newest first", {"200": any_json, "422": error},
             parameters=[{"name": "job", "in": "query", "schema": {"type": "string"}},
@@ -543,12 +617,12 @@ def openapi_document() -> dict[str, Any]:
         "/api/v1/recoveries/{recovery_id}/approve": {"post": op(
             "Approve a manual recovery", {"200": any_json, "404": error, "409": error},
             parameters=[{"name": "recovery_id", "in": "path", "required": True,
-                         "schema": {"type": "string"}}])},
+                         "schema": hex_id}])},
         "/api/v1/actions/{action_id}/approve": {"post": op(
             "Approve an action waiting for approval", {"200": any_json, "404": error,
                                                         "409": error},
             parameters=[{"name": "action_id", "in": "path", "required": True,
-                         "schema": {"type": "string"}}])},
+                         "schema": hex_id}])},
         "/api/v1/sd": {"get": op("Prometheus HTTP service discovery of every agent",
                                  {"200": {"description": "targets", "content": {
                                      "application/json": {"schema": {"type": "array"}}}}})},

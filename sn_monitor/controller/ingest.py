@@ -4,19 +4,57 @@ Decoding is msgspec's: a bad report is refused with a message naming the field. 
 sender is checked against the token's identity; sequence numbers from one agent
 instance must increase (duplicates and reordered reports are answered, not applied).
 Detection uses the controller's receive time, never the agent's clock.
+
+What hostile or broken input gets (see also README, "Hostile input and fuzzing"):
+
+- an empty body, bytes that are not UTF-8 JSON, a JSON value other than an object:
+  400 (malformed) or 422 (naming the field), never more;
+- a number out of the wire's bounds (:mod:`sn_monitor.model`), or a GPU, port or
+  interface listed twice: 422 naming the field; an event listed twice counts once;
+- a timestamp far from the controller's clock is *accepted*: the report's times are
+  mapped onto the controller's clock (:func:`controller_times`), so an agent whose clock
+  is an hour ahead neither makes detection latency negative nor pushes a fault into the
+  future, and one that is years behind does not date a fault years back;
+- a duplicate or an older sequence number of the same agent instance, and a report of an
+  agent instance that another one has replaced on that node: answered (events stored and
+  acknowledged, commands delivered) but not applied;
+- a node "renaming itself" (the same agent instance reporting under another name) is
+  another node: the node name is the identity, vouched for by the token (an agent token
+  bound to its node's name refuses the new one with 403; one ``simulate`` process is one
+  instance for thousands of nodes). The old name stops reporting and is treated as any
+  silent node: lost after ``heartbeat_timeout``, through the safety policy.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Final
 
 import msgspec
 
 from sn_monitor.clock import Clock
 from sn_monitor.controller.state import NodeState, NodeView
-from sn_monitor.model import Report
+from sn_monitor.model import EventRecord, Report
+
+#: A report's sample time this far behind the controller's clock, or more, is not taken
+#: as it is: the agent's clock is wrong, or the report is very late; either way the
+#: controller's receive time is the better reference (see :func:`controller_times`).
+MAX_REPORT_LAG_SECONDS: Final = 300.0
+#: Events dated more than this before the controller's clock (after the correction) are
+#: taken as this old: a spool outlives a controller outage of hours, not of years.
+MAX_EVENT_AGE_SECONDS: Final = 86_400.0
+#: An agent instance whose first sample time was this far ahead of the controller's clock
+#: has a clock that cannot tell which of two instances of a node came first.
+ORDER_TOLERANCE_SECONDS: Final = 60.0
+#: Agent instances a node remembers as replaced (their late reports are not applied).
+REPLACED_INSTANCES: Final = 8
+#: Report intervals after which a node's current agent instance counts as stopped: any
+#: other instance that reports then takes its place, whatever its clock or history, so
+#: that no sequence of reports can lock a node's live agent out for longer.
+SILENT_INTERVALS: Final = 3.0
 
 
 class ReportRejected(Exception):
@@ -32,13 +70,87 @@ _decoder = msgspec.json.Decoder(Report)
 
 
 def decode_report(body: bytes) -> Report:
-    """Decode and validate one report; ReportRejected(400/422) names the field."""
+    """Decode and validate one report; ReportRejected(400/422) names the field.
+
+    Nothing else escapes, whatever ``body`` holds (tests/unit/test_hostile_input.py).
+    """
     try:
-        return _decoder.decode(body)
+        report = _decoder.decode(body)
     except msgspec.ValidationError as err:
         raise ReportRejected(422, f"invalid report: {err}") from None
     except msgspec.DecodeError as err:
+        if not body.strip():
+            raise ReportRejected(400, "malformed JSON: the body is empty, "
+                                      "expected a report (a JSON object)") from None
         raise ReportRejected(400, f"malformed JSON: {err}") from None
+    except RecursionError:  # msgspec skipping a deeply nested value; the types stop it first
+        raise ReportRejected(400, "malformed JSON: nested too deeply") from None
+    _check_unique(report)
+    return report
+
+
+def _check_unique(report: Report) -> None:
+    """Refuse a report that lists one GPU, port or interface twice (422, naming it).
+
+    Two values for one subject in one report would make a rule fire and resolve within
+    the report, opening and closing an incident (and its actions) on every report.
+    """
+    gpus, ports, nets = report.gpus, report.infiniband, report.network
+    if len(gpus) > 1 and len({g.index for g in gpus}) < len(gpus):
+        _twice([g.index for g in gpus], "GPU index {}", "$.gpus[{}].index")
+    if len(ports) > 1 and len({(p.device, p.port) for p in ports}) < len(ports):
+        _twice([(p.device, p.port) for p in ports], "InfiniBand port {}", "$.infiniband[{}]")
+    if len(nets) > 1 and len({n.device for n in nets}) < len(nets):
+        _twice([n.device for n in nets], "network device {!r}", "$.network[{}].device")
+
+
+def _twice(keys: list[Any], what: str, where: str) -> None:
+    seen: set[Any] = set()
+    for i, key in enumerate(keys):
+        if key in seen:
+            raise ReportRejected(422, f"invalid report: {what.format(key)} is listed twice "
+                                      f"- at `{where.format(i)}`")
+        seen.add(key)
+
+
+def controller_times(report: Report, now: float) -> Report:
+    """``report`` with its agent timestamps mapped onto the controller's wall clock ``now``.
+
+    The agent's clock is trusted only as far as it agrees with the controller's:
+
+    - a sample time in the future (the agent's clock is ahead), or more than
+      :data:`MAX_REPORT_LAG_SECONDS` in the past (its clock is behind, or the report is
+      that late), becomes ``now``, and the report's events move by the same amount, so
+      that they keep their spacing and their distance from the sample;
+    - an event time still after ``now`` becomes ``now``; one more than
+      :data:`MAX_EVENT_AGE_SECONDS` before it becomes that old;
+    - an event listed twice (one id) is kept once, as the store keeps it.
+
+    So a fault is never observed after it was detected (no negative detection latency)
+    nor dated absurdly far back. ``report`` itself is returned when nothing changes (the
+    common case: two comparisons).
+    """
+    sample = report.sample_time_seconds
+    moves = not 0.0 <= now - sample < MAX_REPORT_LAG_SECONDS
+    events = report.events
+    oldest = now - MAX_EVENT_AGE_SECONDS
+    if not moves and all(oldest <= e.time_seconds <= now for e in events) and (
+            len(events) < 2 or len({e.id for e in events}) == len(events)):
+        return report
+    moved: list[EventRecord] = []
+    ids: set[int] = set()
+    for event in events:
+        if event.id in ids:
+            continue  # listed twice in one report: one event (the store keeps one too)
+        ids.add(event.id)
+        # moved, its distance from the sample kept (computed on the agent's own clock,
+        # where both are of one magnitude, so a clock at 1e300 loses no more than it had)
+        at = now + (event.time_seconds - sample) if moves else event.time_seconds
+        at = min(now, max(oldest, at))
+        moved.append(event if at == event.time_seconds
+                     else msgspec.structs.replace(event, time_seconds=at))
+    return msgspec.structs.replace(report, sample_time_seconds=now if moves else sample,
+                                   events=moved)
 
 
 @dataclass(frozen=True)
@@ -51,6 +163,38 @@ class Accepted:
     labels_changed: bool
 
 
+class _Sender:
+    """The agent instance a node's reports come from, and the instances it replaced."""
+
+    __slots__ = ("first_sample", "instance", "interval", "replaced", "sequence")
+
+    def __init__(self, report: Report, now: float, replaced: tuple[str, ...] = ()) -> None:
+        self.instance = report.instance
+        self.sequence = report.sequence
+        self.interval = report.interval_seconds
+        sample = report.sample_time_seconds
+        # The first sample time of an instance orders a newcomer against it, if the
+        # agent's clock was believable then; a clock far ahead orders nothing.
+        self.first_sample = (sample if sample <= now + ORDER_TOLERANCE_SECONDS
+                             else -math.inf)
+        self.replaced = replaced
+
+    def takes(self, report: Report, silent: float) -> bool:
+        """Whether ``report`` is newer than what the node has applied.
+
+        ``silent``: seconds since the node's last applied report (controller clock).
+        """
+        if report.instance == self.instance:
+            return report.sequence > self.sequence
+        if silent > SILENT_INTERVALS * self.interval:
+            return True  # the current instance stopped: whoever reports now is the node
+        # Another instance while the current one reports: a replaced one is gone for good
+        # (a late report from before an agent restart); a new one replaces the current
+        # one unless the node's own clock says it ran before it.
+        return (report.instance not in self.replaced
+                and report.sample_time_seconds >= self.first_sample)
+
+
 class NodeRegistry:
     """Every node's latest report and receive time, in memory (the store keeps the rest)."""
 
@@ -58,10 +202,14 @@ class NodeRegistry:
         self._clock = clock
         self._lock = threading.Lock()
         self._views: dict[str, NodeView] = {}
-        self._last: dict[str, tuple[str, int, float]] = {}
+        self._senders: dict[str, _Sender] = {}
 
     def accept(self, report: Report) -> Accepted:
-        """Apply ``report`` unless it is older than what this agent instance already sent."""
+        """Apply ``report`` unless it is older than what this node already applied.
+
+        Its timestamps are mapped onto the controller's clock first
+        (:func:`controller_times`): the view keeps that copy, for the rules.
+        """
         now_mono = self._clock.monotonic()
         now_wall = self._clock.time()
         with self._lock:
@@ -70,22 +218,24 @@ class NodeRegistry:
             if view is None:
                 view = NodeView(name=report.node, labels=dict(report.labels))
                 self._views[report.node] = view
-            last = self._last.get(report.node)
-            if last is not None and (
-                    (last[0] == report.instance and report.sequence <= last[1])
-                    # a late report from the instance before an agent restart: one node's
-                    # own clock orders its two instances
-                    or (last[0] != report.instance and report.sample_time_seconds < last[2])):
+            sender = self._senders.get(report.node)
+            if sender is None:
+                self._senders[report.node] = _Sender(report, now_wall)
+            elif not sender.takes(report, now_mono - view.received_monotonic):
                 return Accepted(view, applied=False, new_node=False, labels_changed=False)
-            self._last[report.node] = (report.instance, report.sequence,
-                                       report.sample_time_seconds)
+            elif report.instance == sender.instance:
+                sender.sequence = report.sequence
+            else:
+                replaced = tuple(i for i in (*sender.replaced, sender.instance)
+                                 if i != report.instance)[-REPLACED_INSTANCES:]
+                self._senders[report.node] = _Sender(report, now_wall, replaced)
             # compared with the last report's own labels: the controller may add some to
             # the view (the node's job) that the agent does not send
             before = view.report.labels if view.report is not None else None
             labels_changed = not new_node and before is not None and before != report.labels
             if labels_changed or new_node or before is None:
                 view.labels = dict(report.labels)
-            view.report = report
+            view.report = controller_times(report, now_wall)
             view.received_monotonic = now_mono
             view.received_wall = now_wall
             return Accepted(view, applied=True, new_node=new_node, labels_changed=labels_changed)

@@ -10,6 +10,11 @@ straight to the transport when the body is complete. Anything else (another path
 query string, ``Expect: 100-continue``, a pipelined request behind an unanswered one)
 takes uvicorn's ordinary ASGI path, unchanged.
 
+When the server verifies client certificates, the connection's certificate is read once
+when the connection is made (the TLS handshake is complete by then) and goes to the gate
+with every report on it; a request that takes the ASGI path carries it in its scope's
+``extensions`` (:data:`~sn_monitor.controller.peer_identity.SCOPE_EXTENSION`).
+
 It leans on uvicorn's ``HttpToolsProtocol`` internals (parser callbacks, ``cycle``,
 ``on_response_complete``); ``tests/unit/test_report_lane.py`` drives it over a socket
 so that a uvicorn upgrade that breaks it fails there.
@@ -17,6 +22,7 @@ so that a uvicorn upgrade that breaks it fails there.
 
 from __future__ import annotations
 
+import asyncio
 from http import HTTPStatus
 from typing import Any
 
@@ -25,6 +31,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from sn_monitor.controller.app import REPORTS_PATH, ReportGate
 from sn_monitor.controller.auth import Identity
 from sn_monitor.controller.errors import ApiError
+from sn_monitor.controller.peer_identity import (
+    SCOPE_EXTENSION,
+    ClientCertificate,
+    client_certificate,
+)
 
 _PATH = REPORTS_PATH.encode()
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
@@ -52,6 +63,12 @@ class ReportLaneProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._lane: _LaneRequest | None = None
+        self._certificate: ClientCertificate | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if self.gate.certificates:
+            self._certificate = client_certificate(transport)
 
     def on_headers_complete(self) -> None:
         parser = self.parser
@@ -59,11 +76,15 @@ class ReportLaneProtocol(HttpToolsProtocol):
                 or parser.should_upgrade()
                 or (self.cycle is not None and not self.cycle.response_complete)):
             self._lane = None
+            if self._certificate is not None:
+                extensions = self.scope.setdefault("extensions", {})
+                extensions[SCOPE_EXTENSION] = {"certificate": self._certificate}
             super().on_headers_complete()
             return
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
         try:
-            self._lane = _LaneRequest(self.gate.admit(dict(self.headers)), None, keep_alive)
+            self._lane = _LaneRequest(self.gate.admit(dict(self.headers), self._certificate),
+                                      None, keep_alive)
         except ApiError as err:
             self._lane = _LaneRequest(None, err, keep_alive)
 

@@ -35,7 +35,13 @@ from sn_monitor.controller.rules.engine import Finding, RuleEngine
 from sn_monitor.controller.rules.spec import AlertRule, EventRule, Rule
 from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.state import NodeState, NodeView
-from sn_monitor.controller.store import ActionRecord, Incident, Store, StoreError
+from sn_monitor.controller.store import (
+    ActionRecord,
+    Incident,
+    Store,
+    StoreError,
+    StoreUnavailable,
+)
 from sn_monitor.jobs.orchestrator import (
     HangFinding,
     JobError,
@@ -60,6 +66,9 @@ CHECKPOINT_JOBS = "checkpoint-jobs"
 #: Steps that wait ``settle`` seconds before they run.
 SETTLED_ACTIONS = frozenset({"cordon", "evict", "failover", RECOVER})
 NODE_REFRESH_SECONDS = 5.0
+#: Job controls that make the controller run a program or call a URL: from job files
+#: (configuration) or an admin token only, never from an operate token.
+ADMIN_ONLY_CONTROL = frozenset({"webhook", "command"})
 
 
 class Controller:
@@ -104,6 +113,8 @@ class Controller:
         self._last_refresh = -1e18
         self._last_resend = clock.monotonic()
         self._deferred: list[tuple[float, str, Finding, int]] = []
+        #: Findings whose incident the store could not record: acted on when it can.
+        self._unrecorded: dict[tuple[str, str, str], Finding] = {}
         self._inherited: dict[tuple[str, str, str], tuple[Incident, float]] = {}
         self._hangs: dict[str, Finding] = {}
 
@@ -302,6 +313,8 @@ class Controller:
         if incident_id is None:
             log.error("not acting on %s: the incident could not be recorded", f.rule,
                       extra={"node": f.node, "rule": f.rule})
+            with self._lock:
+                self._unrecorded[(f.node, f.rule, f.subject)] = f
             return None
         if f.kind == "heartbeat" or NODE_FATAL_ACTIONS & set(f.actions):
             opened = self.policy.note_fault(f.node, max(1, len(self.registry)))
@@ -392,6 +405,7 @@ class Controller:
     def _resolved(self, f: Finding) -> None:
         with self._lock:
             self._firing.get(f.node, set()).discard((f.rule, f.subject))
+            self._unrecorded.pop((f.node, f.rule, f.subject), None)
             if f.kind == "heartbeat":
                 self._lost.discard(f.node)
         log.info("%s resolved: %s", f.rule, f.message,
@@ -488,10 +502,13 @@ class Controller:
         """
         try:
             result = fn(*args, **kwargs)
-        except StoreError as err:
+        except StoreUnavailable as err:
             if self._store_error is None:
                 log.error("store unavailable, refusing to act without a record: %s", err)
             self._store_error = str(err)
+            return None
+        except StoreError as err:  # a conflict (a record changed meanwhile), not the disk
+            log.error("store refused %s: %s", getattr(fn, "__name__", fn), err)
             return None
         return result
 
@@ -526,10 +543,14 @@ class Controller:
         cordoned = self._safely(self.store.cordoned_by_us)
         if cordoned is None:
             return
-        if self._store_error is not None and self._safely(
-                self.store.set_meta, "alive", str(self.clock.time())) is not None:
+        def probe() -> bool:  # set_meta returns None: say that it wrote
+            self.store.set_meta("alive", str(self.clock.time()))
+            return True
+
+        if self._store_error is not None and self._safely(probe):
             log.warning("store writable again: acting resumes")
             self._store_error = None
+            self._retry_unrecorded()
         with self._lock:
             self._cordoned = cordoned
         now = self.clock.time()
@@ -540,6 +561,25 @@ class Controller:
                 self._safely(self.store.set_node_state, name, state, reason, now)
                 self._states[name] = state
             view.state = state
+
+    def _retry_unrecorded(self) -> None:
+        """Act on the faults seen while the store took no writes, if they still hold.
+
+        The rules hold them as firing (an event is not seen twice), so without this a
+        fault that came while the disk was full would never be acted on.
+        """
+        with self._lock:
+            kept, self._unrecorded = self._unrecorded, {}
+        if not kept:
+            return
+        with self._engine_lock:
+            firing = {(f.node, f.rule, f.subject) for f in self.engine.firing()}
+        now = self.clock.time()
+        for key, f in kept.items():
+            if key in firing:
+                log.warning("%s: acting now that the store takes writes", f.rule,
+                            extra={"node": f.node, "rule": f.rule, "gpu": f.gpu})
+                self._fired(replace(f, detected_wall=now))
 
     def _state_of(self, node: str) -> NodeState:
         with self._lock:
@@ -661,15 +701,30 @@ class Controller:
 
     # ------------------------------------------------------------------ jobs API
 
-    def add_job(self, body: bytes, who: str) -> dict[str, Any]:
+    def add_job(self, body: bytes, who: str, admin: bool = False) -> dict[str, Any]:
+        """A DistributedJob from the API; only ``admin`` may name a program or a URL."""
         try:
             job = job_from_json(body)
         except ConfigError as err:
             raise ApiError(422, str(err)) from None
+        control = job.spec.control
+        if control is not None and control.kind in ADMIN_ONLY_CONTROL and not admin:
+            # A program to run or a URL to call (with a secret file to read) is a choice
+            # for whoever configures the controller, not for an operate token.
+            raise ApiError(403, f"spec.control.{control.kind}: only an admin token may post "
+                           "a job that names a program or a URL for the controller to call; "
+                           "put the job in the controller's --jobs directory, or use "
+                           "kubernetes or slurm control")
+        # The spec stays out of the audit record: its control may carry a secret.
+        audit = self._audit("add-job", who, f"job {job.name} added", params={"job": job.name})
         try:
             status = self.jobs.add_job(job, f"api:{who}")
         except JobError as err:
+            self._audit_refused(audit, str(err))
             raise ApiError(409, str(err)) from None
+        except StoreUnavailable as err:
+            self._audit_refused(audit, str(err))
+            raise ApiError(503, f"store unavailable: {err}") from None
         log.info("job %s added by %s", job.name, who)
         return status.to_dict()
 
@@ -685,7 +740,16 @@ class Controller:
         return doc
 
     def delete_job(self, name: str, who: str) -> None:
-        if not self.jobs.remove_job(name):
+        if self.jobs.job(name) is None:
+            raise ApiError(404, f"no job {name!r}")
+        audit = self._audit("delete-job", who, f"job {name} removed", params={"job": name})
+        try:
+            removed = self.jobs.remove_job(name)
+        except StoreUnavailable as err:
+            self._audit_refused(audit, str(err))
+            raise ApiError(503, f"store unavailable: {err}") from None
+        if not removed:  # removed by someone else in between
+            self._audit_refused(audit, "no such job")
             raise ApiError(404, f"no job {name!r}")
         log.info("job %s removed by %s", name, who)
 
@@ -724,22 +788,63 @@ class Controller:
         return [r.to_dict() for r in self.jobs.recoveries(job, limit=limit)]
 
     def approve_recovery(self, recovery_id: str, who: str) -> dict[str, Any]:
+        audit = self._audit("approve-recovery", who, f"recovery {recovery_id} approved",
+                            params={"recovery": recovery_id})
         try:
             return self.jobs.approve_recovery(recovery_id, who).to_dict()
         except UnknownRecovery:
+            self._audit_refused(audit, "no such recovery")
             raise ApiError(404, f"no recovery {recovery_id!r}") from None
         except JobError as err:
+            self._audit_refused(audit, str(err))
             raise ApiError(409, str(err)) from None
+        except StoreUnavailable as err:
+            self._audit_refused(audit, str(err))
+            raise ApiError(503, f"store unavailable: {err}") from None
 
     def return_to_pool(self, job: str, node: str, who: str) -> dict[str, Any]:
+        audit = self._audit("return-to-pool", who, f"{node} back in the spare pool of {job}",
+                            node=node, params={"job": job})
         try:
             status = self.jobs.return_to_pool(job, node)
         except UnknownJob:
+            self._audit_refused(audit, "no such job")
             raise ApiError(404, f"no job {job!r}") from None
         except JobError as err:
+            self._audit_refused(audit, str(err))
             raise ApiError(409, str(err)) from None
+        except StoreUnavailable as err:
+            self._audit_refused(audit, str(err))
+            raise ApiError(503, f"store unavailable: {err}") from None
         log.info("node %s returned to the spare pool of %s by %s", node, job, who)
         return status.to_dict()
+
+    def _audit(self, what: str, who: str, reason: str, *, node: str | None = None,
+               params: dict[str, Any] | None = None) -> ActionRecord:
+        """The audit record of an API call that changes jobs (not an action for a driver).
+
+        Written before the change, in a final state, so that the runner never picks it
+        up; :meth:`_audit_refused` corrects it when the change is then refused. A store
+        that takes no writes refuses the call (503), as for any action.
+        """
+        now = self.clock.time()
+        request = ActionRequest(
+            id=uuid.uuid4().hex, key=f"api:{uuid.uuid4().hex}", action=cast(ActionName, what),
+            node=node, reason=f"{reason} (by {who})", requested_by=who,
+            params={**(params or {}), "status": "api"}, created_seconds=now,
+        )
+        recorded = self._safely(self.store.record_action, request, "succeeded",
+                                f"API call by {who}", at=now)
+        if recorded is None:
+            raise ApiError(503, f"store unavailable, refusing to act: {self._store_error}")
+        return cast(ActionRecord, recorded[0])
+
+    def _audit_refused(self, record: ActionRecord, why: str) -> None:
+        try:
+            self.store.update_action(record.id, at=self.clock.time(), state="refused",
+                                     outcome_message=why)
+        except StoreError as err:
+            log.error("audit record %s not corrected (%s): %s", record.id, why, err)
 
     def list_events(self, node: str | None, kind: str | None,
                     limit: int) -> list[dict[str, Any]]:
@@ -748,9 +853,14 @@ class Controller:
     def approve(self, action_id: str, who: str) -> dict[str, Any]:
         if self.store.get_action(action_id) is None:
             raise ApiError(404, f"no action {action_id!r}")
+        # The approval is recorded on the action itself ("approved by <who>; ...").
         try:
             return _action_doc(self.runner.approve(action_id, who, self.cluster()))
         except ActionStateError as err:
+            raise ApiError(409, str(err)) from None
+        except StoreUnavailable as err:
+            raise ApiError(503, f"store unavailable, refusing to act: {err}") from None
+        except StoreError as err:  # approved or cancelled by someone else meanwhile
             raise ApiError(409, str(err)) from None
 
     def service_discovery(self) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from sn_monitor.controller.actions.slack import SlackSettings
 from sn_monitor.controller.actions.slurm import SlurmSettings
 from sn_monitor.controller.actions.webhook import WebhookSettings
 from sn_monitor.controller.policy import PolicySettings
+from sn_monitor.controller.tls import TlsSettings
 from sn_monitor.jobs.orchestrator import JobSettings
 
 
@@ -83,6 +84,8 @@ class ControllerSettings:
     state_dir: str = "/var/lib/sn-monitor"
     rules: list[str] = field(default_factory=lambda: ["/etc/sn-monitor/rules"])
     token_file: str | None = None
+    #: Serve HTTPS (and verify agents' client certificates); unset: plain HTTP.
+    tls: TlsSettings | None = None
     max_body_bytes: int = setting(default=1 << 20, check=positive)
     sweep_interval: Duration = setting(default=Duration(0.5), check=positive)
     #: Node-taking actions (cordon, evict, failover) wait this long before they are
@@ -108,4 +111,5 @@ def load_controller_settings(path: str | Path | None) -> ControllerSettings:
     return bind(ControllerSettings, load_yaml(path))
 
 
-__all__ = ["ConfigError", "ControllerSettings", "DriverSettings", "load_controller_settings"]
+__all__ = ["ConfigError", "ControllerSettings", "DriverSettings", "TlsSettings",
+           "load_controller_settings"]

@@ -329,6 +329,24 @@ class RecoveryStatus:
         }
 
 
+REDACTED = "<redacted>"
+
+
+def redacted(document: Mapping[str, Any]) -> dict[str, Any]:
+    """A job's document for the API: its webhook control's secret and header values out."""
+    doc = dict(document)
+    spec = doc.get("spec")
+    control = spec.get("control") if isinstance(spec, Mapping) else None
+    if isinstance(control, Mapping) and isinstance(control.get("webhook"), Mapping):
+        hook = dict(control["webhook"])
+        if hook.get("secret") is not None:
+            hook["secret"] = REDACTED
+        if isinstance(hook.get("headers"), Mapping):
+            hook["headers"] = {name: REDACTED for name in hook["headers"]}
+        doc["spec"] = {**spec, "control": {**control, "webhook": hook}}  # type: ignore[dict-item]
+    return doc
+
+
 @dataclass(frozen=True)
 class JobStatus:
     """One job as the API shows it."""
@@ -374,7 +392,7 @@ class JobStatus:
             "median_step_seconds": self.median_step_seconds,
             "effective_training_ratio": self.effective_training_ratio,
             "created_at": self.created_at, "updated_at": self.updated_at,
-            "spec": dict(self.spec),
+            "spec": redacted(self.spec),
         }
 
 

@@ -10,6 +10,9 @@ fixture's teardown).
 The action scripts (``drivers.command`` and ``drivers.job``) are small Python programs
 that append their ``SN_*`` environment, one JSON object a line, to ``evict.log`` /
 ``job.log``: :meth:`Cluster.script_calls` reads them back.
+
+With :class:`ClusterTls` the controller serves HTTPS (and verifies client certificates),
+and each agent named in it reports with its own client certificate.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -135,6 +139,21 @@ class Agent(Process):
         return requests.get(f"{self.url}/metrics", timeout=10).text
 
 
+@dataclass
+class ClusterTls:
+    """The controller's certificate, the CA of everything, the agents' certificates."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+    #: More of the controller's ``tls:`` (``client_certs``, ``agent_auth``).
+    settings: dict[str, Any] = field(default_factory=dict)
+    #: Node name -> the client certificate and key its agent reports with.
+    agent_certs: dict[str, tuple[Path, Path]] = field(default_factory=dict)
+    #: False: the agents have no bearer token (their certificates identify them).
+    agent_tokens: bool = True
+
+
 class Cluster:
     """A controller and ``nodes`` simulated agents (``sim-0`` ... ``sim-N``)."""
 
@@ -142,16 +161,20 @@ class Cluster:
                  gpus: int = 8, sim_speed: float = 10.0,
                  routes: dict[str, list[str]] | None = None,
                  jobs_dir: Path | None = None, rules: list[Path] | None = None,
-                 agent_labels: dict[str, str] | None = None) -> None:
+                 agent_labels: dict[str, str] | None = None,
+                 tls: ClusterTls | None = None) -> None:
         """``config`` is merged into the defaults below; ``routes`` replaces theirs
         (leave checkpoint/restore/failover out to send them to each job's own
         ``spec.control``); ``jobs_dir`` is the controller's ``--jobs`` directory;
         ``rules`` are rule files or directories loaded after the repository's;
-        ``agent_labels`` are every agent's ``labels`` (supernode, rack)."""
+        ``agent_labels`` are every agent's ``labels`` (supernode, rack); ``tls``: the
+        controller serves HTTPS (see :class:`ClusterTls`)."""
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        #: What requests to the controller verify its certificate with.
+        self.verify: bool | str = str(tls.ca_file) if tls else True
         self.state_dir = root / "controller-state"
         self.evict_log = root / "evict.log"
         self.job_log = root / "job.log"
@@ -159,6 +182,7 @@ class Cluster:
         script.write_text(SCRIPT)
 
         agent_token, self.admin_token = secrets.token_hex(16), secrets.token_hex(16)
+        self.agent_token = agent_token
         (root / "agent.token").write_text(agent_token + "\n")
         (root / "admin.token").write_text(self.admin_token + "\n")
         #: A token of role operate (for Alertmanager's webhook), and the file holding it.
@@ -193,6 +217,9 @@ class Cluster:
             "routes": {"evict": ["command"], "cordon": ["command"], "uncordon": ["command"],
                        "failover": ["job"], "checkpoint": ["job"], "restore": ["job"]},
         }
+        if tls is not None:
+            settings["tls"] = {"cert_file": str(tls.cert_file), "key_file": str(tls.key_file),
+                               "client_ca_file": str(tls.ca_file), **tls.settings}
         _merge(settings, config or {})
         if routes is not None:
             settings["routes"] = routes
@@ -216,12 +243,23 @@ class Cluster:
             agent_config = ["--config", str(root / "agent.yaml")]
         for i in range(nodes):
             name, port = f"sim-{i}", free_port()
+            config_args = agent_config
+            if tls is not None:
+                config_args = ["--config", str(root / f"{name}.yaml")]
+                controller: dict[str, str] = {"ca_file": str(tls.ca_file)}
+                if name in tls.agent_certs:
+                    cert, key = tls.agent_certs[name]
+                    controller.update(cert_file=str(cert), key_file=str(key))
+                (root / f"{name}.yaml").write_text(yaml.safe_dump(
+                    {"labels": agent_labels or {}, "controller": controller}))
+            with_token = tls is None or tls.agent_tokens
             self.agents[name] = Agent(name, [
                 sys.executable, "-m", "sn_monitor.cli", "agent", "--simulate", str(gpus),
-                "--controller", self.url, "--token-file", str(root / "agent.token"),
+                "--controller", self.url,
+                *(["--token-file", str(root / "agent.token")] if with_token else []),
                 "--node", name, "--listen", f"127.0.0.1:{port}",
                 "--state-dir", str(root / f"{name}-state"),
-                "--sim-speed", f"{sim_speed:g}", "--log-format", "json", *agent_config,
+                "--sim-speed", f"{sim_speed:g}", "--log-format", "json", *config_args,
             ], root / f"{name}.log", port)
 
     # ------------------------------------------------------------------ lifecycle
@@ -252,7 +290,9 @@ class Cluster:
             raise AssertionError(f"{proc.name} exited with {proc.popen and proc.popen.poll()}"
                                  f"\n{self.logs()}")
         try:
-            return requests.get(f"{url}/healthz", timeout=2).status_code == 200
+            return requests.get(f"{url}/healthz", timeout=2,
+                                verify=True if isinstance(proc, Agent) else self.verify
+                                ).status_code == 200
         except requests.RequestException:
             return False
 
@@ -308,6 +348,18 @@ class Cluster:
                 parts.append(f"===== (log source failed: {err!r})")
         return "\n".join(parts)
 
+    def logs_containing(self, *needles: str) -> list[str]:
+        """``file:line`` of every line of every process's log that holds one of ``needles``."""
+        found = []
+        for proc in self.processes:
+            if not proc.log_path.exists():
+                continue
+            text = proc.log_path.read_text(encoding="utf-8", errors="replace")
+            for number, line in enumerate(text.splitlines(), 1):
+                if any(needle in line for needle in needles):
+                    found.append(f"{proc.log_path.name}:{number}")
+        return found
+
     def wait_for(self, probe: Callable[[], T], timeout: float, what: str,
                  interval: float = 0.25) -> T:
         """Call ``probe`` until it returns something truthy; fail after ``timeout`` seconds.
@@ -335,7 +387,8 @@ class Cluster:
 
     def get(self, path: str, **params: Any) -> Any:
         reply = requests.get(f"{self.url}{path}", params=params or None, timeout=10,
-                             headers={"Authorization": f"Bearer {self.admin_token}"})
+                             headers={"Authorization": f"Bearer {self.admin_token}"},
+                             verify=self.verify)
         reply.raise_for_status()
         return reply.json()
 
@@ -349,7 +402,7 @@ class Cluster:
         return list(self.get(f"/api/v1/incidents/{incident_id}")["actions"])
 
     def controller_metrics(self) -> str:
-        return requests.get(f"{self.url}/metrics", timeout=10).text
+        return requests.get(f"{self.url}/metrics", timeout=10, verify=self.verify).text
 
     def script_calls(self, log: Path | None = None) -> list[dict[str, str]]:
         """What the action scripts ran: one dict of SN_ variables per call."""
@@ -369,4 +422,5 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> None:
             base[key] = value
 
 
-__all__ = ["Agent", "Cluster", "Process", "free_port", "metric_samples", "metric_value"]
+__all__ = ["Agent", "Cluster", "ClusterTls", "Process", "free_port", "metric_samples",
+           "metric_value"]

@@ -63,6 +63,27 @@ def test_out_of_range_values_are_made_to_fit_the_wire():
     assert report.ecc_corrected_errors_total is None
 
 
+def test_driver_sentinels_are_left_out_not_sent():
+    """An NVML 0xFFFF... or an inf would make the controller refuse the whole report."""
+    sentinel = 2**64 - 1
+    snapshot = NodeSnapshot(
+        node="gpu-node-017", timestamp_seconds=1_700_000_000.0,
+        gpus=(gpu(0, ecc_uncorrected_errors_total=sentinel, pcie_replays_total=2**63,
+                  temperature_celsius=float("inf"), power_watts=float("nan"),
+                  sm_clock_hertz=1e30, memory_used_bytes=5),),
+        infiniband=(IbPortSample("mlx5_0", 1, counters=(("symbol_errors", sentinel),
+                                                          ("link_downed", 3))),),
+    )
+    report = build_report(snapshot, instance="abc", sequence=1, labels={}, interval=1.0,
+                          events=[], command_results=[], guard_throttled=set())
+    (g,) = report.gpus
+    assert (g.ecc_uncorrected_errors_total, g.pcie_replays_total) == (None, None)
+    assert (g.temperature_celsius, g.power_watts, g.sm_clock_hertz) == (None, None, None)
+    assert g.memory_used_bytes == 5
+    assert report.infiniband[0].counters == {"link_downed": 3}
+    msgspec.json.decode(msgspec.json.encode(report), type=Report)  # the controller takes it
+
+
 @pytest.mark.parametrize(
     ("stem", "reported"),
     [

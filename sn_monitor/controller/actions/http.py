@@ -15,12 +15,17 @@ Every outgoing call of the webhook, Slack and Alertmanager drivers goes through
   query string (where tokens live). For URLs whose *path* is the secret (Slack incoming
   webhooks), ``secret_path=True`` drops the path too. Exception text from ``requests``
   is never passed on verbatim, because it quotes the URL.
+* urllib3 logs every request line at DEBUG (``"POST /services/T/B/secret?x=y HTTP/1.1"
+  200``): a filter on its connection-pool logger (:class:`RequestLineFilter`) cuts the
+  query string from those lines and hides the paths of ``secret_path`` clients, so that
+  ``--log-level debug`` does not print a credential either.
 """
 
 from __future__ import annotations
 
 import email.utils
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,6 +42,56 @@ TEMPORARY_STATUS: frozenset[int] = frozenset({408, 409, 429})
 
 #: How much of an error response body is quoted in an error message.
 BODY_EXCERPT_CHARS = 200
+
+#: The logger urllib3 writes its request lines to, and their format (urllib3 2.x).
+URLLIB3_POOL_LOGGER = "urllib3.connectionpool"
+_URLLIB3_REQUEST_LINE = '%s://%s:%s "%s %s %s" %s %s'
+_URL_ARG = 4
+
+
+class RequestLineFilter(logging.Filter):
+    """Redacts the target of urllib3's DEBUG request lines (see the module docstring).
+
+    The query string always goes (``?…``); a path that a ``secret_path`` client has
+    sent to becomes ``/…``. Other records pass unchanged. Installed once, at import.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._secret_paths: set[str] = set()
+        self._lock = threading.Lock()
+
+    def hide_path(self, url: str) -> None:
+        """From now on, print ``url``'s path as ``/…`` in request lines."""
+        try:
+            path = urlsplit(url).path
+        except ValueError:
+            return
+        if path not in ("", "/"):
+            with self._lock:
+                self._secret_paths.add(path)
+
+    def redact(self, target: str) -> str:
+        """``/a/b?token=x`` -> ``/a/b?…``; a hidden path -> ``/…``."""
+        path, sep, _ = target.partition("?")
+        with self._lock:
+            if path in self._secret_paths:
+                path = "/…"
+        return path + ("?…" if sep else "")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if record.msg != _URLLIB3_REQUEST_LINE or not isinstance(args, tuple) \
+                or len(args) <= _URL_ARG:
+            return True
+        target = args[_URL_ARG]
+        if isinstance(target, str):
+            record.args = (*args[:_URL_ARG], self.redact(target), *args[_URL_ARG + 1:])
+        return True
+
+
+REQUEST_LINES = RequestLineFilter()
+logging.getLogger(URLLIB3_POOL_LOGGER).addFilter(REQUEST_LINES)
 
 
 def redact_url(url: str, *, secret_path: bool = False) -> str:
@@ -115,8 +170,10 @@ class HttpClient:
         self.driver = driver
         self.timeout = timeout
         self.secret_path = secret_path
+        # per request, not on the session: requests lets REQUESTS_CA_BUNDLE in the
+        # environment override a session's verify, which would drop a configured ca_file
+        self.verify = verify
         self.session = requests.Session()
-        self.session.verify = verify
         self.session.headers["User-Agent"] = user_agent
         self.session.headers.update(headers or {})
 
@@ -138,10 +195,12 @@ class HttpClient:
                 headers: Mapping[str, str] | None = None) -> HttpResponse:
         """Send one request; every failure becomes TemporaryError or PermanentError."""
         where = self.where(url)
+        if self.secret_path:
+            REQUEST_LINES.hide_path(url)
         try:
             response = self.session.request(
                 method, url, data=body, headers=dict(headers or {}),
-                timeout=self.timeout, allow_redirects=False,
+                timeout=self.timeout, allow_redirects=False, verify=self.verify,
             )
         except requests.Timeout:
             log.warning("%s: %s %s timed out after %ss", self.driver, method, where,

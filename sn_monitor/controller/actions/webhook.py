@@ -20,8 +20,17 @@ How a receiver verifies it — two schemes, same key, pick one:
 
 Compute the HMAC over the raw body bytes as received, and compare with a constant-time
 comparison. The key: a secret that starts with ``whsec_`` is base64 after the prefix
-(the Standard Webhooks format) and its decoded bytes are the key; any other secret is
-used as its UTF-8 bytes. Without a secret, no signature headers are sent.
+(the Standard Webhooks format) and its decoded bytes are the key; the specification
+asks for 24 to 64 random bytes, and shorter or longer ones are refused at start
+(``echo whsec_$(head -c 32 /dev/urandom | base64)`` makes one). Any other secret is
+used as its UTF-8 bytes, for the simple scheme; the Standard Webhooks libraries
+base64-decode every secret they are given, so give them (and us) a ``whsec_`` secret.
+Without a secret, no signature headers are sent.
+
+Per the specification, ``webhook-id`` stays the same across retries while
+``webhook-timestamp`` is the time of each attempt; the signature header holds one
+``v1,`` entry (a receiver splits it on spaces, for key rotation). A redirect is a failed
+delivery, never followed (see :mod:`.http`).
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ from sn_monitor.controller.actions.base import ActionRequest, Outcome, Permanent
 from sn_monitor.controller.actions.http import HttpClient, check_http_url
 
 STANDARD_WEBHOOKS_PREFIX = "whsec_"
+#: Key sizes the Standard Webhooks specification allows for a ``whsec_`` secret.
+MIN_KEY_BYTES, MAX_KEY_BYTES = 24, 64
 
 
 def _secret(value: str | None) -> None:
@@ -78,6 +89,9 @@ def signing_key(secret: str) -> bytes:
             raise ValueError("a whsec_ secret must be base64 after the prefix") from None
         if not key:
             raise ValueError("the whsec_ secret is empty")
+        if not MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES:
+            raise ValueError(f"a whsec_ secret must decode to {MIN_KEY_BYTES} to "
+                             f"{MAX_KEY_BYTES} bytes (Standard Webhooks), got {len(key)}")
         return key
     if not secret:
         raise ValueError("the secret is empty")
@@ -151,6 +165,10 @@ class WebhookDriver:
 
     def run(self, request: ActionRequest) -> Outcome:
         """POST the action; 2xx is success, anything else raises (see actions.http)."""
+        if "." in request.id or not request.id:
+            # The signed content is "{id}.{timestamp}.{body}": a dot in the id would let
+            # one (id, timestamp) pair pass for another (the specification forbids it).
+            raise PermanentError(f"action id {request.id!r} cannot be a webhook-id")
         body = webhook_body(request)
         timestamp = int(self.clock.time())
         headers = {"webhook-id": request.id, "webhook-timestamp": str(timestamp)}

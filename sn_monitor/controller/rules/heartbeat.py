@@ -9,11 +9,17 @@ from that first sight, so a node that died during the restart is still caught.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
 from sn_monitor.controller.rules.base import Evaluator, Finding, Now, format_duration
 from sn_monitor.controller.rules.series import NODE
 from sn_monitor.controller.rules.spec import HeartbeatRule
 from sn_monitor.controller.state import NodeView
+
+UNREPORTED_GRACE_SECONDS: Final = 12.0
+"""Extra time for a node not heard from since the controller started: while the
+controller was away its agent backed off, up to 10 s + 20 % jitter
+(``MAX_BACKOFF_SECONDS`` in agent/reporter.py), and must not be taken for lost for it."""
 
 
 class HeartbeatEvaluator(Evaluator[HeartbeatRule]):
@@ -56,6 +62,8 @@ class HeartbeatEvaluator(Evaluator[HeartbeatRule]):
                 if first is None:
                     first = self._first_seen[name] = (now.monotonic, now.wall)
                 last_mono, last_wall = first
+                if now.monotonic - last_mono < timeout + UNREPORTED_GRACE_SECONDS:
+                    continue
             age = now.monotonic - last_mono
             if age >= timeout:
                 if not self.is_firing(name, ""):

@@ -97,6 +97,8 @@ class PeersEvaluator(HoldingEvaluator[PeersRule, _Node]):
             if len(members) < self._min_group:
                 continue
             median = statistics.median(v for _, v, _ in members)
+            if median <= 0:
+                continue  # an idle group (a job between steps): nobody is behind anybody
             bound = self._sign * median * self._factor
             for name, value, observed in members:
                 outlier = self._sign * value >= bound
