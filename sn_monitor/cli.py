@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                                "(default, thermal, network, mass-failure)")
     simulate.add_argument("--token-file", metavar="F",
                           help="file holding the agents' bearer token")
+    simulate.add_argument("--ca-file", metavar="F",
+                          help="CA bundle the controller's certificate must chain to (https; "
+                               "default: the system's)")
     simulate.add_argument("--duration", type=_duration, default=None, metavar="S",
                           help="stop after S wall seconds (default: the scenario's duration "
                                "divided by --speed; without a scenario, run until Ctrl-C)")
@@ -336,7 +339,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     options = FleetOptions(controller=args.controller, nodes=args.nodes,
                            interval=args.interval, duration=duration, speed=args.speed,
                            gpus=args.gpus, connections=args.connections, jitter=args.jitter,
-                           seed=args.seed, token=token)
+                           seed=args.seed, token=token, ca_file=args.ca_file)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -102,6 +102,8 @@ class FleetOptions:
     jitter: float = 0.1
     seed: int = 0
     token: str | None = None
+    #: The CA bundle an https controller's certificate must chain to (None: the system's).
+    ca_file: str | None = None
 
 
 def node_name(index: int, nodes: int) -> str:
@@ -456,7 +458,14 @@ class Fleet:
                              f"{options.controller!r}")
         self.host = url.hostname
         self.port = url.port or (443 if url.scheme == "https" else 80)
-        self.tls = ssl.create_default_context() if url.scheme == "https" else None
+        if url.scheme == "https":
+            try:
+                self.tls: ssl.SSLContext | None = ssl.create_default_context(
+                    cafile=options.ca_file)
+            except (OSError, ssl.SSLError) as err:
+                raise ValueError(f"--ca-file {options.ca_file}: {err}") from None
+        else:
+            self.tls = None
         self.path = url.path.rstrip("/") + REPORTS_PATH
         self.progress = progress
         self.rng = random.Random(options.seed)
@@ -711,16 +720,25 @@ class Fleet:
             self.stats.note(f"{status}: {_error_text(body)}")
 
         def read(conn: _Connection, now: float) -> None:
-            assert conn.sock is not None
+            sock = conn.sock
+            assert sock is not None
+            tls = sock if isinstance(sock, ssl.SSLSocket) else None
+            if tls is not None:
+                # Readable is not "application data" over TLS: a TLS 1.3 server sends
+                # session tickets after the handshake. Read without blocking.
+                tls.setblocking(False)
             try:
-                data = conn.sock.recv(65536)
-                while isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending():
-                    data += conn.sock.recv(65536)
+                data = sock.recv(65536)
+                while tls is not None and tls.pending():
+                    data += tls.recv(65536)
             except (BlockingIOError, ssl.SSLWantReadError):
                 return
             except OSError as err:
                 data = b""
                 self.stats.note(f"receive: {err}")
+            finally:
+                if tls is not None:
+                    tls.settimeout(5.0)  # sendall blocks, within a bound
             if not data:
                 if conn.node is not None:
                     self.stats.connection_errors += 1

@@ -568,3 +568,21 @@ def test_a_token_goes_on_the_command_line_only_as_a_file(command):
     extra = ["--controller", "http://x"] if command == "simulate" else []
     with pytest.raises(SystemExit):  # not an abbreviation of --token-file
         parser.parse_args([command, *extra, "--token", "s3cret-value-0123456789"])
+
+
+def test_simulate_reports_to_a_tls_controller_with_its_own_ca(serve, pki):
+    """``sn-monitor simulate --ca-file``: the fleet verifies the controller's certificate."""
+    from sn_monitor.sim.fleet import Fleet, FleetOptions
+
+    server = serve(tls_settings(pki, client_certs=None), agent_auth="token")
+    options = FleetOptions(controller=server.url, nodes=4, interval=0.2, duration=1.5,
+                           token=ADMIN, ca_file=str(pki.ca_file), jitter=0.0)
+    stats = Fleet(options).run()
+    assert stats.accepted >= 4
+    assert stats.failed == 0
+    untrusted = Fleet(FleetOptions(controller=server.url, nodes=1, interval=0.2,
+                                   duration=0.5, token=ADMIN, jitter=0.0)).run()
+    assert untrusted.accepted == 0
+    assert untrusted.connection_errors >= 1
+    with pytest.raises(ValueError, match="--ca-file"):
+        Fleet(FleetOptions(controller=server.url, ca_file=str(pki.root / "missing.pem")))
