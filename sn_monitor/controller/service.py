@@ -543,11 +543,7 @@ class Controller:
         cordoned = self._safely(self.store.cordoned_by_us)
         if cordoned is None:
             return
-        def probe() -> bool:  # set_meta returns None: say that it wrote
-            self.store.set_meta("alive", str(self.clock.time()))
-            return True
-
-        if self._store_error is not None and self._safely(probe):
+        if self._store_error is not None and self._store_takes_writes():
             log.warning("store writable again: acting resumes")
             self._store_error = None
             self._retry_unrecorded()
@@ -561,6 +557,15 @@ class Controller:
                 self._safely(self.store.set_node_state, name, state, reason, now)
                 self._states[name] = state
             view.state = state
+
+    def _store_takes_writes(self) -> bool:
+        """A probe while the store refuses writes: whether it takes one again."""
+        try:
+            self.store.set_meta("alive", str(self.clock.time()))
+        except StoreError as err:
+            self._store_error = str(err)
+            return False
+        return True
 
     def _retry_unrecorded(self) -> None:
         """Act on the faults seen while the store took no writes, if they still hold.
