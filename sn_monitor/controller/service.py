@@ -13,7 +13,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -721,15 +722,8 @@ class Controller:
                            "put the job in the controller's --jobs directory, or use "
                            "kubernetes or slurm control")
         # The spec stays out of the audit record: its control may carry a secret.
-        audit = self._audit("add-job", who, f"job {job.name} added", params={"job": job.name})
-        try:
+        with self._audited("add-job", who, f"job {job.name} added", params={"job": job.name}):
             status = self.jobs.add_job(job, f"api:{who}")
-        except JobError as err:
-            self._audit_refused(audit, str(err))
-            raise ApiError(409, str(err)) from None
-        except StoreUnavailable as err:
-            self._audit_refused(audit, str(err))
-            raise ApiError(503, f"store unavailable: {err}") from None
         log.info("job %s added by %s", job.name, who)
         return status.to_dict()
 
@@ -747,15 +741,11 @@ class Controller:
     def delete_job(self, name: str, who: str) -> None:
         if self.jobs.job(name) is None:
             raise ApiError(404, f"no job {name!r}")
-        audit = self._audit("delete-job", who, f"job {name} removed", params={"job": name})
-        try:
-            removed = self.jobs.remove_job(name)
-        except StoreUnavailable as err:
-            self._audit_refused(audit, str(err))
-            raise ApiError(503, f"store unavailable: {err}") from None
-        if not removed:  # removed by someone else in between
-            self._audit_refused(audit, "no such job")
-            raise ApiError(404, f"no job {name!r}")
+        with self._audited("delete-job", who, f"job {name} removed",
+                           params={"job": name}) as audit:
+            if not self.jobs.remove_job(name):  # removed by someone else in between
+                self._audit_refused(audit, "no such job")
+                raise ApiError(404, f"no job {name!r}")
         log.info("job %s removed by %s", name, who)
 
     def job_progress(self, name: str, body: bytes) -> dict[str, Any]:
@@ -793,34 +783,16 @@ class Controller:
         return [r.to_dict() for r in self.jobs.recoveries(job, limit=limit)]
 
     def approve_recovery(self, recovery_id: str, who: str) -> dict[str, Any]:
-        audit = self._audit("approve-recovery", who, f"recovery {recovery_id} approved",
-                            params={"recovery": recovery_id})
-        try:
+        with self._audited("approve-recovery", who, f"recovery {recovery_id} approved",
+                           params={"recovery": recovery_id},
+                           unknown=("no such recovery", f"no recovery {recovery_id!r}")):
             return self.jobs.approve_recovery(recovery_id, who).to_dict()
-        except UnknownRecovery:
-            self._audit_refused(audit, "no such recovery")
-            raise ApiError(404, f"no recovery {recovery_id!r}") from None
-        except JobError as err:
-            self._audit_refused(audit, str(err))
-            raise ApiError(409, str(err)) from None
-        except StoreUnavailable as err:
-            self._audit_refused(audit, str(err))
-            raise ApiError(503, f"store unavailable: {err}") from None
 
     def return_to_pool(self, job: str, node: str, who: str) -> dict[str, Any]:
-        audit = self._audit("return-to-pool", who, f"{node} back in the spare pool of {job}",
-                            node=node, params={"job": job})
-        try:
+        with self._audited("return-to-pool", who, f"{node} back in the spare pool of {job}",
+                           node=node, params={"job": job},
+                           unknown=("no such job", f"no job {job!r}")):
             status = self.jobs.return_to_pool(job, node)
-        except UnknownJob:
-            self._audit_refused(audit, "no such job")
-            raise ApiError(404, f"no job {job!r}") from None
-        except JobError as err:
-            self._audit_refused(audit, str(err))
-            raise ApiError(409, str(err)) from None
-        except StoreUnavailable as err:
-            self._audit_refused(audit, str(err))
-            raise ApiError(503, f"store unavailable: {err}") from None
         log.info("node %s returned to the spare pool of %s by %s", node, job, who)
         return status.to_dict()
 
@@ -843,6 +815,29 @@ class Controller:
         if recorded is None:
             raise ApiError(503, f"store unavailable, refusing to act: {self._store_error}")
         return cast(ActionRecord, recorded[0])
+
+    @contextmanager
+    def _audited(self, what: str, who: str, reason: str, *, node: str | None = None,
+                 params: dict[str, Any] | None = None,
+                 unknown: tuple[str, str] | None = None) -> Iterator[ActionRecord]:
+        """The audit record (:meth:`_audit`) around a job change; a refusal corrects it.
+
+        The refusal becomes the API's answer: an unknown job or recovery 404 when
+        ``unknown`` = (what the record says, the API's message) is given, any other
+        :class:`JobError` 409, a store that takes no writes 503.
+        """
+        record = self._audit(what, who, reason, node=node, params=params)
+        try:
+            yield record
+        except JobError as err:
+            if unknown is not None and isinstance(err, UnknownJob | UnknownRecovery):
+                self._audit_refused(record, unknown[0])
+                raise ApiError(404, unknown[1]) from None
+            self._audit_refused(record, str(err))
+            raise ApiError(409, str(err)) from None
+        except StoreUnavailable as err:
+            self._audit_refused(record, str(err))
+            raise ApiError(503, f"store unavailable: {err}") from None
 
     def _audit_refused(self, record: ActionRecord, why: str) -> None:
         try:
