@@ -1,11 +1,15 @@
-"""Shared test settings: where the fixture trees are, and which outside tools exist."""
+"""Shared test settings: where the fixture trees are, which outside tools exist, and a
+recording HTTP server for the drivers' tests."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.drivers.servers import RecordingHTTPServer
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -14,6 +18,15 @@ FIXTURES = ROOT / "tests" / "fixtures"
 @pytest.fixture
 def fixtures() -> Path:
     return FIXTURES
+
+
+@pytest.fixture
+def server() -> Iterator[RecordingHTTPServer]:
+    """A :class:`RecordingHTTPServer` on loopback (a module may define its own ``server``)."""
+    srv = RecordingHTTPServer()
+    srv.start()
+    yield srv
+    srv.stop()
 
 
 def require_tool(name: str) -> str:

@@ -8,7 +8,6 @@ import hmac
 import json
 import logging
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,14 +26,6 @@ from tests.drivers.servers import RecordingHTTPServer, Reply
 
 SECRET_BYTES = b"0123456789abcdef0123456789abcdef"
 WHSEC = "whsec_" + base64.b64encode(SECRET_BYTES).decode()
-
-
-@pytest.fixture
-def server() -> Iterator[RecordingHTTPServer]:
-    srv = RecordingHTTPServer()
-    srv.start()
-    yield srv
-    srv.stop()
 
 
 def request(**overrides: object) -> ActionRequest:

@@ -33,6 +33,7 @@ from sn_monitor.controller.actions.webhook import WebhookDriver, WebhookSettings
 from sn_monitor.controller.settings import DriverSettings
 from tests.drivers.servers import RecordingHTTPServer, Reply
 from tests.unit.test_controller_service import Harness, make_harness, rules_from, xid
+from tests.unit.test_drivers_http import request as driver_request
 
 #: The specification's recommended replay window.
 TOLERANCE_SECONDS = 5 * 60
@@ -79,21 +80,9 @@ def verify(secret: str, headers: Mapping[str, str], body: bytes, now: float) -> 
     raise Rejected("no v1 signature matches")
 
 
-@pytest.fixture
-def server() -> Iterator[RecordingHTTPServer]:
-    srv = RecordingHTTPServer()
-    srv.start()
-    yield srv
-    srv.stop()
-
-
 def request(**overrides: Any) -> ActionRequest:
-    fields: dict[str, Any] = dict(
-        id="0f3c9a", key="k-1", action="alert", node="gpu-node-017", reason="GPU 3 at 91 C",
-        rule="gpu-overheat", incident_id=42, gpu=3, severity="critical",
-        params={"status": "firing"}, created_seconds=1_700_000_000.0)
-    fields.update(overrides)
-    return ActionRequest(**fields)
+    """test_drivers_http's action, with an id that is not all letters and digits."""
+    return driver_request(**{"id": "0f3c9a", **overrides})
 
 
 # ------------------------------------------------------------------ signing
