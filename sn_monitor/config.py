@@ -182,6 +182,14 @@ def fraction(value: float) -> None:
         raise ValueError(f"must be a fraction in (0, 1], got {value}")
 
 
+def optional(check: Check) -> Check:
+    """``check`` for a setting that may be left out: None passes, anything else is checked."""
+    def check_given(value: Any) -> None:
+        if value is not None:
+            check(value)
+    return check_given
+
+
 def listen_address(value: str) -> None:
     """A check for ``setting(check=...)``: ``HOST:PORT``."""
     _, sep, port = value.rpartition(":")

@@ -32,6 +32,11 @@ def test_settings_bind(cls: type, text: str, expected: dict[str, object]) -> Non
         assert getattr(settings, name) == value
 
 
+def test_optional_checks_let_an_absent_value_pass() -> None:
+    settings = bind(KubernetesSettings, parse_yaml("host: null\n", "drivers.yaml"))
+    assert settings.host is None
+
+
 @pytest.mark.parametrize(("cls", "text", "message"), [
     (WebhookSettings, "url: ftp://x/\n", "http"),
     (WebhookSettings, "url: http://x/\nsecret: whsec_***\n", "base64"),
@@ -40,6 +45,10 @@ def test_settings_bind(cls: type, text: str, expected: dict[str, object]) -> Non
     (SlackSettings, "url: http://x/\ntimeout: 0s\n", "greater than 0"),
     (CommandSettings, "program: [x]\nshell: true\n", "unknown key"),
     (AgentQueueSettings, "power_fraction: 1.5\n", "fraction"),
+    (AlertmanagerSettings, "urls: [http://am/]\ngenerator_url: ftp://x/\n",
+     "generator_url: expected an http"),
+    (KubernetesSettings, "host: kube-api\n", "host: expected an http"),
+    (KubernetesSettings, "grace_period_seconds: -1\n", "must be 0 or more"),
 ])
 def test_bad_settings_name_the_key(cls: type, text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sn_monitor.clock import Clock, SystemClock
-from sn_monitor.config import Duration, positive, setting
+from sn_monitor.config import Duration, optional, positive, setting
 from sn_monitor.controller.actions.base import (
     ActionError,
     ActionRequest,
@@ -52,11 +52,6 @@ def _urls(value: list[str]) -> None:
         check_http_url(url)
 
 
-def _optional_url(value: str | None) -> None:
-    if value is not None:
-        check_http_url(value)
-
-
 @dataclass(frozen=True)
 class AlertmanagerSettings:
     """The members of one Alertmanager cluster and how often firing alerts are re-sent.
@@ -69,7 +64,7 @@ class AlertmanagerSettings:
     urls: list[str] = setting(check=_urls)
     resend_interval: Duration = setting(default=Duration(60.0), check=positive)
     timeout: Duration = setting(default=Duration(5.0), check=positive)
-    generator_url: str | None = setting(default=None, check=_optional_url)
+    generator_url: str | None = setting(default=None, check=optional(check_http_url))
     headers: dict[str, str] = field(default_factory=dict)
     ca_file: str | None = None
 

@@ -55,7 +55,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException, OpenApiException
 
-from sn_monitor.config import Duration, positive, setting
+from sn_monitor.config import Duration, optional, positive, setting
 from sn_monitor.controller.actions.base import (
     ActionRequest,
     Outcome,
@@ -67,6 +67,7 @@ from sn_monitor.controller.actions.kubernetes import (
     KubernetesSettings,
     api_client,
     api_error,
+    check_grace_period,
 )
 
 log = logging.getLogger(__name__)
@@ -96,16 +97,6 @@ def _selector(value: dict[str, str]) -> None:
             raise ValueError(f"invalid label value {wanted!r} for {key!r}")
 
 
-def _optional_url(value: str | None) -> None:
-    if value is not None:
-        check_http_url(value)
-
-
-def _grace(value: int | None) -> None:
-    if value is not None and value < 0:
-        raise ValueError(f"must be 0 or more, got {value}")
-
-
 @dataclass(frozen=True)
 class KubernetesJobSettings:
     """A job's pods on Kubernetes (``spec.control.kubernetes`` of a DistributedJob).
@@ -117,8 +108,8 @@ class KubernetesJobSettings:
     namespace: str = setting(check=_namespace)
     selector: dict[str, str] = setting(check=_selector)
     grace_period_seconds: int | None = setting(key="gracePeriodSeconds", default=None,
-                                               check=_grace)
-    host: str | None = setting(default=None, check=_optional_url)
+                                               check=check_grace_period)
+    host: str | None = setting(default=None, check=optional(check_http_url))
     kubeconfig: str | None = None
     context: str | None = None
     timeout: Duration = setting(default=Duration(10.0), check=positive)

@@ -36,7 +36,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException, OpenApiException
 from kubernetes.config.config_exception import ConfigException
 
-from sn_monitor.config import Duration, positive, setting
+from sn_monitor.config import Duration, optional, positive, setting
 from sn_monitor.controller.actions.base import (
     ActionRequest,
     Outcome,
@@ -56,12 +56,8 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 MAX_REASON = 256
 
 
-def _optional_url(value: str | None) -> None:
-    if value is not None:
-        check_http_url(value)
-
-
-def _grace(value: int | None) -> None:
+def check_grace_period(value: int | None) -> None:
+    """Settings check for a pod deletion's grace period (absent, or 0 s or more)."""
     if value is not None and value < 0:
         raise ValueError(f"must be 0 or more, got {value}")
 
@@ -75,13 +71,13 @@ class KubernetesSettings:
     to that URL with no authentication at all: for ``kubectl proxy`` and tests.
     """
 
-    host: str | None = setting(default=None, check=_optional_url)
+    host: str | None = setting(default=None, check=optional(check_http_url))
     kubeconfig: str | None = None
     context: str | None = None
     timeout: Duration = setting(default=Duration(10.0), check=positive)
     taint_key: str = "sn-monitor.io/unhealthy"
     cordon_before_evict: bool = True
-    grace_period_seconds: int | None = setting(default=None, check=_grace)
+    grace_period_seconds: int | None = setting(default=None, check=check_grace_period)
     #: Wait before retrying an eviction that a PodDisruptionBudget blocked (when the
     #: API server gives no Retry-After).
     eviction_retry_after: Duration = setting(default=Duration(10.0), check=positive)
