@@ -23,10 +23,9 @@ so that a uvicorn upgrade that breaks it fails there.
 from __future__ import annotations
 
 import asyncio
-from http import HTTPStatus
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from sn_monitor.controller.app import REPORTS_PATH, ReportGate
 from sn_monitor.controller.auth import Identity
@@ -38,7 +37,6 @@ from sn_monitor.controller.peer_identity import (
 )
 
 _PATH = REPORTS_PATH.encode()
-_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 
 
 class _LaneRequest:
@@ -114,7 +112,7 @@ class ReportLaneProtocol(HttpToolsProtocol):
         else:
             peer = self.client[0] if self.client else None
             status, body = gate.answer(lane.identity, b"".join(lane.chunks), peer)
-        head = [_STATUS_LINES[status]]
+        head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             head += [name, b": ", value, b"\r\n"]
         head.append(b"content-type: application/json\r\ncontent-length: ")
