@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import math
 import os
 import platform
@@ -32,7 +31,14 @@ from typing import Any
 
 import requests
 
-from bench.common import fmt, free_port, proc_cpu_seconds, proc_status_kb, summary
+from bench.common import (
+    fmt,
+    free_port,
+    proc_cpu_seconds,
+    proc_status_kb,
+    summary,
+    write_results,
+)
 from sn_monitor import __version__
 from sn_monitor.agent.daemon import Agent
 from sn_monitor.agent.exposition import render_text
@@ -580,9 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "fair_ratio": (net_ib + ours) / theirs}
     results["meta"]["load1_end"] = round(os.getloadavg()[0], 2)
     print(render(results))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    print(f"\nresults: {args.out}")
+    write_results(args.out, results)
     return 1 if failed else 0
 
 

@@ -1,13 +1,15 @@
-"""Helpers both benchmarks use: percentiles, ports, /proc readings, number formatting."""
+"""Helpers the benchmarks share: percentiles, ports, /proc readings, formatting, results."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 def pct(values: Sequence[float], p: float) -> float:
@@ -60,3 +62,10 @@ def fmt(value: float | None, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return f"{value:.{digits}f}"
+
+
+def write_results(path: Path, results: Any) -> None:
+    """Write a benchmark's results as JSON (the folder made if need be) and say where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"\nresults: {path}")

@@ -59,7 +59,14 @@ from typing import Any
 
 import msgspec
 
-from bench.common import fmt, free_port, proc_cpu_seconds, proc_status_kb, summary
+from bench.common import (
+    fmt,
+    free_port,
+    proc_cpu_seconds,
+    proc_status_kb,
+    summary,
+    write_results,
+)
 from sn_monitor import __version__
 from sn_monitor.controller.rules.spec import load_rules
 from sn_monitor.model import CommandResult, EventRecord, Report, ReportReply
@@ -1286,9 +1293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["meta"]["load1_end"] = round(os.getloadavg()[0], 2)
     text = render(results)
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    print(f"\nresults: {args.out}")
+    write_results(args.out, results)
     return 1 if failed else 0
 
 

@@ -62,7 +62,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import fmt, pct, proc_cpu_seconds, proc_status_kb
+from bench.common import fmt, pct, proc_cpu_seconds, proc_status_kb, write_results
 from bench.controller_bench import (
     CONTROLLER_CONFIG,
     INGEST,
@@ -320,9 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["levels"].append(level)
     results["meta"]["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(render(results))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    print(f"\nresults: {args.out}")
+    write_results(args.out, results)
     return 1 if failed else 0
 
 

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.common import write_results
 from bench.controller_bench import ControllerProcess, pick_cores
 from sn_monitor import __version__
 from sn_monitor.sim.fleet import node_name
@@ -212,8 +213,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run(args)
     checks = verdict(result)
     result["verdict"] = checks
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
     s = result.get("simulate", {})
     print(f"sn-monitor {__version__} soak: {args.nodes} nodes every {args.interval:g} s for "
           f"{args.minutes:g} min, a fault every {args.fault_every:g} s "
@@ -229,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"events: {result['events']}; undetected faults: {len(result['undetected'])}")
     for name, ok in checks.items():
         print(f"  {name}: {'yes' if ok else 'NO'}")
-    print(f"results: {args.out}")
+    write_results(args.out, result)
     return 0 if all(checks.values()) else 1
 
 
