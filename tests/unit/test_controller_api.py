@@ -118,15 +118,6 @@ def make_api(tmp_path: Path, *, policy: PolicySettings | None = None,
     return Api(TestClient(app, client=("10.1.2.3", 50000)), h, log), h
 
 
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[Api]:
-    client, h = make_api(tmp_path)
-    with client.client:
-        yield client
-    h.controller.close()
-    h.store.close()
-
-
 # --------------------------------------------------------------------------- reports in
 
 

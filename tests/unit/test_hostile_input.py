@@ -47,7 +47,7 @@ from sn_monitor.model import (
 )
 from tests.conftest import ROOT
 from tests.fuzzing import examples
-from tests.unit.test_controller_api import AGENT, OPERATE, READ, Api, bearer, make_api
+from tests.unit.test_controller_api import AGENT, OPERATE, READ, Api, bearer
 from tests.unit.test_controller_service import T0, Harness, make_harness, rules_from
 
 # --------------------------------------------------------------------------- a valid report
@@ -274,15 +274,6 @@ def test_a_refused_report_changes_nothing_and_nothing_else_escapes(bodies: list[
 
 
 # --------------------------------------------------------------------------- refused, by table
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[Api]:
-    client, h = make_api(tmp_path)
-    with client.client:
-        yield client
-    h.controller.close()
-    h.store.close()
 
 
 def _nothing_happened(api: Api) -> None:
