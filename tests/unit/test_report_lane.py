@@ -10,19 +10,15 @@ same requests through Starlette's TestClient (the ASGI handler) must get the sam
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
-import uvicorn
 from starlette.testclient import TestClient
 
 from sn_monitor.controller.app import ControllerApp, build_app
 from sn_monitor.controller.auth import TokenBook
-from sn_monitor.controller.report_lane import report_lane
 from tests.unit.test_controller_api import AGENT, READ, write_tokens
 from tests.unit.test_controller_service import (
     HOT_RULE,
@@ -31,33 +27,9 @@ from tests.unit.test_controller_service import (
     report_body,
     rules_from,
 )
+from tests.unit.test_tls import Server
 
 MAX_BODY = 64 * 1024
-
-
-class Server:
-    """uvicorn with the lane, serving ``app`` on a free loopback port, in a thread."""
-
-    def __init__(self, app: ControllerApp) -> None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                access_log=False, lifespan="off", http=report_lane(app.gate),
-                                proxy_headers=False)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start within 10 s"
-            time.sleep(0.01)
-        self.port = self.server.servers[0].sockets[0].getsockname()[1]
-
-    def connect(self) -> socket.socket:
-        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
-        return sock
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture
@@ -75,7 +47,7 @@ def app(harness: Harness, tmp_path: Path) -> ControllerApp:
 
 @pytest.fixture
 def server(app: ControllerApp) -> Iterator[Server]:
-    s = Server(app)
+    s = Server(app, None)
     yield s
     s.stop()
 

@@ -110,7 +110,8 @@ def served_fingerprint(port: int, ca_file: Path,
 
 
 class Server:
-    """The controller's app on uvicorn, as the daemon serves it, in a thread."""
+    """The controller's app on uvicorn, as the daemon serves it (with the reports' lane,
+    and TLS when ``tls`` is given), in a thread."""
 
     def __init__(self, app: ControllerApp, tls: TlsSettings | None) -> None:
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
@@ -133,6 +134,10 @@ class Server:
         self.port = self.server.servers[0].sockets[0].getsockname()[1]
         scheme = "https" if tls is not None else "http"
         self.url = f"{scheme}://127.0.0.1:{self.port}"
+
+    def connect(self) -> socket.socket:
+        """A plain TCP connection to it (for raw HTTP/1.1 on the wire)."""
+        return socket.create_connection(("127.0.0.1", self.port), timeout=5)
 
     def reload(self) -> bool:
         """What SIGHUP does: reload the certificate on the event loop's thread."""
