@@ -142,3 +142,15 @@ def test_yaml_keyword_names_bind_to_fields():
 def test_an_agent_config_must_be_a_mapping():
     with pytest.raises(ConfigError, match=r"top-level-list.yaml:1: expected a mapping, got a list"):
         load_agent_settings(BAD / "top-level-list.yaml")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("a: " + "9" * 5000, "a value cannot be read"),  # past Python's int string limit
+    ("&a [*a]", "nested too deeply (or a recursive alias)"),
+    ("[" * 5000 + "]" * 5000, "nested too deeply"),
+])
+def test_pathological_yaml_is_a_config_error_not_a_traceback(text, message):
+    with pytest.raises(ConfigError) as caught:
+        parse_yaml(text, "rules.yaml")
+    assert str(caught.value).startswith("rules.yaml: ")
+    assert message in str(caught.value)
