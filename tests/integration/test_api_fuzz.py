@@ -55,7 +55,7 @@ from tests.unit.test_controller_api import (
     write_tokens,
 )
 from tests.unit.test_controller_service import Harness, make_harness, report_body, rules_from
-from tests.unit.test_report_lane import Server
+from tests.unit.test_tls import Server
 
 pytestmark = pytest.mark.integration
 

@@ -47,7 +47,7 @@ def app(harness: Harness, tmp_path: Path) -> ControllerApp:
 
 @pytest.fixture
 def server(app: ControllerApp) -> Iterator[Server]:
-    s = Server(app, None)
+    s = Server(app)
     yield s
     s.stop()
 

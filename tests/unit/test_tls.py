@@ -113,7 +113,7 @@ class Server:
     """The controller's app on uvicorn, as the daemon serves it (with the reports' lane,
     and TLS when ``tls`` is given), in a thread."""
 
-    def __init__(self, app: ControllerApp, tls: TlsSettings | None) -> None:
+    def __init__(self, app: ControllerApp, tls: TlsSettings | None = None) -> None:
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                 access_log=False, lifespan="off", http=report_lane(app.gate),
                                 proxy_headers=False, **uvicorn_options(tls))
