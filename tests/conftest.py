@@ -1,15 +1,19 @@
-"""Shared test settings: where the fixture trees are, which outside tools exist, and a
-recording HTTP server for the drivers' tests."""
+"""Shared test settings: where the fixture trees are, which outside tools exist, a
+recording HTTP server for the drivers' tests, and a real PostgreSQL server."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.drivers.servers import RecordingHTTPServer
+from tests.postgres import PostgresServer, find_bindir
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -57,3 +61,54 @@ def expected_messages(directory: Path) -> list[tuple[str, str]]:
             name, message = (part.strip() for part in line.split("|", 1))
             rows.append((name, message))
     return rows
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server (tests/postgres.py), started once per session.
+
+    Skipped when PostgreSQL is not installed, unless ``SN_REQUIRE_POSTGRES=1`` (which
+    .ci/run sets, after installing the Debian package ``postgresql``): then it fails.
+    """
+    bindir = find_bindir()
+    if bindir is None:
+        reason = ("PostgreSQL is not installed (no initdb under /usr/lib/postgresql/*/bin): "
+                  "run .ci/run, or apt-get install postgresql")
+        if os.environ.get("SN_REQUIRE_POSTGRES") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    srv = PostgresServer(bindir)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@dataclass(frozen=True)
+class PgDatabase:
+    """A fresh empty database on ``server``, owned by the ``sn`` role."""
+
+    server: PostgresServer
+    name: str
+    dsn: str
+
+
+@pytest.fixture
+def pg_database(postgres_server: PostgresServer) -> Iterator[PgDatabase]:
+    """A fresh empty database for one test, dropped afterwards (even if the test stopped
+    the server: it is started again first)."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    dsn = postgres_server.create_database(name)
+    try:
+        yield PgDatabase(postgres_server, name, dsn)
+    finally:
+        if not postgres_server.running:
+            postgres_server.start_server()
+        postgres_server.drop_database(name)
+
+
+@pytest.fixture
+def pg_dsn(pg_database: PgDatabase) -> str:
+    """The libpq connection string (with the password) of a fresh empty database."""
+    return pg_database.dsn

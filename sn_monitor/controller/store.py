@@ -1,40 +1,47 @@
-"""The controller's memory: nodes, incidents and the audit trail of actions, in SQLite.
+"""The controller's memory: nodes, incidents, the audit trail of actions, jobs, the lease.
 
-One file (stdlib :mod:`sqlite3`, WAL mode) so that an operator can open it with the
-``sqlite3`` shell, and so that a restarted controller knows what it was doing.
+Every query is here, in the SQL that SQLite and PostgreSQL both speak; the engine is a
+:class:`~sn_monitor.controller.database.Database` (``database/sqlite.py``: one file in
+the state directory, for one controller; ``database/postgres.py``: a server two
+controllers share, for high availability). So that a restarted controller, or the
+standby taking over, knows what was being done.
 
-Durability. The connection runs ``synchronous=NORMAL``: in WAL mode a committed
-transaction survives a crash of the *process* (SIGKILL, OOM kill) because it is already
-in the WAL file in the OS page cache; only an OS crash or power loss can lose the last
-few commits. That is right for node and incident rows, which the next reports rebuild.
-An action row is different: it is the promise that an outside system was (or is about
-to be) changed, and it must exist before the driver runs and after any crash. So every
-action write commits with ``synchronous=FULL`` (the WAL is fsynced at that commit):
-it survives a power cut, at the price of one fsync per action write, which the safety
-policy's rate limit keeps rare.
+Durability. Action, job and recovery rows are promises that an outside system was (or
+is about to be) changed: they are written in durable transactions, which survive a
+power cut; node and incident rows, which the next reports rebuild, are not.
 
-Concurrency. The controller is multi-threaded (API handlers, the rule loop, action
-workers); all of them share one connection, guarded by one lock. SQLite serialises
-writers anyway; one connection keeps the WAL reader/writer dance out of our code.
+Fencing. In a pair of controllers (``sn_monitor.controller.ha``) the active one holds a
+lease whose epoch grows at every change of holder; once :meth:`Store.fence` is set,
+every write transaction first checks that the lease still names this controller and
+epoch, and raises :class:`Fenced` otherwise (before anything is written).
 
-Failure. A full disk, a read-only file or a missing directory raise
-:class:`StoreUnavailable`, so that callers can refuse to act without a record rather
-than act unrecorded.
+Failure. A full disk, a read-only file, a missing directory or an unreachable server
+raise :class:`StoreUnavailable`, so that callers can refuse to act without a record
+rather than act unrecorded.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import sqlite3
-import threading
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal
 
 from sn_monitor.controller.actions.base import ActionName, ActionRequest
+from sn_monitor.controller.database.base import (
+    Database,
+    Row,
+    Transaction,
+)
+from sn_monitor.controller.database.base import Fenced as Fenced  # re-exported
+from sn_monitor.controller.database.base import StoreError as StoreError  # re-exported
+from sn_monitor.controller.database.base import (
+    StoreUnavailable as StoreUnavailable,  # re-exported
+)
+from sn_monitor.controller.database.sqlite import SQLiteDatabase
 from sn_monitor.model import EventRecord
 
 log = logging.getLogger(__name__)
@@ -54,7 +61,7 @@ FINAL_STATES: Final[frozenset[str]] = frozenset(
 IncidentStatus = Literal["open", "closed"]
 
 #: The schema this code writes; older files are migrated on open, newer ones refused.
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 
 # _MIGRATIONS[i] takes a database from user_version i to i + 1.
 _MIGRATIONS: Final[tuple[str, ...]] = (
@@ -191,26 +198,18 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
     CREATE INDEX recoveries_job ON recoveries (job, created_at);
     CREATE INDEX recoveries_state ON recoveries (state);
     """,
-)
-
-# Primary result codes that mean "the store cannot take writes (or be read) right now".
-_UNAVAILABLE_CODES: Final = frozenset(
-    {sqlite3.SQLITE_FULL, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN,
-     sqlite3.SQLITE_IOERR, sqlite3.SQLITE_PERM, sqlite3.SQLITE_NOTADB}
-)
-
-
-class StoreError(Exception):
-    """The store cannot do what was asked (a bug, a conflict, a file from the future)."""
-
-
-class StoreUnavailable(StoreError):
-    """The database cannot be written or opened: disk full, read-only, missing, I/O error.
-
-    Callers that are about to act on an outside system must refuse to act: an action
-    that cannot be recorded first is not taken.
+    # 2 -> 3: the lease of a pair of controllers (sn_monitor.controller.ha)
     """
-
+    CREATE TABLE controller_lease (
+        name TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        epoch INTEGER NOT NULL,
+        acquired_at REAL NOT NULL,
+        renewed_at REAL NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    """,
+)
 
 class UnknownAction(StoreError):
     """No action with that id."""
@@ -423,115 +422,128 @@ def _dumps(value: Mapping[str, Any]) -> str:
     return json.dumps(dict(value), sort_keys=True, default=str)
 
 
-def _unavailable(err: sqlite3.Error) -> bool:
-    code = getattr(err, "sqlite_errorcode", None)
-    if code is not None and (code & 0xFF) in _UNAVAILABLE_CODES:
-        return True
-    text = str(err).lower()
-    return any(s in text for s in ("database or disk is full", "readonly database",
-                                   "unable to open", "disk i/o error"))
+@dataclass(frozen=True)
+class LeaseRecord:
+    """Who holds the controllers' lease, since when, and its fencing epoch.
+
+    Times are wall-clock seconds of the candidates' clocks (as in a Kubernetes Lease):
+    the controllers' clocks must agree to well within ``lease_duration``.
+    """
+
+    holder: str
+    epoch: int
+    acquired_at: float
+    renewed_at: float
+    expires_at: float
+
+
+#: The one lease row's name (a table keyed by name leaves room for more).
+LEASE_NAME: Final = "controller"
 
 
 class Store:
-    """The controller's SQLite database. Safe to share between threads.
+    """The controller's database. Safe to share between threads.
 
-    ``path`` is a file path, or a ``file:`` URI (e.g. ``file:/x.db?mode=ro``).
-    ``max_bytes`` caps the database's size: past it writes raise StoreUnavailable, as on
-    a full disk, so that an audit trail cannot fill the controller's state volume.
+    ``where`` is a :class:`Database`, or a SQLite file path or ``file:`` URI (e.g.
+    ``file:/x.db?mode=ro``); ``max_bytes`` caps a SQLite file's size: past it writes
+    raise StoreUnavailable, as on a full disk, so that an audit trail cannot fill the
+    controller's state volume.
     """
 
-    def __init__(self, path: Path | str, *, max_bytes: int | None = None) -> None:
-        self.path = str(path)
-        self._lock = threading.RLock()
-        uri = self.path.startswith("file:")
+    def __init__(self, where: Database | Path | str, *, max_bytes: int | None = None
+                 ) -> None:
+        if isinstance(where, Path | str):
+            where = SQLiteDatabase(where, max_bytes=max_bytes)
+        self.db: Database = where
+        self.path = where.name
+        self._fence: tuple[str, int] | None = None
         try:
-            if not uri:
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(self.path, uri=uri, isolation_level=None,
-                                         check_same_thread=False, timeout=10.0)
-        except (OSError, sqlite3.Error) as err:
-            raise StoreUnavailable(f"cannot open the store at {self.path}: {err}") from err
-        self._conn.row_factory = sqlite3.Row
-        try:
-            with self._guard():
-                mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                self._conn.execute("PRAGMA synchronous=NORMAL")
-                self._conn.execute("PRAGMA foreign_keys=ON")
-                if max_bytes is not None:
-                    page = self._conn.execute("PRAGMA page_size").fetchone()[0]
-                    self._conn.execute(f"PRAGMA max_page_count={max(1, max_bytes // page)}")
-                self._migrate()
+            where.migrate(_MIGRATIONS, SCHEMA_VERSION)
         except BaseException:
-            self._conn.close()
+            where.close()
             raise
-        self.journal_mode: str = str(mode).lower()
-        if self.journal_mode != "wal" and "mode=ro" not in self.path:
-            # e.g. a network file system without shared memory: still correct, slower
-            log.warning("store %s: WAL mode not available, running in %s mode",
-                        self.path, self.journal_mode)
 
     # -- plumbing ---------------------------------------------------------------------
 
     @contextmanager
-    def _guard(self) -> Iterator[None]:
-        """Turn "cannot write" errors into StoreUnavailable; leave bugs as they are."""
-        try:
-            yield
-        except sqlite3.DatabaseError as err:  # OperationalError is one of these
-            if _unavailable(err):
-                raise StoreUnavailable(f"store {self.path}: {err}") from err
-            raise
+    def _tx(self, *, durable: bool = False) -> Iterator[Transaction]:
+        """One write transaction; ``durable`` commits to stable storage. Fenced, if set."""
+        with self.db.transaction(durable=durable) as tx:
+            if self._fence is not None:
+                self._check_fence(tx, *self._fence)
+            yield tx
 
-    @contextmanager
-    def _tx(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
-        """One write transaction under the lock; ``durable`` fsyncs the WAL at commit."""
-        with self._lock, self._guard():
-            if durable:
-                self._conn.execute("PRAGMA synchronous=FULL")
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._conn
-                except BaseException:
-                    # SQLite may have rolled back already (SQLITE_FULL does); a second
-                    # ROLLBACK would hide the real error behind "no transaction is active".
-                    if self._conn.in_transaction:
-                        self._conn.execute("ROLLBACK")
-                    raise
-                self._conn.execute("COMMIT")
-            finally:
-                if durable:
-                    self._conn.execute("PRAGMA synchronous=NORMAL")
+    def _check_fence(self, tx: Transaction, holder: str, epoch: int) -> None:
+        row = tx.one("SELECT holder, epoch FROM controller_lease WHERE name = ?"
+                     + self.db.shared_lock_rows, (LEASE_NAME,))
+        if row is None or (row["holder"], int(row["epoch"])) != (holder, epoch):
+            now = "nobody" if row is None else f"{row['holder']} (epoch {row['epoch']})"
+            raise Fenced(f"the lease is held by {now}, not by this controller ({holder}, "
+                         f"epoch {epoch}): it may no longer write")
 
-    def _query(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
-        with self._lock, self._guard():
-            return self._conn.execute(sql, tuple(args)).fetchall()
-
-    def _migrate(self) -> None:
-        version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path} has schema version {version}, newer than this sn-monitor "
-                f"understands ({SCHEMA_VERSION}); upgrade sn-monitor or use another state dir"
-            )
-        if version == SCHEMA_VERSION:
-            return
-        with self._tx():
-            for step in range(version, SCHEMA_VERSION):
-                for statement in _MIGRATIONS[step].split(";"):
-                    if statement.strip():
-                        self._conn.execute(statement)
-            # PRAGMA takes no parameters; the value is our own integer constant.
-            self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    def _query(self, sql: str, args: Iterable[Any] = ()) -> list[Row]:
+        return self.db.query(sql, tuple(args))
 
     def schema_version(self) -> int:
-        """The schema version of the open file."""
-        return int(self._query("PRAGMA user_version")[0][0])
+        """The schema version of the open database."""
+        return self.db.schema_version()
 
     def close(self) -> None:
-        """Close the connection (a WAL checkpoint happens on the last close)."""
-        with self._lock:
-            self._conn.close()
+        """Close the connection."""
+        self.db.close()
+
+    # -- the lease (high availability) ------------------------------------------------
+
+    def acquire_lease(self, holder: str, now: float, duration: float, *,
+                      force: bool = False) -> LeaseRecord | None:
+        """Take the lease if free or expired, renew it if ``holder`` has it; None if not.
+
+        Taking it from someone else (or ``force``: the Kubernetes Lease already decided)
+        increments the epoch; a renewal keeps it. Concurrent candidates serialize on
+        the row (``FOR UPDATE``; in SQLite the write transaction locks the file).
+        Durable: a lease granted must survive the database's crash.
+        """
+        with self.db.transaction(durable=True) as tx:
+            row = tx.one("SELECT * FROM controller_lease WHERE name = ?" + self.db.lock_rows,
+                         (LEASE_NAME,))
+            if row is None:
+                taken = tx.execute(
+                    "INSERT INTO controller_lease (name, holder, epoch, acquired_at,"
+                    " renewed_at, expires_at) VALUES (?, ?, 1, ?, ?, ?)"
+                    " ON CONFLICT (name) DO NOTHING",
+                    (LEASE_NAME, holder, now, now, now + duration))
+                return LeaseRecord(holder, 1, now, now, now + duration) if taken else None
+            epoch = int(row["epoch"])
+            if row["holder"] == holder and not force:
+                tx.execute("UPDATE controller_lease SET renewed_at = ?, expires_at = ?"
+                           " WHERE name = ?", (now, now + duration, LEASE_NAME))
+                return LeaseRecord(holder, epoch, float(row["acquired_at"]), now,
+                                   now + duration)
+            if not force and float(row["expires_at"]) > now:
+                return None
+            tx.execute("UPDATE controller_lease SET holder = ?, epoch = ?, acquired_at = ?,"
+                       " renewed_at = ?, expires_at = ? WHERE name = ?",
+                       (holder, epoch + 1, now, now, now + duration, LEASE_NAME))
+            return LeaseRecord(holder, epoch + 1, now, now, now + duration)
+
+    def release_lease(self, holder: str, now: float) -> bool:
+        """Let the lease expire now if ``holder`` has it (an orderly stop); True if it did."""
+        with self.db.transaction(durable=True) as tx:
+            return tx.execute("UPDATE controller_lease SET expires_at = ?"
+                              " WHERE name = ? AND holder = ?", (now, LEASE_NAME, holder)) > 0
+
+    def lease(self) -> LeaseRecord | None:
+        """The lease as it is now, or None if nobody ever took it."""
+        rows = self._query("SELECT * FROM controller_lease WHERE name = ?", (LEASE_NAME,))
+        if not rows:
+            return None
+        r = rows[0]
+        return LeaseRecord(str(r["holder"]), int(r["epoch"]), float(r["acquired_at"]),
+                           float(r["renewed_at"]), float(r["expires_at"]))
+
+    def fence(self, holder: str, epoch: int) -> None:
+        """From now on write only while the lease names ``holder`` at ``epoch``."""
+        self._fence = (holder, epoch)
 
     # -- nodes ------------------------------------------------------------------------
 
@@ -541,7 +553,8 @@ class Store:
             db.execute(
                 "INSERT INTO nodes (name, labels, first_seen, last_seen) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (name) DO UPDATE SET labels = excluded.labels,"
-                " last_seen = MAX(last_seen, excluded.last_seen)",
+                " last_seen = CASE WHEN excluded.last_seen > nodes.last_seen"
+                " THEN excluded.last_seen ELSE nodes.last_seen END",
                 (name, _dumps(labels), seen_wall, seen_wall),
             )
 
@@ -554,7 +567,7 @@ class Store:
         An unknown node is created (a node can be cordoned by hand before it reports).
         """
         with self._tx() as db:
-            row = db.execute("SELECT state FROM nodes WHERE name = ?", (name,)).fetchone()
+            row = db.one("SELECT state FROM nodes WHERE name = ?", (name,))
             previous = None if row is None else str(row["state"])
             if row is None:
                 db.execute(
@@ -582,7 +595,7 @@ class Store:
                 " SET cordoned_by_us = excluded.cordoned_by_us", (name, int(value), at, at))
 
     @staticmethod
-    def _node(row: sqlite3.Row) -> NodeRecord:
+    def _node(row: Row) -> NodeRecord:
         return NodeRecord(
             name=row["name"], labels=json.loads(row["labels"]), state=row["state"],
             state_reason=row["state_reason"], cordoned_by_us=bool(row["cordoned_by_us"]),
@@ -600,13 +613,14 @@ class Store:
 
     def cordoned_by_us(self) -> set[str]:
         """The nodes whose cordon sn-monitor holds (read before every disruptive action)."""
-        return {r[0] for r in self._query("SELECT name FROM nodes WHERE cordoned_by_us = 1")}
+        return {r["name"] for r in self._query(
+            "SELECT name FROM nodes WHERE cordoned_by_us = 1")}
 
     def transitions(self, node: str, limit: int = 100) -> list[Transition]:
         """The node's last ``limit`` state changes, oldest first."""
         rows = self._query(
             "SELECT * FROM (SELECT * FROM node_transitions WHERE node = ?"
-            " ORDER BY id DESC LIMIT ?) ORDER BY id", (node, limit))
+            " ORDER BY id DESC LIMIT ?) AS newest ORDER BY id", (node, limit))
         return [Transition(node=r["node"], from_state=r["from_state"],
                            to_state=r["to_state"], reason=r["reason"], at=r["at"])
                 for r in rows]
@@ -622,23 +636,25 @@ class Store:
         it is empty for node-wide rules.
         """
         with self._tx() as db:
-            row = db.execute(
+            row = db.one(
                 "SELECT id FROM incidents WHERE rule = ? AND node = ? AND subject = ?"
-                " AND status = 'open'", (rule, node, subject)).fetchone()
+                " AND status = 'open'", (rule, node, subject))
             if row is not None:
                 return int(row["id"])
-            cur = db.execute(
+            new = db.one(
                 "INSERT INTO incidents (rule, node, subject, gpu, severity, status, message,"
-                " observed_at, detected_at, value) VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?, ?)",
+                " observed_at, detected_at, value) VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?, ?)"
+                " RETURNING id",
                 (rule, node, subject, gpu, severity, message, observed_at, detected_at, value))
-            return int(cast(int, cur.lastrowid))
+            assert new is not None  # RETURNING of an INSERT that ran
+            return int(new["id"])
 
     def close_incident(self, rule: str, node: str, subject: str, at: float) -> int | None:
         """Close the open incident for (rule, node, subject); its id, or None if none was open."""
         with self._tx() as db:
-            row = db.execute(
+            row = db.one(
                 "SELECT id FROM incidents WHERE rule = ? AND node = ? AND subject = ?"
-                " AND status = 'open'", (rule, node, subject)).fetchone()
+                " AND status = 'open'", (rule, node, subject))
             if row is None:
                 return None
             db.execute("UPDATE incidents SET status = 'closed', closed_at = ? WHERE id = ?",
@@ -646,7 +662,7 @@ class Store:
             return int(row["id"])
 
     @staticmethod
-    def _incident(row: sqlite3.Row) -> Incident:
+    def _incident(row: Row) -> Incident:
         return Incident(
             id=row["id"], rule=row["rule"], node=row["node"], subject=row["subject"],
             gpu=row["gpu"], severity=row["severity"], status=row["status"],
@@ -678,7 +694,8 @@ class Store:
 
     def open_incident_count(self) -> int:
         """How many incidents are open (``sn_incidents_open``)."""
-        return int(self._query("SELECT COUNT(*) FROM incidents WHERE status = 'open'")[0][0])
+        return int(self._query(
+            "SELECT COUNT(*) AS n FROM incidents WHERE status = 'open'")[0]["n"])
 
     # -- actions ----------------------------------------------------------------------
 
@@ -695,18 +712,19 @@ class Store:
         when = request.created_seconds if at is None else at
         record = ActionRecord.from_request(request, state, reason, when)
         with self._tx(durable=True) as db:
-            cur = db.execute(
-                "INSERT OR IGNORE INTO actions (id, key, action, node, gpu, rule, incident_id,"
+            inserted = db.execute(
+                "INSERT INTO actions (id, key, action, node, gpu, rule, incident_id,"
                 " severity, reason, labels, params, requested_by, state, verdict_reason,"
-                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT DO NOTHING",
                 (record.id, record.key, record.action, record.node, record.gpu, record.rule,
                  record.incident_id, record.severity, record.reason, _dumps(record.labels),
                  _dumps(record.params), record.requested_by, record.state,
                  record.verdict_reason, when, when),
             )
-            if cur.rowcount == 1:
+            if inserted == 1:
                 return record, True
-            row = db.execute("SELECT * FROM actions WHERE key = ?", (request.key,)).fetchone()
+            row = db.one("SELECT * FROM actions WHERE key = ?", (request.key,))
         if row is None:
             raise StoreError(f"action id {request.id} is already used by another key")
         return self._action(row), False
@@ -747,7 +765,7 @@ class Store:
             sets.append("outcome = ?")
             args.append(_dumps(outcome))
         with self._tx(durable=True) as db:
-            row = db.execute("SELECT state FROM actions WHERE id = ?", (action_id,)).fetchone()
+            row = db.one("SELECT state FROM actions WHERE id = ?", (action_id,))
             if row is None:
                 raise UnknownAction(f"no action {action_id!r}")
             if expect_state is not None and row["state"] != expect_state:
@@ -755,11 +773,12 @@ class Store:
                     f"action {action_id} is {row['state']}, not {expect_state}")
             db.execute(f"UPDATE actions SET {', '.join(sets)} WHERE id = ?",
                        (*args, action_id))
-            new = db.execute("SELECT * FROM actions WHERE id = ?", (action_id,)).fetchone()
+            new = db.one("SELECT * FROM actions WHERE id = ?", (action_id,))
+        assert new is not None  # read in the transaction that found it
         return self._action(new)
 
     @staticmethod
-    def _action(row: sqlite3.Row) -> ActionRecord:
+    def _action(row: Row) -> ActionRecord:
         return ActionRecord(
             id=row["id"], key=row["key"], action=row["action"], node=row["node"],
             reason=row["reason"], state=row["state"], created_at=row["created_at"],
@@ -801,7 +820,8 @@ class Store:
         sql = "SELECT * FROM actions"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        rows = self._query(sql + " ORDER BY created_at DESC, rowid DESC LIMIT ?",
+        rows = self._query(sql + " ORDER BY created_at DESC,"
+                           f" {self.db.insertion_order} DESC LIMIT ?",
                            (*args, limit))
         return [self._action(r) for r in rows]
 
@@ -814,7 +834,8 @@ class Store:
             return []
         marks = ", ".join("?" for _ in wanted)
         rows = self._query(
-            f"SELECT * FROM actions WHERE state IN ({marks}) ORDER BY created_at, rowid",
+            f"SELECT * FROM actions WHERE state IN ({marks})"
+            f" ORDER BY created_at, {self.db.insertion_order}",
             wanted)
         return [self._action(r) for r in rows]
 
@@ -822,20 +843,24 @@ class Store:
 
     def _replace(self, table: str, columns: Sequence[str], json_columns: Collection[str],
                  row: Any) -> None:
-        """INSERT OR REPLACE one dataclass row, its ``json_columns`` encoded. Durable."""
+        """Insert or replace one dataclass row, keyed by ``columns[0]``.
+
+        ``json_columns`` are encoded. Durable.
+        """
         values = [_to_json(getattr(row, c)) if c in json_columns else getattr(row, c)
                   for c in columns]
         marks = ", ".join("?" for _ in columns)
         with self._tx(durable=True) as db:
-            db.execute(f"INSERT OR REPLACE INTO {table} ({', '.join(columns)})"
-                       f" VALUES ({marks})", values)
+            db.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"
+                       f" ON CONFLICT ({columns[0]}) DO UPDATE SET "
+                       + ", ".join(f"{c} = excluded.{c}" for c in columns[1:]), values)
 
     def save_job(self, row: JobRow) -> None:
         """Insert or replace a job's row. Committed durably (it carries recovery state)."""
         self._replace("jobs", _JOB_COLUMNS, _JOB_JSON, row)
 
     @staticmethod
-    def _job(row: sqlite3.Row) -> JobRow:
+    def _job(row: Row) -> JobRow:
         values = {c: _from_json(row[c]) if c in _JOB_JSON else row[c] for c in _JOB_COLUMNS}
         return JobRow(**values)
 
@@ -851,14 +876,14 @@ class Store:
     def delete_job(self, name: str) -> bool:
         """Forget a job (its recoveries stay, as history). True if it existed."""
         with self._tx(durable=True) as db:
-            return db.execute("DELETE FROM jobs WHERE name = ?", (name,)).rowcount > 0
+            return db.execute("DELETE FROM jobs WHERE name = ?", (name,)) > 0
 
     def save_recovery(self, row: RecoveryRow) -> None:
         """Insert or replace a recovery's row. Committed durably: written before acting."""
         self._replace("recoveries", _RECOVERY_COLUMNS, _RECOVERY_JSON, row)
 
     @staticmethod
-    def _recovery(row: sqlite3.Row) -> RecoveryRow:
+    def _recovery(row: Row) -> RecoveryRow:
         values = {c: _from_json(row[c]) if c in _RECOVERY_JSON else row[c]
                   for c in _RECOVERY_COLUMNS}
         values["incident_ids"] = tuple(int(i) for i in values["incident_ids"])
@@ -888,7 +913,7 @@ class Store:
         if where:
             sql += " WHERE " + " AND ".join(where)
         rows = self._query(
-            f"SELECT * FROM ({sql} ORDER BY created_at DESC, id DESC LIMIT ?)"
+            f"SELECT * FROM ({sql} ORDER BY created_at DESC, id DESC LIMIT ?) AS newest"
             " ORDER BY created_at, id", (*args, limit))
         return [self._recovery(r) for r in rows]
 
@@ -903,13 +928,10 @@ class Store:
         if not rows:
             return 0
         with self._tx(durable=True) as db:
-            before = db.total_changes
-            db.executemany(
-                "INSERT OR IGNORE INTO events (node, event_id, kind, source, time, received_at,"
-                " gpu, code, pci_bus_id, device, message) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                rows,
-            )
-            return db.total_changes - before
+            return sum(db.execute(
+                "INSERT INTO events (node, event_id, kind, source, time, received_at,"
+                " gpu, code, pci_bus_id, device, message) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT DO NOTHING", row) for row in rows)
 
     def list_events(self, node: str | None = None, kind: str | None = None,
                     limit: int = 100) -> list[dict[str, Any]]:
@@ -925,18 +947,20 @@ class Store:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC LIMIT ?"
-        return [dict(row) for row in self._query(sql, (*args, limit))]
+        return [{k: v for k, v in dict(row).items() if k != "seq"}  # PostgreSQL's rowid
+                for row in self._query(sql, (*args, limit))]
 
     def count_events(self, node: str | None = None) -> int:
         """How many events are stored (for one node)."""
         if node is None:
-            return int(self._query("SELECT COUNT(*) FROM events")[0][0])
-        return int(self._query("SELECT COUNT(*) FROM events WHERE node = ?", (node,))[0][0])
+            return int(self._query("SELECT COUNT(*) AS n FROM events")[0]["n"])
+        return int(self._query("SELECT COUNT(*) AS n FROM events WHERE node = ?",
+                               (node,))[0]["n"])
 
     def get_meta(self, key: str) -> str | None:
         """A value the controller kept across restarts (e.g. the breaker's state)."""
         rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
-        return str(rows[0][0]) if rows else None
+        return str(rows[0]["value"]) if rows else None
 
     def set_meta(self, key: str, value: str) -> None:
         """Keep ``value`` under ``key`` across restarts."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from sn_monitor.controller.store import Store, StoreError
 from tests.unit.test_controller_api import Api, make_api
 
 
@@ -21,3 +23,34 @@ def api(tmp_path: Path) -> Iterator[Api]:
         yield client
     h.controller.close()
     h.store.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path
+               ) -> Iterator[Callable[[], Store]]:
+    """Opens stores on one database: a SQLite file, or a fresh real PostgreSQL database.
+
+    Every call opens another connection to the same database (two controllers, or one
+    restarted); all are closed at the end. Tests of behaviour both backends must share
+    take this fixture, so the same schema and queries run on both.
+    """
+    opened: list[Store] = []
+    if request.param == "sqlite":
+        def where() -> Path:
+            return tmp_path / "state" / "controller.db"
+        opener: Callable[[], Store] = lambda: Store(where())  # noqa: E731
+    else:
+        from sn_monitor.controller.database.postgres import PostgresDatabase
+
+        dsn: str = request.getfixturevalue("pg_dsn")
+        opener = lambda: Store(PostgresDatabase(dsn))  # noqa: E731
+
+    def open_one() -> Store:
+        store = opener()
+        opened.append(store)
+        return store
+
+    yield open_one
+    for store in opened:
+        with contextlib.suppress(StoreError):
+            store.close()

@@ -11,17 +11,18 @@ def test_a_version_1_database_is_migrated(tmp_path):
     path = tmp_path / "old.db"
     Store(path).close()
     db = sqlite3.connect(path)
-    db.executescript("DROP TABLE jobs; DROP TABLE recoveries; PRAGMA user_version=1;")
+    db.executescript("DROP TABLE jobs; DROP TABLE recoveries; DROP TABLE controller_lease;"
+                     " PRAGMA user_version=1;")
     db.close()
     store = Store(path)
-    assert store.schema_version() == SCHEMA_VERSION == 2
+    assert store.schema_version() == SCHEMA_VERSION == 3
     assert store.list_jobs() == []
     assert store.list_recoveries() == []
     store.close()
 
 
-def test_jobs_round_trip(tmp_path):
-    store = Store(tmp_path / "db")
+def test_jobs_round_trip(open_store):
+    store = open_store()
     row = JobRow(name="train", spec={"spec": {"replicas": 2}}, source="api", state="running",
                  created_at=1.0, updated_at=2.0, generation=3, failures=1,
                  nodes=("a", "b"), added=("b",), excluded=("c",), pool=("d",),
@@ -37,8 +38,8 @@ def test_jobs_round_trip(tmp_path):
     store.close()
 
 
-def test_recoveries_round_trip_and_filters(tmp_path):
-    store = Store(tmp_path / "db")
+def test_recoveries_round_trip_and_filters(open_store):
+    store = open_store()
     first = RecoveryRow(id="r1", job="train", generation=1, state="done", kind="fatal",
                         strategy="restart", fault_seen=10.0, created_at=10.0, updated_at=20.0,
                         failed_nodes=("a",), replacement_nodes=("s",), nodes=("s", "b"),

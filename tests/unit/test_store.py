@@ -1,4 +1,4 @@
-"""The controller's SQLite store: dedup, idempotency, durability across reopen, failures."""
+"""The controller's store on SQLite and PostgreSQL: dedup, idempotency, reopen, failures."""
 
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ from sn_monitor.controller.store import (
 
 
 @pytest.fixture
-def store(tmp_path: Path):
-    s = Store(tmp_path / "state" / "controller.db")
-    yield s
-    s.close()
+def store(open_store):
+    """A store on SQLite, then on PostgreSQL (the same tests on both backends)."""
+    return open_store()
 
 
 def request(n: int = 1, key: str | None = None, **kw) -> ActionRequest:
@@ -30,8 +29,9 @@ def request(n: int = 1, key: str | None = None, **kw) -> ActionRequest:
     return ActionRequest(id=f"a{n}", key=key or f"k{n}", **fields)
 
 
-def test_wal_mode_and_schema_version(store: Store) -> None:
-    assert store.journal_mode == "wal"
+def test_wal_mode_and_schema_version(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state" / "controller.db")
+    assert store.db.journal_mode == "wal"  # type: ignore[attr-defined]
     assert store.schema_version() == SCHEMA_VERSION
     with sqlite3.connect(store.path) as other:
         assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -63,18 +63,18 @@ class FullDisk:
         self.full = threading.Event()
 
     def __enter__(self) -> FullDisk:
-        with self.store._lock:
-            self.store._conn = _FullConnection(self.store._conn, self.full)  # type: ignore[assignment]
+        with self.store.db._lock:  # type: ignore[attr-defined]
+            self.store.db._conn = _FullConnection(self.store.db._conn, self.full)  # type: ignore[attr-defined]
         self.full.set()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.full.clear()
-        with self.store._lock:
-            conn = self.store._conn
+        with self.store.db._lock:  # type: ignore[attr-defined]
+            conn = self.store.db._conn  # type: ignore[attr-defined]
             if isinstance(conn, _FullConnection):
-                self.store._conn = conn._real
+                self.store.db._conn = conn._real  # type: ignore[attr-defined]
 
 
 def _sweep_past_refresh(h: Harness) -> None:

@@ -1,0 +1,19 @@
+"""Where the store's rows live: SQLite for one controller, PostgreSQL for two (HA).
+
+:class:`~.base.Database` is the whole interface the store uses: transactions that run
+``?``-placeholder SQL in the subset both engines speak, a schema version, and errors
+turned into :class:`~.base.StoreUnavailable` where the database cannot take writes.
+The store (``sn_monitor.controller.store``) owns the schema and every query; a backend
+owns only its connection, its durability switch and its error codes.
+"""
+
+from sn_monitor.controller.database.base import (
+    Database,
+    Fenced,
+    Row,
+    StoreError,
+    StoreUnavailable,
+    Transaction,
+)
+
+__all__ = ["Database", "Fenced", "Row", "StoreError", "StoreUnavailable", "Transaction"]
