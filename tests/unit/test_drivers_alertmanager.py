@@ -106,6 +106,22 @@ def test_firing_twice_is_one_alert(servers: list[RecordingHTTPServer]) -> None:
     assert body["startsAt"] == rfc3339(T0)
 
 
+def test_two_ports_of_one_node_are_two_alerts(servers: list[RecordingHTTPServer]) -> None:
+    # one rule, one node, two subjects (InfiniBand ports): two incidents, two alerts
+    clock = ManualClock(T0)
+    am = driver([servers[0].url], clock)
+    for port in ("mlx5_0/1", "mlx5_1/1"):
+        am.run(alert(rule="ib-port-down", gpu=None, params={"status": "firing",
+                                                             "subject": port}))
+    assert sorted(a["subject"] for a in am.firing()) == ["mlx5_0/1", "mlx5_1/1"]
+    am.run(alert("resolved", rule="ib-port-down", gpu=None,
+                 params={"status": "resolved", "subject": "mlx5_0/1"}))
+    assert [a["subject"] for a in am.firing()] == ["mlx5_1/1"]
+    # a GPU's subject adds nothing to its gpu label
+    am.run(alert(params={"status": "firing", "subject": "gpu3"}))
+    assert "subject" not in servers[0].calls()[-1].json()[0]["labels"]
+
+
 def test_posts_to_every_member_and_succeeds_if_any_accepts(
         servers: list[RecordingHTTPServer]) -> None:
     servers[0].script(ALERTS, Reply(503))
