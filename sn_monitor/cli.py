@@ -179,7 +179,7 @@ def _log_options(parser: argparse.ArgumentParser, default_level: str = "info") -
 #: Keys only a controller config has: how check-config tells the two apart.
 _CONTROLLER_KEYS = frozenset({"state_dir", "rules", "token_file", "max_body_bytes",
                               "sweep_interval", "policy", "runner", "drivers", "routes",
-                              "jobs", "recovery", "settle", "tls"})
+                              "jobs", "recovery", "settle", "tls", "store", "ha"})
 _AGENT_KEYS = frozenset({"node", "labels", "interval", "controller", "paths", "collectors",
                          "guard"})
 

@@ -23,7 +23,10 @@ importing it into a training job is cheap::
 Environment read by :meth:`JobClient.from_env`:
 
 ``SN_CONTROLLER_URL`` (required)
-    e.g. ``http://sn-controller:9848``.
+    e.g. ``http://sn-controller:9848``; a pair of controllers (high availability) as a
+    comma-separated list: requests go to the one that last answered, and on a failure
+    (unreachable, 5xx, a standby's 503) at once to the next; only when every one failed
+    does the client back off.
 ``SN_JOB`` (required)
     the job's name, as in the DistributedJob's ``metadata.name``.
 ``SN_TOKEN_FILE``
@@ -165,7 +168,8 @@ class JobClient:
         rng: random.Random | None = None,
         verify: bool | str | None = None,
     ) -> None:
-        if not url:
+        urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+        if not urls:
             raise ValueError("controller url is empty")
         if not job:
             raise ValueError("job name is empty")
@@ -175,7 +179,10 @@ class JobClient:
             raise ValueError("flush_interval must be a positive number of seconds")
         if not timeout > 0:
             raise ValueError("timeout must be positive")
-        self.url = url.rstrip("/")
+        #: The controllers, in order; ``url`` is the one in use.
+        self.urls = urls
+        self._current = 0
+        self._failed_in_row = 0
         self.job = job
         self.rank = rank
         self.world_size = world_size
@@ -192,10 +199,7 @@ class JobClient:
         self._clock = clock
         self._max_backoff = max(float(max_backoff), self.flush_interval)
         self._rng = rng or random.Random()
-        base = self.url + API_PREFIX + quote(job, safe="")
-        self._progress_url = base + "/progress"
-        self._checkpoints_url = base + "/checkpoints"
-        self._restore_url = base + "/restore-point"
+        self._job_path = API_PREFIX + quote(job, safe="")
 
         # Guards everything below that the training loop touches.
         self._lock = threading.Lock()
@@ -266,6 +270,14 @@ class JobClient:
         kwargs.setdefault("local_rank", local_rank)
         return cls(url, job, rank, world_size, node, token, **kwargs)
 
+    @property
+    def url(self) -> str:
+        """The controller requests go to now."""
+        return self.urls[self._current]
+
+    def _endpoint(self, what: str) -> str:
+        return f"{self.url}{self._job_path}/{what}"
+
     def __repr__(self) -> str:  # no token here
         return (f"JobClient(url={self.url!r}, job={self.job!r}, rank={self.rank}, "
                 f"world_size={self.world_size}, node={self.node!r})")
@@ -326,13 +338,20 @@ class JobClient:
         None when there is no restore point (404 or ``null``), when the controller cannot
         be reached, or when its answer is malformed (logged).
         """
-        try:
-            with self._io_lock:
-                resp = self._session.get(self._restore_url, headers=self._headers(),
-                                         timeout=self.timeout, verify=self._verify)
-        except requests.RequestException as err:
-            self._note_unreachable(err)
-            return None
+        with self._io_lock:
+            for _ in self.urls:  # each controller once: a standby or a dead one, the next
+                try:
+                    resp = self._session.get(self._endpoint("restore-point"),
+                                             headers=self._headers(), timeout=self.timeout,
+                                             verify=self._verify)
+                except requests.RequestException as err:
+                    self._note_unreachable(err)
+                    continue
+                if resp.status_code < 500:
+                    break
+                self._note_unreachable(f"HTTP {resp.status_code}")
+            else:
+                return None
         self.requests_total += 1
         if resp.status_code in (204, 404):
             self._note_reachable()
@@ -429,7 +448,7 @@ class JobClient:
                 report = self._checkpoints[0]
             body = {"rank": self.rank, "node": self.node, "step": report.step,
                     "path": report.path}
-            outcome, _ = self._post(self._checkpoints_url, body, "checkpoints")
+            outcome, _ = self._post(self._endpoint("checkpoints"), body, "checkpoints")
             if outcome is _Outcome.RETRY:
                 return False
             with self._lock:
@@ -452,7 +471,7 @@ class JobClient:
             "updates": [{"step": step, "time": wall} for step, wall in batch],
             "step_time_seconds": _step_time(recent),
         }
-        outcome, reply = self._post(self._progress_url, body, "progress")
+        outcome, reply = self._post(self._endpoint("progress"), body, "progress")
         if outcome is _Outcome.RETRY:
             with self._lock:  # put them back before anything newer; maxlen keeps the latest
                 newer = list(self._pending)
@@ -519,14 +538,36 @@ class JobClient:
         self._next_attempt = self._clock() + self._delay * jitter
 
     def _note_unreachable(self, err: object) -> None:
+        if self._fail_over(err):
+            return
         self._back_off()
         if not self._down:
             self._down = True
             log.warning("sn-monitor controller %s unreachable (%s); training goes on, "
                         "progress and checkpoint reports are retried with backoff",
-                        self.url, _short(err))
+                        ", ".join(self.urls), _short(err))
+
+    def _fail_over(self, err: object) -> bool:
+        """Move to the next controller; True if it is untried since the last success.
+
+        Then the next flush goes to it without backing off: a standby's 503 or a dead
+        active costs one request, not a backoff period.
+        """
+        if len(self.urls) == 1:
+            return False
+        failed = self.url
+        self._current = (self._current + 1) % len(self.urls)
+        self._failed_in_row += 1
+        if self._failed_in_row % len(self.urls) == 0:
+            return False  # every controller failed in this round: back off
+        log.info("sn-monitor controller %s failed (%s); trying %s", failed, _short(err),
+                 self.url)
+        self.failures_total += 1
+        self._next_attempt = -math.inf
+        return True
 
     def _note_reachable(self) -> None:
+        self._failed_in_row = 0
         self._delay = 0.0
         self._next_attempt = -math.inf
         if self._down:

@@ -450,6 +450,11 @@ def _build_router(
         ok, body = controller.health()
         return _json(body, 200 if ok else 503)
 
+    async def livez(request: Request) -> Response:
+        # alive (do not restart me) even when not ready: a full disk is not cured by a
+        # restart, and a standby is alive without being ready (ha/standby.py)
+        return _json({"status": "alive", "role": "active"})
+
     async def metrics(request: Request) -> Response:
         return Response(controller.metrics(),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -479,6 +484,8 @@ def _build_router(
         Route("/api/v1/actions/{action_id}/approve", approve, methods=["POST"]),
         Route("/api/v1/sd", service_discovery, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", healthz, methods=["GET"]),
+        Route("/livez", livez, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
@@ -626,8 +633,13 @@ def openapi_document() -> dict[str, Any]:
         "/api/v1/sd": {"get": op("Prometheus HTTP service discovery of every agent",
                                  {"200": {"description": "targets", "content": {
                                      "application/json": {"schema": {"type": "array"}}}}})},
-        "/healthz": {"get": op("Liveness and readiness", {"200": any_json, "503": any_json},
-                               public=True)},
+        "/healthz": {"get": op("Ready to take reports and act (the same as /readyz)",
+                               {"200": any_json, "503": any_json}, public=True)},
+        "/readyz": {"get": op("Ready: the active controller, its store taking writes "
+                              "(503 on a standby or while the store refuses writes)",
+                              {"200": any_json, "503": any_json}, public=True)},
+        "/livez": {"get": op("Alive (a standby is alive too)", {"200": any_json},
+                             public=True)},
         "/metrics": {"get": op("Prometheus metrics", {"200": {
             "description": "text exposition", "content": {"text/plain": {
                 "schema": {"type": "string"}}}}}, public=True)},

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 import socket
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -18,11 +20,16 @@ from sn_monitor.clock import Clock
 from sn_monitor.config import ConfigError
 from sn_monitor.controller.app import build_app
 from sn_monitor.controller.auth import TokenBook
+from sn_monitor.controller.database.postgres import PostgresDatabase
+from sn_monitor.controller.ha.elector import Elector
+from sn_monitor.controller.ha.lease import HaSettings, Lease
+from sn_monitor.controller.ha.standby import StandbyApp, StandbyStatus
+from sn_monitor.controller.ha.store_lease import StoreLease
 from sn_monitor.controller.report_lane import report_lane
-from sn_monitor.controller.routing import build_drivers
-from sn_monitor.controller.rules.spec import load_rules
+from sn_monitor.controller.routing import Drivers, build_drivers
+from sn_monitor.controller.rules.spec import Rule, load_rules
 from sn_monitor.controller.service import Controller
-from sn_monitor.controller.settings import ControllerSettings
+from sn_monitor.controller.settings import STORE_DSN_ENV, ControllerSettings
 from sn_monitor.controller.store import Store
 from sn_monitor.controller.tls import (
     CertificateReloader,
@@ -73,8 +80,68 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(50_000, 20, 20)
 
 
+def open_store(settings: ControllerSettings) -> Store:
+    """The store the settings name: SQLite in the state directory, or PostgreSQL."""
+    if settings.store.backend == "sqlite":
+        state_dir = Path(settings.state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        return Store(state_dir / "controller.db")
+    return Store(PostgresDatabase(_store_dsn(settings)))
+
+
+def _store_dsn(settings: ControllerSettings) -> str:
+    path = settings.store.dsn_file
+    if path is None:
+        dsn = os.environ.get(STORE_DSN_ENV, "").strip()
+        if not dsn:
+            raise ConfigError("controller config", "store.dsn_file", None,
+                              f"backend postgresql needs dsn_file or ${STORE_DSN_ENV}")
+        return dsn
+    try:
+        dsn = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as err:
+        raise ConfigError("controller config", "store.dsn_file", None,
+                          f"cannot read {path}: {err.strerror}") from None
+    if not dsn:
+        raise ConfigError("controller config", "store.dsn_file", None, f"{path} is empty")
+    return dsn
+
+
+def build_lease(ha: HaSettings, store: Store, clock: Clock) -> Lease:
+    """The lease ``ha.lease`` names (the Kubernetes client is imported only for it)."""
+    if ha.lease == "postgresql":
+        return StoreLease(store, ha, clock)
+    from sn_monitor.controller.ha.k8s_lease import KubernetesLease
+
+    try:
+        lease: Lease = KubernetesLease(ha)
+    except ValueError as err:
+        raise ConfigError("controller config", "ha.kubernetes", None, str(err)) from None
+    return lease
+
+
+def fence_store(store: Store, lease: Lease, ha: HaSettings, clock: Clock) -> int:
+    """Make the store refuse writes once another controller takes over; the epoch.
+
+    The PostgreSQL lease is its own fence. A Kubernetes Lease is not in the store, so
+    the new active claims the store's lease row (a new epoch) as it takes over.
+    """
+    record = lease.granted if isinstance(lease, StoreLease) else None
+    if record is None:
+        record = store.acquire_lease(lease.identity, clock.time(),
+                                     float(ha.lease_duration), force=True)
+    assert record is not None  # a forced acquisition always takes the row
+    store.fence(lease.identity, record.epoch)
+    log.info("controller %s is active (lease epoch %d)", lease.identity, record.epoch)
+    return record.epoch
+
+
 def run_controller(settings: ControllerSettings, clock: Clock) -> int:
-    """Serve until SIGTERM/SIGINT. Config problems raise ConfigError before anything runs."""
+    """Serve until SIGTERM/SIGINT. Config problems raise ConfigError before anything runs.
+
+    With ``ha`` set, first stand by until this controller holds the lease. Exits 1 if
+    the lease is lost while active (the supervisor starts it again, as a standby).
+    """
     rules = load_rules(rule_paths(settings))
     tokens = TokenBook.load(settings.token_file) if settings.token_file else None
     if tokens is None:
@@ -82,22 +149,73 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
                     "(set token_file / --token-file outside a test setup)")
     if settings.tls is not None:
         _check_tls(settings.tls, tokens)
-    state_dir = Path(settings.state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(state_dir / "controller.db")
     try:
         drivers = build_drivers(settings.drivers, settings.routes, clock)
     except ValueError as err:
-        store.close()
         raise ConfigError("controller config", "routes", None, str(err)) from None
+    store = open_store(settings)
+    previous = signal.getsignal(signal.SIGHUP)
+    # uvicorn stops gracefully on SIGTERM/SIGINT and then re-raises the signal to the
+    # handler that was there before it: make that a no-op, so that an orderly stop exits 0.
+    stop_handlers = {sig: signal.signal(sig, _already_stopping)
+                     for sig in (signal.SIGTERM, signal.SIGINT)}
+    notifier = SystemdNotifier(clock)
+    elector: Elector | None = None
+    try:
+        if settings.ha is not None:
+            elector = Elector(build_lease(settings.ha, store, clock), settings.ha, clock)
+            if not _stand_by(settings, elector, notifier):
+                return 0
+            fence_store(store, elector.lease, settings.ha, clock)
+        return _serve_active(settings, clock, rules, tokens, store, drivers, elector,
+                             notifier)
+    finally:
+        notifier.stopping()
+        if elector is not None:
+            elector.release()
+        store.close()
+        signal.signal(signal.SIGHUP, previous)
+        for sig, handler in stop_handlers.items():
+            signal.signal(sig, handler)
+        log.info("controller stopped")
+
+
+def _stand_by(settings: ControllerSettings, elector: Elector,
+              notifier: SystemdNotifier) -> bool:
+    """Serve the standby's answers until the lease is ours (True) or a signal (False)."""
+    status = StandbyStatus(elector.lease.identity)
+    server = NotifyingServer(_uvicorn_config(StandbyApp(status), settings,
+                                             graceful_seconds=2), notifier)
+    stop = threading.Event()
+    won = threading.Event()
+
+    def campaign() -> None:
+        if elector.wait_to_lead(stop, observe=status.saw):
+            won.set()
+            server.should_exit = True
+
+    thread = threading.Thread(target=campaign, name="lease-standby", daemon=True)
+    thread.start()
+    log.info("controller %s standing by on %s", elector.lease.identity, settings.listen)
+    try:
+        server.run()
+    finally:
+        stop.set()
+        thread.join(timeout=float(settings.ha.retry_period) + 15 if settings.ha else 15)
+    return won.is_set()
+
+
+def _serve_active(settings: ControllerSettings, clock: Clock, rules: list[Rule],
+                  tokens: TokenBook | None, store: Store, drivers: Drivers,
+                  elector: Elector | None, notifier: SystemdNotifier) -> int:
     controller = Controller(settings, rules, clock, store, drivers)
     controller.start()
     tune_garbage_collector()
     reload_wanted = threading.Event()
-    notifier = SystemdNotifier(clock)
-
     server: NotifyingServer | None = None
     reloader: CertificateReloader | None = None
+    lost = threading.Event()
+    stop_renewing = threading.Event()
 
     def sweep() -> None:
         if reload_wanted.is_set():
@@ -119,48 +237,67 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
         del signum, frame
         reload_wanted.set()
 
-    previous = signal.signal(signal.SIGHUP, on_hup)
-    # uvicorn stops gracefully on SIGTERM/SIGINT and then re-raises the signal to the
-    # handler that was there before it: make that a no-op, so that an orderly stop exits 0.
-    stop_handlers = {sig: signal.signal(sig, _already_stopping)
-                     for sig in (signal.SIGTERM, signal.SIGINT)}
+    def on_lost(reason: str) -> None:
+        del reason  # logged by the elector
+        lost.set()
+        if server is not None:
+            server.should_exit = True
+
+    signal.signal(signal.SIGHUP, on_hup)
     scheduler = BackgroundScheduler(daemon=True)
     scheduler.add_job(sweep, "interval", seconds=settings.sweep_interval, id="sweep",
                       max_instances=1, coalesce=True, misfire_grace_time=None)
     scheduler.start()
-    host, _, port = settings.listen.rpartition(":")
     tls = settings.tls
     app = build_app(controller, tokens, settings.max_body_bytes,
                     certificates=tls is not None and tls.verifies_clients,
                     agent_auth=tls.agent_auth if tls is not None else "either")
+    config = _uvicorn_config(app, settings, graceful_seconds=STOP_DEADLINE_SECONDS // 2,
+                             http=report_lane(app.gate))
+    log.info("controller serving %s on %s with %d rules, store %s",
+             "HTTPS" if tls is not None else "HTTP", settings.listen, len(rules),
+             store.path)
+    renewer: threading.Thread | None = None
+    try:
+        if tls is not None:
+            assert config.ssl is not None
+            reloader = CertificateReloader(config.ssl, tls)
+        server = NotifyingServer(config, notifier)
+        if elector is not None:
+            renewer = threading.Thread(target=elector.keep_leading,
+                                       args=(stop_renewing, on_lost),
+                                       name="lease-renewal", daemon=True)
+            renewer.start()
+        server.run()
+    finally:
+        stop_renewing.set()
+        scheduler.shutdown(wait=True)
+        controller.close()
+        if renewer is not None:
+            renewer.join(timeout=15)
+    if lost.is_set():
+        log.error("controller stopped acting: it lost the lease (exit 1: restart as a "
+                  "standby)")
+        return 1
+    return 0
+
+
+def _uvicorn_config(app: Any, settings: ControllerSettings, *, graceful_seconds: int,
+                    **extra: Any) -> uvicorn.Config:
+    """Uvicorn's settings for the active's app or the standby's (TLS hardened)."""
+    host, _, port = settings.listen.rpartition(":")
     # Agents connect directly: the peer address is theirs (it names their /metrics in
     # service discovery), so no X-Forwarded-For rewriting.
     config = uvicorn.Config(
         app, host=host.strip("[]"), port=int(port), log_level="warning", access_log=False,
-        lifespan="off", timeout_graceful_shutdown=STOP_DEADLINE_SECONDS // 2,
-        http=report_lane(app.gate), loop="uvloop", proxy_headers=False,
-        **uvicorn_options(tls),
+        lifespan="off", timeout_graceful_shutdown=graceful_seconds, loop="uvloop",
+        proxy_headers=False, **extra, **uvicorn_options(settings.tls),
     )
-    log.info("controller serving %s on %s with %d rules, state in %s",
-             "HTTPS" if tls is not None else "HTTP", settings.listen, len(rules), state_dir)
-    try:
-        if tls is not None:
-            config.load()  # builds config.ssl, the context every connection is made from
-            assert config.ssl is not None
-            harden(config.ssl)
-            reloader = CertificateReloader(config.ssl, tls)
-        server = NotifyingServer(config, notifier)
-        server.run()
-    finally:
-        notifier.stopping()
-        scheduler.shutdown(wait=True)
-        controller.close()
-        store.close()
-        signal.signal(signal.SIGHUP, previous)
-        for sig, handler in stop_handlers.items():
-            signal.signal(sig, handler)
-        log.info("controller stopped")
-    return 0
+    if settings.tls is not None:
+        config.load()  # builds config.ssl, the context every connection is made from
+        assert config.ssl is not None
+        harden(config.ssl)
+    return config
 
 
 def _reload_certificate(reloader: CertificateReloader,

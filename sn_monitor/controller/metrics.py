@@ -80,6 +80,9 @@ class ControllerStateCollector(Collector):
                                 "1 while the store takes writes (0: the controller refuses "
                                 "to act without an audit record).",
                                 value=1.0 if state.store_up else 0.0)
+        # Only the active controller builds this collector; a standby serves 0 (ha/standby).
+        yield GaugeMetricFamily("sn_controller_leader",
+                                "1 on the active controller, 0 on a standby.", value=1.0)
 
 
 RECOVERY_BUCKETS = (5.0, 10.0, 20.0, 30.0, 40.0, 60.0, 120.0, 300.0, 600.0, 1800.0)

@@ -25,6 +25,7 @@ from sn_monitor.controller.actions.runner import RunnerSettings
 from sn_monitor.controller.actions.slack import SlackSettings
 from sn_monitor.controller.actions.slurm import SlurmSettings
 from sn_monitor.controller.actions.webhook import WebhookSettings
+from sn_monitor.controller.ha.lease import HaSettings
 from sn_monitor.controller.policy import PolicySettings
 from sn_monitor.controller.tls import TlsSettings
 from sn_monitor.jobs.orchestrator import JobSettings
@@ -70,6 +71,30 @@ def _routes(value: dict[str, list[str]]) -> None:
                                  f"(drivers: {', '.join(DRIVER_NAMES)})")
 
 
+#: Where a PostgreSQL store's connection string may come from instead of ``dsn_file``.
+STORE_DSN_ENV = "SN_STORE_DSN"
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Where the controller keeps its decisions.
+
+    ``sqlite`` (the default): ``controller.db`` in the state directory, for one
+    controller. ``postgresql``: a database two controllers share (``ha``); the libpq
+    connection string (``host=... dbname=... user=...`` or a ``postgresql://`` URI) is
+    read from ``dsn_file`` or the environment variable ``SN_STORE_DSN``, never from the
+    config file or the command line, because it may hold a password (libpq's
+    ``PGPASSFILE`` and ``PGPASSWORD`` work too).
+    """
+
+    backend: Literal["sqlite", "postgresql"] = "sqlite"
+    dsn_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dsn_file is not None and self.backend != "postgresql":
+            raise ValueError("dsn_file is for backend: postgresql")
+
+
 @dataclass(frozen=True)
 class ControllerSettings:
     """Everything ``sn-monitor controller`` reads from deploy/controller.yaml.
@@ -102,6 +127,14 @@ class ControllerSettings:
     recovery: JobSettings = field(default_factory=JobSettings)
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    store: StoreSettings = field(default_factory=StoreSettings)
+    #: Run as one of a pair of controllers (a lease decides the active one).
+    ha: HaSettings | None = None
+
+    def __post_init__(self) -> None:
+        if self.ha is not None and self.store.backend != "postgresql":
+            raise ValueError("ha: needs store.backend: postgresql (both controllers must "
+                             "share one store: a SQLite file is one machine's)")
 
 
 def load_controller_settings(path: str | Path | None) -> ControllerSettings:
@@ -111,5 +144,5 @@ def load_controller_settings(path: str | Path | None) -> ControllerSettings:
     return bind(ControllerSettings, load_yaml(path))
 
 
-__all__ = ["ConfigError", "ControllerSettings", "DriverSettings", "TlsSettings",
-           "load_controller_settings"]
+__all__ = ["ConfigError", "ControllerSettings", "DriverSettings", "HaSettings", "StoreSettings",
+           "TlsSettings", "load_controller_settings"]

@@ -5,6 +5,7 @@ Kubernetes API, and a fake ``scontrol``: the drivers under test use their real c
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import urllib.parse
@@ -174,10 +175,16 @@ class StubKubernetesAPI(_Base):
     terms, ``a=b,c=d``), patched (merge) and deleted (404 when unknown). ``fail_next``
     fails the next requests, whatever they are; ``fail_method["DELETE"]`` the next ones
     of that method. Every call is in ``requests``.
+
+    coordination.k8s.io/v1 Leases (leader election) as the API server keeps them: GET
+    of a missing one is a 404 Status, POST of an existing one 409 AlreadyExists, PUT with
+    a ``resourceVersion`` other than the current one 409 Conflict; every write bumps the
+    version. Times must be ``MicroTime`` (RFC 3339, six fraction digits): 400 otherwise.
     """
 
     def __init__(self) -> None:
         super().__init__()
+        self.leases: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.pdb_protected: set[tuple[str, str]] = set()
@@ -228,6 +235,11 @@ class StubKubernetesAPI(_Base):
             copy: dict[str, Any] = json.loads(json.dumps(self.pods[(namespace, name)]))
         return copy
 
+    def lease(self, namespace: str, name: str) -> dict[str, Any]:
+        with self.lock:
+            copy: dict[str, Any] = json.loads(json.dumps(self.leases[(namespace, name)]))
+        return copy
+
     def answer(self, record: Recorded) -> tuple[int, bytes, dict[str, str], float]:
         with self.lock:
             if self.fail_next:
@@ -249,6 +261,9 @@ class StubKubernetesAPI(_Base):
 
     def _route(self, record: Recorded) -> tuple[int, bytes, dict[str, str], float]:
         parts = [p for p in record.path.split("/") if p]
+        if parts[:4] == ["apis", "coordination.k8s.io", "v1", "namespaces"] \
+                and len(parts) in (6, 7) and parts[5] == "leases":
+            return self._lease_route(record, parts[4], parts[6] if len(parts) == 7 else None)
         if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
             node = self.nodes.get(parts[3])
             if node is None:
@@ -302,6 +317,50 @@ class StubKubernetesAPI(_Base):
             del self.pods[key]
             return self._ok({"kind": "Status", "apiVersion": "v1", "status": "Success"}, 201)
         return self._status(404, "NotFound", f"no route for {record.method} {record.path}")
+
+
+    def _lease_route(self, record: Recorded, namespace: str,
+                     name: str | None) -> tuple[int, bytes, dict[str, str], float]:
+        if record.method == "GET" and name is not None:
+            found = self.leases.get((namespace, name))
+            if found is None:
+                return self._status(404, "NotFound",
+                                    f'leases.coordination.k8s.io "{name}" not found')
+            return self._ok(found)
+        if record.method not in ("POST", "PUT") or (record.method == "PUT") != bool(name):
+            return self._status(405, "MethodNotAllowed", f"{record.method} {record.path}")
+        doc = json.loads(record.body)
+        meta = doc.setdefault("metadata", {})
+        if name is not None and meta.get("name") != name:
+            return self._status(400, "BadRequest", "the name of the object does not match")
+        bad = [k for k in ("acquireTime", "renewTime")
+               if k in (doc.get("spec") or {}) and not _MICRO_TIME.fullmatch(doc["spec"][k])]
+        if bad:
+            return self._status(400, "BadRequest", f"spec.{bad[0]}: not a MicroTime")
+        key = (namespace, meta.get("name", ""))
+        current = self.leases.get(key)
+        if record.method == "POST":
+            if current is not None:
+                return self._status(409, "AlreadyExists",
+                                    f'leases.coordination.k8s.io "{key[1]}" already exists')
+            meta["creationTimestamp"] = "2024-05-01T10:00:00Z"
+        else:
+            if current is None:
+                return self._status(404, "NotFound",
+                                    f'leases.coordination.k8s.io "{name}" not found')
+            if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                return self._status(409, "Conflict",
+                                    "Operation cannot be fulfilled on leases.coordination.k8s.io"
+                                    f' "{name}": the object has been modified')
+        self._version += 1
+        meta.update(namespace=namespace, resourceVersion=str(self._version))
+        doc.update(apiVersion="coordination.k8s.io/v1", kind="Lease")
+        self.leases[key] = doc
+        return self._ok(doc, 201 if record.method == "POST" else 200)
+
+
+#: metav1.MicroTime as the API server parses it (Go's RFC3339Micro layout).
+_MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")
 
 
 def _selector(text: str) -> dict[str, str]:

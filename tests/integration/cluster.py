@@ -13,6 +13,10 @@ that append their ``SN_*`` environment, one JSON object a line, to ``evict.log``
 
 With :class:`ClusterTls` the controller serves HTTPS (and verifies client certificates),
 and each agent named in it reports with its own client certificate.
+
+With :class:`ClusterHa` there are two controllers (``controller`` and ``controller-b``)
+sharing a PostgreSQL store, one active by the lease; agents know both. ``url`` then
+follows the active one (:meth:`Cluster.find_active`).
 """
 
 from __future__ import annotations
@@ -154,6 +158,19 @@ class ClusterTls:
     agent_tokens: bool = True
 
 
+@dataclass
+class ClusterHa:
+    """Two controllers on one PostgreSQL database (``dsn``), leased in it.
+
+    The lease times are short so that a test sees a take-over in seconds.
+    """
+
+    dsn: str
+    lease_duration: str = "4s"
+    renew_deadline: str = "3s"
+    retry_period: str = "0.5s"
+
+
 class Cluster:
     """A controller and ``nodes`` simulated agents (``sim-0`` ... ``sim-N``)."""
 
@@ -162,17 +179,24 @@ class Cluster:
                  routes: dict[str, list[str]] | None = None,
                  jobs_dir: Path | None = None, rules: list[Path] | None = None,
                  agent_labels: dict[str, str] | None = None,
-                 tls: ClusterTls | None = None) -> None:
+                 tls: ClusterTls | None = None, ha: ClusterHa | None = None) -> None:
         """``config`` is merged into the defaults below; ``routes`` replaces theirs
         (leave checkpoint/restore/failover out to send them to each job's own
         ``spec.control``); ``jobs_dir`` is the controller's ``--jobs`` directory;
         ``rules`` are rule files or directories loaded after the repository's;
         ``agent_labels`` are every agent's ``labels`` (supernode, rack); ``tls``: the
-        controller serves HTTPS (see :class:`ClusterTls`)."""
+        controller serves HTTPS (see :class:`ClusterTls`); ``ha``: two controllers
+        (see :class:`ClusterHa`)."""
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self.ha = ha
+        #: Every controller's URL (two with ``ha``), in the agents' order.
+        self.urls = [self.url]
+        if ha is not None:
+            self.urls.append(f"{scheme}://127.0.0.1:{free_port()}")
         #: What requests to the controller verify its certificate with.
         self.verify: bool | str = str(tls.ca_file) if tls else True
         self.state_dir = root / "controller-state"
@@ -220,20 +244,33 @@ class Cluster:
         if tls is not None:
             settings["tls"] = {"cert_file": str(tls.cert_file), "key_file": str(tls.key_file),
                                "client_ca_file": str(tls.ca_file), **tls.settings}
+        if ha is not None:
+            (root / "store.dsn").write_text(ha.dsn + "\n")
+            settings["store"] = {"backend": "postgresql", "dsn_file": str(root / "store.dsn")}
+            settings["ha"] = {"lease": "postgresql", "lease_duration": ha.lease_duration,
+                              "renew_deadline": ha.renew_deadline,
+                              "retry_period": ha.retry_period}
         _merge(settings, config or {})
         if routes is not None:
             settings["routes"] = routes
         self.config_path = root / "controller.yaml"
         self.config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
 
-        self.controller = Process("controller", [
-            sys.executable, "-m", "sn_monitor.cli", "controller",
-            "--config", str(self.config_path), "--listen", f"127.0.0.1:{self.port}",
-            "--state-dir", str(self.state_dir), "--rules", str(RULES),
-            *[arg for path in rules or () for arg in ("--rules", str(path))],
-            "--token-file", str(root / "tokens.yaml"), "--log-format", "json",
-            *(["--jobs", str(jobs_dir)] if jobs_dir is not None else []),
-        ], root / "controller.log")
+        def controller(name: str, url: str) -> Process:
+            port = url.rsplit(":", 1)[1]
+            return Process(name, [
+                sys.executable, "-m", "sn_monitor.cli", "controller",
+                "--config", str(self.config_path), "--listen", f"127.0.0.1:{port}",
+                "--state-dir", str(self.state_dir), "--rules", str(RULES),
+                *[arg for path in rules or () for arg in ("--rules", str(path))],
+                "--token-file", str(root / "tokens.yaml"), "--log-format", "json",
+                *(["--jobs", str(jobs_dir)] if jobs_dir is not None else []),
+            ], root / f"{name}.log")
+        self.controller = controller("controller", self.urls[0])
+        #: Every controller process, in the order of ``urls``.
+        self.controllers = [self.controller]
+        if ha is not None:
+            self.controllers.append(controller("controller-b", self.urls[1]))
         #: More text for :meth:`logs` (a test's own processes): each returns a section.
         self.log_sources: list[Callable[[], str]] = []
         self.agents: dict[str, Agent] = {}
@@ -255,7 +292,7 @@ class Cluster:
             with_token = tls is None or tls.agent_tokens
             self.agents[name] = Agent(name, [
                 sys.executable, "-m", "sn_monitor.cli", "agent", "--simulate", str(gpus),
-                "--controller", self.url,
+                *[arg for url in self.urls for arg in ("--controller", url)],
                 *(["--token-file", str(root / "agent.token")] if with_token else []),
                 "--node", name, "--listen", f"127.0.0.1:{port}",
                 "--state-dir", str(root / f"{name}-state"),
@@ -266,7 +303,7 @@ class Cluster:
 
     @property
     def processes(self) -> list[Process]:
-        return [self.controller, *self.agents.values()]
+        return [*self.controllers, *self.agents.values()]
 
     def start(self, timeout: float = 60.0) -> Cluster:
         """Start the controller and every agent; return when every agent has reported."""
@@ -280,17 +317,48 @@ class Cluster:
         return self
 
     def start_controller(self, timeout: float = 60.0) -> None:
-        self.controller.start()
-        self.wait_for(lambda: self._healthy(self.controller), timeout,
-                      f"controller healthy on {self.url}")
+        """Start the controller(s); with ``ha``, return once one of them is active."""
+        for proc in self.controllers:
+            if not proc.running:
+                proc.start()
+        if self.ha is None:
+            self.wait_for(lambda: self._healthy(self.controller), timeout,
+                          f"controller healthy on {self.url}")
+            return
+        for proc in self.controllers:
+            self.wait_for(lambda p=proc: self._healthy(p, "/livez"), timeout,
+                          f"{proc.name} alive")
+        self.find_active(timeout)
 
-    def _healthy(self, proc: Process) -> bool:
-        url = proc.url if isinstance(proc, Agent) else self.url
+    def url_of(self, proc: Process) -> str:
+        """A controller process's URL (an agent's: its own)."""
+        if isinstance(proc, Agent):
+            return proc.url
+        return self.urls[self.controllers.index(proc)]
+
+    def find_active(self, timeout: float = 30.0) -> Process:
+        """Wait until exactly one controller is ready; point ``url`` at it; return it."""
+        def one_ready() -> Process | None:
+            ready = [p for p in self.controllers if p.running and self._ready(p)]
+            return ready[0] if len(ready) == 1 else None
+        active = self.wait_for(one_ready, timeout, "exactly one active controller")
+        self.url = self.url_of(active)
+        return active
+
+    def _ready(self, proc: Process) -> bool:
+        try:
+            return requests.get(f"{self.url_of(proc)}/readyz", timeout=2,
+                                verify=self.verify).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def _healthy(self, proc: Process, path: str = "/healthz") -> bool:
+        url = self.url_of(proc)
         if not proc.running:
             raise AssertionError(f"{proc.name} exited with {proc.popen and proc.popen.poll()}"
                                  f"\n{self.logs()}")
         try:
-            return requests.get(f"{url}/healthz", timeout=2,
+            return requests.get(f"{url}{path}", timeout=2,
                                 verify=True if isinstance(proc, Agent) else self.verify
                                 ).status_code == 200
         except requests.RequestException:

@@ -82,7 +82,7 @@ class Job:
             },
         }
         extra = [f"--rank-args={rank}={args}" for rank, args in (rank_args or {}).items()]
-        self._launcher("init", "--controller", c.url, "--job", name,
+        self._launcher("init", "--controller", ",".join(c.urls), "--job", name,
                        "--token-file", str(c.root / "agent.token"),
                        "--checkpoint-dir", str(self.ckpt), "--log-dir", str(self.root / "logs"),
                        "--restart-delay", str(restart_delay), "--flush-interval", "0.5",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -398,8 +399,12 @@ def test_probes_and_listen_addresses_match_the_ports():
     for workload in workloads():
         (container,) = pod_spec(workload)["containers"]
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        for probe in ("readinessProbe", "livenessProbe"):
-            assert container[probe]["httpGet"]["path"] == "/healthz"
+        # the controller: Ready only while it may act (/readyz), alive while it serves
+        paths = ({"readinessProbe": "/readyz", "livenessProbe": "/livez"}
+                 if workload["metadata"]["name"] == "sn-controller"
+                 else {"readinessProbe": "/healthz", "livenessProbe": "/healthz"})
+        for probe, path in paths.items():
+            assert container[probe]["httpGet"]["path"] == path
             assert container[probe]["httpGet"]["port"] in ports
         config_file, port_name = configs[workload["metadata"]["name"]]
         listen = yaml.safe_load((K8S / "config" / config_file).read_text())["listen"]
@@ -671,3 +676,274 @@ def test_readme_says_how_to_install():
     assert "kubectl apply -k deploy/kubernetes" in section
     assert "--from-file" in section
     assert "deploy/prometheus/prometheus.yml" in section
+
+
+# ------------------------------------------------------------------ the HA Component
+
+HA = K8S / "ha"
+LEASE_CODE = ROOT / "sn_monitor" / "controller" / "ha" / "k8s_lease.py"
+#: The strategic-merge keys (x-kubernetes-patch-merge-key) of the lists the HA patches
+#: touch. A list under any other key replaces the base's, as in kustomize.
+MERGE_KEYS = {"containers": "name", "volumes": "name", "env": "name",
+              "volumeMounts": "mountPath"}
+
+
+def ha_kustomization() -> dict[str, Any]:
+    return yaml.safe_load((HA / "kustomization.yaml").read_text())
+
+
+def strategic_merge(base: Any, patch: Any, key: str = "") -> Any:
+    """A strategic-merge patch as far as the HA patches use it: maps merge, ``null``
+    deletes a key, lists under MERGE_KEYS merge item by item on their key."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        merged = copy.deepcopy(base)
+        for name, value in patch.items():
+            if value is None:
+                merged.pop(name, None)
+            elif name in merged:
+                merged[name] = strategic_merge(merged[name], value, name)
+            else:
+                merged[name] = copy.deepcopy(value)
+        return merged
+    if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
+        on = MERGE_KEYS[key]
+        merged = copy.deepcopy(base)
+        for item in patch:
+            at = [i for i, old in enumerate(merged) if old[on] == item[on]]
+            if at:
+                merged[at[0]] = strategic_merge(merged[at[0]], item)
+            else:
+                merged.append(copy.deepcopy(item))
+        return merged
+    return copy.deepcopy(patch)
+
+
+def ha_objects() -> list[dict[str, Any]]:
+    """The base with the HA Component applied (checked against kubectl kustomize below)."""
+    kust = ha_kustomization()
+    assert kust["kind"] == "Component"
+    assert set(kust) <= {"apiVersion", "kind", "resources", "patches", "configMapGenerator"}
+    built = objects() + [doc for name in kust["resources"] for doc in load_all(HA / name)]
+    for entry in kust["patches"]:
+        assert set(entry) == {"path"}  # matched by kind and name: no target selectors
+        for patch in load_all(HA / entry["path"]):
+            key = (patch["kind"], patch["metadata"]["name"])
+            (at,) = [i for i, o in enumerate(built) if (o["kind"], o["metadata"]["name"]) == key]
+            if patch.get("$patch") == "delete":
+                del built[at]
+            else:
+                assert "$patch" not in json.dumps(patch)  # no directive this merge lacks
+                assert "$retainKeys" not in json.dumps(patch)
+                built[at] = strategic_merge(built[at], patch)
+    return built
+
+
+def ha_find(kind: str, name: str) -> dict[str, Any]:
+    (found,) = [o for o in ha_objects() if (o["kind"], o["metadata"]["name"]) == (kind, name)]
+    return found
+
+
+def ha_configmaps() -> dict[str, dict[str, Path]]:
+    """Generated ConfigMap -> key -> the file it holds, with the Component's generators."""
+    maps = {gen["name"]: {PurePosixPath(f).name: K8S / f for f in gen["files"]}
+            for gen in kustomization()["configMapGenerator"]}
+    for gen in ha_kustomization()["configMapGenerator"]:
+        assert gen["behavior"] == "replace"
+        assert gen["name"] in maps
+        maps[gen["name"]] = {PurePosixPath(f).name: HA / f for f in gen["files"]}
+    return maps
+
+
+def ha_secrets() -> dict[str, dict[str, str]]:
+    ours = load_all(HA / "secret.example.yaml")
+    return {**example_secrets(), **{d["metadata"]["name"]: d["stringData"] for d in ours}}
+
+
+def ha_file(workload: dict[str, Any], path: str) -> Path | None:
+    """The repo file a path in the HA pod is (a ConfigMap key), None for a Secret's key;
+    fails when nothing provides it."""
+    _, volume, key = _mount(workload, path)
+    if "configMap" in volume:
+        keys = ha_configmaps()[volume["configMap"]["name"]]
+        assert key in keys, path
+        return keys[key]
+    assert "secret" in volume, f"{path} is on {volume['name']}, neither ConfigMap nor Secret"
+    assert key in ha_secrets()[volume["secret"]["secretName"]], path
+    return None
+
+
+def ha_config() -> dict[str, Any]:
+    controller = ha_find("Deployment", "sn-controller")
+    path = ha_file(controller, _config_arg(controller))
+    assert path == HA / "config" / "controller.yaml"
+    return yaml.safe_load(path.read_text())
+
+
+def test_ha_component_lists_every_file():
+    kust = ha_kustomization()
+    used = {*kust["resources"], *(p["path"] for p in kust["patches"]),
+            *(f for g in kust["configMapGenerator"] for f in g["files"])}
+    on_disk = {str(p.relative_to(HA)) for p in HA.rglob("*.yaml")}
+    assert on_disk - used == {"kustomization.yaml", "secret.example.yaml"}
+    for name in used:
+        assert (HA / name).is_file(), name
+        assert (HA / name).resolve().is_relative_to(HA), name
+    # one line in the base switches it on
+    assert "# components: [ha]" in (K8S / "kustomization.yaml").read_text()
+
+
+def test_ha_objects_are_valid():
+    docs = ha_objects() + load_all(HA / "secret.example.yaml")
+    found = [f"{d['kind']}/{d['metadata']['name']}: {p}" for d in docs for p in problems(d)]
+    assert found == []
+
+
+def test_ha_controller_runs_two_replicas_one_active():
+    controller = ha_find("Deployment", "sn-controller")
+    assert controller["spec"]["replicas"] == 2
+    # only the active is Ready: a rollout that waited for a new Ready pod before stopping
+    # the old active would wait forever
+    assert controller["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": "100%"}}
+    spec = pod_spec(controller)
+    (container,) = spec["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    (term,) = spec["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert labels_match(term["podAffinityTerm"]["labelSelector"]["matchLabels"],
+                        controller["spec"]["template"]["metadata"]["labels"])
+    # no volume: the state is in PostgreSQL
+    assert not any(o["kind"] == "PersistentVolumeClaim" for o in ha_objects())
+    assert not any("persistentVolumeClaim" in v for v in spec["volumes"])
+
+
+def test_ha_config_is_the_base_config_plus_store_and_ha():
+    config = ha_config()
+    base = yaml.safe_load((K8S / "config" / "controller.yaml").read_text())
+    assert {k: v for k, v in config.items() if k not in ("store", "ha")} == base
+    assert config["store"] == {"backend": "postgresql", "dsn_file": "/etc/sn-monitor/store/dsn"}
+    assert config["ha"] == {"lease": "kubernetes",
+                            "kubernetes": {"name": "sn-monitor-controller"}}
+
+
+def test_ha_config_passes_check_config():
+    result = check_config(HA / "config" / "controller.yaml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{HA / 'config' / 'controller.yaml'}: ok (controller config)" in result.stdout
+
+
+def test_ha_files_the_controller_reads_are_mounted():
+    controller = ha_find("Deployment", "sn-controller")
+    config = ha_config()
+    for rules_dir in config["rules"]:
+        assert ha_file(controller, f"{rules_dir}/default.yaml") == K8S / "rules" / "default.yaml"
+    assert ha_file(controller, config["token_file"]) is None  # the base's Secret
+    for entry in yaml.safe_load(ha_secrets()["sn-controller-tokens"]["tokens.yaml"]):
+        ha_file(controller, entry["token_file"])
+    dsn_mount, dsn_volume, key = _mount(controller, config["store"]["dsn_file"])
+    assert dsn_volume["secret"]["secretName"] == "sn-monitor-store"
+    assert key == "dsn"
+    assert dsn_mount["readOnly"] is True
+    assert dsn_volume["secret"]["defaultMode"] & 0o007 == 0  # not world-readable
+    mount, volume, _ = _mount(controller, config["state_dir"])
+    assert not mount.get("readOnly")
+    assert volume == {"name": mount["name"], "emptyDir": {}}
+
+
+def test_ha_every_referenced_object_is_defined_or_told():
+    built = ha_objects()
+    defined = {(o["kind"], o["metadata"]["name"]) for o in built}
+    defined |= {("ConfigMap", name) for name in ha_configmaps()}
+    readme = (HA / "README.md").read_text()
+    for workload in (o for o in built if o["kind"] in ("DaemonSet", "Deployment")):
+        spec = pod_spec(workload)
+        for kind, name in _references(spec):
+            if (kind, name) not in defined:
+                assert kind == "Secret", f"{kind} {name} is defined nowhere"
+                assert name in ha_secrets(), f"Secret {name}: in no secret.example.yaml"
+        for volume in spec["volumes"]:
+            if "secret" in volume:
+                assert volume["secret"]["defaultMode"] & 0o007 == 0
+        for container in spec["containers"]:
+            assert not any("secretKeyRef" in e.get("valueFrom", {})
+                           for e in container.get("env", []))
+    assert "kubectl create secret generic sn-monitor-store" in readme
+    assert "--from-file=dsn=" in readme
+    assert "components: [ha]" in readme
+
+
+def test_ha_lease_rbac_grants_exactly_what_the_lease_calls():
+    from sn_monitor.controller.ha.k8s_lease import LEASE_CALLS
+
+    called = set(re.findall(r"self\.api\.(\w+)\(", LEASE_CODE.read_text()))
+    assert called == LEASE_CALLS.keys(), "a Lease call is missing from LEASE_CALLS"
+    name = ha_config()["ha"]["kubernetes"]["name"]
+    # create cannot be narrowed by name (the name is in the body): every other verb is
+    needed = {(resource, verb, () if verb == "create" else (name,))
+              for resource, verb in LEASE_CALLS.values()}
+    role = ha_find("Role", "sn-controller-lease")
+    assert role["metadata"]["namespace"] == NAMESPACE  # where POD_NAMESPACE points
+    assert all(rule["apiGroups"] == ["coordination.k8s.io"] for rule in role["rules"])
+    granted = {(resource, verb, tuple(rule.get("resourceNames", [])))
+               for rule in role["rules"] for resource in rule["resources"]
+               for verb in rule["verbs"]}
+    assert granted == needed
+    binding = ha_find("RoleBinding", "sn-controller-lease")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "sn-controller-lease"}
+    account = pod_spec(ha_find("Deployment", "sn-controller"))["serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,
+                                    "namespace": NAMESPACE}]
+    # the base, one controller without a Lease, is granted none
+    assert not any(o["kind"] in ("Role", "RoleBinding") for o in objects())
+
+
+def _without_hash(name: str, generated: set[str]) -> str:
+    base, _, suffix = name.rpartition("-")
+    return base if base in generated and len(suffix) == 10 else name
+
+
+def _canonical(doc: Any, key: str = "") -> Any:
+    """Lists under MERGE_KEYS in key order: kustomize puts a patch's new items first."""
+    if isinstance(doc, dict):
+        return {k: _canonical(v, k) for k, v in doc.items()}
+    if isinstance(doc, list):
+        items = [_canonical(v) for v in doc]
+        return sorted(items, key=lambda v: v[MERGE_KEYS[key]]) if key in MERGE_KEYS else items
+    return doc
+
+
+def test_ha_kustomize_builds_what_the_test_merges(tmp_path: Path):
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (the checks above merge the patches themselves)")
+    # a kustomization of one's own next to the base, as ha/README.md shows (kustomize
+    # wants relative paths, and refuses a kustomization below the one it builds on)
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(K8S, own)], "components": [os.path.relpath(HA, own)]}))
+    result = subprocess.run([kubectl, "kustomize", str(own)], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    generated = set(ha_configmaps())
+    built = {}
+    for doc in yaml.safe_load_all(result.stdout):
+        if doc:
+            doc["metadata"]["name"] = _without_hash(doc["metadata"]["name"], generated)
+            built[(doc["kind"], doc["metadata"]["name"])] = doc
+    ours = {(o["kind"], o["metadata"]["name"]): o for o in ha_objects()}
+    assert set(built) == set(ours) | {("ConfigMap", name) for name in generated}
+    controller = built[("Deployment", "sn-controller")]
+    for volume in pod_spec(controller)["volumes"]:
+        if "configMap" in volume:
+            volume["configMap"]["name"] = _without_hash(volume["configMap"]["name"], generated)
+    merged = ours[("Deployment", "sn-controller")]
+    merged["metadata"]["namespace"] = NAMESPACE  # the base's kustomization sets it
+    assert _canonical(controller) == _canonical(merged)
+    config = built[("ConfigMap", "sn-controller-config")]["data"]["controller.yaml"]
+    assert config == (HA / "config" / "controller.yaml").read_text()

@@ -602,3 +602,58 @@ def test_importing_the_client_pulls_in_nothing_else_from_sn_monitor():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT, timeout=60)
     assert json.loads(out.stdout.replace("'", '"')) == ["sn_monitor", "sn_monitor.client"]
+
+
+# ------------------------------------------------------------ a pair of controllers
+
+
+def test_a_dead_first_controller_costs_one_request_not_a_backoff(
+        controller: FakeController) -> None:
+    clock = FakeClock()  # frozen: a backoff would hold every request back
+    dead = f"http://127.0.0.1:{free_port()}"
+    client = make_client(f"{dead}, {controller.url}/", clock=clock)
+    assert client.urls == [dead, controller.url]
+    assert client.restore_point() is None  # asked the dead one, then the live one
+    assert controller.recorded("/restore-point", "GET")
+    client.progress(1)
+    wait_for(lambda: controller.progress_bodies())
+    assert client.url == controller.url  # and it stays there
+    client.progress(2)
+    wait_for(lambda: len(controller.progress_bodies()) >= 2)
+    client.close()
+
+
+def test_a_standby_answer_moves_to_the_other_controller_at_once(
+        controller: FakeController) -> None:
+    standby = FakeController(fail_status=503)
+    clock = FakeClock()
+    try:
+        client = make_client(f"{standby.url},{controller.url}", clock=clock)
+        client.checkpoint_saved(40, "/ckpt/step_40")
+        client.progress(41)
+        wait_for(lambda: controller.checkpoint_bodies() and controller.progress_bodies())
+        assert len(standby.requests) == 1  # one refused request, then the active only
+        assert controller.checkpoint_bodies()[0]["step"] == 40
+        client.close()
+    finally:
+        standby.stop()
+
+
+def test_when_every_controller_fails_the_client_backs_off(caplog: pytest.LogCaptureFixture
+                                                          ) -> None:
+    first, second = FakeController(fail_status=503), FakeController(fail_status=502)
+    clock = FakeClock()
+    try:
+        client = make_client(f"{first.url},{second.url}", clock=clock)
+        client.progress(1)
+        wait_for(lambda: len(first.requests) + len(second.requests) >= 2)
+        time.sleep(0.1)  # ten flush intervals: frozen clock, so all backing off
+        assert len(first.requests) + len(second.requests) == 2
+        clock.now += 60  # past any backoff: one more round
+        wait_for(lambda: len(first.requests) + len(second.requests) >= 3)
+        client.close()
+    finally:
+        first.stop()
+        second.stop()
+    warnings = [r.getMessage() for r in client_records(caplog, logging.WARNING)]
+    assert any(first.url in w and second.url in w for w in warnings), warnings
