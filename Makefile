@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.controller_bench
 	$(BIN)/python -m bench.recovery_bench
 	$(BIN)/python -m bench.simulate_bench
+	$(BIN)/python -m bench.ha_bench
 
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak --progress

@@ -61,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--listen", type=_listen, metavar="HOST:PORT",
                        help="address for /metrics and /healthz (default 0.0.0.0:9847)")
     agent.add_argument("--node", help="node name (default: config, then the hostname)")
-    agent.add_argument("--controller", metavar="URL",
-                       help="report to this controller (http[s]://host:9848)")
+    agent.add_argument("--controller", action="append", metavar="URL",
+                       help="report to this controller (http[s]://host:9848); give it "
+                            "again for each controller of a high-availability pair")
     agent.add_argument("--token-file", metavar="F",
                        help="file holding the bearer token for the controller")
     agent.add_argument("--state-dir", metavar="DIR",
@@ -237,9 +238,15 @@ def _agent_settings(args: argparse.Namespace) -> AgentSettings:
     if args.node:
         settings = replace(settings, node=args.node)
     if args.controller or args.token_file:
-        controller = replace(settings.controller,
-                             url=args.controller or settings.controller.url,
-                             token_file=args.token_file or settings.controller.token_file)
+        url, urls = settings.controller.url, settings.controller.urls
+        if args.controller:  # one: url, as ever; several: urls
+            url, urls = (args.controller[0], None) if len(args.controller) == 1 else (
+                None, list(args.controller))
+        try:
+            controller = replace(settings.controller, url=url, urls=urls,
+                                 token_file=args.token_file or settings.controller.token_file)
+        except ValueError as err:
+            raise ConfigError("command line", "--controller", None, str(err)) from None
         settings = replace(settings, controller=controller)
     if args.state_dir:
         settings = replace(settings, state_dir=args.state_dir)

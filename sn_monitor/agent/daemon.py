@@ -28,7 +28,7 @@ from sn_monitor.agent.exporter import AgentStatus, SnapshotCollector
 from sn_monitor.agent.exposition import ExpositionCache
 from sn_monitor.agent.guard import ThermalGuard
 from sn_monitor.agent.registry import build_collectors
-from sn_monitor.agent.reporter import Reporter, read_token
+from sn_monitor.agent.reporter import Reporter, read_token, redact_url
 from sn_monitor.agent.sampler import Sampler
 from sn_monitor.agent.server import AgentHttpServer
 from sn_monitor.agent.settings import AgentSettings, parse_listen
@@ -157,6 +157,10 @@ class Agent:
             report_failures_total=reporter.failures_total if reporter else 0,
             spool_pending=reporter.spool.pending_count if reporter else 0,
             spool_dropped_total=reporter.spool.dropped_total if reporter else 0,
+            controllers=tuple(map(redact_url, reporter.urls)) if reporter else (),
+            controller_in_use=(redact_url(reporter.in_use)
+                               if reporter and reporter.in_use else None),
+            controller_switches_total=reporter.switches_total if reporter else 0,
         )
 
     def tick(self) -> NodeSnapshot:
@@ -285,11 +289,11 @@ def build_agent(
     guard = ThermalGuard(settings.guard, _power_setter(collectors), state, clock)
     executor = CommandExecutor(guard, clock, dry_run=settings.guard.mode == "dry-run")
     reporter = None
-    if settings.controller.url is not None:
+    if settings.controller.controller_urls:
         token_file = settings.controller.token_file
         _, port = parse_listen(settings.listen)
         reporter = Reporter(
-            settings.controller.url, read_token(token_file) if token_file else None,
+            settings.controller.controller_urls, read_token(token_file) if token_file else None,
             settings.node, settings.labels, clock,
             EventSpool(state / "spool", settings.controller.spool_max_bytes, clock),
             timeout=settings.controller.timeout, interval=settings.interval,

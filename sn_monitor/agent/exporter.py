@@ -31,6 +31,11 @@ class AgentStatus:
     report_failures_total: int = 0
     spool_pending: int = 0
     spool_dropped_total: int = 0
+    #: Every controller the agent may report to, and the one that accepted the latest
+    #: accepted report (None: none yet).
+    controllers: tuple[str, ...] = ()
+    controller_in_use: str | None = None
+    controller_switches_total: int = 0
 
 
 StatusSource = Callable[[], AgentStatus]
@@ -177,6 +182,20 @@ class SnapshotCollector(Collector):
         yield CounterMetricFamily("sn_agent_spool_dropped_events",
                                   "Events dropped because the spool was full.",
                                   value=status.spool_dropped_total)
+        in_use = GaugeMetricFamily(
+            "sn_agent_controller_in_use",
+            "1 for the controller that accepted the latest accepted report, 0 for the others.",
+            labels=["url"],
+        )
+        for url in status.controllers:
+            in_use.add_metric([url], 1.0 if url == status.controller_in_use else 0.0)
+        yield in_use
+        yield CounterMetricFamily(
+            "sn_agent_controller_switches",
+            "Times a report was accepted by another controller than the one before "
+            "(high availability: the active one failed or handed over).",
+            value=status.controller_switches_total,
+        )
 
     @staticmethod
     def _collectors(snapshot: NodeSnapshot) -> Iterator[Metric]:

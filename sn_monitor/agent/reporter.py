@@ -15,6 +15,15 @@ guard and /metrics go on. Any other 4xx (a report the controller refuses, a bad 
 is also a failure; its message is logged once per distinct message, because the same
 report will be refused again every second.
 
+Several controllers (a high-availability pair on bare metal, where no Service picks the
+active one) are tried in order, sticky: reports go to the controller that last accepted
+one. When it cannot be reached (connection refused, timeout, TLS) or answers as a
+standby (503 with ``X-SN-Controller-Role: standby``), the same report goes to the next
+controller at once, without backing off and whatever the standby's ``Retry-After``; only
+when every controller failed in one such round does the backoff above apply, and the
+next round starts from the same controller again. Any other failure (a 5xx or 429 from
+the active controller, a refusal, a redirect) backs off on that controller as with one.
+
 The reply is decoded leniently: a command this agent does not understand (a newer
 controller) is answered with a failed result instead of making the whole reply, and
 with it the event acknowledgement, undecodable.
@@ -26,6 +35,7 @@ import logging
 import random
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +59,8 @@ MAX_BACKOFF_SECONDS = 10.0
 #: Events in one report take at most this many bytes: the controller refuses bodies over
 #: 1 MiB (413), and a report refused for its size would be refused forever.
 MAX_EVENT_BYTES_PER_REPORT = 512 * 1024
+#: The header with which a standby controller says so in its 503 (controller/ha/standby.py).
+ROLE_HEADER = "X-SN-Controller-Role"
 _JITTER = 0.2
 _MAX_LOGGED_MESSAGES = 64
 _MAX_ERROR_TEXT = 500
@@ -89,12 +101,24 @@ class _CommandId(msgspec.Struct):
     id: str = ""
 
 
+@dataclass(frozen=True)
+class _Failure:
+    """One report attempt that failed."""
+
+    message: str
+    retry_after: float | None = None
+    #: Already logged (a refusal, once per distinct message).
+    quiet: bool = False
+    #: The controller is unreachable or a standby: the next one gets the report at once.
+    fail_over: bool = False
+
+
 class Reporter:
     """One report per sample to the controller; see the module docstring."""
 
     def __init__(
         self,
-        url: str,
+        urls: str | Sequence[str],
         token: str | None,
         node: str,
         labels: Mapping[str, str],
@@ -114,7 +138,14 @@ class Reporter:
     ) -> None:
         if not 0 < max_events_per_report <= MAX_EVENTS:
             raise ValueError(f"max_events_per_report must be in 1..{MAX_EVENTS}")
-        self._endpoint = url.rstrip("/") + REPORTS_PATH
+        listed = [urls] if isinstance(urls, str) else list(urls)
+        if not listed:
+            raise ValueError("no controller URL")
+        if len({url.partition("://")[0] for url in listed}) > 1:
+            raise ValueError("every controller URL must use one scheme")
+        #: The controllers, in order (no trailing ``/``).
+        self.urls: tuple[str, ...] = tuple(url.rstrip("/") for url in listed)
+        self._current = 0
         self._token = token
         self._node = node
         self._labels = dict(labels)
@@ -126,9 +157,9 @@ class Reporter:
         # session's ``verify`` (None: the session's and the environment's default).
         self._verify: bool | str | None = None if verify is True else verify
         self._cert = cert
-        if (verify is not True or cert is not None) and not url.startswith("https://"):
+        if (verify is not True or cert is not None) and not self.url.startswith("https://"):
             log.warning("controller ca_file / cert_file are set but %s is not https://: "
-                        "they are not used", url)
+                        "they are not used", redact_url(self.url))
         self._timeout = timeout
         self._max_events = max_events_per_report
         self._interval = float(interval)
@@ -147,14 +178,23 @@ class Reporter:
         self.sequence = 0
         self.failures_total = 0
         self.reports_total = 0
+        #: Times a report was accepted by another controller than the one before.
+        self.switches_total = 0
+        #: The controller that accepted the latest accepted report (None: none yet).
+        self.in_use: str | None = None
         #: Wall time of the last report the controller accepted.
         self.last_success_wall: float | None = None
         #: Monotonic time before which no report is attempted (None: not backing off).
         self.backoff_until: float | None = None
 
     @property
+    def url(self) -> str:
+        """The controller the next report goes to."""
+        return self.urls[self._current]
+
+    @property
     def endpoint(self) -> str:
-        return self._endpoint
+        return self.url + REPORTS_PATH
 
     @property
     def spool(self) -> EventSpool:
@@ -241,23 +281,52 @@ class Reporter:
         return events
 
     def _post(self, body: bytes) -> _Reply | None:
+        """POST ``body`` to the current controller, then the next while they fail over.
+
+        A round ends at a reply, at a failure that is not the controller's absence, or
+        when every controller was tried; without a reply, it backs off.
+        """
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
+        retry_after: float | None = None
+        round_failures: list[str] = []
+        for attempt in range(1, len(self.urls) + 1):
+            outcome = self._attempt(body, headers)
+            if isinstance(outcome, _Reply):
+                return outcome
+            self.failures_total += 1
+            if outcome.retry_after is not None:
+                retry_after = max(retry_after or 0.0, outcome.retry_after)
+            if outcome.fail_over and len(self.urls) > 1:
+                round_failures.append(f"{redact_url(self.url)}: {outcome.message}")
+                self._switch(outcome.message, last=attempt == len(self.urls))
+                if attempt < len(self.urls):
+                    continue
+                self._failed(f"no controller accepted the report ({'; '.join(round_failures)})",
+                             retry_after=retry_after)
+            else:
+                self._failed(outcome.message, retry_after=retry_after, quiet=outcome.quiet)
+            return None
+        raise AssertionError("unreachable: the last attempt returns")
+
+    def _attempt(self, body: bytes, headers: Mapping[str, str]) -> _Reply | _Failure:
         self.reports_total += 1
         try:
             response = self._session.post(
-                self._endpoint, data=body, headers=headers, timeout=self._timeout,
+                self.endpoint, data=body, headers=headers, timeout=self._timeout,
                 verify=self._verify, cert=self._cert, allow_redirects=False,
             )
         except requests.RequestException as err:
-            self._failed(f"controller unreachable: {type(err).__name__}: {err}")
-            return None
+            return _Failure(f"controller unreachable: {type(err).__name__}: {err}",
+                            fail_over=True)
         status = response.status_code
+        if status == 503 and response.headers.get(ROLE_HEADER, "").lower() == "standby":
+            return _Failure("controller is a standby", retry_after=_retry_after(response),
+                            fail_over=True)
         if status == 429 or status >= 500:
-            self._failed(f"controller answered {status}: {_error_text(response)}",
-                         retry_after=_retry_after(response))
-            return None
+            return _Failure(f"controller answered {status}: {_error_text(response)}",
+                            retry_after=_retry_after(response))
         if not 200 <= status < 300:
             message = f"controller refused the report ({status}): {_error_text(response)}"
             if message not in self._logged:
@@ -265,18 +334,34 @@ class Reporter:
                     self._logged.clear()
                 self._logged.add(message)
                 log.error("%s", message, extra={"node": self._node})
-            self._failed(message, quiet=True)
-            return None
+            return _Failure(message, quiet=True)
         try:
             return msgspec.json.decode(response.content, type=_Reply)
         except msgspec.DecodeError as err:
-            self._failed(f"controller reply is not a report reply: {err}")
-            return None
+            return _Failure(f"controller reply is not a report reply: {err}")
+
+    def _switch(self, why: str, *, last: bool) -> None:
+        """Move to the next controller; ``last``: back to where this round began."""
+        before = self.url
+        self._current = (self._current + 1) % len(self.urls)
+        if last:
+            return  # the round failed: the backoff's warning says so
+        # Once per outage at INFO (the first round); while every controller stays
+        # unreachable, each round would say the same again.
+        level = logging.INFO if self._streak == 0 else logging.DEBUG
+        log.log(level, "%s: %s; switching to %s", redact_url(before), why,
+                redact_url(self.url), extra={"node": self._node})
 
     def _accepted(self, reply: _Reply, results_sent: int) -> list[Command]:
+        if self.in_use is not None and self.url != self.in_use:
+            self.switches_total += 1
         if self._streak:
-            log.info("controller reachable again after %d failed reports", self._streak,
-                     extra={"node": self._node})
+            moved = "" if self.url == self.in_use else f", at {redact_url(self.url)}"
+            if moved and self.in_use is not None:
+                moved += f" (was {redact_url(self.in_use)})"
+            log.info("controller reachable again after %d failed reports%s", self._streak,
+                     moved, extra={"node": self._node})
+        self.in_use = self.url
         self._streak = 0
         self._logged.clear()
         self.backoff_until = None
@@ -310,7 +395,7 @@ class Reporter:
 
     def _failed(self, message: str, *, retry_after: float | None = None,
                 quiet: bool = False) -> None:
-        self.failures_total += 1
+        """A round of attempts failed: back off before the next."""
         self._streak += 1
         delay = min(self._max_backoff, self._interval * 2.0 ** (self._streak - 1))
         delay = min(self._max_backoff, delay * self._rng.uniform(1.0 - _JITTER, 1.0 + _JITTER))
@@ -338,6 +423,15 @@ def _error_text(response: requests.Response) -> str:
             if key in doc:
                 return str(doc[key])[:_MAX_ERROR_TEXT]
     return str(doc)[:_MAX_ERROR_TEXT]
+
+
+def redact_url(url: str) -> str:
+    """``url`` for a log line or a label: without a ``user:password@`` part, should it have one."""
+    scheme, sep, rest = url.partition("://")
+    host, slash, path = rest.partition("/")
+    if "@" in host:
+        host = "…@" + host.rpartition("@")[2]
+    return f"{scheme}{sep}{host}{slash}{path}"
 
 
 def _retry_after(response: requests.Response) -> float | None:

@@ -35,6 +35,28 @@ def _http_url(value: str | None) -> None:
         raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
 
 
+def _http_urls(value: list[str] | None) -> None:
+    """Each like ``url``, all of one scheme, none twice (a trailing ``/`` aside)."""
+    if value is None:
+        return
+    if not value:
+        raise ValueError("list at least one controller URL, or leave urls out")
+    seen: set[str] = set()
+    for index, url in enumerate(value):
+        try:
+            _http_url(url)
+        except ValueError as err:
+            raise ValueError(f"[{index}]: {err}") from None
+        normal = url.rstrip("/")
+        if normal in seen:
+            raise ValueError(f"[{index}]: {url!r} is listed twice")
+        seen.add(normal)
+    schemes = sorted({url.partition("://")[0] for url in value})
+    if len(schemes) > 1:
+        raise ValueError(f"every URL must use one scheme, got {' and '.join(schemes)}: "
+                         "ca_file, cert_file and key_file apply to all of them")
+
+
 def _temperature(value: float) -> None:
     if not 20 <= value <= 120:
         raise ValueError(f"must be a GPU temperature between 20 and 120 °C, got {value}")
@@ -42,7 +64,12 @@ def _temperature(value: float) -> None:
 
 @dataclass(frozen=True)
 class ControllerSettings:
-    """Where the agent reports; no url means the agent only exports and guards.
+    """Where the agent reports; no url (nor urls) means the agent only exports and guards.
+
+    ``urls`` instead of ``url`` lists the controllers of a high-availability pair (bare
+    metal, no Service in front): the agent reports to the one that last accepted a
+    report, and moves to the next at once when that one is unreachable or answers as a
+    standby (:mod:`sn_monitor.agent.reporter`).
 
     Over ``https://``: ``ca_file`` is the CA the controller's certificate must chain to
     (default: the system's), ``cert_file`` and ``key_file`` the agent's client
@@ -51,6 +78,7 @@ class ControllerSettings:
     """
 
     url: str | None = setting(default=None, check=_http_url)
+    urls: list[str] | None = setting(default=None, check=_http_urls)
     token_file: str | None = None
     ca_file: str | None = setting(default=None, check=ca_bundle)
     cert_file: str | None = setting(default=None, check=readable_file)
@@ -59,10 +87,23 @@ class ControllerSettings:
     spool_max_bytes: int = setting(default=64 << 20, check=positive)
 
     def __post_init__(self) -> None:
+        if self.url is not None and self.urls is not None:
+            raise ValueError("give url (one controller) or urls (several), not both")
+        try:
+            _http_urls(self.urls)  # the loader checked; settings built in code were not
+        except ValueError as err:
+            raise ValueError(f"urls: {err}") from None
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("give both cert_file and key_file, or neither")
         if self.cert_file is not None and self.key_file is not None:
             check_key_pair(self.cert_file, self.key_file)
+
+    @property
+    def controller_urls(self) -> tuple[str, ...]:
+        """Every controller to report to, in order (empty: report to none)."""
+        if self.urls is not None:
+            return tuple(self.urls)
+        return () if self.url is None else (self.url,)
 
     @property
     def client_cert(self) -> tuple[str, str] | None:

@@ -154,3 +154,65 @@ def test_pathological_yaml_is_a_config_error_not_a_traceback(text, message):
         parse_yaml(text, "rules.yaml")
     assert str(caught.value).startswith("rules.yaml: ")
     assert message in str(caught.value)
+
+
+# ------------------------------------------------ the controllers an agent reports to
+
+
+def _agent(tmp_path: Path, text: str):
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    return path, load_agent_settings(path)
+
+
+def test_controller_urls_list_every_controller(tmp_path):
+    _, settings = _agent(tmp_path, "controller:\n  urls: [http://ctl-a:9848, http://ctl-b:9848/]\n")
+    assert settings.controller.url is None
+    assert settings.controller.controller_urls == ("http://ctl-a:9848", "http://ctl-b:9848/")
+    _, one = _agent(tmp_path, "controller: {url: https://ctl:9848}\n")
+    assert one.controller.controller_urls == ("https://ctl:9848",)
+    assert AgentSettings().controller.controller_urls == ()
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("controller:\n  url: http://a:9848\n  urls: [http://b:9848]\n",
+     ":1: controller: give url (one controller) or urls (several), not both"),
+    ("controller:\n  urls: [https://a:9848, http://b:9848]\n",
+     ":2: controller.urls: every URL must use one scheme, got http and https"),
+    ("controller:\n  urls:\n    - http://a:9848\n    - ctl-b:9848\n",
+     ":2: controller.urls: [1]: expected an http:// or https:// URL, got 'ctl-b:9848'"),
+    ("controller:\n  urls: [http://a:9848, http://a:9848/]\n",
+     ":2: controller.urls: [1]: 'http://a:9848/' is listed twice"),
+    ("controller:\n  urls: []\n",
+     ":2: controller.urls: list at least one controller URL, or leave urls out"),
+    ("controller:\n  urls: http://a:9848\n",
+     ":2: controller.urls: expected a list, got 'http://a:9848'"),
+])
+def test_bad_controller_urls_name_the_key(tmp_path, text, message):
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_agent_settings(path)
+    assert str(caught.value).startswith(f"{path}{message}")
+
+
+def _cli_settings(*argv: str):
+    from sn_monitor.cli import _agent_settings, build_parser
+
+    return _agent_settings(build_parser().parse_args(["agent", *argv]))
+
+
+def test_controller_flag_once_is_url_and_more_often_urls(tmp_path):
+    one = _cli_settings("--controller", "http://ctl:9848")
+    assert (one.controller.url, one.controller.urls) == ("http://ctl:9848", None)
+    two = _cli_settings("--controller", "http://a:9848", "--controller", "http://b:9848")
+    assert (two.controller.url, two.controller.urls) == (None, ["http://a:9848",
+                                                                "http://b:9848"])
+    path, _ = _agent(tmp_path, "controller: {urls: [http://a:9848, http://b:9848]}\n")
+    flag = _cli_settings("--config", str(path), "--controller", "http://c:9848")
+    assert flag.controller.controller_urls == ("http://c:9848",)  # the flag wins
+    kept = _cli_settings("--config", str(path), "--token-file", "/t")
+    assert kept.controller.controller_urls == ("http://a:9848", "http://b:9848")
+    with pytest.raises(ConfigError, match=r"^command line: --controller: urls: every URL "
+                                          r"must use one scheme"):
+        _cli_settings("--controller", "http://a:9848", "--controller", "https://b:9848")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sn_monitor.agent.exporter import SnapshotCollector
+from sn_monitor.agent.exporter import AgentStatus, SnapshotCollector
 from sn_monitor.agent.snapshot import (
     CollectorStatus,
     GpuSample,
@@ -117,3 +117,20 @@ def test_before_the_first_sample_only_the_info_is_served():
 
 def test_promtool_lint_has_no_warnings():
     assert_promtool_clean(_scrape(_snapshot()))
+
+
+def test_which_controller_is_in_use():
+    status = AgentStatus(controller_configured=True, reports_total=9,
+                         controllers=("https://ctl-a:9848", "https://ctl-b:9848"),
+                         controller_in_use="https://ctl-b:9848", controller_switches_total=1)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(_snapshot, lambda: status))
+    text = generate_latest(registry).decode()
+    samples = _samples(text)
+    assert samples[_k("sn_agent_controller_in_use", url="https://ctl-a:9848")] == 0.0
+    assert samples[_k("sn_agent_controller_in_use", url="https://ctl-b:9848")] == 1.0
+    assert samples[_k("sn_agent_controller_switches_total")] == 1.0
+    assert_promtool_clean(text)
+    without = CollectorRegistry(auto_describe=False)
+    without.register(SnapshotCollector(_snapshot, AgentStatus))
+    assert "sn_agent_controller" not in generate_latest(without).decode()

@@ -14,7 +14,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from sn_monitor.agent.reporter import Reporter, TokenError, read_token
+from sn_monitor.agent.reporter import (
+    REPORTS_PATH,
+    Reporter,
+    TokenError,
+    read_token,
+    redact_url,
+)
 from sn_monitor.agent.snapshot import GpuSample, NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import ManualClock
@@ -107,7 +113,7 @@ def xid(n: int) -> Event:
     return Event("xid", "nvml", 1_700_000_000.0 + n, f"Xid 13 #{n}", gpu=0, code=13)
 
 
-def make_reporter(url: str, tmp_path, clock: ManualClock, **kwargs) -> Reporter:
+def make_reporter(url: str | list[str], tmp_path, clock: ManualClock, **kwargs) -> Reporter:
     spool = EventSpool(tmp_path / "spool", clock=clock)
     return Reporter(url, TOKEN, "gpu-node-017", {"supernode": "sn0"}, clock, spool,
                     timeout=2.0, rng=random.Random(0), **kwargs)
@@ -328,3 +334,203 @@ def test_read_token(tmp_path):
         read_token(path)
     with pytest.raises(TokenError, match="cannot read token file"):
         read_token(tmp_path / "missing")
+
+
+# ------------------------------------------------------- several controllers (HA)
+
+STANDBY = (503, {"error": "standby", "active": "ctl-a"},
+           {"Retry-After": "1", "X-SN-Controller-Role": "standby"})
+
+
+@pytest.fixture
+def second() -> Iterator[Controller]:
+    server = Controller()
+    yield server
+    server.close()
+
+
+def test_first_controller_refuses_connections_the_second_gets_the_report_at_once(
+        controller, tmp_path, caplog):
+    clock = ManualClock()
+    dead = f"http://127.0.0.1:{free_port()}"
+    reporter = make_reporter([dead, controller.url], tmp_path, clock)
+    with caplog.at_level(logging.INFO, logger="sn_monitor.agent.reporter"):
+        reporter.report(snapshot(clock, xid(0)), set())
+    assert [r.sequence for r in controller.reports()] == [1]  # the same cycle, no wait
+    assert reporter.backoff_until is None
+    assert reporter.url == reporter.in_use == controller.url
+    assert reporter.spool.pending_count == 0
+    assert (reporter.reports_total, reporter.failures_total) == (2, 1)
+    [switch] = [r for r in caplog.records if "switching" in r.getMessage()]
+    assert switch.levelno == logging.INFO
+    assert dead in switch.getMessage()
+    assert controller.url in switch.getMessage()
+    assert "unreachable" in switch.getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert TOKEN not in caplog.text
+    reporter.close()
+
+
+def test_a_standby_answer_moves_on_without_waiting_its_retry_after(
+        controller, second, tmp_path, caplog):
+    clock = ManualClock()
+    reporter = make_reporter([controller.url, second.url], tmp_path, clock)
+    controller.script.append(STANDBY)
+    with caplog.at_level(logging.INFO, logger="sn_monitor.agent.reporter"):
+        commands = reporter.report(snapshot(clock, xid(0)), set())
+    assert commands == []
+    assert len(controller.requests) == 1
+    assert [[e.id for e in r.events] for r in second.reports()] == [[0]]
+    assert reporter.backoff_until is None  # Retry-After: 1 did not hold the report back
+    assert reporter.url == second.url
+    assert second.requests[0][1]["Authorization"] == f"Bearer {TOKEN}"
+    [switch] = [r for r in caplog.records if "switching" in r.getMessage()]
+    assert "standby" in switch.getMessage()
+    message = switch.getMessage()
+    assert message.index(controller.url + ":") < message.index(second.url)  # from, to
+    reporter.close()
+
+
+def test_an_unanswered_request_times_out_and_the_next_controller_gets_it(controller, tmp_path):
+    clock = ManualClock()
+    with socket.socket() as silent:  # accepts connections (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        hung = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        reporter = Reporter([hung, controller.url], TOKEN, "gpu-node-017", {}, clock,
+                            EventSpool(tmp_path / "spool", clock=clock), timeout=0.2,
+                            rng=random.Random(0))
+        reporter.report(snapshot(clock, xid(0)), set())
+    assert len(controller.reports()) == 1
+    assert reporter.url == controller.url
+    assert reporter.backoff_until is None
+    reporter.close()
+
+
+def test_it_stays_with_the_controller_that_last_accepted(controller, second, tmp_path):
+    clock = ManualClock()
+    reporter = make_reporter([controller.url, second.url], tmp_path, clock)
+    reporter.report(snapshot(clock), set())
+    assert reporter.in_use == controller.url
+    assert reporter.switches_total == 0
+    controller.script.append(STANDBY)  # a hand-over: the first became the standby
+    for _ in range(5):
+        clock.advance(1.0)
+        reporter.report(snapshot(clock), set())
+    assert len(controller.requests) == 2  # no going back while the second accepts
+    assert len(second.requests) == 5
+    assert reporter.in_use == second.url
+    assert reporter.switches_total == 1
+    second.script.append(STANDBY)  # and back again
+    clock.advance(1.0)
+    reporter.report(snapshot(clock), set())
+    clock.advance(1.0)
+    reporter.report(snapshot(clock), set())
+    assert (len(controller.requests), len(second.requests)) == (4, 6)
+    assert reporter.in_use == controller.url
+    assert reporter.switches_total == 2
+    assert reporter.failures_total == 2
+    assert [r.sequence for r in controller.reports()] == [1, 2, 7, 8]  # 2: as standby
+    reporter.close()
+
+
+def test_when_every_controller_fails_the_backoff_applies(controller, tmp_path, caplog):
+    clock = ManualClock()
+    dead = f"http://127.0.0.1:{free_port()}"
+    reporter = make_reporter([dead, controller.url], tmp_path, clock)
+    controller.script.extend([STANDBY] * 3)
+    with caplog.at_level(logging.DEBUG, logger="sn_monitor.agent.reporter"):
+        reporter.report(snapshot(clock, xid(0)), set())
+        assert (reporter.reports_total, len(controller.requests)) == (2, 1)  # one round
+        assert reporter.backoff_until is not None
+        first = reporter.backoff_until - clock.monotonic()
+        assert 1.0 <= first <= 1.2  # one interval, jittered, and not below Retry-After
+        assert reporter.url == dead  # the next round starts where this one did
+        clock.advance(0.5)
+        reporter.report(snapshot(clock), set())
+        assert reporter.reports_total == 2  # no call while backing off
+        clock.advance(1.0)
+        reporter.report(snapshot(clock), set())
+        assert (reporter.reports_total, len(controller.requests)) == (4, 2)
+        assert 1.6 <= reporter.backoff_until - clock.monotonic() <= 2.4
+        for _ in range(30):
+            clock.advance(1.0)
+            reporter.report(snapshot(clock), set())
+    assert reporter.backoff_until is None  # the standby turned active (script ran out)
+    assert reporter.in_use == controller.url
+    assert reporter.failures_total == 7  # three rounds of two, then the dead one again
+    assert [e.id for e in controller.reports()[3].events] == [0]  # the first accepted
+    assert reporter.spool.pending_count == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "no controller accepted the report" in warnings[0]
+    assert dead in warnings[0]
+    assert "standby" in warnings[0]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert sum("switching" in m for m in infos) == 1  # once per outage, not per round
+    assert any("reachable again" in m and controller.url in m for m in infos)
+    assert TOKEN not in caplog.text
+    reporter.close()
+
+
+def test_events_are_delivered_exactly_once_across_a_failover(controller, second, tmp_path):
+    clock = ManualClock()
+    reporter = make_reporter([controller.url, second.url], tmp_path, clock,
+                             max_events_per_report=2)
+    reporter.report(snapshot(clock, xid(0), xid(1)), set())
+    controller.script.append(STANDBY)  # sees events 2 and 3, stores nothing
+    clock.advance(1.0)
+    reporter.report(snapshot(clock, xid(2), xid(3)), set())
+    controller.close()  # and then it is gone for good
+    for n in range(4, 10):
+        clock.advance(1.0)
+        reporter.report(snapshot(clock, xid(n)), set())
+    while reporter.spool.pending_count:
+        clock.advance(1.0)
+        reporter.report(snapshot(clock), set())
+    accepted = [e.id for e in controller.reports()[0].events] + [
+        e.id for r in second.reports() for e in r.events]
+    assert accepted == list(range(10))
+    assert reporter.failures_total == 1  # the standby; the first stays unasked after it
+    reporter.close()
+
+
+def test_a_plain_503_or_a_redirect_backs_off_on_the_same_controller(
+        controller, second, tmp_path):
+    clock = ManualClock()
+    reporter = make_reporter([controller.url, second.url], tmp_path, clock)
+    controller.script.append((503, {"error": "overloaded"}, {"Retry-After": "3"}))
+    reporter.report(snapshot(clock, xid(0)), set())
+    assert reporter.url == controller.url
+    assert reporter.backoff_until == pytest.approx(clock.monotonic() + 3.0)
+    controller.script.append((307, b"", {"Location": second.url + "/api/v1/reports"}))
+    clock.advance(3.0)
+    reporter.report(snapshot(clock), set())
+    assert second.requests == []  # a redirect is a failed delivery, not followed
+    assert reporter.url == controller.url
+    assert reporter.failures_total == 2
+    assert reporter.spool.pending_count == 1
+    reporter.close()
+
+
+def test_one_url_in_a_list_behaves_as_one_url(tmp_path):
+    clock = ManualClock()
+    reporter = make_reporter([f"http://127.0.0.1:{free_port()}/"], tmp_path, clock)
+    reporter.report(snapshot(clock), set())
+    assert reporter.failures_total == 1
+    assert 0.8 <= reporter.backoff_until - clock.monotonic() <= 1.2
+    assert reporter.endpoint.endswith(":" + reporter.url.rsplit(":", 1)[1] + REPORTS_PATH)
+    reporter.close()
+
+
+def test_the_controller_list_is_checked(tmp_path):
+    clock = ManualClock()
+    with pytest.raises(ValueError, match="no controller URL"):
+        make_reporter([], tmp_path, clock)
+    with pytest.raises(ValueError, match="one scheme"):
+        make_reporter(["http://a:9848", "https://b:9848"], tmp_path, clock)
+
+
+def test_credentials_in_a_url_stay_out_of_log_lines():
+    assert redact_url("https://user:pw@ctl-a:9848/x") == "https://…@ctl-a:9848/x"
+    assert redact_url("http://ctl-b:9848") == "http://ctl-b:9848"

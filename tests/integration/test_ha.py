@@ -1,0 +1,169 @@
+"""Two controllers on one real PostgreSQL store: one active, the other standing by.
+
+Every process is real: two ``sn-monitor controller`` processes with the same config
+(``store.backend: postgresql``, ``ha.lease: postgresql``, short lease times), simulated
+agents that know both controllers, and, for the recovery test, a launcher and training
+ranks (test_job_recovery_e2e's harness). The PostgreSQL server is the session's
+(tests/postgres.py); each test has a fresh database.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from sn_monitor.controller.ha.standby import ROLE_HEADER
+from tests.integration.cluster import Cluster, ClusterHa, Process
+from tests.integration.test_job_recovery_e2e import (
+    CONFIG,
+    ROUTES,
+    SMALL,
+    SPARE,
+    WAIT,
+    Job,
+    assert_done_with_mttr,
+    assert_restored_once,
+    evictions,
+)
+
+pytestmark = pytest.mark.integration
+
+#: Lease 4 s, renewal every 0.5 s (ClusterHa's defaults), a controller's start, slack.
+TAKEOVER_WAIT = 4.0 + 0.5 + 20.0
+
+
+@pytest.fixture
+def pair(tmp_path: Path, pg_dsn: str) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, nodes=5, config=CONFIG, routes=ROUTES, ha=ClusterHa(pg_dsn))
+    jobs: list[Job] = []
+    c.jobs = jobs  # type: ignore[attr-defined]
+    try:
+        yield c
+    finally:
+        for job in jobs:
+            job.close()
+        c.close()
+
+
+def standby_of(c: Cluster, active: Process) -> Process:
+    return next(p for p in c.controllers if p is not active)
+
+
+def test_one_is_active_the_other_stands_by_and_an_orderly_stop_hands_over(
+        pair: Cluster, pg_dsn: str) -> None:
+    c = pair
+    c.start()
+    active = c.find_active()
+    standby = standby_of(c, active)
+    answer = requests.post(f"{c.url_of(standby)}/api/v1/reports", data=b"{}", timeout=5,
+                           headers={"Authorization": f"Bearer {c.agent_token}"})
+    assert answer.status_code == 503
+    assert answer.headers[ROLE_HEADER] == "standby"
+    health = requests.get(f"{c.url_of(standby)}/healthz", timeout=5).json()
+    assert health["role"] == "standby"
+    assert health["active"] is not None
+    assert requests.get(f"{c.url_of(standby)}/livez", timeout=5).status_code == 200
+    assert "sn_controller_leader 0.0" in requests.get(
+        f"{c.url_of(standby)}/metrics", timeout=5).text
+    assert "sn_controller_leader 1.0" in c.controller_metrics()
+    c.wait_reporting(list(c.agents))
+
+    # SIGTERM: the active stops, gives the lease up, and the standby takes over at once
+    # (well before the 4 s lease would have expired); the agents follow it.
+    stopped = time.monotonic()
+    assert active.kill(signal.SIGTERM) == 0
+    new = c.find_active(timeout=TAKEOVER_WAIT)
+    assert new is standby
+    c.wait_reporting(list(c.agents), timeout=30)
+    took = time.monotonic() - stopped
+    assert took < TAKEOVER_WAIT, took
+    # the old one, started again, stands by
+    active.start()
+    c.wait_for(lambda: c._healthy(active, "/livez"), 60, "the old active alive again")
+    assert requests.get(f"{c.url_of(active)}/readyz", timeout=5).status_code == 503
+    assert c.find_active() is standby
+    password = pg_dsn.split("password=")[1].split()[0]
+    assert c.logs_containing(password) == []
+
+
+def test_the_standby_takes_over_a_recovery_when_the_active_is_killed(pair: Cluster) -> None:
+    # test_job_recovery_e2e (g) across two controllers: the active is SIGKILLed after
+    # the launcher took the restore and before the new generation made progress; the
+    # standby takes the lease once it expires, resumes the recovery from the shared
+    # store, and no action runs twice.
+    c = pair
+    c.start()
+    job = Job(c, "sturdy", SMALL, [SPARE], restart_delay=6.0)
+    c.jobs.append(job)  # type: ignore[attr-defined]
+    job.post()
+    job.start()
+    c.agents["sim-2"].fault("fall-off-bus", 0)
+
+    def restore_taken() -> dict[str, Any] | None:
+        recs = job.recoveries()
+        if not recs or recs[0]["state"] != "restoring" or "restore" not in recs[0][
+                "actions"]:
+            return None
+        ok = [a for a in c.actions() if a["id"] == recs[0]["actions"]["restore"]
+              and a["state"] == "succeeded"]
+        return recs[0] if ok else None
+    rec = c.wait_for(restore_taken, WAIT, "the launcher took the restore")
+    assert rec["times"]["resumed"] is None
+    active = c.find_active()
+    standby = standby_of(c, active)
+    before = {a["key"] for a in c.actions() if a["key"].startswith(f"recovery:{rec['id']}:")}
+    killed = time.monotonic()
+    assert active.kill(signal.SIGKILL) == -signal.SIGKILL
+
+    assert c.find_active(timeout=TAKEOVER_WAIT) is standby
+    assert time.monotonic() - killed < TAKEOVER_WAIT
+    done = job.wait_recovery("done")
+    assert done["id"] == rec["id"]
+    assert done["generation"] == rec["generation"] == 1
+    assert_restored_once(job, done)
+    assert len(evictions(c, "sim-2")) == 1
+    keys = [a["key"] for a in c.actions() if a["key"].startswith(f"recovery:{rec['id']}:")]
+    assert len(keys) == len(set(keys)), keys
+    assert not [k for k in keys if k.rsplit(":", 1)[-1].isdigit()], keys  # no retries
+    assert set(keys) >= before
+    for call in job.state().get("calls", []):
+        assert not call.get("duplicate"), call  # no action reached the launcher twice
+    job.wait_resumed(done)
+    assert_done_with_mttr(c, job, done)
+
+
+def test_a_paused_active_loses_the_lease_and_stops_acting(pair: Cluster) -> None:
+    # SIGSTOP: a long GC pause, a VM frozen, a partition from the database. The standby
+    # takes the expired lease; the old active, resumed, finds it taken and exits 1
+    # (its supervisor restarts it as a standby); the store's fence refuses anything it
+    # tried to write in between.
+    c = pair
+    c.start()
+    c.wait_reporting(list(c.agents))
+    active = c.find_active()
+    standby = standby_of(c, active)
+    assert active.popen is not None
+    active.popen.send_signal(signal.SIGSTOP)
+    try:
+        assert c.find_active(timeout=TAKEOVER_WAIT) is standby
+        # the new active acts: an operator cordons sim-1 through it
+        c.wait_reporting(["sim-1"], timeout=30)
+        reply = requests.post(f"{c.url}/api/v1/nodes/sim-1/cordon", timeout=10,
+                              headers={"Authorization": f"Bearer {c.admin_token}"})
+        assert reply.status_code == 202, reply.text
+        c.wait_for(lambda: [a for a in c.actions(node="sim-1") if a["action"] == "cordon"
+                            and a["state"] == "succeeded"], WAIT, "sim-1 cordoned")
+    finally:
+        active.popen.send_signal(signal.SIGCONT)
+    assert active.popen.wait(timeout=30) == 1
+    assert c.logs_containing("lost the lease")
+    keys = [a["key"] for a in c.actions()]
+    assert len(keys) == len(set(keys))
+    cordons = [x for x in c.script_calls(c.evict_log) if x["SN_ACTION"] == "cordon"]
+    assert [x["SN_NODE"] for x in cordons] == ["sim-1"]
