@@ -545,7 +545,9 @@ def openapi_document() -> dict[str, Any]:
                 "schema": {"$ref": "#/components/schemas/ReportReply"}}}},
              "400": error, "401": error, "403": error, "413": error, "422": error},
             requestBody={"required": True, "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/Report"}}}})},
+                "schema": {"$ref": "#/components/schemas/Report"}}}},
+            # an agent's token, or its client certificate (tls.agent_auth says which)
+            security=[{"bearer": []}, {"mutualTLS": []}])},
         "/api/v1/alertmanager": {"post": op(
             "Alertmanager's webhook (operate role): alerts that alert rules match open and "
             "resolve incidents, acted on through the safety policy",
@@ -651,7 +653,12 @@ def openapi_document() -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": components,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "mutualTLS": {"type": "mutualTLS", "description": (
+                    "A client certificate from tls.client_ca_file; its one DNS name (else "
+                    "its CN) is the only node it may report for")},
+            },
         },
         "security": [{"bearer": []}],
     }

@@ -488,6 +488,15 @@ def test_openapi_is_valid_3_1(api: Api) -> None:
             assert operation["responses"], operation
             for parameter in operation.get("parameters", []):
                 Draft202012Validator.check_schema(parameter["schema"])
+    # every security requirement names a declared scheme; reports take either kind
+    schemes = doc["components"]["securitySchemes"]
+    assert schemes["mutualTLS"]["type"] == "mutualTLS"
+    for path_item in doc["paths"].values():
+        for operation in path_item.values():
+            for requirement in operation.get("security", doc["security"]):
+                assert set(requirement) <= set(schemes), requirement
+    assert doc["paths"]["/api/v1/reports"]["post"]["security"] == [
+        {"bearer": []}, {"mutualTLS": []}]
 
 
 def test_openapi_documents_every_route(api: Api) -> None:
