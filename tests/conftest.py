@@ -67,14 +67,14 @@ def expected_messages(directory: Path) -> list[tuple[str, str]]:
 def postgres_server() -> Iterator[PostgresServer]:
     """A real PostgreSQL server (tests/postgres.py), started once per session.
 
-    Skipped when PostgreSQL is not installed, unless ``SN_REQUIRE_POSTGRES=1`` (which
+    Skipped when PostgreSQL is not installed, unless ``REQUIRE_POSTGRES=1`` (which
     .ci/run sets, after installing the Debian package ``postgresql``): then it fails.
     """
     bindir = find_bindir()
     if bindir is None:
         reason = ("PostgreSQL is not installed (no initdb under /usr/lib/postgresql/*/bin): "
                   "run .ci/run, or apt-get install postgresql")
-        if os.environ.get("SN_REQUIRE_POSTGRES") == "1":
+        if os.environ.get("REQUIRE_POSTGRES") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
     srv = PostgresServer(bindir)

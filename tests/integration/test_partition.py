@@ -163,6 +163,7 @@ def net() -> Iterator[Net]:
 def _place(c: Cluster, net: Net) -> None:
     """Move the controller onto the bridge and each agent into its namespace."""
     c.url = f"http://{net.controller_address}:{c.port}"
+    c.urls = [c.url]
     argv = c.controller.argv
     argv[argv.index("--listen") + 1] = f"{net.controller_address}:{c.port}"
     argv[argv.index(str(RULES))] = str(c.root / "partition-rules")

@@ -110,15 +110,16 @@ def test_two_ports_of_one_node_are_two_alerts(servers: list[RecordingHTTPServer]
     # one rule, one node, two subjects (InfiniBand ports): two incidents, two alerts
     clock = ManualClock(T0)
     am = driver([servers[0].url], clock)
-    for port in ("mlx5_0/1", "mlx5_1/1"):
+    for port in ("device=mlx5_0,port=1", "device=mlx5_1,port=1"):
         am.run(alert(rule="ib-port-down", gpu=None, params={"status": "firing",
                                                              "subject": port}))
-    assert sorted(a["subject"] for a in am.firing()) == ["mlx5_0/1", "mlx5_1/1"]
+    assert sorted(a["subject"] for a in am.firing()) == ["device=mlx5_0,port=1",
+                                                         "device=mlx5_1,port=1"]
     am.run(alert("resolved", rule="ib-port-down", gpu=None,
-                 params={"status": "resolved", "subject": "mlx5_0/1"}))
-    assert [a["subject"] for a in am.firing()] == ["mlx5_1/1"]
+                 params={"status": "resolved", "subject": "device=mlx5_0,port=1"}))
+    assert [a["subject"] for a in am.firing()] == ["device=mlx5_1,port=1"]
     # a GPU's subject adds nothing to its gpu label
-    am.run(alert(params={"status": "firing", "subject": "gpu3"}))
+    am.run(alert(params={"status": "firing", "subject": "gpu=3"}))
     assert "subject" not in servers[0].calls()[-1].json()[0]["labels"]
 
 

@@ -96,7 +96,7 @@ def alert_labels(request: ActionRequest) -> dict[str, str]:
     # What the incident is about within the node (an IB port, a job): two incidents of
     # one rule on one node are two alerts. A GPU's subject is its gpu label already.
     subject = request.params.get("subject")
-    if isinstance(subject, str) and subject and subject != f"gpu{request.gpu}":
+    if isinstance(subject, str) and subject and subject != f"gpu={request.gpu}":
         labels["subject"] = subject
     return labels
 
