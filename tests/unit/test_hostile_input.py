@@ -10,6 +10,7 @@ ReportRejected, and what it accepts is within the wire's bounds. Budgets: tests/
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import tempfile
@@ -117,16 +118,19 @@ def mutated_reports(draw: st.DrawFn) -> bytes:
         places = _places(doc)
         container, key = draw(st.sampled_from(places))
         how = draw(st.sampled_from(["value", "extreme", "remove", "add"]))
+        # Copies: a later step may mutate what an earlier one put in, and a drawn value
+        # (EXTREMES' lists, a value hypothesis replays) must stay as drawn, or data
+        # generation depends on the previous example (hypothesis's FlakyStrategyDefinition).
         if how == "value":
-            container[key] = draw(json_values)
+            container[key] = copy.deepcopy(draw(json_values))
         elif how == "extreme":
-            container[key] = draw(st.sampled_from(EXTREMES))
+            container[key] = copy.deepcopy(draw(st.sampled_from(EXTREMES)))
         elif how == "remove":
             del container[key]
         elif isinstance(container, dict):
-            container[draw(st.text(max_size=8))] = draw(json_values)
+            container[draw(st.text(max_size=8))] = copy.deepcopy(draw(json_values))
         else:
-            container.append(draw(json_values))
+            container.append(copy.deepcopy(draw(json_values)))
     body = encode(doc)
     # and, sometimes, what only a non-Python encoder writes
     literal = draw(st.sampled_from([None, b"NaN", b"Infinity", b"-Infinity", b"1e999"]))
