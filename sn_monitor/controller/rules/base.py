@@ -73,12 +73,19 @@ class Evaluator(Generic[R]):
     """Whether :meth:`observe` does anything (the engine calls only those that do)."""
     sweeps: ClassVar[bool] = False
     """Whether :meth:`sweep` does anything."""
+    events_only: ClassVar[bool] = False
+    """Whether :meth:`observe` reads a report's events only (nothing to do without any)."""
 
     def __init__(self, rule: R) -> None:
         self.rule = rule
         self._actions = tuple(rule.actions)
         self._firing: dict[str, dict[str, Finding]] = {}
         self._scope = [(label, re.compile(expr)) for label, expr in rule.scope.items()]
+
+    @property
+    def scoped(self) -> bool:
+        """Whether the rule applies to some nodes only (see :meth:`applies`)."""
+        return bool(self._scope)
 
     def applies(self, view: NodeView) -> bool:
         """Whether ``view``'s node is in this rule's scope (its labels match)."""

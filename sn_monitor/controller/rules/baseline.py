@@ -14,6 +14,7 @@ the window starts over, warm-up included.
 from __future__ import annotations
 
 import math
+from math import expm1
 
 from sn_monitor.controller.rules.base import (
     Finding,
@@ -74,6 +75,7 @@ class BaselineEvaluator(HoldingEvaluator[BaselineRule, _Series]):
         if states is None:
             states = self._states[node] = {}
         t = now.monotonic
+        window = self._window
         subjects, values = self._read(frame_of(report))
         for subject, raw in zip(subjects, values, strict=True):
             if raw is None:
@@ -85,7 +87,7 @@ class BaselineEvaluator(HoldingEvaluator[BaselineRule, _Series]):
             if state is None:
                 state = states[subject.text] = _Series(subject)
                 state.restart(t)
-            elif t - state.last > self._window:
+            elif t - state.last > window:
                 self._start_over(node, state, value, now, out)
             if state.n >= self._min_samples and t - state.first >= self._warmup:
                 deviation = value - state.mean
@@ -96,7 +98,14 @@ class BaselineEvaluator(HoldingEvaluator[BaselineRule, _Series]):
                     state.limit = limit
                     self.step(node, state, anomalous, not anomalous, value,
                               report.sample_time_seconds, now, out)
-            self._learn(state, t, value)
+            # learn (inline: this runs for every GPU of every report); see the docstring
+            alpha = max(-expm1(-(t - state.last) / window), 1.0 / (state.n + 1))
+            diff = value - state.mean
+            increment = alpha * diff
+            state.mean += increment
+            state.var = (1.0 - alpha) * (state.var + diff * increment)
+            state.n += 1
+            state.last = t
 
     def _start_over(self, node: str, state: _Series, value: float, now: Now,
                     out: list[Finding]) -> None:
@@ -110,16 +119,6 @@ class BaselineEvaluator(HoldingEvaluator[BaselineRule, _Series]):
                          f"{format_duration(self._window)}; the baseline starts over",
                          now, out)
         state.restart(now.monotonic)
-
-    def _learn(self, state: _Series, t: float, value: float) -> None:
-        dt = t - state.last
-        alpha = max(-math.expm1(-dt / self._window), 1.0 / (state.n + 1))
-        diff = value - state.mean
-        increment = alpha * diff
-        state.mean += increment
-        state.var = (1.0 - alpha) * (state.var + diff * increment)
-        state.n += 1
-        state.last = t
 
     def firing_message(self, state: _Series) -> str:
         unit = f" {self._unit}" if self._unit else ""

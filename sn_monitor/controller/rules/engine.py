@@ -28,6 +28,7 @@ from sn_monitor.controller.rules.baseline import BaselineEvaluator
 from sn_monitor.controller.rules.event import EventEvaluator
 from sn_monitor.controller.rules.heartbeat import HeartbeatEvaluator
 from sn_monitor.controller.rules.peers import PeersEvaluator
+from sn_monitor.controller.rules.series import frame_of
 from sn_monitor.controller.rules.spec import (
     AlertRule,
     BaselineRule,
@@ -37,7 +38,7 @@ from sn_monitor.controller.rules.spec import (
     Rule,
     ThresholdRule,
 )
-from sn_monitor.controller.rules.threshold import ThresholdEvaluator
+from sn_monitor.controller.rules.threshold import ThresholdEvaluator, ThresholdScreen
 from sn_monitor.controller.state import NodeView
 
 __all__ = ["Finding", "RuleEngine", "evaluator_for"]
@@ -65,10 +66,14 @@ def evaluator_for(rule: Rule) -> AnyEvaluator:
 class RuleEngine:
     """Applies rules to nodes and reports transitions. Not thread-safe: one caller at a time."""
 
-    def __init__(self, rules: Sequence[Rule], clock: Clock) -> None:
+    def __init__(self, rules: Sequence[Rule], clock: Clock, *, screen: bool = True) -> None:
+        """``screen`` False: every rule reads every report (tests compare the two ways)."""
         self._clock = clock
+        self._screening = screen
         self._evaluators: dict[str, AnyEvaluator] = {}
         self._observers: list[AnyEvaluator] = []
+        self._plan: list[tuple[AnyEvaluator, bool, bool, int]] = []
+        self._screen: ThresholdScreen | None = None
         self._sweepers: list[AnyEvaluator] = []
         self._alerting: list[AlertEvaluator] = []
         self._install({rule.name: evaluator_for(rule) for rule in _unique(rules)})
@@ -81,6 +86,15 @@ class RuleEngine:
     def _install(self, evaluators: dict[str, AnyEvaluator]) -> None:
         self._evaluators = evaluators
         self._observers = [e for e in evaluators.values() if e.observes]
+        # The plain threshold rules are screened together (ThresholdScreen): the engine
+        # passes over those a report leaves untouched. Per observer: (evaluator, whether
+        # its scope needs checking, whether it reads events only, its screen slot or -1).
+        screened = ([e for e in self._observers if ThresholdScreen.screens(e)]
+                    if self._screening else [])
+        self._screen = ThresholdScreen(screened) if screened else None
+        slots = {id(e): i for i, e in enumerate(screened)}
+        self._plan = [(e, e.scoped, e.events_only, slots.get(id(e), -1))
+                      for e in self._observers]
         self._sweepers = [e for e in evaluators.values() if e.sweeps]
         self._alerting = [e for e in evaluators.values() if isinstance(e, AlertEvaluator)]
 
@@ -90,12 +104,21 @@ class RuleEngine:
     def observe(self, view: NodeView) -> list[Finding]:
         """Apply report-driven rules to ``view``'s latest report."""
         out: list[Finding] = []
-        if view.report is None:
+        report = view.report
+        if report is None:
             return out
         now = self._now()
-        for evaluator in self._observers:
-            if evaluator.applies(view):
-                evaluator.observe(view, now, out)
+        screen = self._screen
+        quiet = screen.quiet(view.name, frame_of(report)) if screen is not None else []
+        events = bool(report.events)
+        for evaluator, scoped, events_only, slot in self._plan:
+            if slot >= 0 and quiet[slot]:
+                continue  # a plain threshold rule the report leaves as it is
+            if events_only and not events:
+                continue
+            if scoped and not evaluator.applies(view):
+                continue
+            evaluator.observe(view, now, out)
         return out
 
     def sweep(self, views: Mapping[str, NodeView]) -> list[Finding]:

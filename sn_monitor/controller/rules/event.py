@@ -45,6 +45,7 @@ class EventEvaluator(Evaluator[EventRule]):
 
     observes = True
     sweeps = True
+    events_only = True
 
     def __init__(self, rule: EventRule) -> None:
         super().__init__(rule)

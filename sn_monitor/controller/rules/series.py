@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -128,17 +128,24 @@ def _margin(limit: str, value: str) -> Callable[[GpuReport], float | None]:
     return margin
 
 
-DERIVED_GPU_METRICS: Final[Mapping[str, Callable[[GpuReport], float | None]]] = {
+DERIVED_GPU_PARTS: Final[Mapping[str, tuple[str, str, str]]] = {
     # 1.0 when the link trained at its maximum; x8 of x16 is 0.5.
-    "pcie_link_width_ratio": _ratio("pcie_link_width", "pcie_link_width_max"),
-    "pcie_link_generation_ratio": _ratio("pcie_link_generation", "pcie_link_generation_max"),
-    "memory_used_ratio": _ratio("memory_used_bytes", "memory_total_bytes"),
-    "power_limit_ratio": _ratio("power_watts", "power_limit_watts"),
+    "pcie_link_width_ratio": ("ratio", "pcie_link_width", "pcie_link_width_max"),
+    "pcie_link_generation_ratio": ("ratio", "pcie_link_generation", "pcie_link_generation_max"),
+    "memory_used_ratio": ("ratio", "memory_used_bytes", "memory_total_bytes"),
+    "power_limit_ratio": ("ratio", "power_watts", "power_limit_watts"),
     # Degrees left before this GPU's own NVML thresholds: portable across GPU models.
-    "slowdown_margin_celsius": _margin("slowdown_temperature_celsius", "temperature_celsius"),
-    "shutdown_margin_celsius": _margin("shutdown_temperature_celsius", "temperature_celsius"),
-    "memory_temperature_margin_celsius": _margin("memory_max_temperature_celsius",
-                                                 "memory_temperature_celsius"),
+    "slowdown_margin_celsius": ("margin", "slowdown_temperature_celsius", "temperature_celsius"),
+    "shutdown_margin_celsius": ("margin", "shutdown_temperature_celsius", "temperature_celsius"),
+    "memory_temperature_margin_celsius": ("margin", "memory_max_temperature_celsius",
+                                          "memory_temperature_celsius"),
+}
+"""The values computed from two GPU fields: (``ratio``, numerator, denominator) or
+(``margin``, limit, value); :data:`DERIVED_GPU_METRICS` computes them."""
+
+DERIVED_GPU_METRICS: Final[Mapping[str, Callable[[GpuReport], float | None]]] = {
+    name: (_ratio if kind == "ratio" else _margin)(a, b)
+    for name, (kind, a, b) in DERIVED_GPU_PARTS.items()
 }
 
 _IB_STEM = re.compile(r"[a-z0-9_]+")
@@ -336,6 +343,27 @@ class Frame:
             found = self._columns[metric] = compute(self)
         return found
 
+    def gpu_columns(self, fields: Sequence[str], get: Callable[[GpuReport], Any]
+                    ) -> list[tuple[Any, ...]]:
+        """The columns of several GPU fields at once: ``get`` is ``attrgetter(*fields)``.
+
+        One pass over the GPUs (in C), for as many fields as there are; each column is
+        kept as :meth:`column` would keep ``gpu_<field>``'s, so rules that read one of
+        them later share it.
+        """
+        gpus = self.gpus()
+        columns: list[tuple[Any, ...]]
+        if len(fields) == 1:
+            columns = [tuple(map(get, gpus))]
+        elif gpus:
+            columns = list(zip(*map(get, gpus), strict=True))
+        else:
+            columns = [()] * len(fields)
+        cache = self._columns
+        for name, values in zip(fields, columns, strict=True):
+            cache["gpu_" + name] = values
+        return columns
+
 
 _last_frame: tuple[Report, Frame] | None = None
 
@@ -369,6 +397,29 @@ def compile_reader(metric: str, labels: Mapping[str, str] | None = None) -> Read
     """
     family = metric_family(metric)
     accept = _subject_filter(labels or {})
+    compute = compile_column(metric)
+
+    if accept is None:
+        def read(frame: Frame) -> Column:
+            return frame.subjects(family), frame.column(metric, compute)
+        return read
+
+    def read_some(frame: Frame) -> Column:
+        subjects = frame.subjects(family)
+        values = frame.column(metric, compute)
+        keep = [i for i, s in enumerate(subjects) if accept(s)]
+        if len(keep) == len(subjects):
+            return subjects, values
+        return tuple([subjects[i] for i in keep]), tuple([values[i] for i in keep])
+    return read_some
+
+
+def compile_column(metric: str) -> Callable[[Frame], tuple[float | None, ...]]:
+    """What computes ``metric``'s column of a :class:`Frame` (see :meth:`Frame.column`).
+
+    Every subject of the metric's family, in report order: raw values, None where missing.
+    """
+    family = metric_family(metric)
     compute: Callable[[Frame], tuple[float | None, ...]]
     if family == "gpu":
         name = metric[4:]
@@ -393,20 +444,7 @@ def compile_reader(metric: str, labels: Mapping[str, str] | None = None) -> Read
 
         def compute(frame: Frame) -> tuple[float | None, ...]:
             return tuple(map(get_net, frame.report.network))
-
-    if accept is None:
-        def read(frame: Frame) -> Column:
-            return frame.subjects(family), frame.column(metric, compute)
-        return read
-
-    def read_some(frame: Frame) -> Column:
-        subjects = frame.subjects(family)
-        values = frame.column(metric, compute)
-        keep = [i for i, s in enumerate(subjects) if accept(s)]
-        if len(keep) == len(subjects):
-            return subjects, values
-        return tuple([subjects[i] for i in keep]), tuple([values[i] for i in keep])
-    return read_some
+    return compute
 
 
 def describe(metric: str) -> tuple[str, str]:

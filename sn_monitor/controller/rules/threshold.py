@@ -30,8 +30,10 @@ and give the exact results.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
-from typing import Final, cast
+from collections.abc import Callable, Sequence
+from itertools import repeat
+from operator import attrgetter, contains, gt, lt, sub, truediv
+from typing import Any, Final, TypeGuard, cast
 
 from sn_monitor.controller.rules.base import (
     Finding,
@@ -41,9 +43,20 @@ from sn_monitor.controller.rules.base import (
     format_duration,
     format_number,
 )
-from sn_monitor.controller.rules.series import Subject, compile_reader, describe, frame_of
+from sn_monitor.controller.rules.series import (
+    DERIVED_GPU_METRICS,
+    DERIVED_GPU_PARTS,
+    Frame,
+    Subject,
+    compile_column,
+    compile_reader,
+    describe,
+    frame_of,
+    metric_family,
+)
 from sn_monitor.controller.rules.spec import ThresholdRule
 from sn_monitor.controller.state import NodeView
+from sn_monitor.model import GpuReport
 
 BUCKETS: Final = 32
 """Buckets a rate / increase window is cut into: the resolution of its start."""
@@ -144,8 +157,10 @@ class ThresholdEvaluator(HoldingEvaluator[ThresholdRule, _Series]):
         # large that comparing a report's integer with it differs from comparing its float.
         self._whole = abs(bound) < _EXACT_FLOATS
         # Rate / increase: per node, (bucket, subjects, values) of a report that found
-        # every series flat, so that the same values in the same bucket can be passed over.
-        self._quiet: dict[str, tuple[float, tuple[Subject, ...], tuple[float | None, ...]]] = {}
+        # every series flat, so that the same values in the same bucket can be passed over,
+        # and the series' samples (None where no value), to slide them on in a new bucket.
+        self._quiet: dict[str, tuple[float, tuple[Subject, ...], tuple[float | None, ...],
+                                     list[array[float] | None]]] = {}
         self._what, self._unit = describe(rule.metric)
 
     @property
@@ -218,11 +233,11 @@ class ThresholdEvaluator(HoldingEvaluator[ThresholdRule, _Series]):
             # monotonic: a series whose anchor equals its latest value is equal all
             # through, so every rate and increase stays 0 and nothing can fire.
             if quiet[0] != bucket:
-                for subject, raw in zip(subjects, values, strict=True):
-                    if raw is not None:
-                        slide(states[subject.text].samples, t, float(raw), self._window,
-                              width)
-                self._quiet[node] = (bucket, subjects, values)
+                window = self._window
+                for samples, raw in zip(quiet[3], values, strict=True):
+                    if samples is not None and raw is not None:
+                        slide(samples, t, float(raw), window, width)
+                self._quiet[node] = (bucket, subjects, values, quiet[3])
             return
         if states is None:
             states = self._states[node] = {}
@@ -259,7 +274,9 @@ class ThresholdEvaluator(HoldingEvaluator[ThresholdRule, _Series]):
             self.step(node, state, signed >= fire_at, signed < clear_at, derived, observed,
                       now, out)
         if flat:
-            self._quiet[node] = (bucket, subjects, values)
+            self._quiet[node] = (bucket, subjects, values, [
+                None if raw is None else states[subject.text].samples
+                for subject, raw in zip(subjects, values, strict=True)])
         elif quiet is not None:
             del self._quiet[node]
 
@@ -291,3 +308,149 @@ class ThresholdEvaluator(HoldingEvaluator[ThresholdRule, _Series]):
     def clear_message(self, state: _Series, value: float) -> str:
         return (f"{self._describe(state, value)} {self._clear_op} "
                 f"{format_number(self._clear)}")
+
+
+class ThresholdScreen:
+    """Tells, in one pass over a report, which plain threshold rules it leaves untouched.
+
+    A plain threshold rule (no rate, no increase) with nothing pending or firing on a
+    node, whose bound is within the exact integers of a float, does nothing with a report
+    in which every value of its metric falls short of the bound:
+    :meth:`ThresholdEvaluator.observe` returns at once, changing nothing. That is the
+    common case, for every such rule on every report, and the screen finds it for all of
+    them together: the GPU fields they read come out of the report in one pass, and each
+    rule's column (a margin or a ratio computed from two of them) is compared with its
+    bound by ``max`` or ``min``, as the rule itself would. The engine passes over the
+    rules found quiet. Any other case (a value at the bound, a state kept, a missing
+    value, a NaN first in a column) is judged rule by rule, and a rule not found quiet
+    reads the report itself: the screen changes what is computed, never what is found
+    (tests/unit/test_rules_screen.py runs the engine with and without it).
+    """
+
+    def __init__(self, members: Sequence[ThresholdEvaluator]) -> None:
+        self.members = tuple(members)
+        fields: list[str] = []
+
+        def field(name: str) -> int:
+            if name not in fields:
+                fields.append(name)
+            return fields.index(name)
+
+        # Per member: (its states by node, sign, bound, kind, i, j, extra), kind one of
+        # "field" (GPU column i), "margin" / "ratio" (from GPU columns i and j; ``extra``
+        # the metric's own per-GPU function, for columns with a None or a zero), or the
+        # metric itself for other families (``extra`` computes its column).
+        self._checks: list[tuple[dict[str, dict[str, _Series]], float, float, str,
+                                 int, int, Callable[..., object]]] = []
+        for member in self.members:
+            metric = member.rule.metric
+            name = metric[4:]
+            # the members' own attributes: the screen is their fast path (one module)
+            head = (member._states, member._sign, member._bound)
+            if metric_family(metric) != "gpu":
+                self._checks.append((*head, metric, 0, 0, compile_column(metric)))
+            elif name in DERIVED_GPU_PARTS:
+                kind, a, b = DERIVED_GPU_PARTS[name]
+                self._checks.append((*head, kind, field(a), field(b), DERIVED_GPU_METRICS[name]))
+            else:
+                self._checks.append((*head, "field", field(name), 0, _nothing))
+        self._fields = tuple(fields)
+        self._get: Callable[[GpuReport], Any] = attrgetter(*fields) if fields else _nothing
+        self._states = tuple(check[0] for check in self._checks)
+        self._all_quiet = [True] * len(self._checks)
+        # The same checks grouped for the common case (all quiet), in as few calls as can be.
+        self._up = [i for _, sign, _, kind, i, _, _ in self._checks if kind == "field" and sign > 0]
+        self._up_bounds = [bound for _, sign, bound, kind, _, _, _ in self._checks
+                           if kind == "field" and sign > 0]
+        self._down = [i for _, sign, _, kind, i, _, _ in self._checks
+                      if kind == "field" and sign < 0]
+        self._down_bounds = [bound for _, sign, bound, kind, _, _, _ in self._checks
+                             if kind == "field" and sign < 0]
+        self._pairs = [(i, j, sign, bound, sub if kind == "margin" else truediv)
+                       for _, sign, bound, kind, i, j, _ in self._checks
+                       if kind in ("margin", "ratio")]
+        self._others = [(kind, extra, sign, bound) for _, sign, bound, kind, _, _, extra
+                        in self._checks if kind not in ("field", "margin", "ratio")]
+
+    @staticmethod
+    def screens(evaluator: object) -> TypeGuard[ThresholdEvaluator]:
+        """Whether ``evaluator`` is a rule the screen can judge."""
+        return (isinstance(evaluator, ThresholdEvaluator) and not evaluator._mode
+                and evaluator._whole)
+
+    def quiet(self, node: str, frame: Frame) -> Sequence[bool]:
+        """Per member, whether the report of ``frame`` leaves it as it is on ``node``."""
+        if not any(map(contains, self._states, repeat(node))):
+            try:
+                if self._all_short(frame):
+                    return self._all_quiet
+            except (TypeError, ValueError, ZeroDivisionError):
+                pass  # a None (a missing value), an empty column, a zero denominator
+        return self.judge(node, frame)
+
+    def _all_short(self, frame: Frame) -> bool:
+        """Whether every member's column is short of its bound; raises where one cannot tell.
+
+        The comparisons are the members' own: ``max(column) < bound`` (``min`` and ``>``
+        for ``below``), on the same values.
+        """
+        columns = frame.gpu_columns(self._fields, self._get) if self._fields else []
+        if self._up and not all(map(lt, map(max, [columns[i] for i in self._up]),
+                                    self._up_bounds)):
+            return False
+        if self._down and not all(map(gt, map(min, [columns[i] for i in self._down]),
+                                      self._down_bounds)):
+            return False
+        for i, j, sign, bound, op in self._pairs:
+            if sign > 0:
+                if not max(map(op, columns[i], columns[j])) < bound:
+                    return False
+            elif not min(map(op, columns[i], columns[j])) > bound:
+                return False
+        for metric, compute, sign, bound in self._others:
+            values = frame.column(metric, compute)  # type: ignore[arg-type]
+            if not (max(values) < bound if sign > 0  # type: ignore[operator,type-var]
+                    else min(values) > bound):  # type: ignore[operator,type-var]
+                return False
+        return True
+
+    def judge(self, node: str, frame: Frame) -> list[bool]:
+        """Per member, whether the report leaves it as it is: each member on its own."""
+        columns = frame.gpu_columns(self._fields, self._get) if self._fields else []
+        out: list[bool] = []
+        for states, sign, bound, kind, i, j, extra in self._checks:
+            if states.get(node):
+                out.append(False)  # something pending or firing: the rule looks itself
+                continue
+            values: Sequence[object]
+            if kind == "field":
+                values = columns[i]
+            elif kind == "margin":
+                top, now = columns[i], columns[j]
+                values = (tuple(map(extra, frame.gpus())) if None in top or None in now
+                          else tuple(map(sub, top, now)))
+            elif kind == "ratio":
+                num, den = columns[i], columns[j]
+                values = (tuple(map(extra, frame.gpus()))
+                          if None in num or None in den or not all(den)
+                          else tuple(map(truediv, num, den)))
+            else:  # kind is the metric
+                values = frame.column(kind, extra)  # type: ignore[arg-type]
+            out.append(_short_of(values, sign, bound))
+        return out
+
+
+def _nothing(*_: object) -> None:
+    return None
+
+
+def _short_of(values: Sequence[object], sign: float, bound: float) -> bool:
+    """Whether every value (None: missing) is short of ``bound`` (above it when sign < 0)."""
+    present = ([v for v in values if v is not None] if None in values
+               else values)
+    if not present:
+        return True
+    # A NaN first makes max/min NaN, which is neither < nor >: not short, then.
+    if sign > 0:
+        return max(present) < bound  # type: ignore[type-var,operator]
+    return min(present) > bound  # type: ignore[type-var,operator]

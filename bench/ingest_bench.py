@@ -1,0 +1,189 @@
+"""Per-report CPU of the controller's ingest, in-process: no HTTP, no second process.
+
+Run with ``python -m bench.ingest_bench``; ``--compare DIR`` runs the same measurement
+alternately against another checkout (``git archive HEAD | tar -x -C DIR``) and this one
+and prints the ratio of their medians, which is what a noisy shared machine can tell.
+
+The reports are ``sn-monitor simulate``'s (:func:`sn_monitor.sim.fleet.base_reports`: an
+8-GPU H100 node at working temperature, 8 InfiniBand ports of 30 counters, 3 interfaces,
+about 14 KB of JSON), encoded per node with its own head and labels; node ``i`` steps
+through the variants, so values move from one report to the next. The controller is
+:class:`~sn_monitor.controller.service.Controller` with the default rules
+(``rules/``), a SQLite store in a temporary directory and a manual clock that moves
+``--interval`` seconds per round, as if every node reported every interval: the rules'
+windows and buckets see the spacing that they see in production.
+
+What is measured, per repetition, as CPU time (``time.process_time``) over a whole round
+of ``--nodes`` reports, divided by the number of reports:
+
+- ``ingest``: ``Controller.ingest`` (decode, registry, rules, reply);
+- ``decode``: :func:`~sn_monitor.controller.ingest.decode_report` alone;
+- ``rules``: ``RuleEngine.observe`` alone, on views whose report changes every round.
+
+The figure of a repetition is the median of its rounds; the result is the median of the
+repetitions. Nothing fails on a figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import msgspec
+
+REPO = Path(__file__).resolve().parent.parent
+PARTS = ("ingest", "decode", "rules")
+
+
+def _bodies(nodes: int) -> list[list[bytes]]:
+    """Per variant, per node: the body without its sequence and time (see _body)."""
+    from sn_monitor.sim.fleet import base_reports, node_labels, node_name
+
+    encoder = msgspec.json.Encoder()
+    out = []
+    for report in base_reports(8):
+        per_node = []
+        for i in range(nodes):
+            name = node_name(i, nodes)
+            full = encoder.encode(msgspec.structs.replace(
+                report, node=name, instance="bench", sequence=0, sample_time_seconds=0.0,
+                labels=node_labels(i)))
+            head, tail = full.split(b'"sequence":0,"sample_time_seconds":0.0', 1)
+            per_node.append(head + b'"sequence":%d,"sample_time_seconds":%r' + tail)
+        out.append(per_node)
+    return out
+
+
+def measure(nodes: int, rounds: int, interval: float) -> dict[str, float]:
+    """One repetition: median per-report CPU microseconds of each part."""
+    from sn_monitor.clock import ManualClock
+    from sn_monitor.controller.auth import OPEN_ACCESS
+    from sn_monitor.controller.ingest import decode_report
+    from sn_monitor.controller.policy import PolicySettings, RateLimitSettings
+    from sn_monitor.controller.routing import build_drivers
+    from sn_monitor.controller.rules.engine import RuleEngine
+    from sn_monitor.controller.rules.spec import load_rules
+    from sn_monitor.controller.service import Controller
+    from sn_monitor.controller.settings import ControllerSettings
+    from sn_monitor.controller.state import NodeView
+    from sn_monitor.controller.store import Store
+
+    templates = _bodies(nodes)
+    variants = len(templates)
+    rules = load_rules([REPO / "rules"])
+    clock = ManualClock()
+    sequence = 0
+
+    def body(i: int, r: int) -> bytes:
+        return templates[(i + r) % variants][i] % (sequence, clock.time())
+
+    def timed(step: Callable[[bytes], object]) -> float:
+        """Median per-report CPU microseconds of ``step(body)`` over the rounds."""
+        nonlocal sequence
+        per_round = []
+        for r in range(rounds):
+            sequence += 1
+            clock.advance(interval)
+            batch = [body(i, r) for i in range(nodes)]
+            t0 = time.process_time_ns()
+            for b in batch:
+                step(b)
+            per_round.append((time.process_time_ns() - t0) / 1e3 / nodes)
+        return statistics.median(per_round)
+
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="sn-ingest-bench-") as tmp:
+        settings = ControllerSettings(policy=PolicySettings(
+            rate_limit=RateLimitSettings(actions=100000)))
+        store = Store(Path(tmp) / "bench.db")
+        drivers = build_drivers(settings.drivers, settings.routes, clock)
+        controller = Controller(settings, rules, clock, store, drivers)
+        try:
+            sequence += 1
+            for i in range(nodes):  # register every node (a store write each): not timed
+                controller.ingest(body(i, 0), OPEN_ACCESS, "127.0.0.1")
+            out["ingest"] = timed(lambda b: controller.ingest(b, OPEN_ACCESS, "127.0.0.1"))
+        finally:
+            controller.close()
+            store.close()
+    out["decode"] = timed(decode_report)
+    engine = RuleEngine(rules, clock)
+    views = [NodeView(name=f"n{i}") for i in range(nodes)]
+
+    per_round = []
+    for r in range(3 + rounds):  # the first 3 rounds warm every series up: not timed
+        clock.advance(interval)
+        sequence += 1
+        for i, view in enumerate(views):
+            view.report = decode_report(body(i, r))
+            view.labels = view.report.labels
+        t0 = time.process_time_ns()
+        for view in views:
+            engine.observe(view)
+        if r >= 3:
+            per_round.append((time.process_time_ns() - t0) / 1e3 / nodes)
+    out["rules"] = statistics.median(per_round)
+    return out
+
+
+def _child(args: argparse.Namespace, pythonpath: str) -> dict[str, float]:
+    env = dict(os.environ, PYTHONPATH=pythonpath)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--json", "--repeat", "1",
+           "--nodes", str(args.nodes), "--rounds", str(args.rounds),
+           "--interval", str(args.interval)]
+    done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True,
+                          cwd=pythonpath)
+    return json.loads(done.stdout.strip().splitlines()[-1])["runs"][0]  # type: ignore[no-any-return]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--nodes", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--interval", type=float, default=2.0)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--compare", metavar="DIR",
+                        help="another checkout: alternate runs of it and of this one")
+    parser.add_argument("--json", action="store_true", help="one JSON line, no text")
+    args = parser.parse_args(argv)
+
+    if args.compare:
+        base: list[dict[str, float]] = []
+        new: list[dict[str, float]] = []
+        for k in range(args.repeat):
+            base.append(_child(args, str(Path(args.compare).resolve())))
+            new.append(_child(args, str(REPO)))
+            print(f"rep {k + 1}: base " + " ".join(f"{p} {base[-1][p]:.1f}" for p in PARTS)
+                  + " | new " + " ".join(f"{p} {new[-1][p]:.1f}" for p in PARTS), flush=True)
+        print(f"\nper-report CPU us, median of {args.repeat} alternating runs "
+              f"({args.nodes} nodes x {args.rounds} rounds each):")
+        for p in PARTS:
+            b = statistics.median(r[p] for r in base)
+            n = statistics.median(r[p] for r in new)
+            ratios = sorted(y[p] / x[p] for x, y in zip(base, new, strict=True))
+            print(f"  {p:<7} base {b:7.1f}  new {n:7.1f}  ratio new/base {n / b:.3f} "
+                  f"(paired ratios {ratios[0]:.3f}..{ratios[-1]:.3f}, "
+                  f"median {statistics.median(ratios):.3f})")
+        return 0
+
+    runs = [measure(args.nodes, args.rounds, args.interval) for _ in range(args.repeat)]
+    if args.json:
+        print(json.dumps({"runs": runs}))
+        return 0
+    print(f"per-report CPU us ({args.nodes} nodes x {args.rounds} rounds, "
+          f"median of {args.repeat}):")
+    for p in PARTS:
+        print(f"  {p:<7} {statistics.median(r[p] for r in runs):7.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
