@@ -11,7 +11,7 @@ import socket
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -38,6 +38,9 @@ from sn_monitor.controller.tls import (
     uvicorn_options,
 )
 from sn_monitor.notify import SystemdNotifier
+
+if TYPE_CHECKING:
+    from sn_monitor.controller.ha.k8s_role import PodRoleLabel
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +123,18 @@ def build_lease(ha: HaSettings, store: Store, clock: Clock) -> Lease:
     return lease
 
 
+def build_role_label(ha: HaSettings) -> PodRoleLabel | None:
+    """For ``ha.lease: kubernetes``: the label on our pod that the active's Service selects."""
+    if ha.lease != "kubernetes":
+        return None
+    from sn_monitor.controller.ha.k8s_role import PodRoleLabel
+
+    try:
+        return PodRoleLabel(ha.kubernetes)
+    except ValueError as err:
+        raise ConfigError("controller config", "ha.kubernetes", None, str(err)) from None
+
+
 def fence_store(store: Store, lease: Lease, ha: HaSettings, clock: Clock) -> int:
     """Make the store refuse writes once another controller takes over; the epoch.
 
@@ -161,18 +176,26 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
                      for sig in (signal.SIGTERM, signal.SIGINT)}
     notifier = SystemdNotifier(clock)
     elector: Elector | None = None
+    role: PodRoleLabel | None = None
     try:
         if settings.ha is not None:
             elector = Elector(build_lease(settings.ha, store, clock), settings.ha, clock)
+            role = build_role_label(settings.ha)
+            if role is not None:
+                role.mark("standby")  # before serving: a stale "active" draws agents here
             if not _stand_by(settings, elector, notifier):
                 return 0
             fence_store(store, elector.lease, settings.ha, clock)
+            if role is not None:
+                role.mark("active")  # after the fence, before serving: the Service's pick
         return _serve_active(settings, clock, rules, tokens, store, drivers, elector,
                              notifier)
     finally:
         notifier.stopping()
         if elector is not None:
             elector.release()
+        if role is not None:
+            role.close()
         store.close()
         signal.signal(signal.SIGHUP, previous)
         for sig, handler in stop_handlers.items():

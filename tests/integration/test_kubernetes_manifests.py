@@ -682,6 +682,7 @@ def test_readme_says_how_to_install():
 
 HA = K8S / "ha"
 LEASE_CODE = ROOT / "sn_monitor" / "controller" / "ha" / "k8s_lease.py"
+ROLE_CODE = ROOT / "sn_monitor" / "controller" / "ha" / "k8s_role.py"
 #: The strategic-merge keys (x-kubernetes-patch-merge-key) of the lists the HA patches
 #: touch. A list under any other key replaces the base's, as in kustomize.
 MERGE_KEYS = {"containers": "name", "volumes": "name", "env": "name",
@@ -801,16 +802,19 @@ def test_ha_objects_are_valid():
 def test_ha_controller_runs_two_replicas_one_active():
     controller = ha_find("Deployment", "sn-controller")
     assert controller["spec"]["replicas"] == 2
-    # only the active is Ready: a rollout that waited for a new Ready pod before stopping
-    # the old active would wait forever
+    # both are Ready (the Service picks the active by label): an ordinary rollout that
+    # stops an old pod only once a new one stands by
     assert controller["spec"]["strategy"] == {
-        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": "100%"}}
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     spec = pod_spec(controller)
     (container,) = spec["containers"]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
+    # a standby answers /livez 200 and /readyz 503: Ready while it serves, either role
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/livez", "port": "http"}, probe
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    # the pod the controller labels with its role (k8s_role.py)
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     (term,) = spec["affinity"]["podAntiAffinity"][
         "preferredDuringSchedulingIgnoredDuringExecution"]
     assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
@@ -885,21 +889,91 @@ def test_ha_lease_rbac_grants_exactly_what_the_lease_calls():
     # create cannot be narrowed by name (the name is in the body): every other verb is
     needed = {(resource, verb, () if verb == "create" else (name,))
               for resource, verb in LEASE_CALLS.values()}
-    role = ha_find("Role", "sn-controller-lease")
+    assert ha_role_grants("sn-controller-lease", "coordination.k8s.io") == needed
+    # the base, one controller without a Lease, is granted none
+    assert not any(o["kind"] in ("Role", "RoleBinding") for o in objects())
+
+
+def test_ha_pod_label_rbac_grants_exactly_what_the_role_label_calls():
+    from sn_monitor.controller.ha.k8s_role import POD_CALLS, RBAC_FILE
+
+    called = set(re.findall(r"self\.api\.(\w+)\(", ROLE_CODE.read_text()))
+    assert called, "no API call found: did k8s_role.py move?"
+    assert called == POD_CALLS.keys(), "a pod call is missing from POD_CALLS"
+    # a Deployment's pod names are generated: no resourceNames can narrow these
+    needed = {(resource, verb, ()) for resource, verb in POD_CALLS.values()}
+    assert ha_role_grants("sn-controller-pod-label", "") == needed
+    # the 403 log line points at the file that grants it
+    assert (ROOT / RBAC_FILE).resolve() == (HA / "pod-label-rbac.yaml").resolve()
+    assert "pod-label-rbac.yaml" in ha_kustomization()["resources"]
+
+
+def ha_role_grants(name: str, api_group: str) -> set[tuple[str, str, tuple[str, ...]]]:
+    """(resource, verb, resourceNames) the HA Role ``name`` grants the controller, which
+    must be in ``api_group`` only, in the namespace, and bound to the controller's
+    ServiceAccount."""
+    role = ha_find("Role", name)
     assert role["metadata"]["namespace"] == NAMESPACE  # where POD_NAMESPACE points
-    assert all(rule["apiGroups"] == ["coordination.k8s.io"] for rule in role["rules"])
-    granted = {(resource, verb, tuple(rule.get("resourceNames", [])))
-               for rule in role["rules"] for resource in rule["resources"]
-               for verb in rule["verbs"]}
-    assert granted == needed
-    binding = ha_find("RoleBinding", "sn-controller-lease")
+    assert all(rule["apiGroups"] == [api_group] for rule in role["rules"])
+    binding = ha_find("RoleBinding", name)
+    assert binding["metadata"]["namespace"] == NAMESPACE
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": "sn-controller-lease"}
+                                  "name": name}
     account = pod_spec(ha_find("Deployment", "sn-controller"))["serviceAccountName"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,
                                     "namespace": NAMESPACE}]
-    # the base, one controller without a Lease, is granted none
-    assert not any(o["kind"] in ("Role", "RoleBinding") for o in objects())
+    return {(resource, verb, tuple(rule.get("resourceNames", [])))
+            for rule in role["rules"] for resource in rule["resources"]
+            for verb in rule["verbs"]}
+
+
+def test_ha_service_selects_only_the_active_controller():
+    from sn_monitor.controller.ha.k8s_role import ROLE_LABEL
+
+    controller, service = ha_find("Deployment", "sn-controller"), ha_find("Service",
+                                                                          "sn-controller")
+    selector = dict(service["spec"]["selector"])
+    assert selector.pop(ROLE_LABEL) == "active"  # the label the active puts on its pod
+    assert selector == find("Service", "sn-controller")["spec"]["selector"]  # the base's
+    labels = controller["spec"]["template"]["metadata"]["labels"]
+    assert labels_match(selector, labels)
+    # the controller sets it, not the template (every new pod would start "active"),
+    # and the Deployment must not select on it (its pods would fall out of it)
+    assert ROLE_LABEL not in labels
+    assert ROLE_LABEL not in controller["spec"]["selector"]["matchLabels"]
+    ports = {p["name"] for c in pod_spec(controller)["containers"] for p in c["ports"]}
+    assert all(p["targetPort"] in ports for p in service["spec"]["ports"])
+
+
+def test_ha_prometheus_scrapes_both_controllers_as_the_alerts_job():
+    # the active-only Service would hide the standby's sn_controller_leader 0 (and so
+    # SnControllerNoneActive): the ServiceMonitor selects a Service of every pod
+    controller, monitor = ha_find("Deployment", "sn-controller"), ha_find(
+        "ServiceMonitor", "sn-controller")
+    selected = [o for o in ha_objects() if o["kind"] == "Service" and labels_match(
+        monitor["spec"]["selector"]["matchLabels"], o["metadata"]["labels"])]
+    assert [s["metadata"]["name"] for s in selected] == ["sn-controller-pods"]
+    (pods,) = selected
+    assert pods["spec"]["selector"] == find("Service", "sn-controller")["spec"]["selector"]
+    assert labels_match(pods["spec"]["selector"],
+                        controller["spec"]["template"]["metadata"]["labels"])
+    job = pods["metadata"]["labels"][monitor["spec"]["jobLabel"]]
+    assert job == "sn-controller"  # what rules/prometheus/ select (see the base's test)
+    ports = {p["name"] for p in pods["spec"]["ports"]}
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= ports
+
+
+def test_ha_disruption_budget_keeps_one_controller():
+    controller = ha_find("Deployment", "sn-controller")
+    budget = ha_find("PodDisruptionBudget", "sn-controller")
+    assert budget["metadata"]["namespace"] == NAMESPACE
+    assert budget["spec"]["selector"]["matchLabels"] == \
+        controller["spec"]["selector"]["matchLabels"]
+    assert budget["spec"]["minAvailable"] == 1 < controller["spec"]["replicas"]
+    # a crash-looping controller must not block a drain
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    # the base, one controller, has none: a budget would block every drain of its node
+    assert not any(o["kind"] == "PodDisruptionBudget" for o in objects())
 
 
 def _without_hash(name: str, generated: set[str]) -> str:
@@ -942,8 +1016,10 @@ def test_ha_kustomize_builds_what_the_test_merges(tmp_path: Path):
     for volume in pod_spec(controller)["volumes"]:
         if "configMap" in volume:
             volume["configMap"]["name"] = _without_hash(volume["configMap"]["name"], generated)
-    merged = ours[("Deployment", "sn-controller")]
-    merged["metadata"]["namespace"] = NAMESPACE  # the base's kustomization sets it
-    assert _canonical(controller) == _canonical(merged)
+    for key in (("Deployment", "sn-controller"), ("Service", "sn-controller"),
+                ("ServiceMonitor", "sn-controller"), ("Service", "sn-controller-pods")):
+        merged = ours[key]
+        merged["metadata"]["namespace"] = NAMESPACE  # the base's kustomization sets it
+        assert _canonical(built[key]) == _canonical(merged), key
     config = built[("ConfigMap", "sn-controller-config")]["data"]["controller.yaml"]
     assert config == (HA / "config" / "controller.yaml").read_text()

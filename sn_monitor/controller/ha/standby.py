@@ -1,9 +1,10 @@
 """What a standby controller serves while the other one is active.
 
 It answers every API call 503 with ``Retry-After`` and ``X-SN-Controller-Role:
-standby`` (an agent given both controllers moves to the other at once; one behind a
-Kubernetes Service never reaches it: ``/readyz`` is 503), ``/livez`` 200 (the process is
-fine: do not restart it), and ``/metrics`` with ``sn_controller_leader 0``.
+standby`` (an agent given both controllers moves to the other at once; a load balancer
+probing ``/readyz`` sends it nothing, and on Kubernetes the Service selects the active's
+pod label: ha/k8s_role.py), ``/livez`` 200 (the process is fine: do not restart it), and
+``/metrics`` with ``sn_controller_leader 0``.
 """
 
 from __future__ import annotations
