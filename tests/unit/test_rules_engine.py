@@ -10,6 +10,7 @@ import pytest
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import parse_yaml
 from sn_monitor.controller.rules.engine import Finding, RuleEngine
+from sn_monitor.controller.rules.peers import PASS_SLICE
 from sn_monitor.controller.rules.spec import Rule, load_rules, parse_rules
 from sn_monitor.controller.state import NodeView
 from sn_monitor.model import EventRecord, GpuReport, IbPortReport, NetReport, Report
@@ -387,6 +388,38 @@ def test_a_straggler_whose_group_shrinks_resolves():
     assert statuses(c.tick(1)) == [("straggler", "", "firing")]
     del c.views["n3"]
     assert statuses(c.tick(1)) == [("straggler", "", "resolved")]
+
+
+def test_a_big_fleet_is_read_a_slice_a_sweep_then_judged():
+    # 2,500 nodes, one straggler among them (the last one read): the comparison reads
+    # PASS_SLICE nodes a sweep (the engine is held a few ms, not for the whole fleet),
+    # judges once every node is read, then waits the rule's interval before the next pass
+    nodes = 2 * PASS_SLICE + 452
+    labels = {f"n{i}": {"job": "j1"} for i in range(nodes)}
+    c = Cluster(PEERS.replace("for: 2m", "for: 0s"), labels)
+    for i in range(nodes):
+        c.send(f"n{i}", gpus=util(0.9, 0.9) if i else util(0.2, 0.2))
+    assert c.tick(0.5) == []  # slice 1 (n2499 ... n1476)
+    assert c.tick(0.5) == []  # slice 2
+    (fired,) = c.tick(0.5)  # slice 3, with n0 in it: judged
+    assert (fired.node, fired.status) == ("n0", "firing")
+    assert f"of {nodes} nodes" in fired.message
+    c.send("n0", gpus=util(0.9, 0.9))  # caught up; the next pass starts 0 s later (for/10)
+    assert c.tick(0.5) == []
+    assert c.tick(0.5) == []
+    (resolved,) = c.tick(0.5)
+    assert (resolved.node, resolved.status) == ("n0", "resolved")
+
+
+def test_a_node_gone_during_a_pass_is_not_judged():
+    nodes = PASS_SLICE + 10
+    labels = {f"n{i}": {"job": "j1"} for i in range(nodes)}
+    c = Cluster(PEERS.replace("for: 2m", "for: 0s"), labels)
+    for i in range(nodes):
+        c.send(f"n{i}", gpus=util(0.9) if i != nodes - 1 else util(0.1))
+    assert c.tick(0.5) == []  # the slice with the straggler (read first) is in
+    del c.views[f"n{nodes - 1}"]  # and then it is gone (forgotten by the registry)
+    assert c.tick(0.5) == []  # judged without it
 
 
 # ------------------------------------------------------------------ events
