@@ -485,43 +485,58 @@ def test_g_a_controller_killed_mid_recovery_resumes_without_repeating(
     # the launcher took the restore and before the new generation made progress.
     with cluster_with(tmp_path, 5) as c:
         c.start()
-        job = new_job(c, "sturdy", SMALL, [SPARE], restart_delay=6.0)
-        job.post()
-        job.start()
-        c.agents["sim-2"].fault("fall-off-bus", 0)
-
-        def restore_taken() -> dict[str, Any] | None:
-            # the restore action recorded as succeeded, not only the launcher done: a
-            # controller killed while the launcher runs cannot know whether it ran
-            # (the runner fails such an action and the recovery retries the restore)
-            recs = job.recoveries()
-            if not recs or recs[0]["state"] != "restoring" or "restore" not in recs[0][
-                    "actions"]:
-                return None
-            action = c.get("/api/v1/actions", limit=1000)["actions"]
-            ok = [a for a in action if a["id"] == recs[0]["actions"]["restore"]
-                  and a["state"] == "succeeded"]
-            return recs[0] if ok else None
-        rec = c.wait_for(restore_taken, WAIT, "the launcher took the restore")
-        assert rec["times"]["resumed"] is None
+        job, rec = start_a_slow_recovery(c)
         assert c.controller.kill(signal.SIGKILL) == -signal.SIGKILL
         before = {a["key"] for a in _actions_of(c, rec["id"], running=False)}
         c.start_controller()
+        assert_finished_without_repeating(c, job, rec, before)
 
-        done = job.wait_recovery("done")
-        assert done["id"] == rec["id"]
-        assert done["generation"] == rec["generation"] == 1
-        assert_restored_once(job, done)
-        assert len(evictions(c, "sim-2")) == 1
-        keys = [a["key"] for a in _actions_of(c, rec["id"], running=True)]
-        assert len(keys) == len(set(keys)), keys
-        assert not [k for k in keys if k.rsplit(":", 1)[-1].isdigit()], keys  # no retries
-        assert set(keys) >= before
-        checkpoints = [x for x in job.calls("checkpoint")
-                       if x["action_id"] == done["actions"].get("checkpoint")]
-        assert len(checkpoints) <= 1
-        job.wait_resumed(done)
-        assert_done_with_mttr(c, job, done)
+
+def start_a_slow_recovery(c: Cluster) -> tuple[Job, dict[str, Any]]:
+    """A 4-node job whose sim-2 falls off the bus; its recovery once the launcher took
+    the restore and before the new generation (which starts 6 s late) made progress."""
+    job = new_job(c, "sturdy", SMALL, [SPARE], restart_delay=6.0)
+    job.post()
+    job.start()
+    c.agents["sim-2"].fault("fall-off-bus", 0)
+
+    def restore_taken() -> dict[str, Any] | None:
+        # the restore action recorded as succeeded, not only the launcher done: a
+        # controller killed while the launcher runs cannot know whether it ran
+        # (the runner fails such an action and the recovery retries the restore)
+        recs = job.recoveries()
+        if not recs or recs[0]["state"] != "restoring" or "restore" not in recs[0][
+                "actions"]:
+            return None
+        ok = [a for a in c.actions() if a["id"] == recs[0]["actions"]["restore"]
+              and a["state"] == "succeeded"]
+        return recs[0] if ok else None
+    rec = c.wait_for(restore_taken, WAIT, "the launcher took the restore")
+    assert rec["times"]["resumed"] is None
+    return job, rec
+
+
+def assert_finished_without_repeating(c: Cluster, job: Job, rec: dict[str, Any],
+                                      before: set[str]) -> None:
+    """``rec`` (interrupted by the loss of its controller) is done: restored once, one
+    eviction, each of its actions once (``before``: those recorded when it was lost),
+    none retried, no action reached the launcher twice, and the job trains again."""
+    done = job.wait_recovery("done")
+    assert done["id"] == rec["id"]
+    assert done["generation"] == rec["generation"] == 1
+    assert_restored_once(job, done)
+    assert len(evictions(c, "sim-2")) == 1
+    keys = [a["key"] for a in _actions_of(c, rec["id"], running=True)]
+    assert len(keys) == len(set(keys)), keys
+    assert not [k for k in keys if k.rsplit(":", 1)[-1].isdigit()], keys  # no retries
+    assert set(keys) >= before
+    checkpoints = [x for x in job.calls("checkpoint")
+                   if x["action_id"] == done["actions"].get("checkpoint")]
+    assert len(checkpoints) <= 1
+    for call in job.state().get("calls", []):
+        assert not call.get("duplicate"), call
+    job.wait_resumed(done)
+    assert_done_with_mttr(c, job, done)
 
 
 def _actions_of(c: Cluster, recovery: str, running: bool) -> list[dict[str, Any]]:
