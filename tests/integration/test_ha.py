@@ -20,11 +20,9 @@ import requests
 from sn_monitor.controller.ha.standby import ROLE_HEADER
 from tests.integration.cluster import Cluster, ClusterHa, Process
 from tests.integration.test_job_recovery_e2e import (
-    CONFIG,
-    ROUTES,
     WAIT,
-    Job,
     assert_finished_without_repeating,
+    cluster_with,
     start_a_slow_recovery,
 )
 
@@ -36,15 +34,8 @@ TAKEOVER_WAIT = 4.0 + 0.5 + 20.0
 
 @pytest.fixture
 def pair(tmp_path: Path, pg_dsn: str) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, nodes=5, config=CONFIG, routes=ROUTES, ha=ClusterHa(pg_dsn))
-    jobs: list[Job] = []
-    c.jobs = jobs  # type: ignore[attr-defined]  # new_job's list: closed below
-    try:
+    with cluster_with(tmp_path, 5, ha=ClusterHa(pg_dsn)) as c:
         yield c
-    finally:
-        for job in jobs:
-            job.close()
-        c.close()
 
 
 def standby_of(c: Cluster, active: Process) -> Process:
