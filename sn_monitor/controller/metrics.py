@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import (
@@ -21,6 +22,8 @@ from prometheus_client.registry import Collector
 from sn_monitor import __version__
 from sn_monitor.jobs.orchestrator import JobMetrics
 
+#: The one family written by hand (node_state_exposition).
+NODE_STATE: Final = "sn_node_state"
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0)
 INGEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
@@ -43,18 +46,16 @@ class ControllerStateCollector(Collector):
 
     def __init__(self, source: Callable[[], ControllerState]) -> None:
         self._source = source
+        #: The node states of the last collect, for :func:`node_state_exposition`.
+        self.node_states: Mapping[str, str] = {}
 
     def collect(self) -> Iterator[Metric]:
         state = self._source()
+        self.node_states = state.node_states
         info = GaugeMetricFamily("sn_controller_info", "The controller's version.",
                                  labels=["version"])
         info.add_metric([__version__], 1.0)
         yield info
-        nodes = GaugeMetricFamily("sn_node_state", "1 for each node's current state.",
-                                  labels=["node", "state"])
-        for node, value in sorted(state.node_states.items()):
-            nodes.add_metric([node, value], 1.0)
-        yield nodes
         yield GaugeMetricFamily("sn_controller_nodes", "Nodes the controller knows.",
                                 value=len(state.node_states))
         firing = GaugeMetricFamily("sn_rule_firing",
@@ -138,12 +139,31 @@ def _job_families(jobs: JobMetrics) -> Iterator[Metric]:
     yield phases
 
 
+def _label_value(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def node_state_exposition(states: Mapping[str, str]) -> bytes:
+    """``sn_node_state``, one line a node, in the text exposition format.
+
+    Written here rather than by prometheus_client, whose general formatter costs ~5 µs a
+    sample: 42 ms at 8,192 nodes, spent on the event loop at every scrape while reports
+    wait; this costs ~3 ms.
+    """
+    name = NODE_STATE
+    lines = [f"# HELP {name} 1 for each node's current state.", f"# TYPE {name} gauge"]
+    lines.extend(f'{name}{{node="{_label_value(node)}",state="{_label_value(state)}"}} 1.0'
+                 for node, state in sorted(states.items()))
+    return ("\n".join(lines) + "\n").encode()
+
+
 class ControllerMetrics:
     """The controller's registry: the state collector plus event histograms."""
 
     def __init__(self, state: Callable[[], ControllerState]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ControllerStateCollector(state))
+        self._state = ControllerStateCollector(state)
+        self.registry.register(self._state)
         self.detection_latency = Histogram(
             "sn_detection_latency_seconds",
             "From the fault first seen by the agent to the rule firing on the controller.",
@@ -171,4 +191,6 @@ class ControllerMetrics:
             self.webhook_alerts.labels(outcome)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The exposition: the registry, then the node states its collector just read."""
+        body = generate_latest(self.registry)
+        return body + node_state_exposition(self._state.node_states)

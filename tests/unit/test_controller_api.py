@@ -444,6 +444,33 @@ def test_metrics(api: Api) -> None:
     assert_promtool_clean(text)
 
 
+def test_node_states_written_by_hand_read_as_prometheus_client_writes_them() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sn_monitor.controller.metrics import node_state_exposition
+
+    states = {"gpu-2": "cordoned", "gpu-1": "healthy", 'odd"\\\nname': "lost"}
+
+    class Reference:
+        def collect(self) -> Any:
+            family = GaugeMetricFamily("sn_node_state", "1 for each node's current state.",
+                                       labels=["node", "state"])
+            for node, state in sorted(states.items()):
+                family.add_metric([node, state], 1.0)
+            yield family
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Reference())  # type: ignore[arg-type]
+    expected = generate_latest(registry)
+    ours = node_state_exposition(states)
+    assert ours == expected
+    (family,) = text_string_to_metric_families(ours.decode())
+    assert {s.labels["node"]: s.labels["state"] for s in family.samples} == states
+    assert_promtool_clean(ours.decode())
+
+
 # --------------------------------------------------------------------------- OpenAPI
 
 
