@@ -18,6 +18,9 @@ from sn_monitor.logs import configure_logging
 log = logging.getLogger("sn_monitor")
 
 EXIT_CONFIG = 2
+#: The controller's store cannot be opened (unreachable server, unwritable directory):
+#: a supervisor may start it again later.
+EXIT_STORE = 1
 
 
 def _listen(value: str) -> str:
@@ -290,6 +293,7 @@ def run_controller_command(args: argparse.Namespace) -> int:
     """``sn-monitor controller``: flags override the config file."""
     from sn_monitor.clock import SystemClock
     from sn_monitor.controller.daemon import run_controller
+    from sn_monitor.controller.database import StoreError
     from sn_monitor.controller.settings import load_controller_settings
 
     try:
@@ -315,6 +319,9 @@ def run_controller_command(args: argparse.Namespace) -> int:
     except OSError as err:
         print(f"sn-monitor controller: {err}", file=sys.stderr)
         return EXIT_CONFIG
+    except StoreError as err:  # names the store (never a password), not a traceback
+        print(f"sn-monitor controller: {err}", file=sys.stderr)
+        return EXIT_STORE
 
 
 def run_simulate(args: argparse.Namespace) -> int:

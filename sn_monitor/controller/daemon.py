@@ -224,7 +224,7 @@ def _stand_by(settings: ControllerSettings, elector: Elector,
         server.run()
     finally:
         stop.set()
-        thread.join(timeout=float(settings.ha.retry_period) + 15 if settings.ha else 15)
+        thread.join(timeout=float(elector.settings.retry_period) + 15)
     return won.is_set()
 
 
