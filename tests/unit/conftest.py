@@ -10,6 +10,7 @@ import pytest
 
 from sn_monitor.controller.store import Store, StoreError
 from tests.unit.test_controller_api import Api, make_api
+from tests.unit.test_controller_service import HOT_RULE, Harness, make_harness, rules_from
 
 
 @pytest.fixture
@@ -21,6 +22,18 @@ def api(tmp_path: Path) -> Iterator[Api]:
     client, h = make_api(tmp_path)
     with client.client:
         yield client
+    h.controller.close()
+    h.store.close()
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    """A controller with the gpu-hot rule (HOT_RULE), its store and fake drivers.
+
+    A module that means other rules defines its own ``harness``.
+    """
+    h = make_harness(tmp_path, rules_from(HOT_RULE))
+    yield h
     h.controller.close()
     h.store.close()
 

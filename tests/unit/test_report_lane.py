@@ -21,23 +21,12 @@ from sn_monitor.controller.app import ControllerApp, build_app
 from sn_monitor.controller.auth import TokenBook
 from tests.unit.test_controller_api import AGENT, READ, write_tokens
 from tests.unit.test_controller_service import (
-    HOT_RULE,
     Harness,
-    make_harness,
     report_body,
-    rules_from,
 )
 from tests.unit.test_tls import Server
 
 MAX_BODY = 64 * 1024
-
-
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[Harness]:
-    h = make_harness(tmp_path, rules_from(HOT_RULE))
-    yield h
-    h.controller.close()
-    h.store.close()
 
 
 @pytest.fixture

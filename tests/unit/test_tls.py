@@ -54,7 +54,7 @@ from sn_monitor.controller.tls import (
 )
 from sn_monitor.notify import SystemdNotifier
 from tests.unit.test_controller_api import ADMIN, AGENT, READ, write_tokens
-from tests.unit.test_controller_service import HOT_RULE, Harness, make_harness, rules_from
+from tests.unit.test_controller_service import Harness
 from tests.unit.test_reporter import snapshot
 
 T0 = 1_700_000_000.0
@@ -156,14 +156,6 @@ class Server:
 @pytest.fixture
 def pki(tmp_path: Path) -> Pki:
     return Pki(tmp_path / "pki")
-
-
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[Harness]:
-    h = make_harness(tmp_path, rules_from(HOT_RULE))
-    yield h
-    h.controller.close()
-    h.store.close()
 
 
 @pytest.fixture
