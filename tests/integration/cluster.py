@@ -334,8 +334,6 @@ class Cluster:
         """A controller process's URL (an agent's: its own)."""
         if isinstance(proc, Agent):
             return proc.url
-        if self.ha is None:
-            return self.url  # a test may move the one controller (test_partition)
         return self.urls[self.controllers.index(proc)]
 
     def find_active(self, timeout: float = 30.0) -> Process:
