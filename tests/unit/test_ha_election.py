@@ -4,6 +4,7 @@ what a standby serves."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 
@@ -11,9 +12,10 @@ import pytest
 from starlette.testclient import TestClient
 
 from sn_monitor.clock import ManualClock
-from sn_monitor.config import Duration
+from sn_monitor.config import ConfigError, Duration
+from sn_monitor.controller.daemon import build_lease
 from sn_monitor.controller.ha.elector import Elector, LeadershipLost
-from sn_monitor.controller.ha.lease import HaSettings, LeaseError
+from sn_monitor.controller.ha.lease import HaSettings, KubernetesLeaseSettings, LeaseError
 from sn_monitor.controller.ha.standby import ROLE_HEADER, StandbyApp, StandbyStatus
 from sn_monitor.controller.ha.store_lease import StoreLease
 from sn_monitor.controller.store import Store
@@ -88,6 +90,30 @@ def test_release_hands_over_at_once(pair) -> None:
     assert not a.leading
     assert b.try_to_lead()  # no wait for the expiry
     a.release()  # not leading: nothing to do
+
+
+def test_a_release_the_store_refuses_is_logged_not_raised(pair, caplog) -> None:
+    clock, a, b = pair
+    assert a.try_to_lead()
+    with FullDisk(a.lease._store), caplog.at_level(logging.WARNING):
+        a.release()  # an orderly stop goes on: the standby waits for the expiry instead
+    assert not a.leading
+    assert "lease not released" in caplog.text
+    assert not b.try_to_lead()
+    clock.advance(15)
+    assert b.try_to_lead()
+
+
+def test_build_lease_picks_the_backend_and_names_a_bad_kubernetes_config(tmp_path) -> None:
+    store = Store(tmp_path / "c.db")
+    try:
+        lease = build_lease(settings("ctl-a"), store, ManualClock())
+        assert isinstance(lease, StoreLease)
+        with pytest.raises(ConfigError, match=r"ha\.kubernetes"):
+            build_lease(HaSettings(lease="kubernetes", kubernetes=KubernetesLeaseSettings(
+                kubeconfig=str(tmp_path / "no-kubeconfig"))), store, ManualClock())
+    finally:
+        store.close()
 
 
 def test_keep_leading_reports_a_loss_once_and_wait_to_lead_stops(pair) -> None:
