@@ -168,7 +168,11 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
         drivers = build_drivers(settings.drivers, settings.routes, clock)
     except ValueError as err:
         raise ConfigError("controller config", "routes", None, str(err)) from None
-    store = open_store(settings)
+    try:
+        store = open_store(settings)
+    except BaseException:
+        drivers.close()
+        raise
     previous = signal.getsignal(signal.SIGHUP)
     # uvicorn stops gracefully on SIGTERM/SIGINT and then re-raises the signal to the
     # handler that was there before it: make that a no-op, so that an orderly stop exits 0.
@@ -184,6 +188,7 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
             if role is not None:
                 role.mark("standby")  # before serving: a stale "active" draws agents here
             if not _stand_by(settings, elector, notifier):
+                drivers.close()  # stopped as a standby: no controller took them over
                 return 0
             fence_store(store, elector.lease, settings.ha, clock)
             if role is not None:
