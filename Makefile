@@ -3,24 +3,35 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The dependencies' wheels, for the tests that install the package offline into fresh venvs.
+WHEELHOUSE := $(VENV)/wheelhouse
+WHEELS := $(WHEELHOUSE)/.complete
 
-.PHONY: all demo test fuzz lint bench soak clean venv
+.PHONY: all demo test fuzz lint bench soak clean venv wheelhouse
 
 all: test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --upgrade pip "setuptools>=77"
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
+$(WHEELS): $(STAMP)
+	rm -rf $(WHEELHOUSE)
+	$(BIN)/pip wheel --quiet --no-build-isolation --wheel-dir $(WHEELHOUSE) '.[kubernetes]'
+	rm -f $(WHEELHOUSE)/sn_monitor-*.whl
+	touch $@
+
+wheelhouse: $(WHEELS)
+
 demo: $(STAMP)
 	$(BIN)/sn-monitor demo
 
-test: $(STAMP)
-	$(BIN)/pytest -q
+test: $(STAMP) $(WHEELS)
+	WHEELHOUSE=$(WHEELHOUSE) $(BIN)/pytest -q
 
 # The schema-driven fuzz of the API and the property tests, with budgets 20 to 100 times
 # those of `make test` (tests/fuzzing.py): several minutes.
@@ -31,8 +42,9 @@ fuzz: $(STAMP)
 		tests/unit/test_rules_property.py tests/unit/test_kmsg.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check sn_monitor tests bench examples
+	$(BIN)/ruff check sn_monitor tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	command -v prometheus-node-exporter >/dev/null || (apt-get install -y -q prometheus-node-exporter || echo "node_exporter not installed: comparison skipped")

@@ -72,7 +72,7 @@ from sn_monitor.controller.rules.spec import load_rules
 from sn_monitor.model import CommandResult, EventRecord, Report, ReportReply
 
 REPO = Path(__file__).resolve().parent.parent
-RULES_DIR = REPO / "rules"
+RULES_DIR = REPO / "sn_monitor" / "rules"
 GOALS = {"ingest_per_s": 4000.0, "action_p99_ms": 50.0, "rss_mb_per_1000_nodes": 100.0}
 HTTP_TIMEOUT = 5.0
 #: How many distinct simulated snapshots the N nodes share (node i uses i % VARIANTS).
@@ -863,11 +863,11 @@ def profile_ingest(tmp: Path, templates: Templates, nodes: int, rounds: int,
     """Per-report CPU of Controller.ingest in-process (no HTTP), split into its steps,
     plus a cProfile of the same loop and the cost of one sweep and one /metrics."""
     from sn_monitor.clock import SystemClock
+    from sn_monitor.controller.actions.policy import PolicySettings, RateLimitSettings
+    from sn_monitor.controller.actions.routing import build_drivers
     from sn_monitor.controller.app import build_app
     from sn_monitor.controller.auth import OPEN_ACCESS
     from sn_monitor.controller.ingest import decode_report
-    from sn_monitor.controller.policy import PolicySettings, RateLimitSettings
-    from sn_monitor.controller.routing import build_drivers
     from sn_monitor.controller.service import Controller
     from sn_monitor.controller.settings import ControllerSettings
     from sn_monitor.controller.store import Store
@@ -976,8 +976,8 @@ def memory_steady(tmp: Path, templates: Templates, nodes: int, seconds: int,
     import tracemalloc
 
     from sn_monitor.clock import ManualClock
+    from sn_monitor.controller.actions.routing import build_drivers
     from sn_monitor.controller.auth import OPEN_ACCESS
-    from sn_monitor.controller.routing import build_drivers
     from sn_monitor.controller.service import Controller
     from sn_monitor.controller.settings import ControllerSettings
     from sn_monitor.controller.store import Store

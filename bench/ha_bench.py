@@ -64,7 +64,7 @@ def one_round(pg: PostgresServer, workdir: Path, round_no: int, sig: signal.Sign
         for port in ports:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "sn_monitor.cli", "controller", "--config", str(config),
-                 "--listen", f"127.0.0.1:{port}", "--rules", str(ROOT / "rules"),
+                 "--listen", f"127.0.0.1:{port}", "--rules", str(ROOT / "sn_monitor" / "rules"),
                  "--state-dir", str(workdir)], cwd=ROOT, stdout=subprocess.DEVNULL,
                 stderr=(workdir / f"{name}-{port}.log").open("wb")))
         _wait(lambda: any(_ready(p) for p in ports), 60)

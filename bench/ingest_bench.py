@@ -65,10 +65,10 @@ def _bodies(nodes: int) -> list[list[bytes]]:
 def measure(nodes: int, rounds: int, interval: float) -> dict[str, float]:
     """One repetition: median per-report CPU microseconds of each part."""
     from sn_monitor.clock import ManualClock
+    from sn_monitor.controller.actions.policy import PolicySettings, RateLimitSettings
+    from sn_monitor.controller.actions.routing import build_drivers
     from sn_monitor.controller.auth import OPEN_ACCESS
     from sn_monitor.controller.ingest import decode_report
-    from sn_monitor.controller.policy import PolicySettings, RateLimitSettings
-    from sn_monitor.controller.routing import build_drivers
     from sn_monitor.controller.rules.engine import RuleEngine
     from sn_monitor.controller.rules.spec import load_rules
     from sn_monitor.controller.service import Controller
@@ -78,7 +78,7 @@ def measure(nodes: int, rounds: int, interval: float) -> dict[str, float]:
 
     templates = _bodies(nodes)
     variants = len(templates)
-    rules = load_rules([REPO / "rules"])
+    rules = load_rules([REPO / "sn_monitor" / "rules"])
     clock = ManualClock()
     sequence = 0
 

@@ -14,7 +14,7 @@ controller`` at its default timings (sweep 1 s, settle 3 s unless said otherwise
    and with settle 0. The goal (p99 <= 1 s) is the controller's own path, i.e. the
    figure *excluding* settle: settle is a configured wait (the breaker's chance to see
    a burst), not processing.
-2. **MTTR with the example job.** A 4-node job of ``examples/train.py`` ranks (step 0.05
+2. **MTTR with the example job.** A 4-node job of ``sn_monitor/sim/train.py`` ranks (step 0.05
    s) under ``tests/integration/launcher.py``, 3 spares; one ``fall-off-bus`` fault at a
    time on a different node, each recovery waited for. MTTR and its split as the
    orchestrator records them (GET /api/v1/recoveries): detection (fault seen ->

@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--state-dir", type=Path, default=None, metavar="DIR",
                       help="keep the store, configs and logs here (default: a temporary "
                            "directory, removed at exit)")
+    demo.add_argument("--rules", action="append", type=Path, metavar="DIR",
+                      help="rule files or directories (repeatable; default: the rules "
+                           "packaged with sn-monitor), their holds scaled by --speed")
     demo.add_argument("--headless", action="store_true",
                       help="no live view: print the summary as JSON; exit 1 if a fault "
                            "went undetected")
@@ -201,7 +204,7 @@ def check_file(path: Path) -> str:
         parse_scenario(doc)
         return "scenario file"
     if isinstance(doc.data, dict) and doc.data.get("kind") == "DistributedJob":
-        from sn_monitor.jobs.spec import parse_job
+        from sn_monitor.controller.jobs.spec import parse_job
 
         parse_job(doc)
         return "job file"
@@ -380,15 +383,22 @@ def run_simulate(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
     summary = fleet.summary()
     print(json.dumps(summary, indent=2) if args.json else render_summary(summary))
-    return 1 if summary["sent"] and not summary["accepted"] else 0
+    if not summary["accepted"]:
+        print(f"sn-monitor simulate: the controller at {options.controller} accepted no "
+              f"report ({summary['sent']} sent)", file=sys.stderr)
+        return 1
+    return 0
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
     """``sn-monitor demo``: a simulated supernode, a scenario, a live view, a summary."""
+    from sn_monitor.controller.rules.spec import load_rules
     from sn_monitor.sim.demo import DemoOptions, run_demo
     from sn_monitor.sim.scenario import find_scenario
 
     try:
+        if args.rules:
+            load_rules(args.rules)
         scenario = find_scenario(args.scenario)
         scenario.check_gpus(args.gpus)
         scenario.resolve(args.nodes, [_demo_node(i, args.nodes) for i in range(args.nodes)])
@@ -405,7 +415,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
     return run_demo(DemoOptions(
         scenario=scenario, nodes=args.nodes, gpus=args.gpus, speed=args.speed,
         duration=args.duration, headless=args.headless, keep_running=args.keep_running,
-        listen=args.listen, state_dir=args.state_dir))
+        listen=args.listen, state_dir=args.state_dir, rules=tuple(args.rules or ())))
 
 
 def _demo_node(index: int, nodes: int) -> str:

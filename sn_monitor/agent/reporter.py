@@ -48,6 +48,7 @@ from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import Clock
 from sn_monitor.model import MAX_EVENTS, Command, CommandResult, Event, EventRecord
+from sn_monitor.transport import parse_retry_after, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -321,12 +322,12 @@ class Reporter:
             return _Failure(f"controller unreachable: {type(err).__name__}: {err}",
                             fail_over=True)
         status = response.status_code
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
         if status == 503 and response.headers.get(ROLE_HEADER, "").lower() == "standby":
-            return _Failure("controller is a standby", retry_after=_retry_after(response),
-                            fail_over=True)
+            return _Failure("controller is a standby", retry_after=retry_after, fail_over=True)
         if status == 429 or status >= 500:
             return _Failure(f"controller answered {status}: {_error_text(response)}",
-                            retry_after=_retry_after(response))
+                            retry_after=retry_after)
         if not 200 <= status < 300:
             message = f"controller refused the report ({status}): {_error_text(response)}"
             if message not in self._logged:
@@ -423,24 +424,6 @@ def _error_text(response: requests.Response) -> str:
             if key in doc:
                 return str(doc[key])[:_MAX_ERROR_TEXT]
     return str(doc)[:_MAX_ERROR_TEXT]
-
-
-def redact_url(url: str) -> str:
-    """``url`` for a log line or a label: without a ``user:password@`` part, should it have one."""
-    scheme, sep, rest = url.partition("://")
-    host, slash, path = rest.partition("/")
-    if "@" in host:
-        host = "…@" + host.rpartition("@")[2]
-    return f"{scheme}{sep}{host}{slash}{path}"
-
-
-def _retry_after(response: requests.Response) -> float | None:
-    value = response.headers.get("Retry-After", "")
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None
 
 
 def _command_id(raw: msgspec.Raw) -> str | None:

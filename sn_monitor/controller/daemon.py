@@ -18,6 +18,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from sn_monitor.clock import Clock
 from sn_monitor.config import ConfigError
+from sn_monitor.controller.actions.routing import Drivers, build_drivers
 from sn_monitor.controller.app import build_app
 from sn_monitor.controller.auth import TokenBook
 from sn_monitor.controller.database.postgres import PostgresDatabase
@@ -26,8 +27,7 @@ from sn_monitor.controller.ha.lease import HaSettings, Lease
 from sn_monitor.controller.ha.standby import StandbyApp, StandbyStatus
 from sn_monitor.controller.ha.store_lease import StoreLease
 from sn_monitor.controller.report_lane import report_lane
-from sn_monitor.controller.routing import Drivers, build_drivers
-from sn_monitor.controller.rules.spec import Rule, load_rules
+from sn_monitor.controller.rules.spec import Rule, default_rule_paths, load_rules
 from sn_monitor.controller.service import Controller
 from sn_monitor.controller.settings import STORE_DSN_ENV, ControllerSettings
 from sn_monitor.controller.store import Store
@@ -47,8 +47,20 @@ log = logging.getLogger(__name__)
 STOP_DEADLINE_SECONDS = 20
 
 
-def rule_paths(settings: ControllerSettings) -> list[Path]:
-    return [Path(p) for p in settings.rules]
+def rule_paths(settings: ControllerSettings) -> tuple[list[Path], str]:
+    """The rule files or directories to load, and where they come from (for the log)."""
+    if settings.rules is None:
+        return default_rule_paths()
+    paths = [Path(p) for p in settings.rules]
+    return paths, ", ".join(map(str, paths))
+
+
+def read_rules(settings: ControllerSettings) -> list[Rule]:
+    """The controller's rules (ConfigError naming file, key and line); logs their source."""
+    paths, source = rule_paths(settings)
+    rules = load_rules(paths)
+    log.info("%d rules from %s", len(rules), source)
+    return rules
 
 
 def _already_stopping(signum: int, frame: FrameType | None) -> None:
@@ -157,7 +169,7 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
     With ``ha`` set, first stand by until this controller holds the lease. Exits 1 if
     the lease is lost while active (the supervisor starts it again, as a standby).
     """
-    rules = load_rules(rule_paths(settings))
+    rules = read_rules(settings)
     tokens = TokenBook.load(settings.token_file) if settings.token_file else None
     if tokens is None:
         log.warning("no token file: the API is open to anyone who can reach it "
@@ -249,7 +261,7 @@ def _serve_active(settings: ControllerSettings, clock: Clock, rules: list[Rule],
         if reload_wanted.is_set():
             reload_wanted.clear()
             try:
-                controller.reload_rules(load_rules(rule_paths(settings)))
+                controller.reload_rules(read_rules(settings))
             except ConfigError as err:
                 log.error("rules not reloaded, the old ones stay: %s", err)
             if reloader is not None:

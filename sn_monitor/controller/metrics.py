@@ -20,7 +20,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sn_monitor import __version__
-from sn_monitor.jobs.orchestrator import JobMetrics
+from sn_monitor.controller.jobs.orchestrator import JobMetrics
 
 #: The one family written by hand (node_state_exposition).
 NODE_STATE: Final = "sn_node_state"

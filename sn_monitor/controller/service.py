@@ -23,34 +23,28 @@ import msgspec
 
 from sn_monitor.clock import Clock
 from sn_monitor.config import ConfigError
-from sn_monitor.controller.actions.base import ActionName, ActionRequest
+from sn_monitor.controller.actions.policy import BreakerState, ClusterSummary, SafetyPolicy
+from sn_monitor.controller.actions.routing import Drivers
 from sn_monitor.controller.actions.runner import ActionRunner, ActionStateError
+from sn_monitor.controller.audit import ActionName, ActionRecord, ActionRequest
 from sn_monitor.controller.auth import Identity
 from sn_monitor.controller.errors import ApiError
 from sn_monitor.controller.ingest import NodeRegistry, ReportRejected, decode_report
-from sn_monitor.controller.metrics import ControllerMetrics, ControllerState
-from sn_monitor.controller.policy import BreakerState, ClusterSummary, SafetyPolicy
-from sn_monitor.controller.routing import Drivers
-from sn_monitor.controller.rules.alerts import WebhookRejected, decode_webhook
-from sn_monitor.controller.rules.engine import Finding, RuleEngine
-from sn_monitor.controller.rules.spec import AlertRule, EventRule, Rule
-from sn_monitor.controller.settings import ControllerSettings
-from sn_monitor.controller.state import NodeState, NodeView
-from sn_monitor.controller.store import (
-    ActionRecord,
-    Incident,
-    Store,
-    StoreError,
-    StoreUnavailable,
-)
-from sn_monitor.jobs.orchestrator import (
+from sn_monitor.controller.jobs.orchestrator import (
     HangFinding,
     JobError,
     JobOrchestrator,
     UnknownJob,
     UnknownRecovery,
 )
-from sn_monitor.jobs.spec import JobControl, job_from_json, load_jobs
+from sn_monitor.controller.jobs.spec import JobControl, job_from_json, load_jobs
+from sn_monitor.controller.metrics import ControllerMetrics, ControllerState
+from sn_monitor.controller.rules.alerts import WebhookRejected, decode_webhook
+from sn_monitor.controller.rules.engine import Finding, RuleEngine
+from sn_monitor.controller.rules.spec import AlertRule, EventRule, Rule
+from sn_monitor.controller.settings import ControllerSettings
+from sn_monitor.controller.state import NodeState, NodeView
+from sn_monitor.controller.store import Incident, Store, StoreError, StoreUnavailable
 from sn_monitor.model import CheckpointBody, CommandResult, ProgressBody, ReportReply
 
 log = logging.getLogger(__name__)
@@ -609,8 +603,11 @@ class Controller:
             view.labels = {**view.labels, "job": jobs[0]}
 
     def _job_control(self, job: str) -> JobControl | None:
+        """The job's ``spec.control`` (None: it names none); KeyError: no such job."""
         spec = self.jobs.spec(job)
-        return None if spec is None else spec.spec.control
+        if spec is None:
+            raise KeyError(job)
+        return spec.spec.control
 
     def _labels_of(self, node: str) -> dict[str, str] | None:
         view = self.registry.get(node)

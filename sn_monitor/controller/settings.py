@@ -16,60 +16,12 @@ from sn_monitor.config import (
     positive,
     setting,
 )
-from sn_monitor.controller.actions.agent import AgentQueueSettings
-from sn_monitor.controller.actions.alertmanager import AlertmanagerSettings
-from sn_monitor.controller.actions.base import ActionName
-from sn_monitor.controller.actions.command import CommandSettings
-from sn_monitor.controller.actions.kubernetes import KubernetesSettings
+from sn_monitor.controller.actions.policy import PolicySettings
+from sn_monitor.controller.actions.routing import DriverSettings, check_routes
 from sn_monitor.controller.actions.runner import RunnerSettings
-from sn_monitor.controller.actions.slack import SlackSettings
-from sn_monitor.controller.actions.slurm import SlurmSettings
-from sn_monitor.controller.actions.webhook import WebhookSettings
 from sn_monitor.controller.ha.lease import HaSettings
-from sn_monitor.controller.policy import PolicySettings
+from sn_monitor.controller.jobs.orchestrator import JobSettings
 from sn_monitor.controller.tls import TlsSettings
-from sn_monitor.jobs.orchestrator import JobSettings
-
-
-@dataclass(frozen=True)
-class JobControlSettings:
-    """Where checkpoint / restore / failover go: exactly one of a webhook or a command."""
-
-    webhook: WebhookSettings | None = None
-    command: CommandSettings | None = None
-
-    def __post_init__(self) -> None:
-        if (self.webhook is None) == (self.command is None):
-            raise ValueError("give exactly one of webhook and command")
-
-
-@dataclass(frozen=True)
-class DriverSettings:
-    """The outside systems the controller may act through; each is off unless set."""
-
-    alertmanager: AlertmanagerSettings | None = None
-    webhook: WebhookSettings | None = None
-    slack: SlackSettings | None = None
-    kubernetes: KubernetesSettings | None = None
-    slurm: SlurmSettings | None = None
-    command: CommandSettings | None = None
-    job: JobControlSettings | None = None
-    agent: AgentQueueSettings = field(default_factory=AgentQueueSettings)
-
-
-DRIVER_NAMES = ("alertmanager", "webhook", "slack", "kubernetes", "slurm", "command", "job",
-                "agent")
-
-
-def _routes(value: dict[str, list[str]]) -> None:
-    for action, drivers in value.items():
-        if action not in ActionName.__args__:  # type: ignore[attr-defined]
-            raise ValueError(f"unknown action {action!r}")
-        for driver in drivers:
-            if driver not in DRIVER_NAMES:
-                raise ValueError(f"unknown driver {driver!r} for {action} "
-                                 f"(drivers: {', '.join(DRIVER_NAMES)})")
-
 
 #: Where a PostgreSQL store's connection string may come from instead of ``dsn_file``.
 STORE_DSN_ENV = "SN_STORE_DSN"
@@ -107,7 +59,9 @@ class ControllerSettings:
 
     listen: str = setting(default="0.0.0.0:9848", check=listen_address)
     state_dir: str = "/var/lib/sn-monitor"
-    rules: list[str] = field(default_factory=lambda: ["/etc/sn-monitor/rules"])
+    #: Rule files or directories; unset: ``/etc/sn-monitor/rules`` when it exists, else
+    #: the rules packaged with sn-monitor.
+    rules: list[str] | None = None
     token_file: str | None = None
     #: Serve HTTPS (and verify agents' client certificates); unset: plain HTTP.
     tls: TlsSettings | None = None
@@ -121,7 +75,7 @@ class ControllerSettings:
     policy: PolicySettings = field(default_factory=PolicySettings)
     runner: RunnerSettings = field(default_factory=RunnerSettings)
     drivers: DriverSettings = field(default_factory=DriverSettings)
-    routes: dict[str, list[str]] = setting(default_factory=dict, check=_routes)
+    routes: dict[str, list[str]] = setting(default_factory=dict, check=check_routes)
     #: DistributedJob files (a directory of *.yaml); jobs can also come through the API.
     jobs: str | None = None
     recovery: JobSettings = field(default_factory=JobSettings)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from sn_monitor.controller.actions.base import ActionName, ActionRequest
+from sn_monitor.controller.audit import ACTION_STATES, ActionRecord, ActionRequest, ActionState
 from sn_monitor.controller.database.base import (
     Database,
     Row,
@@ -46,18 +46,6 @@ from sn_monitor.model import EventRecord
 
 log = logging.getLogger(__name__)
 
-ActionState = Literal[
-    "pending", "awaiting_approval", "running", "succeeded", "failed", "dry_run",
-    "refused", "cancelled",
-]
-ACTION_STATES: Final[frozenset[str]] = frozenset(
-    {"pending", "awaiting_approval", "running", "succeeded", "failed", "dry_run",
-     "refused", "cancelled"}
-)
-#: States an action never leaves.
-FINAL_STATES: Final[frozenset[str]] = frozenset(
-    {"succeeded", "failed", "dry_run", "refused", "cancelled"}
-)
 IncidentStatus = Literal["open", "closed"]
 
 #: The schema this code writes; older files are migrated on open, newer ones refused.
@@ -149,7 +137,7 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
     );
     CREATE INDEX events_node ON events (node, received_at);
     """,
-    # 1 -> 2: training jobs and their recoveries (sn_monitor.jobs.orchestrator)
+    # 1 -> 2: training jobs and their recoveries (sn_monitor.controller.jobs.orchestrator)
     """
     CREATE TABLE jobs (
         name TEXT PRIMARY KEY,
@@ -269,61 +257,8 @@ class Incident:
 
 
 @dataclass(frozen=True)
-class ActionRecord:
-    """One row of the audit trail: the request, the policy's verdict and what happened."""
-
-    id: str
-    key: str
-    action: ActionName
-    node: str | None
-    reason: str
-    state: ActionState
-    created_at: float
-    updated_at: float
-    rule: str | None = None
-    incident_id: int | None = None
-    gpu: int | None = None
-    severity: str = "warning"
-    labels: Mapping[str, str] = field(default_factory=dict)
-    params: Mapping[str, Any] = field(default_factory=dict)
-    requested_by: str = "controller"
-    verdict_reason: str = ""
-    attempts: int = 0
-    next_attempt_at: float | None = None
-    outcome_message: str = ""
-    outcome: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def final(self) -> bool:
-        """True once the action can no longer change."""
-        return self.state in FINAL_STATES
-
-    def to_request(self) -> ActionRequest:
-        """The request this record was made from (for drivers, on retry and resume)."""
-        return ActionRequest(
-            id=self.id, key=self.key, action=self.action, node=self.node,
-            reason=self.reason, rule=self.rule, incident_id=self.incident_id, gpu=self.gpu,
-            severity=self.severity, labels=dict(self.labels), params=dict(self.params),
-            requested_by=self.requested_by, created_seconds=self.created_at,
-        )
-
-    @classmethod
-    def from_request(cls, request: ActionRequest, state: ActionState, reason: str,
-                     at: float) -> ActionRecord:
-        """A new record for ``request``, created at wall time ``at``."""
-        return cls(
-            id=request.id, key=request.key, action=request.action, node=request.node,
-            reason=request.reason, state=state, created_at=at, updated_at=at,
-            rule=request.rule, incident_id=request.incident_id, gpu=request.gpu,
-            severity=request.severity, labels=dict(request.labels),
-            params=dict(request.params), requested_by=request.requested_by,
-            verdict_reason=reason,
-        )
-
-
-@dataclass(frozen=True)
 class JobRow:
-    """A training job as the store keeps it (see :mod:`sn_monitor.jobs.orchestrator`).
+    """A training job as the store keeps it (see :mod:`sn_monitor.controller.jobs.orchestrator`).
 
     ``spec`` is the DistributedJob as plain data (``spec.job_to_dict``); ``nodes`` the
     job's members when last computed; ``added`` the replacement nodes taken into the job,

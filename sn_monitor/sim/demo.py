@@ -59,6 +59,8 @@ class DemoOptions:
     keep_running: bool = False
     listen: str = "127.0.0.1:9848"
     state_dir: Path | None = None
+    #: Rule files or directories (default: the rules packaged with sn-monitor).
+    rules: tuple[Path, ...] = ()
 
 
 @dataclass
@@ -431,7 +433,8 @@ def run_demo(options: DemoOptions) -> int:
         try:
             sn = Supernode(SupernodeOptions(
                 state_dir=state_dir, nodes=options.nodes, gpus=options.gpus,
-                spares=options.spares, speed=options.speed, listen=options.listen))
+                spares=options.spares, speed=options.speed, listen=options.listen,
+                rules=options.rules))
             demo = Demo(options, sn)
         except SupernodeError as err:
             print(f"sn-monitor demo: {err}", file=sys.stderr)

@@ -2,12 +2,12 @@
 
 This is the launcher ``sn-monitor demo`` gives its DistributedJob as ``spec.control``
 (and as the command driver of evict / cordon, which it only records): run it as
-``python -m sn_monitor.sim.launcher``. The example training loop is the repository's
-``examples/train.py``.
+``python -m sn_monitor.sim.launcher``. The example training loop is
+``sn_monitor/sim/train.py`` (``python -m sn_monitor.sim.train``).
 
 It runs as a DistributedJob's ``spec.control.command`` (the controller's command driver
 calls it with ``SN_ACTION``, ``SN_ACTION_ID`` and ``SN_PARAMS`` in its environment) and
-keeps the job's ranks in a JSON state file: one ``examples/train.py`` process per node
+keeps the job's ranks in a JSON state file: one training process per node
 (a "node" is only the ``SN_NODE`` name; every process runs on this machine), started
 detached (own session, output to a log file per rank) so they outlive the launcher.
 
@@ -52,8 +52,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-TRAIN = ROOT / "examples" / "train.py"
+#: The example training loop each rank runs (``python -m sn_monitor.sim.train``).
+TRAIN_MODULE = "sn_monitor.sim.train"
 #: How to run this launcher as a command: ``[*LAUNCHER, "--state", F, ...]``.
 LAUNCHER = (sys.executable, "-m", "sn_monitor.sim.launcher")
 #: What a delayed rank runs first: sleep, then become train.py (same pid).
@@ -90,7 +90,7 @@ def load(state_path: Path) -> dict[str, Any]:
 
 
 def _is_our_rank(pid: int) -> bool:
-    """The pid is alive (not a zombie) and runs train.py: never signal anything else."""
+    """The pid is alive (not a zombie) and runs the training loop: never signal anything else."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -98,7 +98,7 @@ def _is_our_rank(pid: int) -> bool:
         return False
     if stat.rpartition(")")[2].split()[0] == "Z":
         return False
-    return b"train.py" in cmdline
+    return TRAIN_MODULE.encode() in cmdline.split(b"\0")
 
 
 def kill_ranks(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
@@ -123,7 +123,7 @@ def start_ranks(state: dict[str, Any], nodes: Sequence[str], generation: int,
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
            and not k.startswith(("SLURM_", "SN_"))}
-    env.update(PYTHONPATH=str(ROOT), SN_CONTROLLER_URL=state["controller"],
+    env.update(SN_CONTROLLER_URL=state["controller"],
                SN_JOB=state["job"], WORLD_SIZE=str(len(nodes)), LOCAL_RANK="0",
                SN_FLUSH_INTERVAL=str(state.get("flush_interval", 1.0)))
     if state.get("token_file"):
@@ -132,14 +132,14 @@ def start_ranks(state: dict[str, Any], nodes: Sequence[str], generation: int,
     extra = state.get("rank_args", {}) if generation == 0 else {}
     ranks = []
     for rank, node in enumerate(nodes):
-        argv = [python, str(TRAIN), "--checkpoint-dir", state["checkpoint_dir"],
+        argv = [python, "-m", TRAIN_MODULE, "--checkpoint-dir", state["checkpoint_dir"],
                 *state.get("train_args", []), *extra.get(str(rank), [])]
         if delay > 0:
             argv = [python, "-c", _DELAYED, str(delay), *argv]
         log_path = log_dir / f"gen{generation}-rank{rank}-{node}.log"
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
-                argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                argv, cwd=log_dir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env={**env, "SN_NODE": node, "RANK": str(rank)}, start_new_session=True)
         ranks.append({"rank": rank, "node": node, "pid": proc.pid, "log": str(log_path),
                       "generation": generation})

@@ -2,15 +2,16 @@
 
 What ``sn-monitor demo`` runs, on 127.0.0.1, under one state directory:
 
-* ``sn-monitor controller`` with its SQLite store in ``STATE/controller``, the default
-  rules (``rules/``) with their holds shortened by the demo's speed, a command driver
+* ``sn-monitor controller`` with its SQLite store in ``STATE/controller``, the rules
+  (the packaged defaults, or ``--rules``) with their holds shortened by the demo's speed,
+  a command driver
   for evict / cordon (the launcher, which only records them) and the job's directory;
 * one ``sn-monitor agent --simulate G`` per node (``sim-0000`` ...), the real agent code
   on a simulated node whose physics run ``speed`` times faster, on consecutive free
   ports after the controller's;
 * a DistributedJob ``demo`` over every node but the last ``spares`` (its spares), run by
-  :mod:`sn_monitor.sim.launcher`: one ``examples/train.py`` rank per node, started
-  detached, restarted on the controller's ``restore``.
+  :mod:`sn_monitor.sim.launcher`: one :mod:`sn_monitor.sim.train` rank per node,
+  started detached, restarted on the controller's ``restore``.
 
 Every child runs in its own session (process group); :meth:`Supernode.close` stops them
 all (SIGCONT first, for agents a scenario has frozen, then SIGTERM, then SIGKILL).
@@ -26,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,10 @@ import requests
 import yaml
 
 from sn_monitor.config import parse_duration
+from sn_monitor.controller.rules.spec import packaged_rules
 from sn_monitor.sim import launcher
 from sn_monitor.sim.fleet import node_name
 
-ROOT = Path(__file__).resolve().parents[2]
-RULES = ROOT / "rules"
 JOB = "demo"
 #: The fleet-level faults the supernode plays itself (the rest go to POST /sim/fault).
 PROCESS_FAULTS = ("node-lost", "node-back", "straggler")
@@ -61,10 +61,18 @@ class SupernodeOptions:
     listen: str = "127.0.0.1:9848"
     step_time: float = 0.1
     checkpoint_every: int = 20
+    #: Rule files or directories (default: the rules packaged with sn-monitor).
+    rules: tuple[Path, ...] = ()
 
 
 def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now.
+
+    Probed as the servers bind (uvicorn, like every asyncio server, sets SO_REUSEADDR):
+    the sockets a previous run left in TIME_WAIT do not make the port look taken.
+    """
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -85,13 +93,14 @@ def free_ports(host: str, after: int, count: int) -> list[int]:
     return ports
 
 
-def scaled_rules(source: Path, speed: float) -> list[dict[str, Any]]:
-    """The rules of ``source`` (a file or directory), holds divided by ``speed``.
+def scaled_rules(sources: Sequence[Path], speed: float) -> list[dict[str, Any]]:
+    """The rules of ``sources`` (files or directories), holds divided by ``speed``.
 
     ``for`` holds and heartbeat timeouts shrink (never below 1 s, heartbeats never below
     4 s): the demo compresses time, and a 2-minute straggler hold would outlast it.
     """
-    files = sorted(source.glob("*.yaml")) if source.is_dir() else [source]
+    files = [f for source in sources
+             for f in (sorted(source.glob("*.yaml")) if source.is_dir() else [source])]
     rules: list[dict[str, Any]] = []
     for path in files:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or []
@@ -118,7 +127,7 @@ class Child:
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self.popen = subprocess.Popen(
-                self.argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log,
+                self.argv, cwd=self.log_path.parent, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)
 
     @property
@@ -169,14 +178,11 @@ class Supernode:
 
     def _write_config(self) -> Path:
         opts = self.options
-        if not RULES.is_dir():
-            raise SupernodeError(f"the default rules are not at {RULES}")
-        if not launcher.TRAIN.is_file():
-            raise SupernodeError(f"the example training loop is not at {launcher.TRAIN}")
+        sources = list(opts.rules) or [packaged_rules()]
         rules_dir = self.root / "rules"
         rules_dir.mkdir(exist_ok=True)
         (rules_dir / "default.yaml").write_text(
-            yaml.safe_dump(scaled_rules(RULES, opts.speed), sort_keys=False))
+            yaml.safe_dump(scaled_rules(sources, opts.speed), sort_keys=False))
         jobs_dir = self.root / "jobs"
         jobs_dir.mkdir(exist_ok=True)
         ckpt = self.job_root / "ckpt"
@@ -270,7 +276,7 @@ class Supernode:
 
     def _run_launcher(self, *args: str) -> None:
         done = subprocess.run([*self._launcher_command(), *args], capture_output=True,
-                              text=True, timeout=60, check=False, cwd=ROOT)
+                              text=True, timeout=60, check=False, cwd=self.root)
         if done.returncode != 0:
             raise SupernodeError(f"launcher {args[0]} failed: {done.stdout}{done.stderr}")
 

@@ -39,7 +39,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
-RULES = ROOT / "rules"
+RULES = ROOT / "sn_monitor" / "rules"
 T = TypeVar("T")
 
 #: What the action scripts run: append the SN_ variables as one JSON line, then succeed.

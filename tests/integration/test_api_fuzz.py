@@ -40,12 +40,12 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from sn_monitor.controller.actions.command import CommandSettings
+from sn_monitor.controller.actions.drivers.command import CommandSettings
+from sn_monitor.controller.actions.policy import PolicySettings
 from sn_monitor.controller.app import build_app, openapi_document
 from sn_monitor.controller.auth import TokenBook
-from sn_monitor.controller.policy import PolicySettings
+from sn_monitor.controller.jobs.spec import job_from_json
 from sn_monitor.controller.settings import DriverSettings
-from sn_monitor.jobs.spec import job_from_json
 from tests.unit.test_controller_api import (
     ADMIN,
     AGENT,

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 #: Generous, bounded waits: these tests must pass on a loaded two-core machine.
 WAIT = 45.0
-#: The node-lost rule's heartbeat timeout (rules/default.yaml) plus settle and slack.
+#: The node-lost rule's heartbeat timeout (sn_monitor/rules/default.yaml) plus settle and slack.
 LOST_WAIT = 10.0 + 45.0
 
 

@@ -27,7 +27,7 @@ def start(tmp: Path, store: dict[str, str], env: dict[str, str] | None = None
     environ = {k: v for k, v in os.environ.items() if k != "SN_STORE_DSN"}
     done = subprocess.run(
         [sys.executable, "-m", "sn_monitor.cli", "controller", "--config", str(config),
-         "--listen", "127.0.0.1:0", "--rules", str(ROOT / "rules"),
+         "--listen", "127.0.0.1:0", "--rules", str(ROOT / "sn_monitor" / "rules"),
          "--state-dir", str(tmp / "state")],
         cwd=ROOT, env={**environ, **(env or {})}, capture_output=True, text=True,
         timeout=60, check=False)

@@ -1,4 +1,5 @@
-"""examples/train.py as a real process against a local fake controller (tests/unit/test_client.py).
+"""The example training loop (sn_monitor/sim/train.py) as a real process against a local fake
+controller (tests/unit/test_client.py).
 
 Progress and checkpoint reports arrive, a controller's checkpoint request is honoured once,
 a crash leaves only complete checkpoints behind, a restart resumes where the controller
@@ -17,13 +18,12 @@ from typing import Any
 
 import pytest
 
-from sn_monitor.jobs.dcp import is_complete
+from sn_monitor.dcp import is_complete
 from tests.unit.test_client import JOB, FakeController, wait_for
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-TRAIN = ROOT / "examples" / "train.py"
 DATA_FILE = "__0_0.distcp"
 
 
@@ -43,8 +43,8 @@ def job_env(controller: FakeController) -> dict[str, str]:
 
 
 def train_args(ckpt: Path, *args: object) -> list[str]:
-    return [sys.executable, str(TRAIN), "--checkpoint-dir", str(ckpt), "--step-time", "0.005",
-            "--width", "8", *map(str, args)]
+    return [sys.executable, "-m", "sn_monitor.sim.train", "--checkpoint-dir", str(ckpt),
+            "--step-time", "0.005", "--width", "8", *map(str, args)]
 
 
 def train(controller: FakeController, ckpt: Path,

@@ -193,6 +193,28 @@ def _shows_something(result: list[dict[str, Any]]) -> bool:
     return any(math.isfinite(float(series["value"][1])) for series in result)
 
 
+DEMO_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus-demo.yml"
+
+
+def demo_prometheus_config(listen: str) -> dict[str, Any]:
+    """The shipped demo config (README: The demo), for a demo on ``listen``, every 1 s.
+
+    Only the address, the intervals and the rule files' path (absolute, as the copy is
+    written elsewhere) change; labels, relabelling and honor_labels are as shipped.
+    """
+    text = DEMO_CONFIG.read_text().replace("127.0.0.1:9848", listen)
+    config = yaml.safe_load(text)
+    (rule_files,) = config["rule_files"]
+    assert (DEMO_CONFIG.parent / rule_files).resolve().parent == RULES_DIR.resolve()
+    config["rule_files"] = [str(RULES_DIR / "*.yml")]
+    config["global"].update(scrape_interval="1s", scrape_timeout="1s",
+                            evaluation_interval="1s")
+    for scrape in config["scrape_configs"]:
+        for sd in scrape.get("http_sd_configs", ()):
+            sd["refresh_interval"] = "1s"
+    return config
+
+
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = require_tool("prometheus")
@@ -205,22 +227,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         [sys.executable, "-m", "sn_monitor.cli", "demo", "--headless", "--keep-running",
          "--nodes", "8", "--speed", "10", "--listen", listen, "--state-dir", str(tmp / "sn")],
         stdout=subprocess.DEVNULL, stderr=open(tmp / "demo.log", "w"))  # noqa: SIM115
-    config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(RULES_DIR / "*.yml")],
-        "scrape_configs": [
-            {"job_name": "sn-controller", "honor_labels": True,
-             "static_configs": [{"targets": [listen], "labels": {"supernode": "sn0"}}]},
-            {"job_name": "sn-agent",
-             "http_sd_configs": [{"url": f"http://{listen}/api/v1/sd", "refresh_interval": "1s"}],
-             # as deploy/prometheus/prometheus.yml: the training job moves to training_job
-             "relabel_configs": [
-                 {"source_labels": ["job"], "target_label": "training_job"},
-                 {"source_labels": ["training_job"], "regex": "sn-agent",
-                  "target_label": "training_job", "replacement": ""},
-                 {"target_label": "job", "replacement": "sn-agent"}]},
-        ],
-    }
+    config = demo_prometheus_config(listen)
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     port = free_port()
     prom = subprocess.Popen(

@@ -2,9 +2,10 @@
 
 Every process is real: ``sn-monitor controller`` (with ``--jobs DIR`` or jobs posted to
 the API), ``sn-monitor agent --simulate 8`` per node, and the job's ranks, one
-``examples/train.py`` per node started by ``sn_monitor.sim.launcher`` (the job's ``spec.control``
-command; it kills and restarts ranks on ``restore``). Evictions go to the command script
-of ``cluster.py`` (``evict.log``); checkpoint / restore go to each job's launcher.
+``sn_monitor.sim.train`` per node started by ``sn_monitor.sim.launcher`` (the job's
+``spec.control`` command; it kills and restarts ranks on ``restore``). Evictions go to the
+command script of ``cluster.py`` (``evict.log``); checkpoint / restore go to each job's
+launcher.
 
 The 16-node job (16 agents + 2 spares, 18 agents in all) is test (a); test (e) reuses
 its cluster with a fresh 16-node elastic job. The others use 4 nodes + 1 spare on a
@@ -27,7 +28,7 @@ import pytest
 import requests
 import yaml
 
-from sn_monitor.jobs.dcp import is_complete
+from sn_monitor.dcp import is_complete
 from sn_monitor.sim import launcher
 from tests.integration.cluster import Cluster, metric_value
 

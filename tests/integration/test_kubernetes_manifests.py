@@ -30,7 +30,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from sn_monitor.controller.actions.kubernetes import KubernetesSettings
+from sn_monitor.controller.k8s.settings import KubernetesSettings
 from tests.conftest import FIXTURES, ROOT
 
 pytestmark = pytest.mark.integration
@@ -280,7 +280,7 @@ def test_generated_files_are_up_to_date():
 
 def test_rules_configmap_is_rules_default_yaml():
     assert (K8S / "rules" / "default.yaml").read_bytes() == \
-        (ROOT / "rules" / "default.yaml").read_bytes()
+        (ROOT / "sn_monitor" / "rules" / "default.yaml").read_bytes()
     assert "rules/default.yaml" in [f for g in kustomization()["configMapGenerator"]
                                     for f in g["files"]]
 
@@ -608,17 +608,17 @@ def test_agent_service_account_has_no_permissions():
 #: in a driver fails the test below until it is listed here and granted in
 #: controller-rbac.yaml.
 API_CALLS = {
-    # controller/actions/kubernetes.py
+    # controller/actions/drivers/kubernetes.py
     "read_node": ("nodes", "get"),                              # _read_node: every action
     "patch_node": ("nodes", "patch"),                           # _cordon, _uncordon
     "list_pod_for_all_namespaces": ("pods", "list"),            # _evictable_pods (evict)
     "create_namespaced_pod_eviction": ("pods/eviction", "create"),  # _evict
-    # controller/actions/k8s_jobs.py (job control of a DistributedJob on Kubernetes)
+    # controller/actions/drivers/k8s_jobs.py (job control of a DistributedJob on Kubernetes)
     "list_namespaced_pod": ("pods", "list"),                    # _pods
     "delete_namespaced_pod": ("pods", "delete"),                # _delete_failed (restore)
     "patch_namespaced_pod": ("pods", "patch"),                  # _annotate (checkpoint)
 }
-DRIVERS = [ROOT / "sn_monitor" / "controller" / "actions" / name
+DRIVERS = [ROOT / "sn_monitor" / "controller" / "actions" / "drivers" / name
            for name in ("kubernetes.py", "k8s_jobs.py")]
 
 

@@ -60,8 +60,14 @@ def all_rules() -> Iterator[dict[str, Any]]:
 
 
 def with_repo_rules(config: Path, tmp_path: Path) -> Path:
-    """``config`` with its rule_files pointed at this checkout's rules (deployed: /etc)."""
+    """``config`` with its rule_files pointed at this checkout's rules (deployed: /etc).
+
+    The demo's config already points at them, relative to itself: it is checked as it is.
+    """
     data = load(config)
+    if config.name == "prometheus-demo.yml":
+        assert data["rule_files"] == ["../../rules/prometheus/*.yml"]
+        return config
     assert data["rule_files"] == ["/etc/prometheus/sn-monitor/rules/*.yml"]
     data["rule_files"] = [str(RULES_DIR / "*.yml")]
     copy = tmp_path / config.name
@@ -70,11 +76,13 @@ def with_repo_rules(config: Path, tmp_path: Path) -> Path:
 
 
 def test_files_exist():
-    assert [p.name for p in CONFIGS] == ["prometheus-static.yml", "prometheus.yml"]
+    assert [p.name for p in CONFIGS] == ["prometheus-demo.yml", "prometheus-static.yml",
+                                         "prometheus.yml"]
     assert len(RULE_FILES) >= 2
     assert RULE_TESTS
-    # the controller loads rules/*.yaml: nothing of Prometheus' may land there
-    assert not list((ROOT / "rules").glob("*.yml"))
+    # Prometheus' rules and the controller's rules (packaged) stay apart
+    assert not list((ROOT / "rules").glob("*.y*ml"))
+    assert not list((ROOT / "sn_monitor" / "rules").glob("*.yml"))
     assert not list(RULES_DIR.glob("*.yaml"))
 
 

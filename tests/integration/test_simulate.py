@@ -63,7 +63,7 @@ def controller(tmp_path: Path) -> Iterator[Controller]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sn_monitor.cli", "controller",
              "--config", str(tmp_path / "controller.yaml"), "--listen", f"127.0.0.1:{port}",
-             "--state-dir", str(tmp_path / "state"), "--rules", str(ROOT / "rules"),
+             "--state-dir", str(tmp_path / "state"), "--rules", str(ROOT / "sn_monitor" / "rules"),
              "--token-file", str(tmp_path / "tokens.yaml")],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
     ctl = Controller(f"http://127.0.0.1:{port}", admin, tmp_path / "agent.token", proc, log)
@@ -125,6 +125,14 @@ def test_a_wrong_token_is_refused_and_said_so(controller: Controller, tmp_path: 
     assert summary["accepted"] == 0, summary
     assert summary["refused"].get("401", 0) >= 20, summary
     assert any(m.startswith("401") for m in summary["messages"]), summary
+
+
+def test_no_controller_is_a_failure_not_a_quiet_success() -> None:
+    status, summary, err = simulate("--controller", f"http://127.0.0.1:{_free_port()}",
+                                    "--nodes", "3", "--interval", "500ms", "--duration", "1.5")
+    assert status == 1, (summary, err)
+    assert summary["accepted"] == 0
+    assert "accepted no report" in err
 
 
 def test_an_overheat_scenario_opens_an_incident_and_is_throttled(

@@ -55,7 +55,7 @@ def test_daemon_sends_ready_watchdog_and_stopping(daemon: str, tmp_path: Path):
     port = free_port()
     args = (["agent", "--simulate", "2", "--duration", "60"] if daemon == "agent" else
             ["controller", "--state-dir", str(tmp_path / "state"), "--rules",
-             str(ROOT / "rules")])
+             str(ROOT / "sn_monitor" / "rules")])
     env = {"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "2000000", "PATH": "/usr/bin:/bin"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "sn_monitor.cli", *args, "--listen", f"127.0.0.1:{port}"],

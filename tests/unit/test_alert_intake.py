@@ -17,10 +17,10 @@ import pytest
 from starlette.testclient import TestClient
 
 from sn_monitor.config import parse_yaml
-from sn_monitor.controller.actions.alertmanager import rfc3339
+from sn_monitor.controller.actions.drivers.alertmanager import rfc3339
+from sn_monitor.controller.actions.policy import BreakerSettings, PolicySettings
 from sn_monitor.controller.app import build_app, openapi_document
 from sn_monitor.controller.auth import TokenBook
-from sn_monitor.controller.policy import BreakerSettings, PolicySettings
 from sn_monitor.controller.rules.alerts import (
     WebhookAlert,
     decode_webhook,

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from sn_monitor.controller.policy import PolicySettings
+from sn_monitor.controller.actions.policy import PolicySettings
 from tests.unit.test_controller_api import ADMIN, READ, Api, make_api
 from tests.unit.test_job_support import checkpoint
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from sn_monitor.clock import ManualClock
-from sn_monitor.jobs import checkpoints
-from sn_monitor.jobs.checkpoints import CheckpointRegistry, parse_step
-from sn_monitor.jobs.dcp import METADATA_FILE, write_checkpoint
+from sn_monitor.controller.jobs import checkpoints
+from sn_monitor.controller.jobs.checkpoints import CheckpointRegistry, parse_step
+from sn_monitor.dcp import METADATA_FILE, write_checkpoint
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "dcp" / "torch-2.13"
 

@@ -46,7 +46,8 @@ def test_bad_config_names_file_key_and_line(name, message):
 @pytest.mark.parametrize(
     ("path", "kind"),
     [("deploy/agent.yaml", "agent config"), ("deploy/controller.yaml", "controller config"),
-     ("rules/default.yaml", "rule file"), ("tests/fixtures/jobs/trillion.yaml", "job file"),
+     ("sn_monitor/rules/default.yaml", "rule file"),
+     ("tests/fixtures/jobs/trillion.yaml", "job file"),
      ("deploy/jobs/example.yaml", "job file")],
 )
 def test_shipped_files_are_valid(path, kind):

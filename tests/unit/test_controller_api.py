@@ -19,10 +19,10 @@ from jsonschema import Draft202012Validator
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from sn_monitor.controller.actions.command import CommandSettings
+from sn_monitor.controller.actions.drivers.command import CommandSettings
+from sn_monitor.controller.actions.policy import PolicySettings
 from sn_monitor.controller.app import build_app, openapi_document
 from sn_monitor.controller.auth import TokenBook
-from sn_monitor.controller.policy import PolicySettings
 from sn_monitor.controller.settings import DriverSettings
 from sn_monitor.controller.store import Store
 from tests.conftest import assert_promtool_clean

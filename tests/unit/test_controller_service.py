@@ -20,10 +20,11 @@ import pytest
 
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import Duration, parse_yaml
-from sn_monitor.controller.actions.base import ActionRequest, Outcome
+from sn_monitor.controller.actions.base import Outcome
+from sn_monitor.controller.actions.policy import BreakerSettings, PolicySettings
+from sn_monitor.controller.actions.routing import Drivers, build_drivers
+from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.auth import OPEN_ACCESS, Identity
-from sn_monitor.controller.policy import BreakerSettings, PolicySettings
-from sn_monitor.controller.routing import Drivers, build_drivers
 from sn_monitor.controller.rules.spec import Rule, load_rules, parse_rules
 from sn_monitor.controller.service import Controller
 from sn_monitor.controller.settings import ControllerSettings, DriverSettings
@@ -612,7 +613,7 @@ def test_reload_keeps_firing_state(make: Any) -> None:
 
 
 def test_default_rules_load_and_run(tmp_path: Path, harnesses: list[Harness]) -> None:
-    rules = load_rules([ROOT / "rules" / "default.yaml"])
+    rules = load_rules([ROOT / "sn_monitor" / "rules" / "default.yaml"])
     h = make_harness(tmp_path, rules, settle=3.0)
     harnesses.append(h)
     hot_for(h, "n1", 5, temp=86)
@@ -658,7 +659,7 @@ def test_a_late_report_from_before_an_agent_restart_is_not_applied(make: Any) ->
 
 
 def test_an_open_breaker_survives_a_controller_restart(make: Any, tmp_path: Path) -> None:
-    from sn_monitor.controller.policy import BreakerState
+    from sn_monitor.controller.actions.policy import BreakerState
 
     h = make("- {name: lost, heartbeat_timeout: 10s, actions: [alert]}")
     until = h.clock.time() + 300
@@ -707,7 +708,7 @@ def test_an_incident_still_firing_after_a_restart_keeps_its_id(make: Any) -> Non
 
 
 def test_nodes_of_a_job_get_its_label_for_peer_rules(make: Any, tmp_path: Path) -> None:
-    from sn_monitor.jobs.spec import job_from_json
+    from sn_monitor.controller.jobs.spec import job_from_json
 
     h = make("- {name: hot, metric: gpu_temperature_celsius, above: 85}")
     job = job_from_json(msgspec.json.encode({

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sn_monitor.jobs import dcp
-from sn_monitor.jobs.dcp import (
+from sn_monitor import dcp
+from sn_monitor.dcp import (
     METADATA_FILE,
     DcpError,
     Entry,

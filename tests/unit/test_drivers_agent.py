@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from sn_monitor.clock import ManualClock
-from sn_monitor.controller.actions.agent import (
+from sn_monitor.controller.actions.base import PermanentError, TemporaryError
+from sn_monitor.controller.actions.drivers.agent import (
     AgentCommandDriver,
     AgentCommandQueue,
     AgentQueueSettings,
 )
-from sn_monitor.controller.actions.base import ActionRequest, PermanentError, TemporaryError
+from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.model import Command, CommandResult
 
 

@@ -8,14 +8,15 @@ from collections.abc import Iterator
 import pytest
 
 from sn_monitor.clock import ManualClock
-from sn_monitor.controller.actions.alertmanager import (
+from sn_monitor.controller.actions.base import PermanentError, TemporaryError
+from sn_monitor.controller.actions.drivers.alertmanager import (
     AlertmanagerDriver,
     AlertmanagerSettings,
     label_name,
     rfc3339,
 )
-from sn_monitor.controller.actions.base import ActionRequest, PermanentError, TemporaryError
-from sn_monitor.controller.actions.http import check_http_url
+from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.transport import check_http_url
 from tests.drivers.servers import RecordingHTTPServer, Reply
 
 T0 = 1_700_000_000.0

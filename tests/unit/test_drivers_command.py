@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sn_monitor.controller.actions.base import ActionRequest, PermanentError, TemporaryError
-from sn_monitor.controller.actions.command import CommandDriver, CommandSettings
-from sn_monitor.controller.actions.jobs import JobControlDriver
+from sn_monitor.controller.actions.base import PermanentError, TemporaryError
+from sn_monitor.controller.actions.drivers.command import CommandDriver, CommandSettings
+from sn_monitor.controller.actions.drivers.job_control import JobControlDriver
+from sn_monitor.controller.audit import ActionRequest
 from tests.drivers.servers import wait_until
 
 

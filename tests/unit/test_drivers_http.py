@@ -13,15 +13,17 @@ from pathlib import Path
 import pytest
 
 from sn_monitor.clock import ManualClock
-from sn_monitor.controller.actions.base import ActionRequest, PermanentError, TemporaryError
-from sn_monitor.controller.actions.http import HttpClient, parse_retry_after, redact_url
-from sn_monitor.controller.actions.jobs import JobControlDriver
-from sn_monitor.controller.actions.slack import SlackDriver, SlackSettings, slack_message
-from sn_monitor.controller.actions.webhook import (
+from sn_monitor.controller.actions.base import PermanentError, TemporaryError
+from sn_monitor.controller.actions.drivers.http import HttpClient
+from sn_monitor.controller.actions.drivers.job_control import JobControlDriver
+from sn_monitor.controller.actions.drivers.slack import SlackDriver, SlackSettings, slack_message
+from sn_monitor.controller.actions.drivers.webhook import (
     WebhookDriver,
     WebhookSettings,
     signing_key,
 )
+from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.transport import parse_retry_after, redact_url
 from tests.drivers.servers import RecordingHTTPServer, Reply
 
 SECRET_BYTES = b"0123456789abcdef0123456789abcdef"

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from sn_monitor.controller.actions.base import ActionRequest, PermanentError, TemporaryError
-from sn_monitor.controller.actions.kubernetes import (
+from sn_monitor.controller.actions.base import PermanentError, TemporaryError
+from sn_monitor.controller.actions.drivers.kubernetes import (
     CORDONED_BY,
     KubernetesDriver,
-    KubernetesSettings,
 )
+from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.controller.k8s.settings import KubernetesSettings
 from tests.drivers.servers import StubKubernetesAPI
 
 TAINT = "sn-monitor.io/unhealthy"

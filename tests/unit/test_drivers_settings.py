@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from sn_monitor.config import ConfigError, bind, parse_yaml
-from sn_monitor.controller.actions.agent import AgentQueueSettings
-from sn_monitor.controller.actions.alertmanager import AlertmanagerSettings
-from sn_monitor.controller.actions.command import CommandSettings
-from sn_monitor.controller.actions.kubernetes import KubernetesSettings
-from sn_monitor.controller.actions.slack import SlackSettings
-from sn_monitor.controller.actions.slurm import SlurmSettings
-from sn_monitor.controller.actions.webhook import WebhookSettings
+from sn_monitor.controller.actions.drivers.agent import AgentQueueSettings
+from sn_monitor.controller.actions.drivers.alertmanager import AlertmanagerSettings
+from sn_monitor.controller.actions.drivers.command import CommandSettings
+from sn_monitor.controller.actions.drivers.slack import SlackSettings
+from sn_monitor.controller.actions.drivers.slurm import SlurmSettings
+from sn_monitor.controller.actions.drivers.webhook import WebhookSettings
+from sn_monitor.controller.k8s.settings import KubernetesSettings
 
 
 @pytest.mark.parametrize(("cls", "text", "expected"), [

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sn_monitor.controller.actions.base import ActionRequest, PermanentError, TemporaryError
-from sn_monitor.controller.actions.slurm import SlurmDriver, SlurmSettings, parse_show_node
+from sn_monitor.controller.actions.base import PermanentError, TemporaryError
+from sn_monitor.controller.actions.drivers.slurm import SlurmDriver, SlurmSettings, parse_show_node
+from sn_monitor.controller.audit import ActionRequest
 from tests.drivers.servers import FakeScontrol, make_fake_scontrol, show_node
 
 

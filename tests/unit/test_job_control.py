@@ -15,21 +15,16 @@ import pytest
 
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import ConfigError, parse_yaml
-from sn_monitor.controller.actions.base import (
-    ActionRequest,
-    Outcome,
-    PermanentError,
-    TemporaryError,
-)
-from sn_monitor.controller.actions.jobs import JobControlDriver
-from sn_monitor.controller.actions.k8s_jobs import (
+from sn_monitor.controller.actions.base import Outcome, PermanentError, TemporaryError
+from sn_monitor.controller.actions.drivers.job_control import JobControlDriver
+from sn_monitor.controller.actions.drivers.k8s_jobs import (
     CHECKPOINT_ANNOTATION,
     KubernetesJobControl,
-    KubernetesJobSettings,
 )
-from sn_monitor.controller.actions.slurm_jobs import SlurmJobControl, SlurmJobSettings
-from sn_monitor.controller.routing import JobControlDrivers, JobControlRouter
-from sn_monitor.jobs.spec import (
+from sn_monitor.controller.actions.drivers.slurm_jobs import SlurmJobControl, SlurmJobSettings
+from sn_monitor.controller.actions.routing import JobControlDrivers, JobControlRouter
+from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.controller.jobs.spec import (
     JobControl,
     JobSpecError,
     job_from_json,
@@ -37,6 +32,7 @@ from sn_monitor.jobs.spec import (
     load_job,
     parse_job,
 )
+from sn_monitor.controller.k8s.settings import KubernetesJobSettings
 from tests.drivers.servers import FakeScontrol, StubKubernetesAPI, make_fake_scontrol
 
 ROOT = Path(__file__).resolve().parents[2]

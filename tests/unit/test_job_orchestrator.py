@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 
 from sn_monitor.clock import ManualClock
+from sn_monitor.controller.jobs.orchestrator import (
+    JobError,
+    JobSettings,
+    UnknownJob,
+    UnknownRecovery,
+)
 from sn_monitor.controller.store import Store
-from sn_monitor.jobs.orchestrator import JobError, JobSettings, UnknownJob, UnknownRecovery
 from tests.unit.test_job_support import (
     RecordingSubmit,
     checkpoint,

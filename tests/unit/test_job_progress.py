@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sn_monitor.clock import ManualClock
+from sn_monitor.controller.jobs.progress import JobProgress
 from sn_monitor.controller.store import Store
-from sn_monitor.jobs.progress import JobProgress
 from tests.unit.test_job_support import (
     RecordingSubmit,
     checkpoint,

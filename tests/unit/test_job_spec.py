@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from sn_monitor.config import ConfigError, parse_yaml
-from sn_monitor.jobs.spec import (
+from sn_monitor.controller.jobs.spec import (
     DistributedJob,
     JobSpecError,
     job_from_json,
@@ -70,6 +71,43 @@ def test_the_design_example_loads():
     assert spec.control.command is None
     assert spec.hang_timeout is None
     assert spec.min_replicas == 1
+
+
+def test_the_seed_job_file_is_a_whole_job():
+    """The file users copy (training.ai/v1, four fields): every other field has a default."""
+    job = load_job(ROOT / "deploy" / "jobs" / "minimal.yaml")
+    assert job.api_version == "training.ai/v1"
+    assert job.name == "trillion-model"
+    spec = job.spec
+    assert (spec.replicas, spec.checkpoint_interval, spec.max_failures,
+            spec.recovery_strategy) == (128, 900.0, 40, "elastic")
+    assert spec.nodes is None
+    assert spec.nodes_from_progress
+    assert spec.node_selector is None
+    assert spec.node_names is None
+    assert spec.spares == []
+    assert spec.checkpoint is None
+    assert spec.checkpoint_dir is None
+    assert spec.control is None
+    assert job_from_json(json.dumps(job_to_dict(job)).encode()) == job
+
+
+def test_sn_monitor_v1_stays_an_alias():
+    assert load_job(JOBS / "trillion.yaml").api_version == "sn-monitor/v1"
+    text = (MINIMAL % "aliased").replace("sn-monitor/v1", "training.ai/v1")
+    assert parse_job(parse_yaml(text, "a.yaml")).api_version == "training.ai/v1"
+
+
+def test_kubernetes_control_without_the_client_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # as if not installed
+    text = (MINIMAL % "k8s").replace(
+        "  control: {command: [/usr/local/bin/job-control, --job, x]}\n",
+        "  control:\n    kubernetes: {namespace: ml, selector: {app: x}}\n")
+    with pytest.raises(ConfigError) as caught:
+        parse_job(parse_yaml(text, "k8s.yaml"))
+    assert str(caught.value) == (
+        "k8s.yaml:9: spec.control.kubernetes: needs the Kubernetes client, which is not "
+        "installed: pip install 'sn-monitor[kubernetes]'")
 
 
 def test_defaults_and_shorthands():

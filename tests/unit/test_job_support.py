@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from sn_monitor.clock import ManualClock
-from sn_monitor.controller.actions.base import ActionRequest
-from sn_monitor.controller.store import ActionRecord, Store
-from sn_monitor.jobs.dcp import write_checkpoint
-from sn_monitor.jobs.orchestrator import JobOrchestrator, JobSettings
-from sn_monitor.jobs.spec import DistributedJob, job_from_json
+from sn_monitor.controller.audit import ActionRecord, ActionRequest
+from sn_monitor.controller.jobs.orchestrator import JobOrchestrator, JobSettings
+from sn_monitor.controller.jobs.spec import DistributedJob, job_from_json
+from sn_monitor.controller.store import Store
+from sn_monitor.dcp import write_checkpoint
 
 
 class RecordingSubmit:

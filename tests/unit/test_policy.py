@@ -6,8 +6,7 @@ import pytest
 
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import ConfigError, Duration, bind, parse_yaml
-from sn_monitor.controller.actions.base import ActionRequest
-from sn_monitor.controller.policy import (
+from sn_monitor.controller.actions.policy import (
     BreakerSettings,
     BreakerState,
     ClusterSummary,
@@ -17,6 +16,7 @@ from sn_monitor.controller.policy import (
     human_duration,
     parse_share,
 )
+from sn_monitor.controller.audit import ActionRequest
 
 _ids = iter(range(1_000_000))
 

@@ -19,12 +19,12 @@ from sn_monitor.agent.reporter import (
     Reporter,
     TokenError,
     read_token,
-    redact_url,
 )
 from sn_monitor.agent.snapshot import GpuSample, NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import ManualClock
 from sn_monitor.model import CommandResult, Event, Report
+from sn_monitor.transport import redact_url
 
 TOKEN = "s3cret-token-value"
 
@@ -532,5 +532,5 @@ def test_the_controller_list_is_checked(tmp_path):
 
 
 def test_credentials_in_a_url_stay_out_of_log_lines():
-    assert redact_url("https://user:pw@ctl-a:9848/x") == "https://…@ctl-a:9848/x"
+    assert redact_url("https://user:pw@ctl-a:9848/x?token=s") == "https://ctl-a:9848/x"
     assert redact_url("http://ctl-b:9848") == "http://ctl-b:9848"

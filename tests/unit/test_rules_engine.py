@@ -590,7 +590,7 @@ def test_rule_names_must_be_unique():
 
 def test_default_rules_on_a_hot_node():
     clock = ManualClock()
-    engine = RuleEngine(load_rules([ROOT / "rules"]), clock)
+    engine = RuleEngine(load_rules([ROOT / "sn_monitor" / "rules"]), clock)
     view = NodeView(name="n1", labels={"job": "j1"})
     gpus = [GpuReport(index=i, temperature_celsius=70.0, memory_temperature_celsius=60.0,
                       memory_max_temperature_celsius=95.0, shutdown_temperature_celsius=92.0,

@@ -114,7 +114,8 @@ steps = st.tuples(
 
 
 def _engine(clock: ManualClock) -> RuleEngine:
-    rules = load_rules([ROOT / "rules"]) + parse_rules(parse_yaml(EXTRA, "extra.yaml"))
+    rules = (load_rules([ROOT / "sn_monitor" / "rules"])
+             + parse_rules(parse_yaml(EXTRA, "extra.yaml")))
     return RuleEngine(rules, clock)
 
 

@@ -122,7 +122,7 @@ step = st.tuples(
 
 
 def _rules(extra: bool = True) -> list[Any]:
-    rules = load_rules([ROOT / "rules"])
+    rules = load_rules([ROOT / "sn_monitor" / "rules"])
     return rules + parse_rules(parse_yaml(EXTRA, "extra.yaml")) if extra else rules
 
 

@@ -22,7 +22,7 @@ from tests.conftest import expected_messages
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = ROOT / "tests" / "fixtures" / "rules" / "bad"
-DEFAULT = ROOT / "rules" / "default.yaml"
+DEFAULT = ROOT / "sn_monitor" / "rules" / "default.yaml"
 
 
 def _expected() -> list[tuple[str, str]]:

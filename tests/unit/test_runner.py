@@ -15,19 +15,15 @@ import pytest
 
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import Duration
-from sn_monitor.controller.actions.base import (
-    ActionRequest,
-    Outcome,
-    PermanentError,
-    TemporaryError,
-)
-from sn_monitor.controller.actions.runner import ActionRunner, ActionStateError, RunnerSettings
-from sn_monitor.controller.policy import (
+from sn_monitor.controller.actions.base import Outcome, PermanentError, TemporaryError
+from sn_monitor.controller.actions.policy import (
     ClusterSummary,
     PolicySettings,
     RateLimitSettings,
     SafetyPolicy,
 )
+from sn_monitor.controller.actions.runner import ActionRunner, ActionStateError, RunnerSettings
+from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.store import Store, StoreUnavailable
 
 CLUSTER = ClusterSummary(total_nodes=100)

@@ -8,14 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sn_monitor.controller.actions.base import ActionRequest
-from sn_monitor.controller.store import (
-    SCHEMA_VERSION,
-    ActionRecord,
-    Store,
-    StoreError,
-    StoreUnavailable,
-)
+from sn_monitor.controller.audit import ActionRecord, ActionRequest
+from sn_monitor.controller.store import SCHEMA_VERSION, Store, StoreError, StoreUnavailable
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from sn_monitor.controller.actions.base import ActionRequest
+from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.store import (
     SCHEMA_VERSION,
     Fenced,

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from sn_monitor.controller.actions.policy import PolicySettings
 from sn_monitor.controller.app import build_app
-from sn_monitor.controller.policy import PolicySettings
 from sn_monitor.controller.service import NODE_REFRESH_SECONDS
 from sn_monitor.controller.store import Store
 from tests.unit.test_controller_service import Harness, make_harness, rules_from, xid

@@ -3,7 +3,7 @@ redirected, and no credential in a log line or an audit record.
 
 The verifier below is written from the specification (standard-webhooks/standard-webhooks,
 ``spec/standard-webhooks.md`` 1.0.0, "Signature scheme", "Webhook headers", "Verifying
-signatures"), not from :mod:`sn_monitor.controller.actions.webhook`: if both were wrong
+signatures"), not from :mod:`sn_monitor.controller.actions.drivers.webhook`: if both were wrong
 the same way, the known-answer vector (from the reference library's own tests) would
 still catch it. The servers are real HTTP servers on 127.0.0.1; the controller around
 the drivers is the real one (see test_controller_service).
@@ -25,11 +25,17 @@ from typing import Any
 import pytest
 
 from sn_monitor.clock import ManualClock
-from sn_monitor.controller.actions.alertmanager import AlertmanagerSettings
-from sn_monitor.controller.actions.base import ActionRequest, PermanentError
-from sn_monitor.controller.actions.http import REQUEST_LINES
-from sn_monitor.controller.actions.slack import SlackSettings
-from sn_monitor.controller.actions.webhook import WebhookDriver, WebhookSettings, sign, signing_key
+from sn_monitor.controller.actions.base import PermanentError
+from sn_monitor.controller.actions.drivers.alertmanager import AlertmanagerSettings
+from sn_monitor.controller.actions.drivers.http import REQUEST_LINES
+from sn_monitor.controller.actions.drivers.slack import SlackSettings
+from sn_monitor.controller.actions.drivers.webhook import (
+    WebhookDriver,
+    WebhookSettings,
+    sign,
+    signing_key,
+)
+from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.settings import DriverSettings
 from tests.drivers.servers import RecordingHTTPServer, Reply
 from tests.unit.test_controller_service import Harness, make_harness, rules_from, xid

@@ -54,22 +54,10 @@ from typing import Final, Literal, Protocol, runtime_checkable
 
 from sn_monitor.clock import Clock
 from sn_monitor.config import Duration, non_negative, positive, setting
-from sn_monitor.controller.actions.base import (
-    DISRUPTIVE,
-    ActionRequest,
-    Driver,
-    Outcome,
-    PermanentError,
-    TemporaryError,
-)
-from sn_monitor.controller.policy import ClusterSummary, Decision, SafetyPolicy
-from sn_monitor.controller.store import (
-    ActionRecord,
-    ActionState,
-    Store,
-    StoreError,
-    StoreUnavailable,
-)
+from sn_monitor.controller.actions.base import Driver, Outcome, PermanentError, TemporaryError
+from sn_monitor.controller.actions.policy import ClusterSummary, Decision, SafetyPolicy
+from sn_monitor.controller.audit import DISRUPTIVE, ActionRecord, ActionRequest, ActionState
+from sn_monitor.controller.store import Store, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -49,8 +49,9 @@ from kubernetes.client.exceptions import ApiException, OpenApiException
 from kubernetes.leaderelection.leaderelection import LeaderElection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
-from sn_monitor.controller.actions.kubernetes import KubernetesSettings, api_client
 from sn_monitor.controller.ha.lease import HaSettings, KubernetesLeaseSettings, LeaseError
+from sn_monitor.controller.k8s.client import api_client
+from sn_monitor.controller.k8s.settings import KubernetesSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -33,9 +33,10 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException, OpenApiException
 
-from sn_monitor.controller.actions.kubernetes import KubernetesSettings, api_client
 from sn_monitor.controller.ha.k8s_lease import DEFAULT_NAMESPACE
 from sn_monitor.controller.ha.lease import KubernetesLeaseSettings
+from sn_monitor.controller.k8s.client import api_client
+from sn_monitor.controller.k8s.settings import KubernetesSettings
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from sn_monitor.config import Duration, optional, positive, setting
-from sn_monitor.controller.actions.http import check_http_url
+from sn_monitor.controller.k8s.settings import require_client
+from sn_monitor.transport import check_http_url
 
 
 class LeaseError(Exception):
@@ -79,6 +80,8 @@ class HaSettings:
     kubernetes: KubernetesLeaseSettings = field(default_factory=KubernetesLeaseSettings)
 
     def __post_init__(self) -> None:
+        if self.lease == "kubernetes":
+            require_client()
         if not self.retry_period < self.renew_deadline < self.lease_duration:
             raise ValueError(
                 "need retry_period < renew_deadline < lease_duration (got "

@@ -19,7 +19,7 @@ safety policy as a report's.
 - **Time**: a firing finding was observed at ``startsAt``, a resolved one at ``endsAt``;
   detected on the controller's clock.
 - **Loops**: alerts that sn-monitor itself sent (``source="sn-monitor"``, see
-  :mod:`sn_monitor.controller.actions.alertmanager`) are never acted on again.
+  :mod:`sn_monitor.controller.actions.drivers.alertmanager`) are never acted on again.
 
 The engine never feeds reports or time to these evaluators (they neither observe nor
 sweep); it only keeps them, so that a SIGHUP reload keeps, updates or resolves what they

@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar, Final, Literal
 
 from sn_monitor.config import (
     ConfigError,
@@ -44,7 +44,7 @@ from sn_monitor.config import (
     positive,
     setting,
 )
-from sn_monitor.controller.actions.base import ActionName
+from sn_monitor.controller.audit import ActionName
 from sn_monitor.controller.rules.series import FAMILY_LABELS, check_metric, metric_family
 from sn_monitor.model import EventKind
 
@@ -359,6 +359,26 @@ def parse_rules(doc: Document) -> list[Rule]:
             raise named.error((*key, *sub.split(".")), message)
         out.append(rule)  # type: ignore[arg-type]
     return out
+
+
+#: Where an installed controller's rules live, if the operator put them there.
+SYSTEM_RULES: Final = Path("/etc/sn-monitor/rules")
+
+
+def packaged_rules() -> Path:
+    """The default rules that ship inside the package (``sn_monitor/rules/``)."""
+    return Path(__file__).resolve().parents[2] / "rules"
+
+
+def default_rule_paths() -> tuple[list[Path], str]:
+    """The rules to load when none are configured, and where they come from.
+
+    ``/etc/sn-monitor/rules`` when that directory exists, else the packaged defaults.
+    """
+    if SYSTEM_RULES.is_dir():
+        return [SYSTEM_RULES], f"{SYSTEM_RULES} (no rules configured)"
+    return [packaged_rules()], (f"the packaged defaults {packaged_rules()} (no rules "
+                                f"configured and no {SYSTEM_RULES})")
 
 
 def load_rules(paths: list[Path]) -> list[Rule]:

@@ -1,6 +1,6 @@
 """Each job's checkpoints: reported by the training client or found on disk, verified.
 
-Only a complete checkpoint counts (see :func:`sn_monitor.jobs.dcp.is_complete`): a
+Only a complete checkpoint counts (see :func:`sn_monitor.dcp.is_complete`): a
 newer one still being written is listed with the reason it does not count, and never
 chosen for a restore.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from sn_monitor.clock import Clock, SystemClock
-from sn_monitor.jobs.dcp import METADATA_FILE, is_complete
+from sn_monitor.dcp import METADATA_FILE, is_complete
 
 Source = Literal["reported", "scanned"]
 

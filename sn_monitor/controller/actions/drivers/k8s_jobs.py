@@ -46,83 +46,23 @@ job pod left on a failed node / every running pod annotated) is success, so retr
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException, OpenApiException
 
-from sn_monitor.config import Duration, optional, positive, setting
-from sn_monitor.controller.actions.base import (
-    ActionRequest,
-    Outcome,
-    PermanentError,
-    TemporaryError,
-)
-from sn_monitor.controller.actions.http import check_http_url
-from sn_monitor.controller.actions.kubernetes import (
-    KubernetesSettings,
-    api_client,
-    api_error,
-    check_grace_period,
-)
+from sn_monitor.controller.actions.base import Outcome, PermanentError, TemporaryError
+from sn_monitor.controller.actions.drivers.kubernetes import api_error
+from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.controller.k8s.client import api_client
+from sn_monitor.controller.k8s.settings import KubernetesJobSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CHECKPOINT_ANNOTATION = "sn-monitor.io/checkpoint-requested"
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_KEY = re.compile(r"^([a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?/)?"
-                        r"[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?)?$")
-
-
-def _namespace(value: str) -> None:
-    if len(value) > 63 or not _DNS_LABEL.match(value):
-        raise ValueError(f"must be a Kubernetes namespace name (a DNS-1123 label), got {value!r}")
-
-
-def _selector(value: dict[str, str]) -> None:
-    if not value:
-        raise ValueError("an empty selector would match every pod in the namespace: give at "
-                         "least one label, e.g. {training.kubeflow.org/job-name: trillion}")
-    for key, wanted in value.items():
-        if len(key) > 316 or not _LABEL_KEY.match(key):
-            raise ValueError(f"invalid label key {key!r}")
-        if len(wanted) > 63 or not _LABEL_VALUE.match(wanted):
-            raise ValueError(f"invalid label value {wanted!r} for {key!r}")
-
-
-@dataclass(frozen=True)
-class KubernetesJobSettings:
-    """A job's pods on Kubernetes (``spec.control.kubernetes`` of a DistributedJob).
-
-    ``host`` / ``kubeconfig`` / ``context`` / ``timeout`` reach the API server as the
-    controller's kubernetes driver does (in-cluster by default).
-    """
-
-    namespace: str = setting(check=_namespace)
-    selector: dict[str, str] = setting(check=_selector)
-    grace_period_seconds: int | None = setting(key="gracePeriodSeconds", default=None,
-                                               check=check_grace_period)
-    host: str | None = setting(default=None, check=optional(check_http_url))
-    kubeconfig: str | None = None
-    context: str | None = None
-    timeout: Duration = setting(default=Duration(10.0), check=positive)
-
-    @property
-    def label_selector(self) -> str:
-        """The selector as the API takes it: ``k1=v1,k2=v2``."""
-        return ",".join(f"{k}={v}" for k, v in sorted(self.selector.items()))
-
-    def api_settings(self) -> KubernetesSettings:
-        return KubernetesSettings(host=self.host, kubeconfig=self.kubeconfig,
-                                  context=self.context, timeout=self.timeout)
-
 
 class KubernetesJobControl:
     """checkpoint / restore / failover for one job's pods (see the module docstring)."""
@@ -310,4 +250,4 @@ def _created_after(pod: k8s.V1Pod, requested: float) -> bool:
     return bool(created.timestamp() >= requested)
 
 
-__all__ = ["CHECKPOINT_ANNOTATION", "KubernetesJobControl", "KubernetesJobSettings"]
+__all__ = ["CHECKPOINT_ANNOTATION", "KubernetesJobControl"]

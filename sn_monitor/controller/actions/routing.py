@@ -1,4 +1,9 @@
-"""Which driver carries out which action: built once from the controller's settings."""
+"""Which driver carries out which action: built once from the ``drivers:`` and ``routes:``.
+
+The Kubernetes drivers are imported here only when they are configured (the client is
+an optional extra, ``pip install 'sn-monitor[kubernetes]'``); every other driver needs
+nothing beyond the package's own dependencies.
+"""
 
 from __future__ import annotations
 
@@ -8,27 +13,72 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sn_monitor.clock import Clock
-from sn_monitor.controller.actions.agent import AgentCommandDriver, AgentCommandQueue
-from sn_monitor.controller.actions.alertmanager import AlertmanagerDriver
-from sn_monitor.controller.actions.base import (
-    ActionRequest,
-    Driver,
-    Outcome,
-    PermanentError,
-    TemporaryError,
+from sn_monitor.controller.actions.base import Driver, Outcome, PermanentError, TemporaryError
+from sn_monitor.controller.actions.drivers.agent import (
+    AgentCommandDriver,
+    AgentCommandQueue,
+    AgentQueueSettings,
 )
-from sn_monitor.controller.actions.command import CommandDriver
-from sn_monitor.controller.actions.jobs import JobControlDriver
-from sn_monitor.controller.actions.k8s_jobs import KubernetesJobControl
-from sn_monitor.controller.actions.kubernetes import KubernetesDriver
-from sn_monitor.controller.actions.slack import SlackDriver
-from sn_monitor.controller.actions.slurm import SlurmDriver
-from sn_monitor.controller.actions.slurm_jobs import SlurmJobControl
-from sn_monitor.controller.actions.webhook import WebhookDriver
-from sn_monitor.controller.settings import DriverSettings
-from sn_monitor.jobs.spec import JobControl
+from sn_monitor.controller.actions.drivers.alertmanager import (
+    AlertmanagerDriver,
+    AlertmanagerSettings,
+)
+from sn_monitor.controller.actions.drivers.command import CommandDriver, CommandSettings
+from sn_monitor.controller.actions.drivers.job_control import (
+    JobControl,
+    JobControlDriver,
+    TrainingClientControl,
+)
+from sn_monitor.controller.actions.drivers.slack import SlackDriver, SlackSettings
+from sn_monitor.controller.actions.drivers.slurm import SlurmDriver, SlurmSettings
+from sn_monitor.controller.actions.drivers.slurm_jobs import SlurmJobControl
+from sn_monitor.controller.actions.drivers.webhook import WebhookDriver, WebhookSettings
+from sn_monitor.controller.audit import ActionName, ActionRequest
+from sn_monitor.controller.k8s.settings import KubernetesSettings
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobControlSettings:
+    """Where checkpoint / restore / failover go: exactly one of a webhook or a command."""
+
+    webhook: WebhookSettings | None = None
+    command: CommandSettings | None = None
+
+    def __post_init__(self) -> None:
+        if (self.webhook is None) == (self.command is None):
+            raise ValueError("give exactly one of webhook and command")
+
+
+@dataclass(frozen=True)
+class DriverSettings:
+    """The outside systems the controller may act through; each is off unless set."""
+
+    alertmanager: AlertmanagerSettings | None = None
+    webhook: WebhookSettings | None = None
+    slack: SlackSettings | None = None
+    kubernetes: KubernetesSettings | None = None
+    slurm: SlurmSettings | None = None
+    command: CommandSettings | None = None
+    job: JobControlSettings | None = None
+    agent: AgentQueueSettings = field(default_factory=AgentQueueSettings)
+
+
+DRIVER_NAMES = ("alertmanager", "webhook", "slack", "kubernetes", "slurm", "command", "job",
+                "agent")
+
+
+def check_routes(value: dict[str, list[str]]) -> None:
+    """Settings check of ``routes``: known actions, known driver names."""
+    for action, drivers in value.items():
+        if action not in ActionName.__args__:  # type: ignore[attr-defined]
+            raise ValueError(f"unknown action {action!r}")
+        for driver in drivers:
+            if driver not in DRIVER_NAMES:
+                raise ValueError(f"unknown driver {driver!r} for {action} "
+                                 f"(drivers: {', '.join(DRIVER_NAMES)})")
+
 
 NODE_ACTIONS = ("cordon", "uncordon", "evict")
 AGENT_ACTIONS = ("throttle", "release")
@@ -98,10 +148,15 @@ class LogAlert:
 
 def job_control_driver(control: JobControl, clock: Clock) -> JobControlDriver:
     """The driver for a job's ``spec.control``: webhook, command, kubernetes or slurm."""
+    kubernetes = None
+    if control.kubernetes is not None:
+        from sn_monitor.controller.actions.drivers.k8s_jobs import KubernetesJobControl
+
+        kubernetes = KubernetesJobControl(control.kubernetes)
     return JobControlDriver(
         webhook=WebhookDriver(control.webhook, clock=clock) if control.webhook else None,
         command=CommandDriver(control.command) if control.command else None,
-        kubernetes=KubernetesJobControl(control.kubernetes) if control.kubernetes else None,
+        kubernetes=kubernetes,
         slurm=SlurmJobControl(control.slurm) if control.slurm else None,
     )
 
@@ -143,33 +198,44 @@ class JobControlDrivers:
             driver.close()
 
 
+#: The ``spec.control`` of a job by name (None: it names none); KeyError: no such job.
+ControlOf = Callable[[str], JobControl | None]
+
+
 class JobControlRouter:
     """checkpoint / restore / failover to the launcher of the job they are about.
 
     A DistributedJob names its own launcher (``spec.control``: a webhook, a command,
     Kubernetes or Slurm); an action whose ``params["job"]`` names a known job goes there.
-    Others (and jobs without one) go to the controller-wide job driver, if any.
+    A known job that names none goes to the controller-wide job driver, else to its
+    training client (:class:`TrainingClientControl`). An action about no known job goes
+    to the controller-wide driver, if there is one.
     """
 
     name = "job-router"
 
-    def __init__(self, fallback: Driver | None,
-                 control_of: Callable[[str], JobControl | None],
+    def __init__(self, fallback: Driver | None, control_of: ControlOf,
                  clock: Clock, drivers: JobControlDrivers | None = None) -> None:
         self._fallback = fallback
         self._control_of = control_of
         self._drivers = drivers if drivers is not None else JobControlDrivers(clock)
+        self._client = TrainingClientControl()
         self.idempotent = bool(getattr(fallback, "idempotent", False))
 
-    def _driver_for(self, job: str) -> Driver | None:
-        control = self._control_of(job)
-        if control is None:
+    def _driver_for(self, job: str | None) -> Driver | None:
+        if job is None:
             return self._fallback
+        try:
+            control = self._control_of(job)
+        except KeyError:
+            return self._fallback
+        if control is None:
+            return self._fallback if self._fallback is not None else self._client
         return self._drivers.get(job, control)
 
     def run(self, request: ActionRequest) -> Outcome:
         job = request.params.get("job")
-        driver = self._driver_for(str(job)) if job else self._fallback
+        driver = self._driver_for(str(job) if job else None)
         if driver is None:
             raise PermanentError(f"no launcher to {request.action} job {job or '?'}: set the "
                                  "job's spec.control or drivers.job")
@@ -179,7 +245,7 @@ class JobControlRouter:
         """Whatever the job's driver can tell (None when it cannot, or there is none)."""
         job = request.params.get("job")
         try:
-            driver = self._driver_for(str(job)) if job else self._fallback
+            driver = self._driver_for(str(job) if job else None)
         except PermanentError:
             return None
         reconcile = getattr(driver, "reconcile", None)
@@ -219,7 +285,7 @@ class Drivers:
     #: The per-job drivers that :meth:`route_jobs` built (closed with the others).
     job_drivers: JobControlDrivers | None = None
 
-    def route_jobs(self, control_of: Callable[[str], JobControl | None], clock: Clock) -> None:
+    def route_jobs(self, control_of: ControlOf, clock: Clock) -> None:
         """Send checkpoint / restore / failover to the launcher of the job they name.
 
         Actions the config routed by hand keep their driver.
@@ -255,6 +321,8 @@ def build_drivers(settings: DriverSettings, routes: Mapping[str, list[str]],
     if settings.slack is not None:
         named["slack"] = SlackDriver(settings.slack)
     if settings.kubernetes is not None:
+        from sn_monitor.controller.actions.drivers.kubernetes import KubernetesDriver
+
         named["kubernetes"] = KubernetesDriver(settings.kubernetes)
     if settings.slurm is not None:
         named["slurm"] = SlurmDriver(settings.slurm)

@@ -27,15 +27,11 @@ from typing import Any
 
 from sn_monitor.clock import Clock, SystemClock
 from sn_monitor.config import Duration, optional, positive, setting
-from sn_monitor.controller.actions.base import (
-    ActionError,
-    ActionRequest,
-    Outcome,
-    PermanentError,
-    TemporaryError,
-)
-from sn_monitor.controller.actions.http import HttpClient, check_http_url
-from sn_monitor.controller.actions.webhook import alert_status
+from sn_monitor.controller.actions.base import ActionError, Outcome, PermanentError, TemporaryError
+from sn_monitor.controller.actions.drivers.http import HttpClient
+from sn_monitor.controller.actions.drivers.webhook import alert_status
+from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.transport import check_http_url
 
 log = logging.getLogger(__name__)
 

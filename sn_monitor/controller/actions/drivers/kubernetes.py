@@ -27,23 +27,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import urllib3
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException, OpenApiException
-from kubernetes.config.config_exception import ConfigException
 
-from sn_monitor.config import Duration, optional, positive, setting
-from sn_monitor.controller.actions.base import (
-    ActionRequest,
-    Outcome,
-    PermanentError,
-    TemporaryError,
-)
-from sn_monitor.controller.actions.http import TEMPORARY_STATUS, check_http_url, parse_retry_after
+from sn_monitor.controller.actions.base import Outcome, PermanentError, TemporaryError
+from sn_monitor.controller.actions.drivers.http import TEMPORARY_STATUS
+from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.controller.k8s.client import api_client
+from sn_monitor.controller.k8s.settings import KubernetesSettings
+from sn_monitor.transport import parse_retry_after
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,61 +49,6 @@ OWNER = "sn-monitor"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 #: Annotation values are limited only by object size; keep ours readable.
 MAX_REASON = 256
-
-
-def check_grace_period(value: int | None) -> None:
-    """Settings check for a pod deletion's grace period (absent, or 0 s or more)."""
-    if value is not None and value < 0:
-        raise ValueError(f"must be 0 or more, got {value}")
-
-
-@dataclass(frozen=True)
-class KubernetesSettings:
-    """How to reach the API server and how to mark nodes.
-
-    Credentials: in-cluster (the controller's service account) when running in a pod,
-    else ``kubeconfig`` (default ``~/.kube/config``) and its ``context``. ``host`` talks
-    to that URL with no authentication at all: for ``kubectl proxy`` and tests.
-    """
-
-    host: str | None = setting(default=None, check=optional(check_http_url))
-    kubeconfig: str | None = None
-    context: str | None = None
-    timeout: Duration = setting(default=Duration(10.0), check=positive)
-    taint_key: str = "sn-monitor.io/unhealthy"
-    cordon_before_evict: bool = True
-    grace_period_seconds: int | None = setting(default=None, check=check_grace_period)
-    #: Wait before retrying an eviction that a PodDisruptionBudget blocked (when the
-    #: API server gives no Retry-After).
-    eviction_retry_after: Duration = setting(default=Duration(10.0), check=positive)
-
-
-def api_client(settings: KubernetesSettings) -> k8s.ApiClient:
-    """An ApiClient for ``settings``; a bad or missing configuration raises ValueError.
-
-    urllib3's own retries are switched off: the action runner retries, with backoff.
-    """
-    configuration = k8s.Configuration()
-    if settings.host is not None:
-        configuration.host = settings.host.rstrip("/")
-    else:
-        try:
-            # The kubernetes.config loaders carry no annotations (hence the ignores).
-            if settings.kubeconfig is None and settings.context is None:
-                try:
-                    k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
-                        client_configuration=configuration)
-                except ConfigException:
-                    k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                        client_configuration=configuration)
-            else:
-                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=settings.kubeconfig, context=settings.context,
-                    client_configuration=configuration)
-        except (ConfigException, OSError) as err:
-            raise ValueError(f"no usable Kubernetes configuration: {err}") from None
-    configuration.retries = urllib3.Retry(total=0, read=False, redirect=False)
-    return k8s.ApiClient(configuration)
 
 
 def api_error(err: ApiException, what: str) -> TemporaryError | PermanentError:

@@ -1,16 +1,15 @@
-#!/usr/bin/env python3
 """A small training loop wired to sn-monitor: progress, checkpoints, restore after a failure.
 
 Pure Python (no torch): the "model" is a few lists of floats that every step updates
 deterministically, so a run resumed from a checkpoint ends with exactly the weights of a
 run that never stopped. Checkpoints use PyTorch DCP's directory layout
 (``DIR/step_000000123/`` with the data file ``__0_0.distcp`` and ``.metadata`` written
-last, by :func:`sn_monitor.jobs.dcp.write_checkpoint`; one bytes entry per layer plus
+last, by :func:`sn_monitor.dcp.write_checkpoint`; one bytes entry per layer plus
 ``train_state``), so a directory without a readable ``.metadata`` is an incomplete
-checkpoint (:func:`sn_monitor.jobs.dcp.is_complete`) and is never resumed from.
+checkpoint (:func:`sn_monitor.dcp.is_complete`) and is never resumed from.
 
     export SN_CONTROLLER_URL=http://sn-controller:9848 SN_JOB=demo
-    python examples/train.py --steps 1000 --checkpoint-dir /tmp/ckpt --checkpoint-every 100
+    python -m sn_monitor.sim.train --steps 1000 --checkpoint-dir /tmp/ckpt --checkpoint-every 100
 
 At start it asks the controller where to resume (``restore_point()``); with no answer it
 resumes from the latest complete checkpoint in ``--checkpoint-dir``, else from step 0.
@@ -38,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sn_monitor.client import JobClient
-from sn_monitor.jobs.dcp import DcpError, is_complete, read_metadata, write_checkpoint
+from sn_monitor.dcp import DcpError, is_complete, read_metadata, write_checkpoint
 
 #: The state-dict entry that holds the step (the layers are entries of their own).
 TRAIN_STATE = "train_state"
@@ -127,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         client = JobClient.from_env()
     except ValueError as err:
-        print(f"train.py: {err}", file=sys.stderr)
+        print(f"sn_monitor.sim.train: {err}", file=sys.stderr)
         return 2
     writer = client.rank == 0
 
@@ -142,10 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             step, model = load(source)
         except ValueError as err:
             # Starting over would silently throw the job's work away: stop instead.
-            print(f"train.py: cannot resume: {err}", file=sys.stderr)
+            print(f"sn_monitor.sim.train: cannot resume: {err}", file=sys.stderr)
             return 3
         if point is not None and step != point.step:
-            print(f"train.py: {source} holds step {step}, controller said {point.step}",
+            print(f"sn_monitor.sim.train: {source} holds step {step}, controller said {point.step}",
                   file=sys.stderr)
             return 3
         how = f"generation {point.generation}" if point else "latest local checkpoint"

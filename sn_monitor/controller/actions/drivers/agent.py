@@ -31,12 +31,8 @@ from dataclasses import dataclass
 
 from sn_monitor.clock import Clock, SystemClock
 from sn_monitor.config import Duration, at_least_one, fraction, positive, setting
-from sn_monitor.controller.actions.base import (
-    ActionRequest,
-    Outcome,
-    PermanentError,
-    TemporaryError,
-)
+from sn_monitor.controller.actions.base import Outcome, PermanentError, TemporaryError
+from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.model import Command, CommandKind, CommandResult
 
 log = logging.getLogger(__name__)

@@ -23,10 +23,8 @@ Every outgoing call of the webhook, Slack and Alertmanager drivers goes through
 
 from __future__ import annotations
 
-import email.utils
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -34,6 +32,7 @@ from urllib.parse import urlsplit
 import requests
 
 from sn_monitor.controller.actions.base import PermanentError, TemporaryError
+from sn_monitor.transport import parse_retry_after, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -92,50 +91,6 @@ class RequestLineFilter(logging.Filter):
 
 REQUEST_LINES = RequestLineFilter()
 logging.getLogger(URLLIB3_POOL_LOGGER).addFilter(REQUEST_LINES)
-
-
-def redact_url(url: str, *, secret_path: bool = False) -> str:
-    """``https://user:pw@host:8443/p/a?token=x`` -> ``https://host:8443/p/a``.
-
-    With ``secret_path`` the path is replaced by ``/…`` (Slack webhook URLs carry their
-    token in the path). Anything unparsable becomes ``<invalid url>``.
-    """
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port
-    except ValueError:
-        return "<invalid url>"
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{host}:{port}" if port is not None else host
-    path = "/…" if secret_path and parts.path not in ("", "/") else parts.path
-    return f"{parts.scheme}://{netloc}{path}"
-
-
-def check_http_url(value: str) -> None:
-    """Settings check: an absolute http(s) URL with a host (raises ValueError)."""
-    try:
-        parts = urlsplit(value)
-    except ValueError as err:
-        raise ValueError(f"invalid URL: {err}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"expected an http:// or https:// URL, got {redact_url(value)!r}")
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """``Retry-After`` in seconds (delta-seconds or an HTTP date), None when absent or bad."""
-    if value is None:
-        return None
-    text = value.strip()
-    if text.isdigit():
-        return float(text)
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError):
-        return None
-    current = time.time() if now is None else now
-    return max(0.0, when.timestamp() - current)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sn_monitor.config import Duration, positive, setting
-from sn_monitor.controller.actions.base import ActionRequest, Outcome
-from sn_monitor.controller.actions.http import HttpClient, check_http_url
-from sn_monitor.controller.actions.webhook import alert_status
+from sn_monitor.controller.actions.base import Outcome
+from sn_monitor.controller.actions.drivers.http import HttpClient
+from sn_monitor.controller.actions.drivers.webhook import alert_status
+from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.transport import check_http_url
 
 #: severity -> (emoji, colour). Unknown severities look like warnings.
 SEVERITY_STYLE: dict[str, tuple[str, str]] = {

@@ -1,21 +1,32 @@
 """DistributedJob files: the training jobs the controller watches and recovers.
 
-The YAML keys are the camelCase ones users already write (see DESIGN.md)::
+The YAML keys are the camelCase ones users already write (see DESIGN.md). Only
+``replicas`` is required; this is a whole job::
 
-    apiVersion: sn-monitor/v1
+    apiVersion: training.ai/v1     # the CRD's API group; sn-monitor/v1 is an alias
     kind: DistributedJob
     metadata: {name: trillion-model}
     spec:
       replicas: 128
-      checkpointInterval: 900      # seconds, or 15m
-      maxFailures: 40
-      recoveryStrategy: elastic    # elastic | restart | manual
-      nodes: {supernode: sn0}      # a label selector, or a list of node names
-      spares: [node-129, node-130]
-      checkpoint: {dir: /mnt/ckpt/trillion, marker: COMPLETE, keep: 5}
-      control: {webhook: http://launcher:8080/control}   # or command / kubernetes / slurm
-      hangTimeout: 10m             # default: max(2m, 10 x the median step time)
-      minReplicas: 96              # elastic: the fewest replicas worth running on
+      checkpointInterval: 900      # seconds, or 15m (default 15m)
+      maxFailures: 40              # recoveries before the job is given up (default 3)
+      recoveryStrategy: elastic    # elastic | restart | manual (default restart)
+
+and every other field has a default:
+
+    nodes: {supernode: sn0}      # a label selector, or a list of node names; default:
+                                 # the nodes whose ranks report progress for the job
+    spares: [node-129, node-130] # default: none
+    checkpoint: {dir: /mnt/ckpt/trillion, marker: COMPLETE, keep: 5}
+                                 # default: no directory to scan; the training client's
+                                 # checkpoint reports say where each one is
+    control: {webhook: http://launcher:8080/control}   # or command / kubernetes / slurm;
+                                 # default: the controller's drivers.job if configured,
+                                 # else the training client (its progress replies carry
+                                 # checkpoint requests and the restore point; the job's
+                                 # own launcher, e.g. torchrun, restarts the ranks)
+    hangTimeout: 10m             # default: max(2m, 10 x the median step time)
+    minReplicas: 96              # elastic: the fewest replicas worth running on (default 1)
 
 Files go through the one config loader (errors name file, key path and line); bodies
 posted to the API go through :func:`job_from_json` (the same dataclasses, errors name
@@ -39,15 +50,15 @@ from sn_monitor.config import (
     KeyPath,
     bind,
     load_yaml,
+    optional,
     parse_yaml,
     setting,
 )
-from sn_monitor.controller.actions.command import CommandSettings
-from sn_monitor.controller.actions.k8s_jobs import KubernetesJobSettings
-from sn_monitor.controller.actions.slurm_jobs import SlurmJobSettings
-from sn_monitor.controller.actions.webhook import WebhookSettings
+from sn_monitor.controller.actions.drivers.job_control import JobControl
 
-API_VERSION = "sn-monitor/v1"
+#: The API group of the DistributedJob custom resource, and the older name files may use.
+API_VERSION = "training.ai/v1"
+API_VERSION_ALIASES = ("sn-monitor/v1",)
 KIND = "DistributedJob"
 #: hangTimeout when the job sets none: max(MIN_HANG_TIMEOUT, HANG_STEPS x median step time).
 MIN_HANG_TIMEOUT = 120.0
@@ -162,43 +173,14 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True)
-class JobControl:
-    """How to ask the job's launcher to checkpoint, stop and restore: exactly one way.
-
-    ``webhook: URL`` is short for ``webhook: {url: URL}``; ``command: [argv...]`` for
-    ``command: {program: [argv...]}``. ``kubernetes: {namespace, selector, ...}``: the
-    job's pods (see :mod:`sn_monitor.controller.actions.k8s_jobs`); ``slurm: {jobId}``
-    or ``slurm: {jobName}``: its batch job (see
-    :mod:`sn_monitor.controller.actions.slurm_jobs`). A numeric ``jobId`` may be written
-    unquoted.
-    """
-
-    webhook: WebhookSettings | None = None
-    command: CommandSettings | None = None
-    kubernetes: KubernetesJobSettings | None = None
-    slurm: SlurmJobSettings | None = None
-
-    def __post_init__(self) -> None:
-        given = [x for x in (self.webhook, self.command, self.kubernetes, self.slurm)
-                 if x is not None]
-        if len(given) != 1:
-            raise ValueError("give exactly one of webhook, command, kubernetes and slurm")
-
-    @property
-    def kind(self) -> str:
-        """webhook, command, kubernetes or slurm."""
-        for kind in ("webhook", "command", "kubernetes", "slurm"):
-            if getattr(self, kind) is not None:
-                return kind
-        raise AssertionError("unreachable: __post_init__ checks one is set")
-
-
-@dataclass(frozen=True)
 class JobSpec:
     replicas: int = setting(check=_at_least(1))
-    nodes: dict[str, str] | list[str] = setting(check=_nodes)
-    checkpoint: CheckpointSpec = setting()
-    control: JobControl = setting()
+    #: A label selector or a list of names; None: the nodes its ranks report from.
+    nodes: dict[str, str] | list[str] | None = setting(default=None, check=optional(_nodes))
+    #: None: no directory to scan; the client's checkpoint reports say where.
+    checkpoint: CheckpointSpec | None = None
+    #: None: the controller's ``drivers.job``, else the training client (see above).
+    control: JobControl | None = None
     checkpoint_interval: Duration = setting(key="checkpointInterval", default=Duration(900.0),
                                             check=_positive)
     max_failures: int = setting(key="maxFailures", default=3, check=_at_least(0))
@@ -218,13 +200,27 @@ class JobSpec:
 
     @property
     def node_selector(self) -> dict[str, str] | None:
-        """The label selector, or None when the job names its nodes."""
+        """The label selector, or None when the job names its nodes (or gives none)."""
         return self.nodes if isinstance(self.nodes, dict) else None
 
     @property
     def node_names(self) -> list[str] | None:
-        """The listed nodes, or None when the job selects them by label."""
+        """The listed nodes, or None when the job selects them by label (or gives none)."""
         return self.nodes if isinstance(self.nodes, list) else None
+
+    @property
+    def nodes_from_progress(self) -> bool:
+        """No ``nodes``: the job runs on the nodes its ranks report progress from."""
+        return self.nodes is None
+
+    @property
+    def checkpoint_dir(self) -> Path | None:
+        """The directory the controller scans for checkpoints (None: reports only)."""
+        return Path(self.checkpoint.dir) if self.checkpoint is not None else None
+
+    @property
+    def checkpoint_marker(self) -> str | None:
+        return self.checkpoint.marker if self.checkpoint is not None else None
 
     def effective_hang_timeout(self, median_step_seconds: float | None) -> float:
         """hangTimeout, else max(2m, 10 x the median step time) (2m while unknown)."""
@@ -237,7 +233,7 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class DistributedJob:
-    api_version: Literal["sn-monitor/v1"] = setting(key="apiVersion")
+    api_version: Literal["training.ai/v1", "sn-monitor/v1"] = setting(key="apiVersion")
     kind: Literal["DistributedJob"] = setting()
     metadata: JobMetadata = setting()
     spec: JobSpec = setting()
@@ -385,6 +381,7 @@ def _plain(value: Any) -> Any:
 
 __all__ = [
     "API_VERSION",
+    "API_VERSION_ALIASES",
     "KIND",
     "CheckpointSpec",
     "DistributedJob",

@@ -46,8 +46,10 @@ from typing import Any
 
 from sn_monitor.clock import Clock, SystemClock
 from sn_monitor.config import Duration, positive, setting
-from sn_monitor.controller.actions.base import ActionRequest, Outcome, PermanentError
-from sn_monitor.controller.actions.http import HttpClient, check_http_url
+from sn_monitor.controller.actions.base import Outcome, PermanentError
+from sn_monitor.controller.actions.drivers.http import HttpClient
+from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.transport import check_http_url
 
 STANDARD_WEBHOOKS_PREFIX = "whsec_"
 #: Key sizes the Standard Webhooks specification allows for a ``whsec_`` secret.

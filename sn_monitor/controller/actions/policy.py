@@ -47,7 +47,7 @@ from typing import Final, Literal, get_args
 
 from sn_monitor.clock import Clock
 from sn_monitor.config import Duration, at_least_one, positive, setting
-from sn_monitor.controller.actions.base import DISRUPTIVE, ActionName, ActionRequest
+from sn_monitor.controller.audit import DISRUPTIVE, ActionName, ActionRequest
 
 #: Actions that take a node out of service: counted against max_unavailable.
 TAKES_NODE_OUT: Final[frozenset[str]] = frozenset({"cordon", "evict", "failover"})

@@ -23,13 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sn_monitor.config import Duration, positive, setting
-from sn_monitor.controller.actions.base import (
-    ActionRequest,
-    Outcome,
-    PermanentError,
-    TemporaryError,
-)
-from sn_monitor.controller.actions.command import Timeout, run_program
+from sn_monitor.controller.actions.base import Outcome, PermanentError, TemporaryError
+from sn_monitor.controller.actions.drivers.command import Timeout, run_program
+from sn_monitor.controller.audit import ActionRequest
 
 log = logging.getLogger(__name__)
 

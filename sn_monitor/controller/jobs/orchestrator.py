@@ -77,22 +77,15 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Final, Literal
 
 from sn_monitor.clock import Clock
 from sn_monitor.config import ConfigError, Duration, non_negative, positive, setting
-from sn_monitor.controller.actions.base import ActionName, ActionRequest
-from sn_monitor.controller.store import (
-    ActionRecord,
-    JobRow,
-    RecoveryRow,
-    Store,
-    StoreError,
-)
-from sn_monitor.jobs.checkpoints import Checkpoint, CheckpointRegistry
-from sn_monitor.jobs.progress import JobProgress
-from sn_monitor.jobs.spec import DistributedJob, job_from_json, job_to_dict
+from sn_monitor.controller.audit import ActionName, ActionRecord, ActionRequest
+from sn_monitor.controller.jobs.checkpoints import Checkpoint, CheckpointRegistry
+from sn_monitor.controller.jobs.progress import JobProgress
+from sn_monitor.controller.jobs.spec import DistributedJob, job_from_json, job_to_dict
+from sn_monitor.controller.store import JobRow, RecoveryRow, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -417,7 +410,7 @@ class JobMetric:
     generation: int
     failures_total: int
     checkpoint_age_seconds: float | None
-    #: See :mod:`sn_monitor.jobs.progress` for the definition.
+    #: See :mod:`sn_monitor.controller.jobs.progress` for the definition.
     effective_training_ratio: float | None
     productive_seconds: float
     nodes: int
@@ -534,8 +527,8 @@ class JobOrchestrator:
                          ", ".join(f"{r.job} ({r.state})" for r in self._active.values()))
 
     def _new_job(self, row: JobRow, job: DistributedJob) -> _Job:
-        registry = CheckpointRegistry(job.name, Path(job.spec.checkpoint.dir),
-                                      job.spec.checkpoint.marker, clock=self.clock)
+        registry = CheckpointRegistry(job.name, job.spec.checkpoint_dir,
+                                      job.spec.checkpoint_marker, clock=self.clock)
         progress = JobProgress(self.settings.max_ranks, float(self.settings.unknown_gap))
         data = row.data
         if data.get("frontier") is not None:
@@ -565,10 +558,10 @@ class JobOrchestrator:
                 used = set(row.added) | set(row.excluded) | set(row.pool)
                 pool = tuple(row.pool) + tuple(s for s in job.spec.spares if s not in used)
                 j = old
-                if (job.spec.checkpoint.dir, job.spec.checkpoint.marker) != (
-                        j.job.spec.checkpoint.dir, j.job.spec.checkpoint.marker):
+                if (job.spec.checkpoint_dir, job.spec.checkpoint_marker) != (
+                        j.job.spec.checkpoint_dir, j.job.spec.checkpoint_marker):
                     j.registry = CheckpointRegistry(
-                        job.name, Path(job.spec.checkpoint.dir), job.spec.checkpoint.marker,
+                        job.name, job.spec.checkpoint_dir, job.spec.checkpoint_marker,
                         clock=self.clock)
                 j.job = job
                 j.row = replace(row, spec=spec, source=source, pool=pool)
@@ -654,6 +647,10 @@ class JobOrchestrator:
         listed = j.job.spec.node_names
         if listed is not None:
             base = list(listed)
+        elif j.job.spec.nodes_from_progress:
+            # No nodes given: the job runs where its ranks report from (and stays there
+            # until a node is failed out of it).
+            base = sorted({*j.row.nodes, *(r.node for r in j.progress.ranks.values())})
         else:
             selector = j.job.spec.node_selector or {}
             base = sorted(n for n in self._labels
@@ -720,6 +717,8 @@ class JobOrchestrator:
             j = self._job(job)
             batch = list(updates)[-self.settings.max_updates:]
             j.progress.update(rank, node, world_size, batch, step_time, now)
+            if j.job.spec.nodes_from_progress and node not in j.row.nodes:
+                self._refresh_members(j)
             rec = self._active.get(job)
             if (rec is not None and rec.state == "restoring" and rec.restore_sent is not None
                     and node in rec.nodes and batch):

@@ -31,12 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sn_monitor.config import Duration, positive, setting
-from sn_monitor.controller.actions.base import (
-    ActionRequest,
-    Outcome,
-    PermanentError,
-    TemporaryError,
-)
+from sn_monitor.controller.actions.base import Outcome, PermanentError, TemporaryError
+from sn_monitor.controller.audit import ActionRequest
 
 EX_TEMPFAIL = 75
 #: How much of stderr/stdout an error or outcome quotes.

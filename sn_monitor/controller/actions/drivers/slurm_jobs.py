@@ -33,13 +33,9 @@ import re
 from dataclasses import dataclass
 
 from sn_monitor.config import Duration, positive, setting
-from sn_monitor.controller.actions.base import (
-    ActionRequest,
-    Outcome,
-    PermanentError,
-    TemporaryError,
-)
-from sn_monitor.controller.actions.slurm import run_slurm_tool
+from sn_monitor.controller.actions.base import Outcome, PermanentError, TemporaryError
+from sn_monitor.controller.actions.drivers.slurm import run_slurm_tool
+from sn_monitor.controller.audit import ActionRequest
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""One module per outside system the controller acts through."""

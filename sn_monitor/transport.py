@@ -1,0 +1,61 @@
+"""What every HTTP client of sn-monitor agrees on: URLs in logs, URL settings, Retry-After.
+
+The agent's reporter, the controller's drivers and its lease clients all name URLs in
+log lines, metric labels and error messages; none of them may print a credential that
+a URL carries. So a URL is shown as :func:`redact_url` makes it, checked in settings by
+:func:`check_http_url`, and a server's ``Retry-After`` read by :func:`parse_retry_after`.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from urllib.parse import urlsplit
+
+
+def redact_url(url: str, *, secret_path: bool = False) -> str:
+    """``https://user:pw@host:8443/p/a?token=x`` -> ``https://host:8443/p/a``.
+
+    User info and the query string (where tokens live) always go; with ``secret_path``
+    the path is replaced by ``/…`` too (Slack webhook URLs carry their token in the
+    path). Anything unparsable becomes ``<invalid url>``.
+    """
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "<invalid url>"
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{port}" if port is not None else host
+    path = "/…" if secret_path and parts.path not in ("", "/") else parts.path
+    return f"{parts.scheme}://{netloc}{path}"
+
+
+def check_http_url(value: str) -> None:
+    """Settings check: an absolute http(s) URL with a host (raises ValueError)."""
+    try:
+        parts = urlsplit(value)
+    except ValueError as err:
+        raise ValueError(f"invalid URL: {err}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http:// or https:// URL, got {redact_url(value)!r}")
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """``Retry-After`` in seconds (delta-seconds or an HTTP date), None when absent or bad.
+
+    Delta-seconds may carry a fraction (``0.5``): lenient, as our own standby is exact.
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if text.replace(".", "", 1).isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    current = time.time() if now is None else now
+    return max(0.0, when.timestamp() - current)
