@@ -54,8 +54,12 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.simulate_bench
 	$(BIN)/python -m bench.ha_bench
 
+# 30 minutes of load on one controller; then the controller killed at every point of a
+# job recovery, three times each (tests/integration/test_recovery_crash.py, once each in
+# make test).
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak --progress
+	SN_CRASH_ROUNDS=3 $(BIN)/pytest -q -o timeout=1800 tests/integration/test_recovery_crash.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

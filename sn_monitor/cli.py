@@ -1,4 +1,7 @@
-"""The one entry point: ``sn-monitor agent|controller|demo|simulate|check-config|version``."""
+"""The one entry point: ``sn-monitor agent|controller|demo|simulate|breaker|check-config``.
+
+And ``sn-monitor version``.
+"""
 
 from __future__ import annotations
 
@@ -119,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "packaged with sn-monitor), their holds scaled by --speed")
     demo.add_argument("--headless", action="store_true",
                       help="no live view: print the summary as JSON; exit 1 if a fault "
-                           "went undetected")
+                           "went undetected, a healthy node was taken for faulty, or the "
+                           "job is not training at the end")
     demo.add_argument("--keep-running", action="store_true",
                       help="after the scenario, leave everything up (/metrics, /api/v1/sd "
                            "for Prometheus) until Ctrl-C")
@@ -162,6 +166,26 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--quiet", action="store_true",
                           help="no progress line every 10 s on stderr")
     _log_options(simulate, default_level="warning")
+
+    breaker = sub.add_parser(
+        "breaker", help="show, close or open the controller's circuit breaker",
+        description="The circuit breaker freezes evictions when many nodes fail together. "
+                    "`status` shows it; `close` lets held evictions and recoveries go on "
+                    "(a person looked: it was not a partition); `open` freezes them for the "
+                    "breaker's hold. Closing and opening need an operate token and are "
+                    "recorded in the audit trail. Exit 1 when the controller refuses or "
+                    "cannot be reached.")
+    breaker.add_argument("what", choices=["status", "close", "open"], nargs="?",
+                         default="status")
+    breaker.add_argument("--controller", action="append", required=True, metavar="URL",
+                         help="the controller (http[s]://host:9848); give it again for "
+                              "each controller of a high-availability pair")
+    breaker.add_argument("--token-file", metavar="F",
+                         help="file holding a bearer token (read role for status, operate "
+                              "to close or open)")
+    breaker.add_argument("--ca-file", metavar="F",
+                         help="CA bundle the controller's certificate must chain to")
+    breaker.add_argument("--reason", help="why (required to close or open; recorded)")
 
     check = sub.add_parser("check-config", help="validate config files; exit 2 on any error")
     check.add_argument("files", nargs="+", type=Path)
@@ -267,8 +291,8 @@ def run_agent(settings: AgentSettings, simulate: int | None, duration: float | N
     clocks do not), and its agent takes faults on ``POST /sim/fault``.
     """
     from sn_monitor.agent.daemon import build_agent
-    from sn_monitor.agent.reporter import TokenError
     from sn_monitor.clock import SystemClock
+    from sn_monitor.transport import TokenError
 
     clock = SystemClock()
     try:
@@ -333,9 +357,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from sn_monitor.agent.reporter import TokenError, read_token
     from sn_monitor.sim.fleet import Fleet, FleetOptions, render_summary
     from sn_monitor.sim.scenario import find_scenario
+    from sn_monitor.transport import TokenError, read_token
 
     try:
         scenario = find_scenario(args.scenario) if args.scenario else None
@@ -390,6 +414,75 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_breaker(args: argparse.Namespace) -> int:
+    """``sn-monitor breaker``: the controller's circuit breaker, through its API."""
+    import requests
+
+    from sn_monitor.transport import TokenError, read_token, redact_url
+
+    if args.what != "status" and not (args.reason or "").strip():
+        print(f"sn-monitor breaker: {args.what} needs --reason (it goes in the audit trail)",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        token = read_token(args.token_file) if args.token_file else None
+    except TokenError as err:
+        print(f"sn-monitor breaker: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    failures: list[str] = []
+    for url in args.controller:
+        endpoint = f"{url.rstrip('/')}/api/v1/breaker"
+        try:
+            if args.what == "status":
+                reply = requests.get(endpoint, headers=headers, timeout=10,
+                                     verify=args.ca_file or True)
+            else:
+                reply = requests.post(endpoint, headers=headers, timeout=30,
+                                      verify=args.ca_file or True,
+                                      json={"open": args.what == "open",
+                                            "reason": args.reason.strip()})
+        except requests.RequestException as err:
+            failures.append(f"{redact_url(url)}: {type(err).__name__}")
+            continue
+        if reply.status_code == 503 and reply.headers.get(
+                "X-SN-Controller-Role", "").lower() == "standby":
+            failures.append(f"{redact_url(url)}: a standby")
+            continue
+        if reply.status_code != 200:
+            try:
+                why = reply.json().get("error", reply.text)
+            except ValueError:
+                why = reply.text
+            print(f"sn-monitor breaker: {redact_url(url)} answered {reply.status_code}: "
+                  f"{why}", file=sys.stderr)
+            return 1
+        _print_breaker(reply.json())
+        return 0
+    print(f"sn-monitor breaker: no active controller answered ({'; '.join(failures)})",
+          file=sys.stderr)
+    return 1
+
+
+def _print_breaker(doc: dict[str, object]) -> None:
+    import time
+
+    def when(value: object) -> str:
+        if not isinstance(value, int | float):
+            return "-"
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(value))
+
+    if not doc.get("open"):
+        print("circuit breaker: closed (evictions allowed)")
+        return
+    nodes = doc.get("nodes") or []
+    print(f"circuit breaker: OPEN since {when(doc.get('since'))}, until "
+          f"{when(doc.get('until'))}" + (" (opened by hand)" if doc.get("by_hand") else ""))
+    print(f"  {doc.get('reason')}")
+    if isinstance(nodes, list) and nodes:
+        print(f"  closes once these are back and healthy: {', '.join(map(str, nodes))}")
+
+
 def run_demo_command(args: argparse.Namespace) -> int:
     """``sn-monitor demo``: a simulated supernode, a scenario, a live view, a summary."""
     from sn_monitor.controller.rules.spec import load_rules
@@ -437,6 +530,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "simulate":
         configure_logging(args.log_format or "text", args.log_level or "warning")
         return run_simulate(args)
+    if args.command == "breaker":
+        return run_breaker(args)
     try:
         settings = _agent_settings(args) if args.command == "agent" else AgentSettings()
     except ConfigError as err:

@@ -1,15 +1,17 @@
 """What every HTTP client of sn-monitor agrees on: URLs in logs, URL settings, Retry-After.
 
-The agent's reporter, the controller's drivers and its lease clients all name URLs in
-log lines, metric labels and error messages; none of them may print a credential that
-a URL carries. So a URL is shown as :func:`redact_url` makes it, checked in settings by
-:func:`check_http_url`, and a server's ``Retry-After`` read by :func:`parse_retry_after`.
+The agent's reporter, the controller's drivers, its lease clients and the command line
+all name URLs in log lines, metric labels and error messages; none of them may print a
+credential that a URL carries. So a URL is shown as :func:`redact_url` makes it, checked
+in settings by :func:`check_http_url`, and a server's ``Retry-After`` read by
+:func:`parse_retry_after`. A bearer token comes from a file, by :func:`read_token`.
 """
 
 from __future__ import annotations
 
 import email.utils
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 
@@ -59,3 +61,26 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
         return None
     current = time.time() if now is None else now
     return max(0.0, when.timestamp() - current)
+
+
+class TokenError(Exception):
+    """The controller token file cannot be used."""
+
+
+def read_token(path: str | Path) -> str:
+    """The bearer token from ``path``, stripped; :class:`TokenError` names the problem.
+
+    The token itself never appears in an error or a log line.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise TokenError(f"cannot read token file {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise TokenError(f"token file {path} is not UTF-8 text") from None
+    token = text.strip()
+    if not token:
+        raise TokenError(f"token file {path} is empty")
+    if any(c.isspace() for c in token):
+        raise TokenError(f"token file {path} holds more than one word")
+    return token

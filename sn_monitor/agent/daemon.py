@@ -28,7 +28,7 @@ from sn_monitor.agent.exporter import AgentStatus, SnapshotCollector
 from sn_monitor.agent.exposition import ExpositionCache
 from sn_monitor.agent.guard import ThermalGuard
 from sn_monitor.agent.registry import build_collectors
-from sn_monitor.agent.reporter import Reporter, read_token
+from sn_monitor.agent.reporter import Reporter
 from sn_monitor.agent.sampler import Sampler
 from sn_monitor.agent.server import AgentHttpServer
 from sn_monitor.agent.settings import AgentSettings, parse_listen
@@ -37,7 +37,7 @@ from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import Clock
 from sn_monitor.model import Event
 from sn_monitor.notify import SystemdNotifier
-from sn_monitor.transport import redact_url
+from sn_monitor.transport import read_token, redact_url
 
 log = logging.getLogger(__name__)
 

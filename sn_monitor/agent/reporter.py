@@ -36,7 +36,6 @@ import random
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -65,29 +64,6 @@ ROLE_HEADER = "X-SN-Controller-Role"
 _JITTER = 0.2
 _MAX_LOGGED_MESSAGES = 64
 _MAX_ERROR_TEXT = 500
-
-
-class TokenError(Exception):
-    """The controller token file cannot be used."""
-
-
-def read_token(path: str | Path) -> str:
-    """The bearer token from ``path``, stripped; :class:`TokenError` names the problem.
-
-    The token itself never appears in an error or a log line.
-    """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise TokenError(f"cannot read token file {path}: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise TokenError(f"token file {path} is not UTF-8 text") from None
-    token = text.strip()
-    if not token:
-        raise TokenError(f"token file {path} is empty")
-    if any(c.isspace() for c in token):
-        raise TokenError(f"token file {path} holds more than one word")
-    return token
 
 
 class _Reply(msgspec.Struct, frozen=True):

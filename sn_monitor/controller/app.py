@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import msgspec
 from starlette.applications import Starlette
@@ -38,6 +38,13 @@ log = logging.getLogger(__name__)
 _encoder = msgspec.json.Encoder()
 
 
+class BreakerChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``POST /api/v1/breaker``: close it (evictions go on) or open it (they freeze)."""
+
+    open: bool
+    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
+
+
 class ControllerApi(Protocol):
     """What the HTTP layer needs from the controller."""
 
@@ -64,6 +71,8 @@ class ControllerApi(Protocol):
     def list_recoveries(self, job: str | None, limit: int) -> list[dict[str, Any]]: ...
     def approve_recovery(self, recovery_id: str, who: str) -> dict[str, Any]: ...
     def return_to_pool(self, job: str, node: str, who: str) -> dict[str, Any]: ...
+    def breaker_state(self) -> dict[str, Any]: ...
+    def set_breaker(self, open_it: bool, who: str, reason: str) -> dict[str, Any]: ...
     def service_discovery(self) -> list[dict[str, Any]]: ...
     def health(self) -> tuple[bool, dict[str, Any]]: ...
     def metrics(self) -> bytes: ...
@@ -442,6 +451,22 @@ def _build_router(
         return _json(record)
 
     @guarded
+    async def breaker(request: Request) -> Response:
+        if request.method == "GET":
+            identify(request, "read")
+            return _json(controller.breaker_state())
+        identity = identify(request, "operate")
+        body = await read_body(request)
+        try:
+            doc = msgspec.json.decode(body, type=BreakerChange)
+        except msgspec.ValidationError as err:
+            raise ApiError(422, f"invalid body: {err}") from None
+        except msgspec.DecodeError as err:
+            raise ApiError(400, f"malformed JSON: {err}") from None
+        return _json(await run_in_threadpool(controller.set_breaker, doc.open, identity.name,
+                                             doc.reason))
+
+    @guarded
     async def service_discovery(request: Request) -> Response:
         identify(request, "read")
         return _json(controller.service_discovery())
@@ -482,6 +507,7 @@ def _build_router(
         Route("/api/v1/recoveries", recoveries, methods=["GET"]),
         Route("/api/v1/recoveries/{recovery_id}/approve", approve_recovery, methods=["POST"]),
         Route("/api/v1/actions/{action_id}/approve", approve, methods=["POST"]),
+        Route("/api/v1/breaker", breaker, methods=["GET", "POST"]),
         Route("/api/v1/sd", service_discovery, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", healthz, methods=["GET"]),
@@ -504,7 +530,8 @@ def _build_router(
 def openapi_document() -> dict[str, Any]:
     """OpenAPI 3.1 for the v1 API; the report schemas come from the wire types themselves."""
     _, components = msgspec.json.schema_components([Report, ReportReply, ProgressBody,
-                                                    CheckpointBody, *webhook_schema_types()],
+                                                    CheckpointBody, BreakerChange,
+                                                    *webhook_schema_types()],
                                                    ref_template="#/components/schemas/{name}")
     error = {"description": "error", "content": {"application/json": {"schema": {
         "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}}}}
@@ -632,6 +659,15 @@ def openapi_document() -> dict[str, Any]:
                                                         "409": error},
             parameters=[{"name": "action_id", "in": "path", "required": True,
                          "schema": hex_id}])},
+        "/api/v1/breaker": {
+            "get": op("The circuit breaker: open or closed, why, since and until when, the "
+                      "nodes it counted", {"200": any_json}),
+            "post": op("Close the breaker by hand (evictions go on) or open it (they freeze "
+                       "for its hold); audited (operate role)",
+                       {"200": any_json, "400": error, "413": error, "422": error,
+                        "503": error},
+                       requestBody={"required": True, "content": {"application/json": {
+                           "schema": {"$ref": "#/components/schemas/BreakerChange"}}}})},
         "/api/v1/sd": {"get": op("Prometheus HTTP service discovery of every agent",
                                  {"200": {"description": "targets", "content": {
                                      "application/json": {"schema": {"type": "array"}}}}})},

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Final, Literal
 
 ActionName = Literal[
@@ -24,18 +25,39 @@ DISRUPTIVE: frozenset[str] = frozenset(
     {"throttle", "cordon", "evict", "restore", "failover"}
 )
 
+#: Actions that take a node out of service: counted against max_unavailable.
+TAKES_NODE_OUT: Final[frozenset[str]] = frozenset({"cordon", "evict", "failover"})
+
+#: ``held``: refused by the open circuit breaker but kept, not final, because a recovery
+#: owns it; the recovery releases it once the breaker closes, or cancels it.
 ActionState = Literal[
-    "pending", "awaiting_approval", "running", "succeeded", "failed", "dry_run",
+    "pending", "awaiting_approval", "held", "running", "succeeded", "failed", "dry_run",
     "refused", "cancelled",
 ]
 ACTION_STATES: Final[frozenset[str]] = frozenset(
-    {"pending", "awaiting_approval", "running", "succeeded", "failed", "dry_run",
+    {"pending", "awaiting_approval", "held", "running", "succeeded", "failed", "dry_run",
      "refused", "cancelled"}
 )
 #: States an action never leaves.
 FINAL_STATES: Final[frozenset[str]] = frozenset(
     {"succeeded", "failed", "dry_run", "refused", "cancelled"}
 )
+
+
+class Refusal(StrEnum):
+    """Why an action was refused (or held): the policy's reasons, as the record keeps them.
+
+    Code decides on this, never on the refusal's text (which is for people).
+    """
+
+    BREAKER = "breaker"
+    MAX_UNAVAILABLE = "max_unavailable"
+    RATE_LIMIT = "rate_limit"
+    COOLDOWN = "cooldown"
+    #: (node, action) failed too often recently: the runner's failure throttle.
+    THROTTLED = "throttled"
+    #: An uncordon of a node sn-monitor did not cordon.
+    NOT_OURS = "not_ours"
 
 
 @dataclass(frozen=True)
@@ -45,6 +67,9 @@ class ActionRequest:
     ``key`` is the idempotency key: the same key is never run twice, across restarts.
     ``params`` carries what a driver needs beyond the node (``status`` firing/resolved
     for alerts, ``power_fraction`` for throttle, ``checkpoint`` and ``nodes`` for restore).
+    ``owner`` names the multi-step process (a job recovery) the action is a step of: the
+    open breaker holds such an action instead of refusing it, and the owner's own earlier
+    actions do not count against its later ones (max_unavailable).
     """
 
     id: str
@@ -60,6 +85,7 @@ class ActionRequest:
     params: Mapping[str, Any] = field(default_factory=dict)
     requested_by: str = "controller"
     created_seconds: float = 0.0
+    owner: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +112,9 @@ class ActionRecord:
     next_attempt_at: float | None = None
     outcome_message: str = ""
     outcome: Mapping[str, Any] = field(default_factory=dict)
+    #: Set with ``refused`` and ``held``: the policy's reason, typed.
+    refusal: Refusal | None = None
+    owner: str | None = None
 
     @property
     def final(self) -> bool:
@@ -99,6 +128,7 @@ class ActionRecord:
             reason=self.reason, rule=self.rule, incident_id=self.incident_id, gpu=self.gpu,
             severity=self.severity, labels=dict(self.labels), params=dict(self.params),
             requested_by=self.requested_by, created_seconds=self.created_at,
+            owner=self.owner,
         )
 
     @classmethod
@@ -111,5 +141,5 @@ class ActionRecord:
             rule=request.rule, incident_id=request.incident_id, gpu=request.gpu,
             severity=request.severity, labels=dict(request.labels),
             params=dict(request.params), requested_by=request.requested_by,
-            verdict_reason=reason,
+            verdict_reason=reason, owner=request.owner,
         )

@@ -30,6 +30,7 @@ from sn_monitor.controller.report_lane import report_lane
 from sn_monitor.controller.rules.spec import Rule, default_rule_paths, load_rules
 from sn_monitor.controller.service import Controller
 from sn_monitor.controller.settings import STORE_DSN_ENV, ControllerSettings
+from sn_monitor.controller.stall import LOOP_TICK_SECONDS, StallWatch
 from sn_monitor.controller.store import Store
 from sn_monitor.controller.tls import (
     CertificateReloader,
@@ -68,19 +69,32 @@ def _already_stopping(signum: int, frame: FrameType | None) -> None:
 
 
 class NotifyingServer(uvicorn.Server):
-    """uvicorn that tells systemd READY=1 once it accepts connections."""
+    """uvicorn that tells systemd READY=1 once it accepts connections.
 
-    def __init__(self, config: uvicorn.Config, notifier: SystemdNotifier) -> None:
+    With ``stalls``, the event loop ticks it (:mod:`sn_monitor.controller.stall`): how the
+    controller tells its own stalls from its nodes' silence.
+    """
+
+    def __init__(self, config: uvicorn.Config, notifier: SystemdNotifier,
+                 stalls: StallWatch | None = None) -> None:
         super().__init__(config)
         self._notifier = notifier
+        self._stalls = stalls
         #: The event loop serving, once started (for work that must run on its thread).
         self.loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
+        if self._stalls is not None:
+            self._tick(self._stalls)
         await super().startup(sockets)
         if not self.should_exit:
             self._notifier.ready("serving")
+
+    def _tick(self, stalls: StallWatch) -> None:
+        stalls.loop_ticked()
+        if self.loop is not None and not self.should_exit:
+            self.loop.call_later(LOOP_TICK_SECONDS, self._tick, stalls)
 
 
 def tune_garbage_collector() -> None:
@@ -248,7 +262,7 @@ def _stand_by(settings: ControllerSettings, elector: Elector,
 def _serve_active(settings: ControllerSettings, clock: Clock, rules: list[Rule],
                   tokens: TokenBook | None, store: Store, drivers: Drivers,
                   elector: Elector | None, notifier: SystemdNotifier) -> int:
-    controller = Controller(settings, rules, clock, store, drivers)
+    controller = Controller(settings, rules, clock, store, drivers, watch_stalls=True)
     controller.start()
     tune_garbage_collector()
     reload_wanted = threading.Event()
@@ -302,7 +316,7 @@ def _serve_active(settings: ControllerSettings, clock: Clock, rules: list[Rule],
         if tls is not None:
             assert config.ssl is not None
             reloader = CertificateReloader(config.ssl, tls)
-        server = NotifyingServer(config, notifier)
+        server = NotifyingServer(config, notifier, controller.stalls)
         if elector is not None:
             renewer = threading.Thread(target=elector.keep_leading,
                                        args=(stop_renewing, on_lost),

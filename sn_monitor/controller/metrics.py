@@ -20,12 +20,13 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sn_monitor import __version__
-from sn_monitor.controller.jobs.orchestrator import JobMetrics
+from sn_monitor.controller.jobs.views import JobMetrics
 
 #: The one family written by hand (node_state_exposition).
 NODE_STATE: Final = "sn_node_state"
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0)
 INGEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+STALL_BUCKETS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,15 @@ class ControllerMetrics:
         )
         for outcome in ("accepted", "unmatched", "skipped"):
             self.webhook_alerts.labels(outcome)
+        self.stalls = Histogram(
+            "sn_controller_stall_seconds",
+            "Times the controller itself stood still (paused, starved of CPU, a long "
+            "collection) for a second or more, by where it was seen: the sweep or the "
+            "event_loop. Left out of every node's silence.", ["where"],
+            buckets=STALL_BUCKETS, registry=self.registry,
+        )
+        for where in ("sweep", "event_loop"):
+            self.stalls.labels(where)
 
     def render(self) -> bytes:
         """The exposition: the registry, then the node states its collector just read."""

@@ -8,7 +8,6 @@ comparisons, retries, re-sending firing alerts, node states) happens in :meth:`s
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -23,26 +22,25 @@ import msgspec
 
 from sn_monitor.clock import Clock
 from sn_monitor.config import ConfigError
-from sn_monitor.controller.actions.policy import BreakerState, ClusterSummary, SafetyPolicy
-from sn_monitor.controller.actions.routing import Drivers
+from sn_monitor.controller.actions.policy import ClusterSummary, SafetyPolicy
+from sn_monitor.controller.actions.routing import Drivers, NoDriver
 from sn_monitor.controller.actions.runner import ActionRunner, ActionStateError
 from sn_monitor.controller.audit import ActionName, ActionRecord, ActionRequest
 from sn_monitor.controller.auth import Identity
+from sn_monitor.controller.breaker import BreakerKeeper, breaker_doc
 from sn_monitor.controller.errors import ApiError
 from sn_monitor.controller.ingest import NodeRegistry, ReportRejected, decode_report
-from sn_monitor.controller.jobs.orchestrator import (
-    HangFinding,
-    JobError,
-    JobOrchestrator,
-    UnknownJob,
-    UnknownRecovery,
-)
+from sn_monitor.controller.job_actions import RunnerJobActions
+from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
+from sn_monitor.controller.jobs.settings import JobError, UnknownJob, UnknownRecovery
 from sn_monitor.controller.jobs.spec import JobControl, job_from_json, load_jobs
+from sn_monitor.controller.jobs.views import HangFinding
 from sn_monitor.controller.metrics import ControllerMetrics, ControllerState
 from sn_monitor.controller.rules.alerts import WebhookRejected, decode_webhook
 from sn_monitor.controller.rules.engine import Finding, RuleEngine
 from sn_monitor.controller.rules.spec import AlertRule, EventRule, Rule
 from sn_monitor.controller.settings import ControllerSettings
+from sn_monitor.controller.stall import StallWatch
 from sn_monitor.controller.state import NodeState, NodeView
 from sn_monitor.controller.store import Incident, Store, StoreError, StoreUnavailable
 from sn_monitor.model import CheckpointBody, CommandResult, ProgressBody, ReportReply
@@ -51,12 +49,13 @@ log = logging.getLogger(__name__)
 
 #: Actions whose firing means the node itself is broken: they count for the breaker.
 NODE_FATAL_ACTIONS = frozenset({"failover", "evict", "cordon"})
-#: ``failover`` is evict the node, then hand the job to job control (spare + restore).
-EXPANSIONS: dict[str, tuple[ActionName, ...]] = {"failover": ("evict", "failover")}
-#: For a node of a DistributedJob, ``failover`` is a job recovery (the orchestrator
-#: evicts the node, takes a spare and restores from the latest complete checkpoint) and
-#: ``checkpoint`` asks the job for a pre-emptive checkpoint.
+#: For a node of a DistributedJob, ``failover`` and ``evict`` are a job recovery (the
+#: recovery evicts the node, once, takes a spare and restores from the latest complete
+#: checkpoint; every fault of the job's nodes joins the one recovery) and ``checkpoint``
+#: asks the job for a pre-emptive checkpoint.
 RECOVER = "recover"
+#: The actions a rule takes on a job's node that the job's recovery takes over.
+RECOVERED_ACTIONS = frozenset({"failover", "evict"})
 CHECKPOINT_JOBS = "checkpoint-jobs"
 #: Steps that wait ``settle`` seconds before they run.
 SETTLED_ACTIONS = frozenset({"cordon", "evict", "failover", RECOVER})
@@ -76,35 +75,58 @@ class Controller:
         clock: Clock,
         store: Store,
         drivers: Drivers,
+        *,
+        watch_stalls: bool = False,
     ) -> None:
+        """The controller's parts, wired; nothing is read from the store yet (:meth:`start`).
+
+        ``watch_stalls``: leave the controller's own stalls out of node silence (the
+        daemon; tests that move a manual clock by hand mean every second they move it).
+        """
         self.settings = settings
         self.clock = clock
         self.store = store
         self.drivers = drivers
-        self.engine = RuleEngine(rules, clock)
-        self.registry = NodeRegistry(clock)
+        self.telemetry = ControllerMetrics(self.state)
+        self.stalls = StallWatch(clock, float(settings.sweep_interval),
+                                 on_stall=self._stalled) if watch_stalls else None
+        #: Silence and holds are measured on the controller's own progress (stall.py):
+        #: the registry's receive times and the rules' clock are this one's.
+        self.progress: Clock = self.stalls if self.stalls is not None else clock
+        self.engine = RuleEngine(rules, self.progress)
+        self.registry = NodeRegistry(self.progress)
         self.policy = SafetyPolicy(settings.policy, clock)
+        #: A controller-wide job control may run jobs this controller does not know:
+        #: a node in none of its jobs is failed over there too (read before route_jobs).
+        self._failover_elsewhere = not isinstance(drivers.by_action.get("failover"), NoDriver)
         drivers.route_jobs(self._job_control, clock)
         self.runner = ActionRunner(store, self.policy, drivers.by_action, clock,
                                    settings.runner)
         self.runner.on_succeeded = self._action_succeeded
+        self.breaker = BreakerKeeper(
+            self.policy, store, clock,
+            lambda request: self._safely(self.runner.submit, request, self.cluster(), False))
         self.jobs = JobOrchestrator(
-            store, clock, lambda request: self.runner.submit(request, self.cluster(), False),
+            store, clock, RunnerJobActions(self.runner, store, self.cluster,
+                                           self.node_healthy),
             self._labels_of, settings.recovery)
-        self.telemetry = ControllerMetrics(self.state)
         drivers.queue.on_result = self._command_result
         self._lock = threading.RLock()
         # The engine is not thread-safe; ingest (the HTTP loop) and the sweep (the
         # scheduler's thread) call it concurrently in the daemon. Held for engine calls only.
         self._engine_lock = threading.Lock()
         self._firing: dict[str, set[tuple[str, str]]] = {}
+        #: The findings firing on each node that mean the node itself is broken, with
+        #: when each was detected (wall).
+        self._fatal: dict[str, dict[tuple[str, str], float]] = {}
         self._lost: set[str] = set()
+        #: Nodes an eviction ran on, until they are uncordoned.
+        self._evicted: set[str] = set()
+        self._membership_seen = -1
         self._cordoned: set[str] = set()
         self._peers: dict[str, tuple[str, int]] = {}
         self._states: dict[str, NodeState] = {}
         self._store_error: str | None = None
-        self._breaker_was_open = False
-        self._saved_breaker: BreakerState | None = None
         self._last_refresh = -1e18
         self._last_resend = clock.monotonic()
         self._deferred: list[tuple[float, str, Finding, int]] = []
@@ -117,7 +139,8 @@ class Controller:
 
     def start(self) -> None:
         """Load what the store remembers and resume actions a previous run left."""
-        self._restore_breaker()
+        self.breaker.restore()
+        evictions = RunnerJobActions(self.runner, self.store, self.cluster, self.node_healthy)
         for record in self.store.list_nodes():
             state: NodeState = record.state if record.state in (
                 "healthy", "degraded", "lost", "cordoned", "evicted") else "healthy"  # type: ignore[assignment]
@@ -125,6 +148,8 @@ class Controller:
             self._states[record.name] = state
             if record.cordoned_by_us:
                 self._cordoned.add(record.name)
+                if evictions.already_evicted(record.name):
+                    self._evicted.add(record.name)
         self.jobs.load_from_store()
         self._load_job_files()
         rules = {rule.name: rule for rule in self.engine.rules}
@@ -133,6 +158,10 @@ class Controller:
         for incident in self.store.list_incidents(status="open", limit=100_000):
             self._firing.setdefault(incident.node, set()).add((incident.rule, incident.subject))
             rule = rules.get(incident.rule)
+            if rule is not None and (rule.kind == "heartbeat"
+                                     or NODE_FATAL_ACTIONS & set(rule.actions)):
+                self._fatal.setdefault(incident.node, {})[
+                    (incident.rule, incident.subject)] = incident.detected_at
             self._settle_again(incident, rule)
             if isinstance(rule, AlertRule) and self.engine.restore(
                     _firing_finding(incident, rule)):
@@ -189,6 +218,8 @@ class Controller:
         """
         if rule is None:
             return
+        if self.jobs.owns_incident(incident.id):
+            return  # a job recovery acted on it: it is the recovery's, never planned again
         steps = [step for step in self._plan(incident.node, rule.actions)
                  if step in SETTLED_ACTIONS]
         # A job recovery is keyed by its incident inside the orchestrator: asking again
@@ -213,6 +244,8 @@ class Controller:
             log.info("job %s loaded from %s", name, self.settings.jobs)
 
     def close(self) -> None:
+        """Stop acting; the jobs' progress counters (ETTR) are written first."""
+        self._safely(self.jobs.save_all)
         self.runner.close()
         self.drivers.close()
 
@@ -293,8 +326,11 @@ class Controller:
 
     def _fired(self, f: Finding) -> int | None:
         """Record the incident and start its actions; its id (None: not recorded)."""
+        fatal = f.kind == "heartbeat" or bool(NODE_FATAL_ACTIONS & set(f.actions))
         with self._lock:
             self._firing.setdefault(f.node, set()).add((f.rule, f.subject))
+            if fatal:
+                self._fatal.setdefault(f.node, {})[(f.rule, f.subject)] = f.detected_wall
             if f.kind == "heartbeat":
                 self._lost.add(f.node)
         self.telemetry.detection_latency.observe(max(0.0, f.detected_wall - f.observed_wall))
@@ -311,10 +347,10 @@ class Controller:
             with self._lock:
                 self._unrecorded[(f.node, f.rule, f.subject)] = f
             return None
-        if f.kind == "heartbeat" or NODE_FATAL_ACTIONS & set(f.actions):
+        if fatal:
             opened = self.policy.note_fault(f.node, max(1, len(self.registry)))
             if opened is not None:
-                self._breaker_opened(opened)
+                self._safely(self.breaker.opened, opened)
         due = self.clock.monotonic() + self.settings.settle
         for step in self._plan(f.node, f.actions):
             if step in SETTLED_ACTIONS and self.settings.settle > 0:
@@ -325,17 +361,32 @@ class Controller:
         return int(incident_id)
 
     def _plan(self, node: str, actions: Sequence[str]) -> list[str]:
-        """The steps a firing rule's actions mean for this node (see EXPANSIONS, RECOVER)."""
+        """The steps a firing rule's actions mean for this node.
+
+        On a job's node (or one its active recovery is evicting) ``failover`` and
+        ``evict`` are the recovery's (RECOVER). Elsewhere ``failover`` is an eviction, and
+        a ``failover`` to the controller-wide job control when one is configured (it may
+        run jobs the controller does not know). A node already evicted is not evicted
+        again.
+        """
         in_job = bool(self.jobs.jobs_of_node(node))
+        recovering = in_job or self.jobs.recovering(node)
+        with self._lock:
+            evicted = node in self._evicted
         steps: list[str] = []
         for action in actions:
-            if in_job and action == "failover":
-                steps.append(RECOVER)
+            if recovering and action in RECOVERED_ACTIONS:
+                if RECOVER not in steps:
+                    steps.append(RECOVER)
             elif in_job and action == "checkpoint":
                 steps.append(CHECKPOINT_JOBS)
+            elif action in RECOVERED_ACTIONS and evicted:
+                continue  # already out of service: nothing more to take
+            elif action == "failover":
+                steps.extend(("evict", "failover") if self._failover_elsewhere else ("evict",))
             else:
-                steps.extend(EXPANSIONS.get(action, (action,)))
-        return steps
+                steps.append(action)
+        return list(dict.fromkeys(steps))
 
     def _run_step(self, step: str, f: Finding, incident_id: int) -> None:
         if step == RECOVER:
@@ -363,8 +414,14 @@ class Controller:
             self._run_step(action, f, incident_id)
 
     def _action_succeeded(self, record: ActionRecord) -> None:
-        """A recovery's step finished: take the next one now, not at the next sweep."""
-        if record.key.startswith("recovery:"):
+        """Note an eviction (or its end); a recovery's step: take the next one now."""
+        if record.node is not None and record.action in ("evict", "uncordon"):
+            with self._lock:
+                if record.action == "evict":
+                    self._evicted.add(record.node)
+                else:
+                    self._evicted.discard(record.node)
+        if record.owner is not None:
             for hang in self._safely(self.jobs.tick) or ():
                 self._job_hung(hang)
 
@@ -400,6 +457,7 @@ class Controller:
     def _resolved(self, f: Finding) -> None:
         with self._lock:
             self._firing.get(f.node, set()).discard((f.rule, f.subject))
+            self._fatal.get(f.node, {}).pop((f.rule, f.subject), None)
             self._unrecorded.pop((f.node, f.rule, f.subject), None)
             if f.kind == "heartbeat":
                 self._lost.discard(f.node)
@@ -428,57 +486,6 @@ class Controller:
             created_seconds=self.clock.time(),
         )
         self._safely(self.runner.submit, request, self.cluster(), f.dry_run)
-
-    def _breaker_opened(self, state: BreakerState) -> None:
-        log.critical("circuit breaker open, evictions frozen: %s", state.reason)
-        self._breaker_was_open = True
-        self._safely(self.store.set_meta, "breaker_opened_at", str(state.since))
-        request = ActionRequest(
-            id=uuid.uuid4().hex, key=f"breaker:{state.since}:alert", action="alert",
-            node=None, reason=f"circuit breaker open, evictions frozen: {state.reason}",
-            rule="circuit-breaker", severity="critical", params={"status": "firing"},
-            created_seconds=self.clock.time(),
-        )
-        self._safely(self.runner.submit, request, self.cluster(), False)
-
-    def _save_breaker(self, state: BreakerState) -> None:
-        """Keep the breaker across restarts: a crash must not reopen evictions."""
-        if state == self._saved_breaker:
-            return
-        doc = json.dumps({"open": state.open, "reason": state.reason, "since": state.since,
-                          "until": state.until})
-        self._safely(self.store.set_meta, "breaker", doc)
-        self._saved_breaker = state
-
-    def _restore_breaker(self) -> None:
-        raw = self.store.get_meta("breaker")
-        if not raw:
-            return
-        try:
-            doc = json.loads(raw)
-            state = BreakerState(open=bool(doc["open"]), reason=str(doc["reason"]),
-                                 since=doc["since"], until=doc["until"])
-        except (ValueError, KeyError, TypeError) as err:
-            log.warning("ignoring a saved breaker state that cannot be read: %s", err)
-            return
-        self.policy.restore_breaker(state)
-        restored = self.policy.breaker_state()
-        self._saved_breaker = restored
-        if restored.open:
-            self._breaker_was_open = True
-            log.warning("circuit breaker still open after the restart: %s", restored.reason)
-
-    def _breaker_closed(self) -> None:
-        log.warning("circuit breaker closed: evictions allowed again")
-        self._breaker_was_open = False
-        opened = self._safely(self.store.get_meta, "breaker_opened_at") or "0"
-        request = ActionRequest(
-            id=uuid.uuid4().hex, key=f"breaker:{opened}:alert:resolved", action="alert",
-            node=None, reason="circuit breaker closed", rule="circuit-breaker",
-            severity="critical", params={"status": "resolved"},
-            created_seconds=self.clock.time(),
-        )
-        self._safely(self.runner.submit, request, self.cluster(), False)
 
     def _command_result(self, node: str, result: CommandResult) -> None:
         what = "done" if result.ok else "failed"
@@ -510,10 +517,25 @@ class Controller:
     # ------------------------------------------------------------------ sweep
 
     def sweep(self) -> None:
-        """Heartbeats, peers, retries, alert re-sends, node states: every second."""
-        with self._engine_lock:
-            findings = self.engine.sweep(self.registry.views())
-        self._handle(findings)
+        """Heartbeats, peers, retries, alert re-sends, node states: every sweep interval."""
+        stalls = self.stalls
+        if stalls is not None:
+            stalls.sweep_started()
+        try:
+            self._sweep()
+        finally:
+            if stalls is not None:
+                stalls.sweep_finished()
+
+    def _sweep(self) -> None:
+        if self.stalls is not None and self.stalls.reports_behind():
+            # The event loop has not read the sockets lately: the reports waiting there
+            # are not silence. The rules' sweep waits until they are in.
+            log.info("event loop behind: heartbeats not judged this sweep")
+        else:
+            with self._engine_lock:
+                findings = self.engine.sweep(self.registry.views())
+            self._handle(findings)
         self._close_inherited()
         self._submit_settled()
         for hang in self._safely(self.jobs.tick) or ():
@@ -526,10 +548,9 @@ class Controller:
                 now - self._last_resend >= alertmanager.settings.resend_interval):
             self._last_resend = now
             alertmanager.resend_firing()
-        breaker = self.policy.breaker_state()
-        if self._breaker_was_open and not breaker.open:
-            self._breaker_closed()
-        self._save_breaker(breaker)
+        self._safely(self.breaker.sweep, self.node_healthy)
+        if self.jobs.membership_version != self._membership_seen:
+            self._relabel_jobs()
         if now - self._last_refresh >= NODE_REFRESH_SECONDS:
             self._last_refresh = now
             self._refresh_nodes()
@@ -581,10 +602,33 @@ class Controller:
                             extra={"node": f.node, "rule": f.rule, "gpu": f.gpu})
                 self._fired(replace(f, detected_wall=now))
 
+    def _stalled(self, where: str, seconds: float) -> None:
+        """The controller stood still ``seconds`` (see stall.py); silent nodes get grace.
+
+        Its agents' reports timed out meanwhile and they backed off, as after a restart.
+        """
+        self.telemetry.stalls.labels(where).observe(seconds)
+        with self._engine_lock:
+            self.engine.forgive_silence()
+
+    def node_healthy(self, node: str, since: float | None = None) -> bool:
+        """The node reports, and nothing that means it is broken is firing on it.
+
+        With ``since`` (wall time), faults detected before it do not count: the breaker
+        asks whether a node is back from what it counted the node for, and a node that
+        was broken before the burst (and stays so) is back from the burst.
+        """
+        with self._lock:
+            fatal = self._fatal.get(node, {})
+            return node not in self._lost and self.registry.get(node) is not None and \
+                not [at for at in fatal.values() if since is None or at >= since]
+
     def _state_of(self, node: str) -> NodeState:
         with self._lock:
             if node in self._lost:
                 return "lost"
+            if node in self._evicted and node in self._cordoned:
+                return "evicted"
             if node in self._cordoned:
                 return "cordoned"
             if self._firing.get(node):
@@ -594,13 +638,22 @@ class Controller:
     def _label_with_job(self, view: NodeView) -> None:
         """Give a node of a DistributedJob the ``job`` label, for rules that group by it.
 
-        A ``job`` label the agent sends itself wins.
+        A ``job`` label the agent sends itself wins; the one the controller adds follows
+        the job's membership (an evicted node loses it: :meth:`_relabel_jobs`).
         """
-        if "job" in view.labels:
+        if view.report is not None and "job" in view.report.labels:
             return
         jobs = self.jobs.jobs_of_node(view.name)
-        if jobs:
-            view.labels = {**view.labels, "job": jobs[0]}
+        wanted = jobs[0] if jobs else None
+        if view.labels.get("job") != wanted:
+            labels = {k: v for k, v in view.labels.items() if k != "job"}
+            view.labels = labels if wanted is None else {**labels, "job": wanted}
+
+    def _relabel_jobs(self) -> None:
+        """A job's members changed: every node's ``job`` label follows, at once."""
+        self._membership_seen = self.jobs.membership_version
+        for view in self.registry.views().values():
+            self._label_with_job(view)
 
     def _job_control(self, job: str) -> JobControl | None:
         """The job's ``spec.control`` (None: it names none); KeyError: no such job."""
@@ -655,17 +708,18 @@ class Controller:
                  if g.temperature_celsius is not None] if report else []
         with self._lock:
             firing = sorted({rule for rule, _ in self._firing.get(view.name, ())})
+        age = self.progress.monotonic() - view.received_monotonic
         return {
             "name": view.name,
             "labels": dict(view.labels),
             "state": self._state_of(view.name),
-            "last_report_age_seconds": (round(self.clock.monotonic() - view.received_monotonic, 3)
-                                        if report else None),
+            "last_report_age_seconds": round(age, 3) if report else None,
             "gpus": len(report.gpus) if report else 0,
             "gpus_lost": sum(1 for g in report.gpus if g.lost) if report else 0,
             "hottest_gpu_celsius": max(temps) if temps else None,
             "firing": firing,
             "cordoned_by_us": view.name in self._cordoned,
+            "jobs": self.jobs.roles_of(view.name),
         }
 
     def manual_action(self, action: str, node: str, who: str, reason: str) -> dict[str, Any]:
@@ -875,6 +929,20 @@ class Controller:
                     labels[key] = view.labels[key]
             groups.append({"targets": [target], "labels": labels})
         return groups
+
+    def breaker_state(self) -> dict[str, Any]:
+        return breaker_doc(self.breaker.state())
+
+    def set_breaker(self, open_it: bool, who: str, reason: str) -> dict[str, Any]:
+        """A person closes the breaker (evictions go on) or opens it (they freeze); audited."""
+        what = "open-breaker" if open_it else "close-breaker"
+        with self._audited(what, who, f"circuit breaker {'opened' if open_it else 'closed'}: "
+                                      f"{reason}", params={"reason": reason}):
+            state = (self.breaker.open_by_hand(who, reason) if open_it
+                     else self.breaker.close_by_hand(who, reason))
+        log.warning("circuit breaker %s by %s: %s", "opened" if open_it else "closed", who,
+                    reason)
+        return breaker_doc(state)
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         breaker = self.policy.breaker_state()

@@ -20,7 +20,7 @@ from sn_monitor.controller.actions.policy import PolicySettings
 from sn_monitor.controller.actions.routing import DriverSettings, check_routes
 from sn_monitor.controller.actions.runner import RunnerSettings
 from sn_monitor.controller.ha.lease import HaSettings
-from sn_monitor.controller.jobs.orchestrator import JobSettings
+from sn_monitor.controller.jobs.settings import JobSettings
 from sn_monitor.controller.tls import TlsSettings
 
 #: Where a PostgreSQL store's connection string may come from instead of ``dsn_file``.

@@ -30,7 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from sn_monitor.controller.audit import ACTION_STATES, ActionRecord, ActionRequest, ActionState
+from sn_monitor.controller.audit import (
+    ACTION_STATES,
+    ActionRecord,
+    ActionRequest,
+    ActionState,
+    Refusal,
+)
 from sn_monitor.controller.database.base import (
     Database,
     Row,
@@ -49,7 +55,7 @@ log = logging.getLogger(__name__)
 IncidentStatus = Literal["open", "closed"]
 
 #: The schema this code writes; older files are migrated on open, newer ones refused.
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 
 # _MIGRATIONS[i] takes a database from user_version i to i + 1.
 _MIGRATIONS: Final[tuple[str, ...]] = (
@@ -196,6 +202,12 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
         renewed_at REAL NOT NULL,
         expires_at REAL NOT NULL
     );
+    """,
+    # 3 -> 4: a refusal's typed reason, and the process (job recovery) an action belongs to
+    """
+    ALTER TABLE actions ADD COLUMN refusal TEXT;
+    ALTER TABLE actions ADD COLUMN owner TEXT;
+    CREATE INDEX actions_owner ON actions (owner);
     """,
 )
 
@@ -650,12 +662,13 @@ class Store:
             inserted = db.execute(
                 "INSERT INTO actions (id, key, action, node, gpu, rule, incident_id,"
                 " severity, reason, labels, params, requested_by, state, verdict_reason,"
-                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " created_at, updated_at, owner)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT DO NOTHING",
                 (record.id, record.key, record.action, record.node, record.gpu, record.rule,
                  record.incident_id, record.severity, record.reason, _dumps(record.labels),
                  _dumps(record.params), record.requested_by, record.state,
-                 record.verdict_reason, when, when),
+                 record.verdict_reason, when, when, record.owner),
             )
             if inserted == 1:
                 return record, True
@@ -671,12 +684,14 @@ class Store:
                       attempts: int | None = None,
                       next_attempt_at: float | _Unset | None = _UNSET,
                       outcome_message: str | None = None,
-                      outcome: Mapping[str, Any] | None = None) -> ActionRecord:
+                      outcome: Mapping[str, Any] | None = None,
+                      refusal: Refusal | _Unset | None = _UNSET) -> ActionRecord:
         """Change the named columns of an action (the others stay); the new record.
 
         ``expect_state`` makes the update conditional (compare-and-set): when the action
         is no longer in that state, StoreError is raised and nothing is written.
-        ``next_attempt_at=None`` clears the retry time. Committed durably.
+        ``next_attempt_at=None`` clears the retry time, ``refusal=None`` the refusal.
+        Committed durably.
         """
         sets: list[str] = ["updated_at = ?"]
         args: list[Any] = [at]
@@ -699,6 +714,9 @@ class Store:
         if outcome is not None:
             sets.append("outcome = ?")
             args.append(_dumps(outcome))
+        if not isinstance(refusal, _Unset):
+            sets.append("refusal = ?")
+            args.append(None if refusal is None else str(refusal))
         with self._tx(durable=True) as db:
             row = db.one("SELECT state FROM actions WHERE id = ?", (action_id,))
             if row is None:
@@ -723,6 +741,7 @@ class Store:
             verdict_reason=row["verdict_reason"], attempts=row["attempts"],
             next_attempt_at=row["next_attempt_at"], outcome_message=row["outcome_message"],
             outcome=json.loads(row["outcome"]),
+            refusal=Refusal(row["refusal"]) if row["refusal"] else None, owner=row["owner"],
         )
 
     def get_action(self, action_id: str) -> ActionRecord | None:
@@ -737,7 +756,8 @@ class Store:
 
     def list_actions(self, *, node: str | None = None, action: str | None = None,
                      state: str | None = None, rule: str | None = None,
-                     since: float | None = None, limit: int = 100) -> list[ActionRecord]:
+                     owner: str | None = None, since: float | None = None,
+                     limit: int = 100) -> list[ActionRecord]:
         """Actions, newest first, filtered by any of the named columns.
 
         ``since`` keeps actions updated at or after that wall time.
@@ -745,7 +765,7 @@ class Store:
         where: list[str] = []
         args: list[Any] = []
         for column, value in (("node", node), ("action", action), ("state", state),
-                              ("rule", rule)):
+                              ("rule", rule), ("owner", owner)):
             if value is not None:
                 where.append(f"{column} = ?")
                 args.append(value)

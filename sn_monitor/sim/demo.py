@@ -42,6 +42,10 @@ from sn_monitor.sim.supernode import JOB, Supernode, SupernodeError, SupernodeOp
 REPAIRS = frozenset({"cooling-repaired", "ib-port-up", "node-back"})
 #: After the scenario's last fault: at most this long (wall) for detections to land.
 GRACE_SECONDS = 20.0
+#: At the end, at most this long (wall) for the job to be seen training (a step made).
+TRAINING_WAIT_SECONDS = 20.0
+#: A node-lost incident this long (wall) after its node was resumed still counts as real.
+LOST_SLACK_SECONDS = 2.0
 POLL_SECONDS = 0.5
 STATE_STYLE = {"healthy": "green", "degraded": "yellow", "cordoned": "magenta",
                "lost": "red"}
@@ -323,8 +327,65 @@ class Demo:
                 out.append(entry)
         return out
 
+    def _lost_windows(self) -> dict[str, list[tuple[float, float]]]:
+        """When each node was made silent (wall times, from node-lost to node-back)."""
+        windows: dict[str, list[tuple[float, float]]] = {}
+        frozen: dict[str, float] = {}
+        for inj in self.injections:
+            if inj.injected_wall is None or inj.error is not None:
+                continue
+            if inj.fault == "node-lost":
+                frozen.setdefault(inj.node, inj.injected_wall)
+            elif inj.fault == "node-back" and inj.node in frozen:
+                windows.setdefault(inj.node, []).append(
+                    (frozen.pop(inj.node), inj.injected_wall + LOST_SLACK_SECONDS))
+        for node, since in frozen.items():
+            windows.setdefault(node, []).append((since, float("inf")))
+        return windows
+
+    def _false_alarms(self, incidents: list[dict[str, Any]],
+                      actions: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+        """Healthy nodes taken for faulty: (node-lost incidents, evictions).
+
+        A node-lost where nothing was silenced; an eviction of a node no fault was played
+        on (before the eviction).
+        """
+        windows = self._lost_windows()
+        false_lost = [f"{i['node']} at {i['detected_at'] - self.started_wall:.1f}s"
+                      for i in incidents if i["rule"] == "node-lost" and not any(
+                          start - 0.5 <= i["detected_at"] <= end
+                          for start, end in windows.get(i["node"], ()))]
+        faulted: dict[str, float] = {}
+        for inj in self.injections:
+            if inj.injected_wall is not None and inj.expects_detection:
+                faulted.setdefault(inj.node, inj.injected_wall)
+        false_evictions = [
+            f"{a['node']} ({a['state']})" for a in actions
+            if a["action"] == "evict" and a["state"] == "succeeded" and (
+                a["node"] not in faulted or a["created_at"] < faulted[a["node"]] - 0.5)]
+        return false_lost, false_evictions
+
+    def _training(self) -> bool:
+        """The job runs and makes steps now (two reads of its step, a moment apart)."""
+        deadline = time.monotonic() + TRAINING_WAIT_SECONDS
+        first: int | None = None
+        while time.monotonic() < deadline and not self.stop.is_set():
+            try:
+                job = self.sn.get(f"/api/v1/jobs/{JOB}")
+            except (requests.RequestException, ValueError):
+                job = {}
+            step = job.get("last_step")
+            if job.get("state") == "running" and isinstance(step, int):
+                if first is None:
+                    first = step
+                elif step > first:
+                    return True
+            self.stop.wait(0.5)
+        return False
+
     def summary(self) -> dict[str, Any]:
         sn = self.sn
+        training = self._training()
         try:
             incidents = sn.get("/api/v1/incidents", limit=1000)["incidents"]
             actions = sn.get("/api/v1/actions", limit=1000)["actions"]
@@ -344,6 +405,7 @@ class Demo:
         breaker = health.get("breaker") or {}
         latencies = [e["detection_latency_seconds"] for e in entries
                      if e["detection_latency_seconds"] is not None]
+        false_lost, false_evictions = self._false_alarms(incidents, actions)
         return {
             "scenario": self.options.scenario.name,
             "speed": self.options.speed,
@@ -372,8 +434,11 @@ class Demo:
                     "generation": job.get("generation"),
                     "last_step": job.get("last_step"), "nodes": job.get("nodes"),
                     "spares": job.get("spares"),
-                    "effective_training_ratio": job.get("effective_training_ratio")},
-            "ok": not undetected,
+                    "effective_training_ratio": job.get("effective_training_ratio"),
+                    "training": training},
+            "false_node_lost": false_lost,
+            "false_evictions": false_evictions,
+            "ok": not undetected and not false_lost and not false_evictions and training,
         }
 
 
@@ -422,6 +487,12 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         console.print(f"detection latency: mean {lat['mean']}s, max {lat['max']}s")
     if summary["undetected"]:
         console.print("[bold red]undetected:[/bold red] " + "; ".join(summary["undetected"]))
+    for what, key in (("healthy nodes taken for lost", "false_node_lost"),
+                      ("healthy nodes evicted", "false_evictions")):
+        if summary.get(key):
+            console.print(f"[bold red]{what}:[/bold red] " + "; ".join(summary[key]))
+    if not summary["job"].get("training"):
+        console.print(f"[bold red]job {JOB} is not training at the end[/bold red]")
 
 
 def run_demo(options: DemoOptions) -> int:

@@ -33,7 +33,9 @@ same on every retry of one action).
 Options for tests: ``init --rank-args RANK=ARGS`` adds arguments to one rank of
 generation 0 only (``--hang-at 80``); ``--restart-delay S`` makes restored ranks start S
 seconds late (a slow scheduler or image pull), which widens the window in which a test
-can kill the controller between "restore taken" and "progress resumed".
+can kill the controller between "restore taken" and "progress resumed"; ``--hold-file F``
+makes a restore wait while F exists (at most a minute), first creating ``F.waiting``:
+a test kills the controller while its restore runs.
 """
 
 from __future__ import annotations
@@ -167,6 +169,7 @@ def init(state_path: Path, args: argparse.Namespace) -> int:
                      checkpoint_dir=str(args.checkpoint_dir), log_dir=str(args.log_dir),
                      train_args=list(args.train_args), rank_args=rank_args,
                      restart_delay=args.restart_delay, flush_interval=args.flush_interval,
+                     hold_file=str(args.hold_file) if args.hold_file else None,
                      python=sys.executable, generation=None, nodes=[], ranks=[], calls=[],
                      all_pids=[])
     return 0
@@ -191,6 +194,8 @@ def act(state_path: Path) -> int:
     except ValueError as err:
         print(f"SN_PARAMS is not JSON: {err}", file=sys.stderr)
         return 2
+    if action == "restore":
+        _hold(load(state_path).get("hold_file"))
     with locked(state_path) as state:
         calls = state.setdefault("calls", [])
         duplicate = any(c.get("action_id") == action_id and c.get("done")
@@ -217,6 +222,16 @@ def act(state_path: Path) -> int:
     return 0
 
 
+def _hold(hold_file: str | None, limit: float = 60.0) -> None:
+    """While ``hold_file`` exists, wait (it says so in ``hold_file.waiting``)."""
+    if not hold_file or not Path(hold_file).exists():
+        return
+    Path(hold_file + ".waiting").write_text(str(os.getpid()))
+    deadline = time.monotonic() + limit
+    while Path(hold_file).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--state", type=Path, required=True, help="the launcher's state file")
@@ -231,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="extra train.py arguments for one rank of generation 0")
     p_init.add_argument("--restart-delay", type=float, default=0.0, metavar="S")
     p_init.add_argument("--flush-interval", type=float, default=1.0, metavar="S")
+    p_init.add_argument("--hold-file", type=Path, metavar="F",
+                        help="a restore waits while this file exists (for tests)")
     p_init.add_argument("train_args", nargs=argparse.REMAINDER,
                         help="after --: arguments for every rank's train.py")
     p_start = sub.add_parser("start", help="start generation 0")

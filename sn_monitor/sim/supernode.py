@@ -41,6 +41,14 @@ from sn_monitor.sim import launcher
 from sn_monitor.sim.fleet import node_name
 
 JOB = "demo"
+#: The shortest heartbeat timeout of the scaled rules (wall seconds).
+HEARTBEAT_FLOOR_SECONDS = 8.0
+#: Before the scenario starts, every agent's report at most this old for this long (or
+#: at most STEADY_WAIT_SECONDS of waiting): the start of 16 agents and a job's ranks is a
+#: burst of CPU, not a fault.
+STEADY_AGE_SECONDS = HEARTBEAT_FLOOR_SECONDS / 2
+STEADY_FOR_SECONDS = 3.0
+STEADY_WAIT_SECONDS = 30.0
 #: The fleet-level faults the supernode plays itself (the rest go to POST /sim/fault).
 PROCESS_FAULTS = ("node-lost", "node-back", "straggler")
 
@@ -80,11 +88,27 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
+def ephemeral_ports() -> range:
+    """The ports the kernel gives outgoing connections (Linux: ip_local_port_range)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return range(0)
+    return range(low, high + 1)
+
+
 def free_ports(host: str, after: int, count: int) -> list[int]:
-    """``count`` consecutive-ish free ports above ``after`` (taken ones are skipped)."""
+    """``count`` consecutive-ish free ports above ``after`` (taken ones are skipped).
+
+    Outside the ephemeral range: between the probe and the agent's bind, an agent
+    started earlier could take such a port for its connection to the controller.
+    """
     ports: list[int] = []
+    ephemeral = ephemeral_ports()
     port = after + 1
     while len(ports) < count:
+        if port in ephemeral:
+            port = ephemeral.stop
         if port > 65535:
             raise SupernodeError(f"not enough free ports above {after}")
         if port_free(host, port):
@@ -97,7 +121,9 @@ def scaled_rules(sources: Sequence[Path], speed: float) -> list[dict[str, Any]]:
     """The rules of ``sources`` (files or directories), holds divided by ``speed``.
 
     ``for`` holds and heartbeat timeouts shrink (never below 1 s, heartbeats never below
-    4 s): the demo compresses time, and a 2-minute straggler hold would outlast it.
+    :data:`HEARTBEAT_FLOOR_SECONDS`): the demo compresses time, and a 2-minute straggler
+    hold would outlast it; the agents still report once a wall second, and on a busy
+    machine a few seconds of silence is load, not a lost node.
     """
     files = [f for source in sources
              for f in (sorted(source.glob("*.yaml")) if source.is_dir() else [source])]
@@ -106,7 +132,7 @@ def scaled_rules(sources: Sequence[Path], speed: float) -> list[dict[str, Any]]:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or []
         for rule in data:
             rule = dict(rule)
-            for key, floor in (("for", 1.0), ("heartbeat_timeout", 4.0)):
+            for key, floor in (("for", 1.0), ("heartbeat_timeout", HEARTBEAT_FLOOR_SECONDS)):
                 if key in rule:
                     seconds = parse_duration(rule[key])
                     rule[key] = f"{min(seconds, max(floor, seconds / speed)):g}s"
@@ -273,6 +299,23 @@ class Supernode:
             job = self.get(f"/api/v1/jobs/{JOB}")
             return bool(job["ranks_reporting"] == len(self.job_nodes) and job["checkpoint"])
         self._wait(training, timeout, "every rank to train and a first checkpoint")
+        steady_since: list[float] = []
+
+        def steady() -> bool:
+            nodes = self.get("/api/v1/nodes")["nodes"]
+            fresh = len(nodes) == len(self.names) and all(
+                n["last_report_age_seconds"] is not None
+                and n["last_report_age_seconds"] < STEADY_AGE_SECONDS for n in nodes)
+            if not fresh:
+                steady_since.clear()
+                return False
+            if not steady_since:
+                steady_since.append(time.monotonic())
+            return time.monotonic() - steady_since[0] >= STEADY_FOR_SECONDS
+        try:
+            self._wait(steady, STEADY_WAIT_SECONDS, "every agent reporting steadily")
+        except SupernodeError:
+            progress("the agents report unevenly (a busy machine): starting anyway")
 
     def _run_launcher(self, *args: str) -> None:
         done = subprocess.run([*self._launcher_command(), *args], capture_output=True,

@@ -132,14 +132,13 @@ def test_xid_79_evicts_the_node_once_through_the_command_driver(cluster: Cluster
     c.wait_for(lambda: [x for x in c.script_calls(c.job_log) if x["SN_NODE"] == node],
                WAIT, f"the failover script to run for {node}")
     # every rule that fired (fatal-xid, gpu-lost, gpu-fallen-off-bus) has had its settle
-    # time and its evict/failover decided: nothing is left pending
+    # time and its evict/failover decided: nothing is left pending. Once the node is
+    # evicted, later findings plan no more evictions (it is out of service already);
+    # ones decided before that were refused by the cooldown.
     def all_decided() -> list[dict[str, Any]] | None:
         acts = [a for a in c.actions(node=node) if a["action"] in ("evict", "failover")]
-        incidents = c.incidents(node=node)
-        wanted = 2 * len([i for i in incidents if i["rule"] in
-                          ("fatal-xid", "gpu-lost", "gpu-fallen-off-bus")])
         done = [a for a in acts if a["state"] in ("succeeded", "refused", "failed")]
-        return acts if len(done) == len(acts) == wanted else None
+        return acts if acts and len(done) == len(acts) else None
     time.sleep(2.5)  # longer than settle + a sweep: late findings get their actions too
     acts = c.wait_for(all_decided, WAIT, f"every evict/failover for {node} decided")
 
@@ -163,14 +162,12 @@ def test_xid_79_evicts_the_node_once_through_the_command_driver(cluster: Cluster
                                  if i["rule"] == "fatal-xid" and i["gpu"] == 5], WAIT,
                         f"a fatal-xid incident for {node} GPU 5")[0]
 
-    def second_decided() -> list[dict[str, Any]] | None:
-        acts = [a for a in c.incident_actions(second["id"])
-                if a["action"] in ("evict", "failover")]
-        return acts if len(acts) == 2 and all(
-            a["state"] not in ("pending", "running") for a in acts) else None
-    for a in c.wait_for(second_decided, WAIT, "evict and failover for GPU 5 decided"):
-        assert a["state"] == "refused", a
-        assert a["verdict"].startswith(f"cooldown: {a['action']} ran on {node} "), a
+    # the node is out of service already: the new fault alerts, and evicts nothing more
+    c.wait_for(lambda: [a for a in c.incident_actions(second["id"]) if a["action"] == "alert"
+                        and a["state"] == "succeeded"], WAIT, "the alert for GPU 5")
+    time.sleep(2.5)  # past its settle time
+    assert [a for a in c.incident_actions(second["id"])
+            if a["action"] in ("evict", "failover")] == []
     assert len(evicted()) == 1, c.script_calls()
     assert len([x for x in c.script_calls(c.job_log) if x["SN_NODE"] == node]) == 1
 
@@ -178,7 +175,7 @@ def test_xid_79_evicts_the_node_once_through_the_command_driver(cluster: Cluster
     node_doc = c.wait_for(lambda: (d := c.get(f"/api/v1/nodes/{node}"))["cordoned_by_us"]
                           and d, WAIT, f"{node} shown as cordoned by sn-monitor")
     assert node_doc["gpus_lost"] == 1
-    assert node_doc["state"] == "cordoned"
+    assert node_doc["state"] == "evicted"
 
 
 # ---------------------------------------------------------------------- 3. node lost

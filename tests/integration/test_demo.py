@@ -1,10 +1,12 @@
 """``sn-monitor demo --headless``: a whole simulated supernode plays the default scenario.
 
-One run (a controller, 8 agents, a 6-rank job with 2 spares, at x15) checks the JSON
-summary: every fault detected, the throttle / release of the hot GPU, the fail-over and
-restore of the fatal XID, the circuit breaker freezing the burst, a recovery done, and
-the job's effective training ratio. A broken scenario file is refused before anything
-starts.
+One run, as ``make demo`` runs it (a controller, 16 agents, a 14-rank job with 2 spares,
+at x10) on a machine kept busy by two CPU hogs all along, checks the JSON summary: exit
+0, every fault detected, no healthy node taken for lost or evicted, the throttle /
+release of the hot GPU, the fail-over and restore of the fatal XID, the circuit breaker
+freezing the burst and closing once the partition heals, the job training at the end
+on its nodes, and its effective training ratio. A broken scenario file is refused
+before anything starts.
 """
 
 from __future__ import annotations
@@ -32,11 +34,23 @@ def _demo(*args: str, timeout: float = 110) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
+#: Each CPU hog spins at most this long (the demo takes about two minutes here).
+HOG_SECONDS = 300
+
+
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     state = tmp_path_factory.mktemp("demo")
-    done = _demo("--headless", "--nodes", "8", "--speed", "15",
-                 "--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(state))
+    hogs = [subprocess.Popen([sys.executable, "-c",
+                              f"import time\nend = time.monotonic() + {HOG_SECONDS}\n"
+                              "while time.monotonic() < end: pass"]) for _ in range(2)]
+    try:
+        done = _demo("--headless", "--speed", "10", "--listen", f"127.0.0.1:{free_port()}",
+                     "--state-dir", str(state), timeout=HOG_SECONDS - 20)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait(timeout=10)
     logs = "\n".join(f"== {p.name}\n" + "\n".join(p.read_text().splitlines()[-15:])
                      for p in sorted((state / "logs").glob("*.log"))[:3])
     assert done.returncode == 0, f"{done.stderr}\n{done.stdout[-4000:]}\n{logs}"
@@ -83,14 +97,26 @@ def test_the_fatal_xid_fails_over_to_a_spare_and_the_job_restores(summary):
     assert all(r["mttr_seconds"] > 0 for r in done)
 
 
-def test_the_burst_trips_the_breaker_and_evictions_are_frozen(summary):
+def test_the_burst_trips_the_breaker_and_evictions_are_frozen_until_it_heals(summary):
     assert summary["breaker"]["tripped"] is True
-    assert "circuit breaker open" in summary["breaker"]["reason"]
     assert "FROZEN" in summary["_stderr"]
     burst = [f for f in _faults(summary, "node-lost") if f["at"] == "6m30s"]
     assert len(burst) >= 3
-    assert any(any("circuit breaker" in r for r in f["refused"]) for f in burst)
-    assert summary["actions"]["evict"].get("refused", 0) >= 1
+    # a job node's eviction was held (then cancelled when it came back), another's refused
+    frozen = [a for f in burst for a in f["actions"]
+              if a.split()[0] == "evict" and a.split()[1] in ("cancelled", "refused", "held")]
+    assert frozen, burst
+    assert summary["actions"]["evict"].get("succeeded", 0) <= 2  # the two real failures
+    assert summary["breaker"]["open"] is False  # closed by itself once the nodes were back
+
+
+def test_no_healthy_node_is_taken_for_faulty_and_the_job_trains_at_the_end(summary):
+    assert summary["false_node_lost"] == []
+    assert summary["false_evictions"] == []
+    job = summary["job"]
+    assert job["training"] is True
+    assert job["state"] == "running"
+    assert len(job["nodes"]) == 14
 
 
 def test_the_job_trained_and_its_effective_training_ratio_is_reported(summary):

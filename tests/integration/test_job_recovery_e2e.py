@@ -58,7 +58,8 @@ class Job:
     def __init__(self, c: Cluster, name: str, nodes: list[str], spares: list[str], *,
                  strategy: str = "restart", max_failures: int = 3,
                  hang_timeout: str = "60s", min_replicas: int = 1,
-                 rank_args: dict[int, str] | None = None, restart_delay: float = 0.0) -> None:
+                 rank_args: dict[int, str] | None = None, restart_delay: float = 0.0,
+                 hold_file: Path | None = None) -> None:
         self.c = c
         self.name = name
         self.nodes = nodes
@@ -83,6 +84,8 @@ class Job:
             },
         }
         extra = [f"--rank-args={rank}={args}" for rank, args in (rank_args or {}).items()]
+        if hold_file is not None:
+            extra.append(f"--hold-file={hold_file}")
         self._launcher("init", "--controller", ",".join(c.urls), "--job", name,
                        "--token-file", str(c.root / "agent.token"),
                        "--checkpoint-dir", str(self.ckpt), "--log-dir", str(self.root / "logs"),

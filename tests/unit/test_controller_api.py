@@ -324,7 +324,8 @@ def test_get_shapes(api: Api) -> None:
     nodes = api.get("/api/v1/nodes").json()["nodes"]
     assert [n["name"] for n in nodes] == ["gpu-1", "gpu-2"]
     assert set(nodes[0]) == {"name", "labels", "state", "last_report_age_seconds", "gpus",
-                             "gpus_lost", "hottest_gpu_celsius", "firing", "cordoned_by_us"}
+                             "gpus_lost", "hottest_gpu_celsius", "firing", "cordoned_by_us",
+                             "jobs"}
     assert nodes[1]["labels"] == labels
     assert nodes[1]["gpus"] == 2
     assert nodes[0]["hottest_gpu_celsius"] == 90

@@ -111,4 +111,4 @@ def test_job_control_through_a_command(tmp_path: Path) -> None:
     outcome = driver.run(act("restore", job="trillion", checkpoint="/ckpt/900"))
     assert outcome.message == "restore: restored"
     assert out.read_text() == 'restore {"checkpoint": "/ckpt/900", "job": "trillion"}'
-    assert driver.idempotent is False
+    assert driver.idempotent is True  # the program takes a repeated SN_ACTION_ID as done

@@ -5,12 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sn_monitor.clock import ManualClock
-from sn_monitor.controller.jobs.orchestrator import (
-    JobError,
-    JobSettings,
-    UnknownJob,
-    UnknownRecovery,
-)
+from sn_monitor.controller.jobs.settings import JobError, JobSettings, UnknownJob, UnknownRecovery
 from sn_monitor.controller.store import Store
 from tests.unit.test_job_support import (
     RecordingSubmit,
@@ -517,15 +512,17 @@ def test_no_progress_after_the_restore_retries_it(store, clock, submit, ckpt):
     assert orch.job("train").generation == 2
 
 
-def test_a_refused_eviction_is_retried_then_fails(store, clock, submit, ckpt):
+def test_a_refused_eviction_fails_the_recovery_and_is_never_asked_again(store, clock, submit,
+                                                                         ckpt):
     orch = orchestrator(store, clock, submit, settings=JobSettings(step_retries=1))
     submit.states["evict"] = "refused"
     orch.add_job(make_job(ckpt), "api")
     [status] = orch.on_node_fault(node(5), "fatal", None, alive=False)
-    assert submit.keys("evict") == [f"recovery:{status.id}:evict:{node(5)}",
-                                    f"recovery:{status.id}:evict:{node(5)}:2"]
+    assert submit.keys("evict") == [f"recovery:{status.id}:evict:{node(5)}"]
     assert status.state == "failed"
     assert "evicting node-05: refused" in status.error
+    orch.tick()
+    assert len(submit.keys("evict")) == 1
 
 
 def test_a_failed_eviction_can_be_tolerated(store, clock, submit, ckpt):
@@ -572,27 +569,133 @@ def test_a_dry_run_restore_is_not_shown_to_the_ranks(orch, clock, ckpt, submit):
     assert orch.metrics().recoveries == ()
 
 
-def test_an_open_breaker_holds_the_recovery_instead_of_failing_it(orch, clock, ckpt, submit,
-                                                                   store):
+def test_an_open_breaker_holds_the_eviction_in_one_record_then_it_goes_on(
+        orch, clock, ckpt, submit, store):
     orch.add_job(make_job(ckpt, nodes=16, spares=2), "api")
     _with_checkpoints(ckpt, clock)
     train(orch, clock, "train", NODES, 1, 310)
-    submit.states["evict"] = "pending"
+    submit.breaker_open = True
     [status] = orch.on_node_fault(node(5), "fatal", _incident(store, clock, node(5)),
                                   alive=False)
-    first = f"recovery:{status.id}:evict:{node(5)}"
-    record = store.get_action_by_key(first)
-    store.update_action(record.id, at=clock.time(), state="refused",
-                        verdict_reason="circuit breaker open: 6 of 16 nodes faulted within 2m")
-    for _ in range(10):  # far more ticks than step_retries: still no failure
-        clock.advance(1)
+    key = f"recovery:{status.id}:evict:{node(5)}"
+    assert store.get_action_by_key(key).state == "held"
+    for _ in range(10):  # far more ticks than step_retries, and no timeout: still held
+        clock.advance(60)
         orch.tick()
+    assert submit.created.count(key) == 1
+    assert len(store.list_actions(action="evict")) == 1
     assert orch.job("train").state == "recovering"
+    assert orch.jobs_of_node(node(5)) == ["train"]  # not evicted yet: still in the job
     assert submit.of("restore") == []
-    submit.states["evict"] = "succeeded"  # the breaker closed
-    clock.advance(10)
+    submit.breaker_open = False  # the breaker closed
+    clock.advance(1)
     orch.tick()
-    assert submit.keys("evict")[-1] == f"{first}:held1"
+    assert store.get_action_by_key(key).state == "succeeded"
+    assert orch.jobs_of_node(node(5)) == []
     [restore] = submit.of("restore")
     assert restore.params["failed_nodes"] == [node(5)]
-    assert orch.job("train").state == "recovering"
+
+
+def _lost(store, clock, name):
+    return _incident(store, clock, name, rule="node-lost", seen_ago=10.0)
+
+
+def test_a_partition_that_heals_cancels_the_held_recovery(orch, clock, ckpt, submit, store):
+    orch.add_job(make_job(ckpt, nodes=16, spares=2), "api")
+    _with_checkpoints(ckpt, clock)
+    train(orch, clock, "train", NODES, 1, 300)
+    submit.breaker_open = True
+    lost = [node(i) for i in range(6)]
+    incidents = {n: _lost(store, clock, n) for n in lost}
+    statuses = [s for n in lost for s in orch.on_node_fault(n, "lost", incidents[n], False)]
+    assert len({s.id for s in statuses}) == 1  # every fault joined the one recovery
+    rid = statuses[0].id
+    assert [store.get_action_by_key(f"recovery:{rid}:evict:{n}").state for n in lost] == \
+        ["held"] * 6
+    train(orch, clock, "train", NODES, 301, 320)  # the ranks train on meanwhile
+    for n in lost:  # every node is back: its node-lost incident closes
+        store.close_incident("node-lost", n, "", clock.time())
+        submit.healthy.add(n)
+    orch.tick()
+    done = orch.recovery(rid)
+    assert done.state == "cancelled"
+    assert set(done.evictions.values()) == {"healed"}
+    assert all(store.get_action_by_key(f"recovery:{rid}:evict:{n}").state == "cancelled"
+               for n in lost)
+    job = orch.job("train")
+    assert (job.state, job.nodes, job.failed_nodes) == ("running", tuple(NODES), ())
+    assert job.spares == (node(16), node(17))
+    assert job.failures == 0
+    assert submit.of("restore") == []
+
+
+def test_a_node_back_while_others_stay_lost_leaves_the_others_to_the_recovery(
+        orch, clock, ckpt, submit, store):
+    orch.add_job(make_job(ckpt, nodes=16, spares=2), "api")
+    _with_checkpoints(ckpt, clock)
+    train(orch, clock, "train", NODES, 1, 300)
+    submit.breaker_open = True
+    a, b = _lost(store, clock, node(2)), _lost(store, clock, node(3))
+    [status] = orch.on_node_fault(node(2), "lost", a, False)
+    orch.on_node_fault(node(3), "lost", b, False)
+    store.close_incident("node-lost", node(2), "", clock.time())
+    submit.healthy.add(node(2))
+    orch.tick()
+    assert orch.recovery(status.id).evictions == {node(2): "healed", node(3): "pending"}
+    submit.breaker_open = False
+    orch.tick()
+    done = orch.recovery(status.id)
+    assert done.state == "restoring"
+    [restore] = submit.of("restore")
+    assert restore.params["failed_nodes"] == [node(3)]
+    assert restore.params["nodes"][2] == node(2)  # it stayed
+    assert restore.params["nodes"][3] == node(16)
+
+
+def test_healed_nodes_whose_ranks_died_restart_in_place(orch, clock, ckpt, submit, store):
+    orch.add_job(make_job(ckpt, nodes=16, spares=2), "api")
+    _with_checkpoints(ckpt, clock)
+    train(orch, clock, "train", NODES, 1, 300)
+    submit.breaker_open = True
+    incident = _lost(store, clock, node(4))
+    [status] = orch.on_node_fault(node(4), "lost", incident, False)
+    clock.advance(60)  # no progress since the fault: the ranks died with it
+    store.close_incident("node-lost", node(4), "", clock.time())
+    submit.healthy.add(node(4))
+    submit.breaker_open = False
+    orch.tick()
+    rec = orch.recovery(status.id)
+    assert rec.state == "restoring"
+    [restore] = submit.of("restore")
+    assert restore.params["nodes"] == NODES  # the same nodes
+    assert orch.job("train").spares == (node(16), node(17))
+
+
+def test_every_fault_of_one_node_is_one_recovery_and_one_eviction(orch, clock, ckpt, submit,
+                                                                  store):
+    submit.states["evict"] = "pending"
+    orch.add_job(make_job(ckpt), "api")
+    _with_checkpoints(ckpt, clock)
+    train(orch, clock, "train", NODES, 1, 300)
+    faults = [_incident(store, clock, node(7), rule) for rule in
+              ("ecc-uncorrectable", "row-remap-failed", "fatal-xid")]
+    ids = {s.id for f in faults for s in orch.on_node_fault(node(7), "fatal", f, False)}
+    assert len(ids) == 1
+    assert len(store.list_actions(action="evict")) == 1
+    (rid,) = ids
+    assert orch.recovery(rid).incident_ids == tuple(faults)
+    submit.finish(f"recovery:{rid}:evict:{node(7)}")
+    orch.tick()
+    [restore] = submit.of("restore")
+    assert restore.params["nodes"][7] == node(16)
+
+
+def test_an_eviction_that_already_ran_counts_as_done(orch, clock, ckpt, submit, store):
+    orch.add_job(make_job(ckpt), "api")
+    _with_checkpoints(ckpt, clock)
+    submit.evicted.add(node(9))
+    [status] = orch.on_node_fault(node(9), "fatal", _incident(store, clock, node(9)), False)
+    assert submit.of("evict") == []
+    assert status.evictions == {node(9): "done"}
+    assert status.state == "restoring"
+    assert orch.jobs_of_node(node(9)) == []

@@ -106,7 +106,7 @@ def test_ettr_of_a_job_through_a_recovery(tmp_path):
     assert metrics.spares == 0
     assert metrics.checkpoint_age_seconds == pytest.approx(160.0)
     # the counters survive a restart
-    orch._save_job(orch._jobs["train"])
+    orch.save_all()
     store.close()
     store = Store(tmp_path / "db")
     again = orchestrator(store, clock, RecordingSubmit(store, clock))

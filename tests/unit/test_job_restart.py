@@ -29,8 +29,8 @@ class CrashingSubmit(RecordingSubmit):
         super().__init__(store, clock)
         self.crash_on: str | None = None
 
-    def __call__(self, request):
-        record = super().__call__(request)
+    def submit(self, request):
+        record = super().submit(request)
         if request.action == self.crash_on:
             self.crash_on = None
             raise Crash(request.key)

@@ -12,10 +12,11 @@ def test_a_version_1_database_is_migrated(tmp_path):
     Store(path).close()
     db = sqlite3.connect(path)
     db.executescript("DROP TABLE jobs; DROP TABLE recoveries; DROP TABLE controller_lease;"
-                     " PRAGMA user_version=1;")
+                     " DROP INDEX actions_owner; ALTER TABLE actions DROP COLUMN refusal;"
+                     " ALTER TABLE actions DROP COLUMN owner; PRAGMA user_version=1;")
     db.close()
     store = Store(path)
-    assert store.schema_version() == SCHEMA_VERSION == 3
+    assert store.schema_version() == SCHEMA_VERSION == 4
     assert store.list_jobs() == []
     assert store.list_recoveries() == []
     store.close()

@@ -9,17 +9,22 @@ from typing import Any
 
 from sn_monitor.clock import ManualClock
 from sn_monitor.controller.audit import ActionRecord, ActionRequest
-from sn_monitor.controller.jobs.orchestrator import JobOrchestrator, JobSettings
+from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
+from sn_monitor.controller.jobs.settings import JobSettings
 from sn_monitor.controller.jobs.spec import DistributedJob, job_from_json
 from sn_monitor.controller.store import Store
 from sn_monitor.dcp import write_checkpoint
 
 
 class RecordingSubmit:
-    """Records then "runs" an action like ActionRunner.submit: idempotent on the key.
+    """The jobs layer's port (JobActions) as a recording fake of the controller's side.
 
-    ``states[action]`` is the state a new action of that kind ends in at once
-    (default ``succeeded``; ``pending`` leaves it to the test).
+    ``submit`` records then "runs" an action like ActionRunner.submit: idempotent on the
+    key. ``states[action]`` is the state a new action of that kind ends in at once
+    (default ``succeeded``; ``pending`` leaves it to the test). With ``breaker_open`` a
+    recovery's cordon, evict or restore is ``held`` (as the runner holds an owned action)
+    and ``release`` leaves it so until the breaker closes. ``healthy`` and ``evicted``
+    are what the controller would know of nodes.
     """
 
     def __init__(self, store: Store, clock: ManualClock) -> None:
@@ -28,18 +33,56 @@ class RecordingSubmit:
         self.states: dict[str, str] = {}
         self.calls: list[ActionRequest] = []
         self.created: list[str] = []
+        self.breaker_open = False
+        self.healthy: set[str] = set()
+        self.evicted: set[str] = set()
+        self.cancelled: list[str] = []
 
-    def __call__(self, request: ActionRequest) -> ActionRecord:
+    def submit(self, request: ActionRequest) -> ActionRecord:
         self.calls.append(request)
         record, created = self.store.record_action(request, "pending", at=self.clock.time())
         if not created:
             return record
         self.created.append(request.key)
-        state = self.states.get(request.action, "succeeded")
+        return self._decide(record)
+
+    __call__ = submit
+
+    def _decide(self, record: ActionRecord) -> ActionRecord:
+        if (self.breaker_open and record.owner is not None
+                and record.action in ("cordon", "evict", "restore", "failover")):
+            return self.store.update_action(record.id, at=self.clock.time(), state="held",
+                                            verdict_reason="held: circuit breaker open")
+        state = self.states.get(record.action, "succeeded")
         if state != "pending":
             record = self.store.update_action(record.id, at=self.clock.time(),
                                               state=state)  # type: ignore[arg-type]
         return record
+
+    def get(self, action_id: str) -> ActionRecord | None:
+        return self.store.get_action(action_id)
+
+    def release(self, action_id: str) -> ActionRecord:
+        record = self.store.get_action(action_id)
+        assert record is not None
+        if record.state != "held" or self.breaker_open:
+            return record
+        return self._decide(record)
+
+    def cancel(self, action_id: str, why: str) -> ActionRecord:
+        record = self.store.get_action(action_id)
+        assert record is not None
+        if record.state not in ("held", "pending", "awaiting_approval"):
+            return record
+        self.cancelled.append(record.key)
+        return self.store.update_action(action_id, at=self.clock.time(), state="cancelled",
+                                        outcome_message=f"cancelled: {why}")
+
+    def node_healthy(self, node: str) -> bool:
+        return node in self.healthy
+
+    def already_evicted(self, node: str) -> bool:
+        return node in self.evicted
 
     def of(self, action: str) -> list[ActionRequest]:
         return [r for r in self.calls if r.action == action]

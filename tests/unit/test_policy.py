@@ -16,7 +16,7 @@ from sn_monitor.controller.actions.policy import (
     human_duration,
     parse_share,
 )
-from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.controller.audit import ActionRequest, Refusal
 
 _ids = iter(range(1_000_000))
 
@@ -260,6 +260,61 @@ def test_breaker_restore_and_reset() -> None:
     assert not fresh.breaker_state().open
     p.reset_breaker()
     assert not p.breaker_state().open
+
+
+def test_the_breaker_closes_once_every_node_it_counted_is_back() -> None:
+    clock = ManualClock()
+    p = breaker_policy(clock)
+    for i in range(4):
+        p.note_fault(f"n{i}", 16)
+    p.note_fault("n4", 16)  # faulted while open: counted too
+    assert p.breaker_state().nodes == ("n0", "n1", "n2", "n3", "n4")
+    assert p.note_healthy("n9") is False  # not one it counted
+    for i in range(4):
+        assert p.note_healthy(f"n{i}") is False
+        assert p.breaker_state().open
+    assert p.note_healthy("n4") is True  # the last one: the partition healed
+    assert p.breaker_state() == BreakerState(open=False)
+    assert p.decide(req("evict"), cluster(16)).verdict == "run"
+    # the nodes that came back no longer count towards the next trip
+    assert p.note_fault("n0", 16) is None
+    assert not p.breaker_state().open
+
+
+def test_a_breaker_opened_by_hand_waits_for_its_hold_or_a_person() -> None:
+    clock = ManualClock()
+    p = breaker_policy(clock)
+    state = p.open_by_hand("switch maintenance (by alice)")
+    assert state.open
+    assert state.by_hand
+    assert state.reason == "circuit breaker opened by hand: switch maintenance (by alice)"
+    d = p.decide(req("evict"), cluster(16))
+    assert (d.verdict, d.refusal) == ("refuse", Refusal.BREAKER)
+    for i in range(5):  # faults and recoveries meanwhile change nothing
+        p.note_fault(f"n{i}", 16)
+        assert p.note_healthy(f"n{i}") is False
+    assert p.breaker_state().reason == state.reason
+    saved = p.breaker_state()
+    fresh = breaker_policy(clock)
+    fresh.restore_breaker(saved)
+    assert fresh.breaker_state().by_hand
+    p.reset_breaker()
+    assert not p.breaker_state().open
+    clock.advance(600)
+    assert not fresh.breaker_state().open
+
+
+@pytest.mark.parametrize(("settings", "request_", "out", "refusal"), [
+    ({"max_unavailable": 1}, ("cordon", "n2"), ("n1",), Refusal.MAX_UNAVAILABLE),
+    ({"rate_limit": RateLimitSettings(actions=1)}, ("evict", "n3"), (), Refusal.RATE_LIMIT),
+    ({"node_cooldown": Duration(600)}, ("evict", "n1"), (), Refusal.COOLDOWN),
+])
+def test_every_refusal_says_which_limit_refused(settings, request_, out, refusal) -> None:
+    p = policy(**settings)
+    assert p.admit(req("evict", node="n1"), cluster(100)).runs
+    decision = p.decide(req(*request_), cluster(100, *out))
+    assert (decision.verdict, decision.refusal) == ("refuse", refusal)
+    assert p.may_uncordon("n5", cordoned_by_us=False).refusal is Refusal.NOT_OURS
 
 
 def test_remember_seeds_limits_after_restart() -> None:

@@ -14,17 +14,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from sn_monitor.agent.reporter import (
-    REPORTS_PATH,
-    Reporter,
-    TokenError,
-    read_token,
-)
+from sn_monitor.agent.reporter import REPORTS_PATH, Reporter
 from sn_monitor.agent.snapshot import GpuSample, NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import ManualClock
 from sn_monitor.model import CommandResult, Event, Report
-from sn_monitor.transport import redact_url
+from sn_monitor.transport import TokenError, read_token, redact_url
 
 TOKEN = "s3cret-token-value"
 

@@ -23,7 +23,7 @@ from sn_monitor.controller.actions.policy import (
     SafetyPolicy,
 )
 from sn_monitor.controller.actions.runner import ActionRunner, ActionStateError, RunnerSettings
-from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.controller.audit import ActionRequest, Refusal
 from sn_monitor.controller.store import Store, StoreUnavailable
 
 CLUSTER = ClusterSummary(total_nodes=100)
@@ -495,3 +495,83 @@ def test_no_record_no_action(tmp_path: Path) -> None:
     finally:
         runner.close()
         store.close()
+
+
+# --------------------------------------------------------------------------- owned actions
+
+
+def _trip(runner: ActionRunner) -> None:
+    for i in range(4):
+        runner.policy.note_fault(f"lost-{i}", 10)
+    assert runner.policy.breaker_state().open
+
+
+def test_an_owned_action_refused_by_the_breaker_is_held_in_one_record(world: World) -> None:
+    evict = world.driver("evict")
+    runner = world.runner(evict, policy=PolicySettings(
+        max_unavailable="100%", node_cooldown=Duration(0)))
+    _trip(runner)
+    plain = runner.submit(req("evict", node="n1"), CLUSTER)
+    assert (plain.state, plain.refusal) == ("refused", Refusal.BREAKER)
+    held = runner.submit(req("evict", node="n2", owner="recovery-1"), CLUSTER)
+    assert (held.state, held.refusal) == ("held", Refusal.BREAKER)
+    assert held.verdict_reason.startswith("held since ")
+    for _ in range(5):  # asked again while the breaker is open: the same record, untouched
+        world.clock.advance(15)
+        again = runner.release(held.id, CLUSTER)
+        assert again == world.store.get_action(held.id)
+        assert again.updated_at == held.updated_at
+    runner.policy.reset_breaker()
+    released = runner.release(held.id, CLUSTER)
+    settle(runner)
+    assert released.refusal is None
+    assert world.store.get_action(held.id).state == "succeeded"
+    assert [c.id for c in evict.calls] == [held.id]
+    assert runner.outcomes()[("evict", "held")] == 1
+
+
+def test_a_held_or_pending_action_can_be_cancelled_a_finished_one_not(world: World) -> None:
+    evict = world.driver("evict")
+    runner = world.runner(evict)
+    _trip(runner)
+    held = runner.submit(req("evict", node="n2", owner="recovery-1"), CLUSTER)
+    cancelled = runner.cancel(held.id, "n2 is back and healthy")
+    assert cancelled.state == "cancelled"
+    assert cancelled.outcome_message == "cancelled: n2 is back and healthy"
+    assert runner.release(held.id, CLUSTER).state == "cancelled"
+    runner.policy.reset_breaker()
+    done = runner.submit(req("evict", node="n3"), CLUSTER)
+    settle(runner)
+    assert runner.cancel(done.id, "too late").state == "succeeded"
+    assert [c.node for c in evict.calls] == ["n3"]
+
+
+def test_a_recovery_s_own_evictions_do_not_count_against_its_next(world: World) -> None:
+    evict = world.driver("evict")
+    runner = world.runner(evict, policy=PolicySettings(
+        max_unavailable=1, node_cooldown=Duration(0),
+        rate_limit=RateLimitSettings(actions=1000)))
+    first = runner.submit(req("evict", node="n1", owner="recovery-1"), CLUSTER)
+    settle(runner)
+    out = ClusterSummary(total_nodes=100, unavailable=frozenset({"n1"}))
+    other = runner.submit(req("evict", node="n2"), out)
+    assert (other.state, other.refusal) == ("refused", Refusal.MAX_UNAVAILABLE)
+    second = runner.submit(req("evict", node="n3", owner="recovery-1"), out)
+    settle(runner)
+    assert world.store.get_action(first.id).state == "succeeded"
+    assert world.store.get_action(second.id).state == "succeeded"
+
+
+def test_an_interrupted_idempotent_action_runs_again_under_the_same_id(world: World) -> None:
+    command = world.driver("evict", idempotent=True)
+    first = world.runner(command)
+    record = world.store.record_action(req("evict", node="n4"), "pending", at=0.0)[0]
+    world.store.update_action(record.id, at=1.0, state="running", attempts=1)
+    first.close()
+    second = world.runner(command)
+    [resumed] = second.resume(CLUSTER)
+    settle(second)
+    assert world.store.get_action(record.id).state == "succeeded"
+    assert [c.id for c in command.calls] == [record.id]
+    assert len(world.store.list_actions(action="evict")) == 1
+    assert resumed.id == record.id

@@ -7,11 +7,16 @@ asks, in this order:
 1. **Circuit breaker.** Too many distinct nodes faulted within a short window is a
    partition, a power event or a controller fault, not that many broken servers; while
    the breaker is open, actions that take capacity or move jobs (cordon, evict,
-   failover, restore) are refused and a person is paged. First, because it is the
-   global emergency stop and says the most about why.
+   failover, restore) are refused (held, for a job recovery's own steps) and a person is
+   paged. First, because it is the global emergency stop and says the most about why.
+   It closes once every node it counted is back and healthy (:meth:`note_healthy`: the
+   partition healed), or when ``hold`` has passed without another trip; a person can
+   close it or open it by hand (one opened by hand stays open for ``hold``).
 2. **max_unavailable.** At most this many nodes (count, or percent of known nodes,
    rounded down, at least 1) out at once. A node already out counts once. Only actions
-   that take a node out (cordon, evict, failover) are counted.
+   that take a node out (cordon, evict, failover) are counted, and a recovery's own
+   earlier evictions do not count against its next one (the runner leaves them out of
+   the summary it passes: see ``ClusterSummary``).
 3. **Rate limit.** At most N disruptive actions per window, cluster-wide.
 4. **Cooldown.** The same action on the same node (and GPU, for throttle) not again
    within the cooldown: the guard against a flapping fault cordoning a node over and
@@ -47,10 +52,14 @@ from typing import Final, Literal, get_args
 
 from sn_monitor.clock import Clock
 from sn_monitor.config import Duration, at_least_one, positive, setting
-from sn_monitor.controller.audit import DISRUPTIVE, ActionName, ActionRequest
+from sn_monitor.controller.audit import (
+    DISRUPTIVE,
+    TAKES_NODE_OUT,
+    ActionName,
+    ActionRequest,
+    Refusal,
+)
 
-#: Actions that take a node out of service: counted against max_unavailable.
-TAKES_NODE_OUT: Final[frozenset[str]] = frozenset({"cordon", "evict", "failover"})
 #: Actions the open circuit breaker refuses.
 FROZEN_BY_BREAKER: Final[frozenset[str]] = frozenset({"cordon", "evict", "failover", "restore"})
 
@@ -159,10 +168,14 @@ class ClusterSummary:
 
 @dataclass(frozen=True)
 class Decision:
-    """The policy's verdict on one request, with a reason a person can read."""
+    """The policy's verdict on one request, with a reason a person can read.
+
+    ``refusal`` says which limit refused it (code decides on it, never on ``reason``).
+    """
 
     verdict: Verdict
     reason: str
+    refusal: Refusal | None = None
 
     @property
     def runs(self) -> bool:
@@ -172,12 +185,18 @@ class Decision:
 
 @dataclass(frozen=True)
 class BreakerState:
-    """The circuit breaker. ``since`` and ``until`` are wall-clock seconds (None: closed)."""
+    """The circuit breaker. ``since`` and ``until`` are wall-clock seconds (None: closed).
+
+    ``nodes``: the nodes it counted (it closes once each is back and healthy);
+    ``by_hand``: a person opened it (it then waits for ``until`` or a person).
+    """
 
     open: bool
     reason: str = ""
     since: float | None = None
     until: float | None = None
+    nodes: tuple[str, ...] = ()
+    by_hand: bool = False
 
 
 class SafetyPolicy:
@@ -202,6 +221,9 @@ class SafetyPolicy:
         self._trip_mono: float | None = None  # last time the breaker (re)tripped
         self._open_since: float | None = None  # wall time it opened
         self._breaker_reason = ""
+        #: The nodes the open breaker counted: it closes once each is back and healthy.
+        self._counted: set[str] = set()
+        self._by_hand = False
 
     # -- limits -----------------------------------------------------------------------
 
@@ -239,7 +261,7 @@ class SafetyPolicy:
         now = self._clock.monotonic()
         node = request.node
         if request.action in FROZEN_BY_BREAKER and self._breaker_open(now):
-            return Decision("refuse", self._breaker_reason)
+            return Decision("refuse", self._breaker_reason, Refusal.BREAKER)
         if request.action in TAKES_NODE_OUT and node is not None \
                 and node not in cluster.unavailable:
             limit = self.max_unavailable(cluster.total_nodes)
@@ -248,7 +270,8 @@ class SafetyPolicy:
                 return Decision(
                     "refuse",
                     f"max_unavailable: {out} of {cluster.total_nodes} nodes already out, "
-                    f"limit {limit} ({self.settings.max_unavailable})")
+                    f"limit {limit} ({self.settings.max_unavailable})",
+                    Refusal.MAX_UNAVAILABLE)
         rate = self.settings.rate_limit
         self._prune_ran(now)
         if len(self._ran) >= rate.actions:
@@ -257,7 +280,7 @@ class SafetyPolicy:
                 "refuse",
                 f"rate limit: {len(self._ran)} disruptive actions in the last "
                 f"{human_duration(rate.window)} (limit {rate.actions}); "
-                f"next slot in {human_duration(max(free_in, 0.0))}")
+                f"next slot in {human_duration(max(free_in, 0.0))}", Refusal.RATE_LIMIT)
         if node is not None:
             slot = _cooldown_slot(request)
             last = self._last_on.get(slot)
@@ -267,7 +290,8 @@ class SafetyPolicy:
                 return Decision(
                     "refuse",
                     f"cooldown: {request.action} ran on {node}{gpu} "
-                    f"{human_duration(now - last)} ago (cooldown {human_duration(cooldown)})")
+                    f"{human_duration(now - last)} ago (cooldown {human_duration(cooldown)})",
+                    Refusal.COOLDOWN)
         if request.action in self.settings.approval and not approved:
             return Decision("await_approval", f"{request.action} needs a person's approval")
         return Decision("run", "within policy limits")
@@ -316,7 +340,8 @@ class SafetyPolicy:
         """Never uncordon a node sn-monitor did not cordon: a person had a reason."""
         if not cordoned_by_us:
             return Decision("refuse", f"sn-monitor did not cordon {node}; "
-                                      "it stays cordoned until a person uncordons it")
+                                      "it stays cordoned until a person uncordons it",
+                            Refusal.NOT_OURS)
         return Decision("run", f"{node} was cordoned by sn-monitor")
 
     # -- circuit breaker --------------------------------------------------------------
@@ -336,6 +361,8 @@ class SafetyPolicy:
             for name, at in list(self._faults.items()):
                 if now - at > breaker.window:
                     del self._faults[name]
+            if self._breaker_open(now) and not self._by_hand:
+                self._counted.add(node)
             if not breaker.enabled:
                 return None
             faulted = len(self._faults)
@@ -345,6 +372,9 @@ class SafetyPolicy:
                 return None
             was_open = self._breaker_open(now)
             self._trip_mono = now
+            if was_open and self._by_hand:
+                return None  # a person opened it: their reason stays
+            self._counted |= set(self._faults)
             self._breaker_reason = (
                 f"circuit breaker open: {faulted} of {total_nodes} nodes faulted "
                 f"within {human_duration(breaker.window)}")
@@ -353,14 +383,37 @@ class SafetyPolicy:
             self._open_since = self._clock.time()
             return self._state(now)
 
+    def note_healthy(self, node: str) -> bool:
+        """``node`` reports again with no fault firing; True when that closed the breaker.
+
+        It no longer counts as faulted, and once every node the open breaker counted is
+        back the breaker closes: the partition (or the switch) healed, and what it froze
+        may go on. A breaker opened by hand waits for its hold or a person.
+        """
+        with self._lock:
+            self._faults.pop(node, None)
+            now = self._clock.monotonic()
+            if not self._breaker_open(now) or self._by_hand or node not in self._counted:
+                return False
+            self._counted.discard(node)
+            if self._counted:
+                return False
+            self._close()
+            return True
+
+    def _close(self) -> None:
+        self._trip_mono = None
+        self._open_since = None
+        self._breaker_reason = ""
+        self._counted.clear()
+        self._by_hand = False
+
     def _breaker_open(self, now: float) -> bool:
         if self._trip_mono is None:
             return False
         if now - self._trip_mono < self.settings.breaker.hold:
             return True
-        self._trip_mono = None
-        self._open_since = None
-        self._breaker_reason = ""
+        self._close()
         return False
 
     def _state(self, now: float) -> BreakerState:
@@ -368,7 +421,8 @@ class SafetyPolicy:
             return BreakerState(open=False)
         until = self._clock.time() + (self._trip_mono + self.settings.breaker.hold - now)
         return BreakerState(open=True, reason=self._breaker_reason, since=self._open_since,
-                            until=until)
+                            until=until, nodes=tuple(sorted(self._counted)),
+                            by_hand=self._by_hand)
 
     def breaker_state(self) -> BreakerState:
         """Open or closed now, why, since when and until when (wall-clock seconds)."""
@@ -387,11 +441,23 @@ class SafetyPolicy:
             self._trip_mono = now + left - self.settings.breaker.hold
             self._open_since = state.since
             self._breaker_reason = state.reason
+            self._counted = set(state.nodes)
+            self._by_hand = state.by_hand
+
+    def open_by_hand(self, reason: str) -> BreakerState:
+        """A person freezes evictions for ``hold``, whatever the nodes do meanwhile."""
+        with self._lock:
+            now = self._clock.monotonic()
+            if not self._breaker_open(now):
+                self._open_since = self._clock.time()
+            self._trip_mono = now
+            self._by_hand = True
+            self._counted.clear()
+            self._breaker_reason = f"circuit breaker opened by hand: {reason}"
+            return self._state(now)
 
     def reset_breaker(self) -> None:
         """Close the breaker now: a person has looked and says the cluster is fine."""
         with self._lock:
-            self._trip_mono = None
-            self._open_since = None
-            self._breaker_reason = ""
+            self._close()
             self._faults.clear()

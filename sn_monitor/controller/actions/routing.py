@@ -220,7 +220,6 @@ class JobControlRouter:
         self._control_of = control_of
         self._drivers = drivers if drivers is not None else JobControlDrivers(clock)
         self._client = TrainingClientControl()
-        self.idempotent = bool(getattr(fallback, "idempotent", False))
 
     def _driver_for(self, job: str | None) -> Driver | None:
         if job is None:
@@ -240,6 +239,15 @@ class JobControlRouter:
             raise PermanentError(f"no launcher to {request.action} job {job or '?'}: set the "
                                  "job's spec.control or drivers.job")
         return driver.run(request)
+
+    def idempotent_for(self, request: ActionRequest) -> bool:
+        """Whether the driver of ``request``'s job may run it again under its id."""
+        job = request.params.get("job")
+        try:
+            driver = self._driver_for(str(job) if job else None)
+        except PermanentError:
+            return False
+        return driver is not None and getattr(driver, "idempotent", False) is True
 
     def reconcile(self, request: ActionRequest) -> bool | None:
         """Whatever the job's driver can tell (None when it cannot, or there is none)."""

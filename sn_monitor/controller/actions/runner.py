@@ -4,8 +4,11 @@ The life of an action (each step a durable write to the store before the next):
 
 ``submit`` records the request (``pending``; an existing idempotency key returns the
 existing record and does nothing else), then asks the safety policy; ``dry_run``,
-``refused`` and ``awaiting_approval`` are stored with the policy's reason. ``run`` sets
-``next_attempt_at`` and hands the action to a worker thread, which marks it ``running``
+``refused`` and ``awaiting_approval`` are stored with the policy's reason (and a refusal's
+typed :class:`~sn_monitor.controller.audit.Refusal`). An action with an ``owner`` (a step
+of a job recovery) that the open circuit breaker refuses is ``held`` instead: one record
+that says since when, which its owner later releases (to be decided again) or cancels.
+``run`` sets ``next_attempt_at`` and hands the action to a worker thread, which marks it ``running``
 (attempts + 1) *before* calling the driver. The driver's answer decides the rest:
 
 - an :class:`Outcome` -> ``succeeded``;
@@ -28,10 +31,13 @@ Restart (``resume``). An action a crashed controller left ``running`` (or ``pend
 after a timed-out call) may or may not have been done. If the driver has
 ``reconcile(request) -> bool | None``, it is asked: True (done) -> succeeded; False
 (not done) -> run again; None (cannot tell) -> as for a driver without reconcile: run
-again if the driver declares ``idempotent = True``, else ``failed`` with "interrupted,
-unknown outcome, check by hand". ``pending`` actions admitted before the crash are run;
-ones the policy never saw are decided now; ``awaiting_approval`` keeps waiting. The
-policy's rate limit and cooldowns are seeded from the actions that ran recently.
+again, under the same id, if the driver declares ``idempotent = True`` (a program or a
+webhook gets the same action id on every run and must take a repeat as done), else
+``failed`` with "interrupted, unknown outcome, check by hand". Never under a new key:
+that would defeat the receiver's de-duplication. ``pending`` actions admitted before the
+crash are run; ones the policy never saw are decided now; ``awaiting_approval`` and
+``held`` keep waiting. The policy's rate limit and cooldowns are seeded from the actions
+that ran recently.
 
 Failure throttle (kopf's throttlers, simplified). When a (node, action) pair has ended
 ``failed`` ``throttle_failures`` times within ``throttle_window``, new actions for that
@@ -45,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -56,12 +63,37 @@ from sn_monitor.clock import Clock
 from sn_monitor.config import Duration, non_negative, positive, setting
 from sn_monitor.controller.actions.base import Driver, Outcome, PermanentError, TemporaryError
 from sn_monitor.controller.actions.policy import ClusterSummary, Decision, SafetyPolicy
-from sn_monitor.controller.audit import DISRUPTIVE, ActionRecord, ActionRequest, ActionState
+from sn_monitor.controller.audit import (
+    DISRUPTIVE,
+    TAKES_NODE_OUT,
+    ActionRecord,
+    ActionRequest,
+    ActionState,
+    Refusal,
+)
 from sn_monitor.controller.store import Store, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-OutcomeName = Literal["succeeded", "failed", "dry_run", "refused", "awaiting_approval"]
+OutcomeName = Literal["succeeded", "failed", "dry_run", "refused", "awaiting_approval",
+                      "held", "cancelled"]
+
+def _clock_text(wall: float) -> str:
+    """A wall time for a record a person reads: ``2026-12-01 19:54:03 UTC``."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(wall))
+
+
+def _idempotent(driver: Driver, request: ActionRequest) -> bool:
+    """Whether running ``request`` again, under its id, is safe with ``driver``.
+
+    A driver may answer per request (``idempotent_for``: a router whose targets differ)
+    or once for all (``idempotent``).
+    """
+    per_request = getattr(driver, "idempotent_for", None)
+    if callable(per_request):
+        return bool(per_request(request))
+    return getattr(driver, "idempotent", False) is True
+
 
 _VERDICT_STATE: Final[dict[str, ActionState]] = {
     "dry_run": "dry_run", "refuse": "refused", "await_approval": "awaiting_approval",
@@ -222,7 +254,7 @@ class ActionRunner:
                 "refuse",
                 f"throttled: {record.action} on {record.node} failed {failures} times within "
                 f"{self.settings.throttle_window:g}s; held for another "
-                f"{until - self.clock.monotonic():.0f}s")
+                f"{until - self.clock.monotonic():.0f}s", Refusal.THROTTLED)
         elif record.action == "uncordon" and record.node is not None:
             node = self.store.get_node(record.node)
             decision = self.policy.may_uncordon(
@@ -232,20 +264,69 @@ class ActionRunner:
         else:
             with self._lock:
                 out = cluster.unavailable | frozenset(self._taking_out.values())
+            if record.owner is not None and record.action in TAKES_NODE_OUT:
+                out -= self._taken_out_by(record.owner, record.id)
             summary = ClusterSummary(cluster.total_nodes, out)
             decision = self.policy.admit(request, summary, rule_dry_run, approved=approved)
         reason = decision.reason if approver is None else \
             f"approved by {approver}; {decision.reason}"
         if not decision.runs:
             state = _VERDICT_STATE[decision.verdict]
+            if decision.refusal is Refusal.BREAKER and record.owner is not None:
+                if record.state == "held":
+                    return record  # still held: the record already says since when
+                state = "held"
+                reason = f"held since {_clock_text(now)}: {reason}"
             record = self.store.update_action(record.id, at=now, state=state,
-                                              verdict_reason=reason)
+                                              verdict_reason=reason, refusal=decision.refusal)
             self._count(record.action, state)
             log.info("action %s %s on %s: %s", record.id, record.action, record.node, reason)
             return record
-        record = self.store.update_action(record.id, at=now, verdict_reason=reason,
-                                          next_attempt_at=now)
+        record = self.store.update_action(record.id, at=now, state="pending",
+                                          verdict_reason=reason, next_attempt_at=now,
+                                          refusal=None)
         self._dispatch(record)
+        return record
+
+    def _taken_out_by(self, owner: str, action_id: str) -> frozenset[str]:
+        """The nodes ``owner``'s other actions took (or are taking) out of service."""
+        return frozenset(
+            r.node for r in self.store.list_actions(owner=owner, limit=10_000)
+            if r.node is not None and r.id != action_id and r.action in TAKES_NODE_OUT
+            and r.state in ("succeeded", "running", "pending"))
+
+    def release(self, action_id: str, cluster: ClusterSummary) -> ActionRecord:
+        """Decide a ``held`` action again (its owner still wants it); it may stay held."""
+        record = self.store.get_action(action_id)
+        if record is None:
+            raise ActionStateError(f"no action {action_id!r}")
+        if record.state != "held":
+            return record
+        return self._decide(record, cluster, False, approved=False)
+
+    def cancel(self, action_id: str, why: str) -> ActionRecord:
+        """Cancel an action that has not run yet (held, pending, awaiting approval).
+
+        One that is running or finished is left as it is (and returned): it may have
+        been done already.
+        """
+        record = self.store.get_action(action_id)
+        if record is None:
+            raise ActionStateError(f"no action {action_id!r}")
+        with self._lock:
+            busy = action_id in self._inflight
+        if busy or record.state not in ("held", "pending", "awaiting_approval"):
+            return record
+        try:
+            record = self.store.update_action(
+                action_id, at=self.clock.time(), state="cancelled", expect_state=record.state,
+                next_attempt_at=None, outcome_message=f"cancelled: {why}")
+        except StoreError as err:  # moved on meanwhile (a worker took it): it stands
+            log.info("action %s not cancelled: %s", action_id, err)
+            return self.store.get_action(action_id) or record
+        self._count(record.action, "cancelled")
+        log.info("action %s %s on %s cancelled: %s", record.id, record.action, record.node,
+                 why)
         return record
 
     # -- running ----------------------------------------------------------------------
@@ -459,7 +540,7 @@ class ActionRunner:
                 outcome_message="interrupted by a controller restart; reconciled: already done")
             self._count(record.action, "succeeded")
             return record
-        if done is False or getattr(driver, "idempotent", False) is True:
+        if done is False or (driver is not None and _idempotent(driver, request)):
             why = "not done" if done is False else "outcome unknown, driver is idempotent"
             record = self.store.update_action(
                 record.id, at=now, state="pending", next_attempt_at=now,

@@ -181,6 +181,18 @@ class RuleEngine:
         """Every (rule, node, subject) firing now, as the finding that started it."""
         return [f for e in self._evaluators.values() for f in e.firing()]
 
+    def forgive_silence(self) -> None:
+        """The controller itself stood still: give silent nodes a restart's grace.
+
+        Its agents' reports timed out meanwhile and they backed off; a node not heard from
+        since now is timed as after a restart (:data:`~.heartbeat.UNREPORTED_GRACE_SECONDS`
+        more), so a healthy one is never taken for lost for the controller's own stall.
+        """
+        now = self._now()
+        for evaluator in self._evaluators.values():
+            if isinstance(evaluator, HeartbeatEvaluator):
+                evaluator.forgive(now.monotonic)
+
     def forget_node(self, node: str) -> None:
         """Drop all state about ``node`` (it was removed); emits nothing."""
         for evaluator in self._evaluators.values():

@@ -8,6 +8,7 @@ from that first sight, so a node that died during the restart is still caught.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Final
 
@@ -32,6 +33,12 @@ class HeartbeatEvaluator(Evaluator[HeartbeatRule]):
         super().__init__(rule)
         self._timeout = float(rule.heartbeat_timeout)
         self._first_seen: dict[str, tuple[float, float]] = {}  # node -> (monotonic, wall)
+        #: Silence is timed from no earlier than this (after the controller's own stall).
+        self._grace_from = -math.inf
+
+    def forgive(self, now_monotonic: float) -> None:
+        """The controller stood still until now: silence is timed from after the grace."""
+        self._grace_from = now_monotonic + UNREPORTED_GRACE_SECONDS
 
     def observe(self, view: NodeView, now: Now, out: list[Finding]) -> None:
         if self.is_firing(view.name, ""):
@@ -50,7 +57,7 @@ class HeartbeatEvaluator(Evaluator[HeartbeatRule]):
             if scoped and not self.applies(view):
                 continue
             if view.report is not None:
-                last_mono = view.received_monotonic
+                last_mono = max(view.received_monotonic, self._grace_from)
                 if last_mono > cutoff:
                     if firing and self.is_firing(name, ""):
                         self.resolve(name, "", now.monotonic - last_mono, "reporting again",

@@ -13,6 +13,12 @@ environment::
     SN_INCIDENT_ID  incident number ("" when none)
     SN_PARAMS       JSON object (status, power_fraction, checkpoint, nodes, ...)
 
+Idempotence by action id. A controller that crashes while the program runs cannot know
+whether it finished; after the restart it runs the program again with the same
+``SN_ACTION_ID`` (never under a new id). The program must therefore take an id it has
+already carried out as done: exit 0 without doing it again (the demo's launcher,
+``sn_monitor/sim/launcher.py``, keeps the ids it ran in its state file).
+
 Exit status: 0 is success (the first line of stdout becomes the outcome's message);
 75 (``EX_TEMPFAIL`` from sysexits.h) asks for a retry; anything else is a permanent
 failure, reported with the end of stderr. A program killed by a signal (the OOM killer,
@@ -135,7 +141,8 @@ class CommandDriver:
 
     name = "command"
     #: Unknown: it depends on the program. SN_ACTION_ID lets a program make itself so.
-    idempotent = False
+    #: By contract: a repeated SN_ACTION_ID is taken as done (see the module docstring).
+    idempotent = True
 
     def __init__(self, settings: CommandSettings) -> None:
         self.settings = settings
@@ -164,5 +171,5 @@ class CommandDriver:
         raise PermanentError(f"{program} exited {done.returncode}: {stderr}")
 
     def reconcile(self, request: ActionRequest) -> bool | None:
-        """A program cannot be asked whether it already ran: unknown."""
+        """A program cannot be asked whether it already ran: unknown (it is run again)."""
         return None

@@ -1,0 +1,1 @@
+"""Job recovery: the recovery as data (model), its steps (machine), and who drives it."""

@@ -1,0 +1,126 @@
+"""When a job is asked to checkpoint: on schedule, before a node degrades, for a recovery.
+
+Every ``checkpointInterval``; before a degrading node is taken out; when a recovery wants
+a fresh checkpoint of a node still alive.
+
+A request is written to the job's row first (its action's key with it) and submitted
+after: a controller that crashes in between submits it again under the same key, so the
+job's launcher hears of each request once. The ranks also see it in their progress
+replies. A complete checkpoint of a newer step satisfies it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+
+import msgspec
+
+from sn_monitor.clock import Clock
+from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.controller.jobs.checkpoints import Checkpoint
+from sn_monitor.controller.jobs.ports import JobActions
+from sn_monitor.controller.jobs.recovery.model import CheckpointRef
+from sn_monitor.controller.jobs.registry import CheckpointAsk, JobRecord, JobRegistry
+from sn_monitor.controller.jobs.settings import JobSettings
+from sn_monitor.controller.jobs.views import CheckpointRequest
+
+log = logging.getLogger(__name__)
+
+REQUESTER = "job-orchestrator"
+
+
+class CheckpointSchedule:
+    """Checkpoint requests of every job (the orchestrator's lock held by callers)."""
+
+    def __init__(self, registry: JobRegistry, clock: Clock, settings: JobSettings,
+                 actions: JobActions) -> None:
+        self.registry = registry
+        self.clock = clock
+        self.settings = settings
+        self.actions = actions
+
+    def current(self, j: JobRecord) -> CheckpointRequest | None:
+        """The job's outstanding request, if any."""
+        ask = j.book.request
+        if ask is None:
+            return None
+        return CheckpointRequest(job=j.name, checkpoint_id=ask.id, reason=ask.reason,
+                                 requested_at=ask.at, after_step=ask.after_step,
+                                 action_id=ask.action_id)
+
+    def request(self, j: JobRecord, reason: str, *, key: str | None = None,
+                incident_id: int | None = None, rule: str | None = None) -> CheckpointAsk:
+        """Ask the job for a checkpoint now: saved first, then submitted."""
+        now = self.clock.time()
+        seq = j.book.request_seq + 1
+        checkpoint_id = f"{j.name}-{seq}"
+        latest = j.catalogue.latest_complete()
+        ask = CheckpointAsk(id=checkpoint_id, reason=reason, at=now,
+                            after_step=latest.step if latest is not None else -1,
+                            key=key or f"job:{j.name}:checkpoint:{checkpoint_id}",
+                            incident_id=incident_id, rule=rule)
+        j.book = msgspec.structs.replace(j.book, request=ask, request_seq=seq,
+                                         last_request_at=now)
+        self.registry.save(j)  # the request first: a crash now resubmits it (same key)
+        self.submit_pending(j)
+        log.info("job %s: %s checkpoint requested (%s)", j.name, reason, checkpoint_id)
+        assert j.book.request is not None
+        return j.book.request
+
+    def submit_pending(self, j: JobRecord) -> None:
+        """Submit a saved request that has no action yet (one saved just before a crash)."""
+        ask = j.book.request
+        if ask is None or ask.action_id is not None:
+            return
+        record = self.actions.submit(ActionRequest(
+            id=uuid.uuid4().hex, key=ask.key, action="checkpoint", node=None,
+            reason=f"{ask.reason} checkpoint of job {j.name}", rule=ask.rule,
+            incident_id=ask.incident_id, severity="info", labels={"job": j.name},
+            params={"job": j.name, "checkpoint_id": ask.id, "reason": ask.reason},
+            requested_by=REQUESTER, created_seconds=self.clock.time()))
+        j.book = msgspec.structs.replace(
+            j.book, request=msgspec.structs.replace(ask, action_id=record.id))
+        self.registry.save(j)
+
+    def found(self, j: JobRecord, checkpoint: Checkpoint) -> None:
+        """A complete checkpoint: the job's latest, and the end of a request it satisfies."""
+        last = j.book.last_checkpoint
+        if last is not None and last.step >= checkpoint.step:
+            return
+        now = self.clock.time()
+        written = checkpoint.written_at if checkpoint.written_at is not None else \
+            checkpoint.found_at
+        ask = j.book.request
+        if ask is not None and checkpoint.step > ask.after_step:
+            log.info("job %s: checkpoint request %s satisfied by step %d", j.name, ask.id,
+                     checkpoint.step)
+            ask = None
+        j.book = msgspec.structs.replace(
+            j.book, last_checkpoint=CheckpointRef(step=checkpoint.step,
+                                                  path=str(checkpoint.path)),
+            last_checkpoint_at=min(now, written), request=ask)
+        self.registry.save(j)
+
+    def scheduled(self, j: JobRecord) -> None:
+        """Request the ``checkpointInterval`` checkpoint when it is due."""
+        if j.progress.frontier is None:
+            return  # the job has not started
+        since = max(j.book.last_request_at or j.row.created_at,
+                    j.book.last_checkpoint_at if j.book.last_checkpoint_at is not None
+                    else -math.inf)
+        if self.clock.time() - since >= float(j.job.spec.checkpoint_interval):
+            self.request(j, "scheduled")
+
+    def preemptive(self, j: JobRecord, rule: str,
+                   incident_id: int | None) -> CheckpointRequest | None:
+        """A node of the job degrades: checkpoint now, unless one was asked for lately."""
+        last = j.book.last_request_at
+        if last is not None and (self.clock.time() - last
+                                 < self.settings.preemptive_min_interval):
+            return self.current(j)
+        key = (f"job:{j.name}:checkpoint:incident:{incident_id}"
+               if incident_id is not None else None)
+        self.request(j, "pre-emptive", key=key, incident_id=incident_id, rule=rule)
+        return self.current(j)
