@@ -139,6 +139,7 @@ class _Outcome(enum.Enum):
 class _CheckpointReport:
     step: int
     path: str
+    save_seconds: float | None = None
 
 
 class JobClient:
@@ -298,17 +299,22 @@ class JobClient:
         if self._thread is None:
             self._start()
 
-    def checkpoint_saved(self, step: int, path: str | os.PathLike[str]) -> None:
+    def checkpoint_saved(self, step: int, path: str | os.PathLike[str],
+                         save_seconds: float | None = None) -> None:
         """Report that the checkpoint of ``step`` at ``path`` is complete on storage.
 
         Queued, sent by the background thread, never dropped for space. Call it once per
         checkpoint, after the last byte is written, normally from rank 0 only.
+        ``save_seconds``: how long training stood still for it (with an asynchronous
+        save, the staging, not the upload): the controller recommends the checkpoint
+        interval from it (``checkpointInterval: auto``).
         """
         with self._lock:
             if self._closed:
                 log.warning("checkpoint of step %d reported after close(): not sent", step)
                 return
-            self._checkpoints.append(_CheckpointReport(int(step), os.fspath(path)))
+            self._checkpoints.append(_CheckpointReport(int(step), os.fspath(path),
+                                                       save_seconds))
         if self._thread is None:
             self._start()
         self._wake.set()  # a checkpoint report is worth sending now
@@ -446,8 +452,10 @@ class JobClient:
                 if not self._checkpoints:
                     return True
                 report = self._checkpoints[0]
-            body = {"rank": self.rank, "node": self.node, "step": report.step,
-                    "path": report.path}
+            body: dict[str, Any] = {"rank": self.rank, "node": self.node,
+                                    "step": report.step, "path": report.path}
+            if report.save_seconds is not None:
+                body["save_seconds"] = report.save_seconds
             outcome, _ = self._post(self._endpoint("checkpoints"), body, "checkpoints")
             if outcome is _Outcome.RETRY:
                 return False

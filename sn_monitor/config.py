@@ -234,10 +234,17 @@ def _convert(tp: Any, value: Any, doc: Document, key: KeyPath) -> Any:
                 return _convert(option, value, doc, key)
             except ConfigError as err:
                 errors.append(err.message)
+        got = (f", got {value!r}", f"; got {value!r}")
+        if all(e.endswith(got) for e in errors):  # say what was given once, at the end
+            errors = [e[:-len(got[0])] if e.endswith(got[0]) else e[:-len(got[1])]
+                      for e in errors]
+            raise doc.error(key, f"{' or '.join(errors)}; got {value!r}")
         raise doc.error(key, " or ".join(errors))
     if origin is Literal:
         allowed = get_args(tp)
         if value not in allowed:
+            if len(allowed) == 1:
+                raise doc.error(key, f"must be {allowed[0]}; got {value!r}")
             raise doc.error(key, f"must be one of {', '.join(map(str, allowed))}; got {value!r}")
         return value
     if origin is list:

@@ -262,3 +262,5 @@ class CheckpointBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc
     node: NodeName
     step: Id
     path: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+    #: How long training stood still for this checkpoint (the interval advisor's input).
+    save_seconds: Annotated[float, msgspec.Meta(ge=0, le=86400)] | None = None

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, get_args, get_type_hints
 
@@ -323,6 +323,23 @@ class NodeRegistry:
                 self._views[name] = view
             view.state = state
             return view
+
+    def heard_from(self, names: Iterable[str]) -> None:
+        """These nodes reported again what they reported last: only the time moves.
+
+        For a replay on a virtual clock (``sn-monitor goodput``), where the agents of a
+        healthy fleet send thousands of identical reports between two faults: what the
+        rules would make of an unchanged report is nothing, so it is not decoded or
+        judged, and only the silence it ends (the heartbeat rules) is.
+        """
+        now_mono = self._clock.monotonic()
+        now_wall = self._clock.time()
+        with self._lock:
+            for name in names:
+                view = self._views.get(name)
+                if view is not None and view.report is not None:
+                    view.received_monotonic = now_mono
+                    view.received_wall = now_wall
 
     def views(self) -> dict[str, NodeView]:
         """A copy of the node map (the views themselves are live)."""

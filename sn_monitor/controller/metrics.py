@@ -106,6 +106,10 @@ def _job_families(jobs: JobMetrics) -> Iterator[Metric]:
                             "Age of the latest complete checkpoint.", labels=["job"])
     step = GaugeMetricFamily("sn_job_step", "The highest step the job reported.",
                              labels=["job"])
+    interval = GaugeMetricFamily(
+        "sn_job_checkpoint_interval_recommended_seconds",
+        "The checkpoint interval that maximises the job's ETTR (Young/Daly, from its "
+        "failures, its save time and the fleet's fault rate).", labels=["job"])
     for name, job in sorted(jobs.jobs.items()):
         state.add_metric([name, job.state], 1.0)
         generation.add_metric([name], float(job.generation))
@@ -116,7 +120,9 @@ def _job_families(jobs: JobMetrics) -> Iterator[Metric]:
             age.add_metric([name], job.checkpoint_age_seconds)
         if job.last_step is not None:
             step.add_metric([name], float(job.last_step))
-    yield from (state, generation, failures, ettr, age, step)
+        if job.checkpoint_interval_recommended_seconds is not None:
+            interval.add_metric([name], job.checkpoint_interval_recommended_seconds)
+    yield from (state, generation, failures, ettr, age, step, interval)
     histogram = HistogramMetricFamily(
         "sn_recovery_duration_seconds",
         "From the fault first seen to the job's progress resumed (MTTR).", labels=["job"])

@@ -57,6 +57,8 @@ RECOVER = "recover"
 #: The actions a rule takes on a job's node that the job's recovery takes over.
 RECOVERED_ACTIONS = frozenset({"failover", "evict"})
 CHECKPOINT_JOBS = "checkpoint-jobs"
+#: Events after which the ranks on that GPU are dead: no checkpoint first.
+RANK_KILLING_EVENTS = frozenset({"xid", "gpu_lost", "gpu_fallen_off_bus"})
 #: Steps that wait ``settle`` seconds before they run.
 SETTLED_ACTIONS = frozenset({"cordon", "evict", "failover", RECOVER})
 NODE_REFRESH_SECONDS = 5.0
@@ -134,6 +136,8 @@ class Controller:
         self._unrecorded: dict[tuple[str, str, str], Finding] = {}
         self._inherited: dict[tuple[str, str, str], tuple[Incident, float]] = {}
         self._hangs: dict[str, Finding] = {}
+        #: (job, node, restored nodes) that joined a stalled restore's recovery.
+        self._joined: set[tuple[str, str, tuple[str, ...]]] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -348,6 +352,7 @@ class Controller:
                 self._unrecorded[(f.node, f.rule, f.subject)] = f
             return None
         if fatal:
+            self.jobs.note_fleet_fault()
             opened = self.policy.note_fault(f.node, max(1, len(self.registry)))
             if opened is not None:
                 self._safely(self.breaker.opened, opened)
@@ -392,11 +397,22 @@ class Controller:
         if step == RECOVER:
             self._safely(self.jobs.on_node_fault, f.node,
                          "lost" if f.kind == "heartbeat" else "fatal", incident_id,
-                         f.kind != "heartbeat", f.observed_wall)
+                         self._ranks_alive(f), f.observed_wall)
         elif step == CHECKPOINT_JOBS:
             self._safely(self.jobs.on_node_degrading, f.node, f.rule, incident_id)
         else:
             self._submit(cast(ActionName, step), f, incident_id, "firing")
+
+    def _ranks_alive(self, f: Finding) -> bool:
+        """Whether the job's ranks on ``f``'s node may still run (and so checkpoint).
+
+        Not on a lost node, nor after an XID or a lost GPU: the catalogue's action for
+        those kills the application on that GPU (and a synchronous job with it).
+        """
+        if f.kind == "heartbeat":
+            return False
+        rule = next((r for r in self.engine.rules if r.name == f.rule), None)
+        return not (isinstance(rule, EventRule) and rule.event in RANK_KILLING_EVENTS)
 
     def _submit_settled(self) -> None:
         """Submit node-taking actions whose settle time has passed, if still wanted."""
@@ -426,7 +442,18 @@ class Controller:
                 self._job_hung(hang)
 
     def _job_hung(self, hang: HangFinding) -> None:
-        """A job stopped making progress: a hang incident naming who stopped first."""
+        """A job stopped making progress: a hang incident naming who stopped first.
+
+        When its ranks cannot tell (every one stopped together, as a collective that waits
+        on one broken link does), the job's nodes with a critical incident open are the
+        suspects: restarting in place on a node whose InfiniBand port is down only hangs
+        again.
+        """
+        if not hang.nodes:
+            suspects = self._critical_members(hang.job)
+            if suspects:
+                hang = replace(hang, nodes=suspects, message=(
+                    f"{hang.message}; {', '.join(suspects)} with a critical incident open"))
         node = hang.nodes[0] if hang.nodes else f"job:{hang.job}"
         who = (f"ranks {', '.join(map(str, hang.ranks))} on {', '.join(hang.nodes)} "
                "stopped first" if hang.nodes else "every rank stopped together")
@@ -442,6 +469,34 @@ class Controller:
             self._hangs[hang.job] = finding
         self._safely(self.jobs.on_hang, hang, incident_id)
 
+    def _critical_members(self, job: str, nodes: Sequence[str] | None = None
+                          ) -> tuple[str, ...]:
+        """The job's nodes (or ``nodes``) on which a critical rule is firing."""
+        if nodes is None:
+            status = self.jobs.job(job)
+            if status is None:
+                return ()
+            nodes = status.nodes
+        critical = {r.name for r in self.engine.rules if r.severity == "critical"}
+        with self._lock:
+            return tuple(sorted(n for n in nodes
+                                if any(rule in critical for rule, _ in self._firing.get(n, ()))))
+
+    def _suspects_of_stalled_restores(self) -> None:
+        """A restore that does not progress, onto a node with a critical incident.
+
+        That node joins the recovery (it is evicted, a spare takes its place), once.
+        """
+        for job, nodes in self._safely(self.jobs.stalled_restores) or ():
+            for node in self._critical_members(job, nodes):
+                key = (job, node, tuple(nodes))
+                if key in self._joined:
+                    continue
+                self._joined.add(key)
+                log.warning("job %s: the restore makes no progress and %s has a critical "
+                            "incident open: it joins the recovery", job, node,
+                            extra={"node": node})
+                self._safely(self.jobs.on_node_fault, node, "hang", None, True, None, job)
     def _close_hangs(self) -> None:
         """A hang incident clears once its job runs again (recovered, or unstuck)."""
         with self._lock:
@@ -538,9 +593,11 @@ class Controller:
             self._handle(findings)
         self._close_inherited()
         self._submit_settled()
+        self.jobs.observe_fleet(len(self.registry))
         for hang in self._safely(self.jobs.tick) or ():
             self._job_hung(hang)
         self._close_hangs()
+        self._suspects_of_stalled_restores()
         self.runner.tick()
         now = self.clock.monotonic()
         alertmanager = self.drivers.alertmanager
@@ -565,8 +622,18 @@ class Controller:
             self._retry_unrecorded()
         with self._lock:
             self._cordoned = cordoned
+            # Only these can be anything but healthy, or have just become healthy: the
+            # rest of a fleet of thousands is healthy and stays so (not walked each time).
+            suspects = (self._lost | self._evicted | cordoned
+                        | {n for n, pairs in self._firing.items() if pairs})
+        suspects |= {n for n, s in self._states.items() if s != "healthy"}
+        views = self.registry.views()
+        suspects |= views.keys() - self._states.keys()
         now = self.clock.time()
-        for name, view in self.registry.views().items():
+        for name in suspects:
+            view = views.get(name)
+            if view is None:
+                continue
             state = self._state_of(name)
             if self._states.get(name) != state:
                 reason = ", ".join(sorted(r for r, _ in self._firing.get(name, ()))) or "clear"
@@ -815,7 +882,7 @@ class Controller:
         saved = _decode(_checkpoint_decoder, body)
         try:
             checkpoint = self.jobs.checkpoint_saved(name, saved.rank, saved.node, saved.step,
-                                                    saved.path)
+                                                    saved.path, saved.save_seconds)
         except UnknownJob:
             raise ApiError(404, f"no job {name!r}") from None
         except (ValueError, OSError) as err:

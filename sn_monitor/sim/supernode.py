@@ -229,7 +229,10 @@ class Supernode:
         breaker_window = max(5.0, 120.0 / opts.speed)
         config = {
             "sweep_interval": "0.5s",
-            "settle": "1s",
+            # as long as the product's default: under load a burst's silences are
+            # detected a few seconds apart, and the breaker must count them all before
+            # the first eviction runs
+            "settle": "3s",
             "policy": {
                 "max_unavailable": "50%",
                 "rate_limit": {"actions": 1000, "window": "1m"},

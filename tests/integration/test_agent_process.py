@@ -33,10 +33,10 @@ def wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 30.0) -
             raise AssertionError(f"agent exited early with {proc.returncode}: "
                                  f"{proc.stderr.read() if proc.stderr else ''}")
         try:
-            if requests.get(f"{url}/healthz", timeout=1).status_code == 200:
+            if requests.get(f"{url}/healthz", timeout=5).status_code == 200:
                 return
-        except requests.ConnectionError:
-            pass
+        except (requests.ConnectionError, requests.Timeout):
+            pass  # not listening yet, or too busy starting to answer (a loaded machine)
         time.sleep(0.2)
     raise AssertionError("agent never became healthy")
 

@@ -188,7 +188,10 @@ def test_a_killed_agent_is_failed_over_after_the_heartbeat_timeout(cluster: Clus
 
     lost = c.wait_for(lambda: _one_open(c, "node-lost", node), LOST_WAIT,
                       f"a node-lost incident for {node}")
-    assert lost["detected_at"] - killed >= 9.0  # no earlier than the 10 s timeout
+    # No earlier than the 10 s timeout, timed from the last report the controller got
+    # (on a loaded machine that one may have left the agent a while before the kill).
+    assert lost["value"] >= 10.0, lost
+    assert lost["detected_at"] >= killed, lost
 
     def ran() -> list[dict[str, str]] | None:
         calls = [x for x in c.script_calls() if x["SN_NODE"] == node]

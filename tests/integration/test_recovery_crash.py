@@ -18,7 +18,8 @@ launcher took it, with the new generation's ranks starting (before their first
 progress), and right after the recovery was done.
 
 ``SN_CRASH_ROUNDS`` repeats every point (``make soak`` runs three rounds; ``make test``
-one).
+one); ``SN_CRASH_REPORT`` names a file that gets one JSON line per round with its counts
+(``make soak`` writes ``build/crash-report.jsonl``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from tests.integration.test_job_recovery_e2e import CONFIG, WAIT, Job, cluster_w
 pytestmark = pytest.mark.integration
 
 ROUNDS = int(os.environ.get("SN_CRASH_ROUNDS", "1"))
+REPORT = os.environ.get("SN_CRASH_REPORT")
 POLL = 0.05
 
 #: The drain program: keeps the ids it carried out (a repeat is "already done"); holds
@@ -273,7 +275,11 @@ def _just_done(w: CrashWorld, node: str, known: set[str], log: int) -> None:
 
 
 def _check_round(w: CrashWorld, name: str, node: str, known: set[str], log: int) -> dict[str, Any]:
-    """The round's recovery is done; the drain and the restore ran once; one record a step."""
+    """The round's recovery is done; the drain and the restore ran once; one record a step.
+
+    Returns the round's counts: drains carried out and repeats answered "already done",
+    restores taken and repeats the launcher took for duplicates, records per step.
+    """
     done = w.c.wait_for(lambda: (r := w.newest(known)) and r["state"] == "done" and r,
                         WAIT * 2, f"{name}: the recovery done")
     drains = [x for x in w.drain_log()[log:] if x["node"] == node and x["what"] == "drained"]
@@ -288,7 +294,13 @@ def _check_round(w: CrashWorld, name: str, node: str, known: set[str], log: int)
     assert steps <= {"checkpoint", f"evict:{node}", "restore"}, (name, steps)
     assert {f"evict:{node}", "restore"} <= steps, (name, steps)
     assert done["generation"] == w.job.get()["generation"]
-    return done
+    repeats = [x for x in w.drain_log()[log:] if x["node"] == node and x["what"] == "repeat"]
+    duplicates = [x for x in w.job.calls("restore")
+                  if x["params"].get("recovery") == done["id"] and x["duplicate"]]
+    return {"state": done["state"], "drains": len(drains), "drain_repeats": len(repeats),
+            "restores": len(restores), "restore_repeats": len(duplicates),
+            "records": {step: sum(1 for k in keys if k.split(":", 2)[2] == step)
+                        for step in sorted(steps)}}
 
 
 def _reset(w: CrashWorld, node: str) -> None:
@@ -315,5 +327,8 @@ def test_a_controller_killed_at_each_point_finishes_the_recovery_once(
     log = len(w.drain_log())
     POINTS[name](w, node, known, log)
     w.c.start_controller()
-    _check_round(w, name, node, known, log)
+    counts = _check_round(w, name, node, known, log)
+    if REPORT:
+        with open(REPORT, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"point": name, "node": node, **counts}) + "\n")
     _reset(w, node)

@@ -298,7 +298,7 @@ def test_checkpoint_wait_times_out(store, clock, submit, ckpt):
     _with_checkpoints(ckpt, clock)
     train(orch, clock, "train", NODES, 1, 20)
     [status] = orch.on_node_fault(node(2), "fatal", None, alive=True)
-    clock.advance(29)
+    train(orch, clock, "train", NODES, 21, 49)  # the job goes on; no checkpoint comes
     orch.tick()
     assert orch.recovery(status.id).state == "checkpointing"
     clock.advance(1)
@@ -306,6 +306,23 @@ def test_checkpoint_wait_times_out(store, clock, submit, ckpt):
     [restore] = submit.of("restore")
     assert restore.params["checkpoint"]["step"] == 200
     assert any(h["event"] == "checkpoint-timeout" for h in orch.recovery(status.id).history)
+
+
+def test_a_job_that_stopped_at_the_fault_is_not_waited_for(store, clock, submit, ckpt):
+    """A rank died with its GPU: no checkpoint will come, the latest one is used."""
+    orch = orchestrator(store, clock, submit, settings=JobSettings(checkpoint_wait=120))
+    orch.add_job(make_job(ckpt), "api")
+    _with_checkpoints(ckpt, clock)
+    train(orch, clock, "train", NODES, 1, 20)
+    [status] = orch.on_node_fault(node(2), "fatal", None, alive=True)
+    clock.advance(14)
+    orch.tick()
+    assert orch.recovery(status.id).state == "checkpointing"
+    clock.advance(1)  # 15 s (at least three step times) and not one step since the fault
+    orch.tick()
+    assert any(h["event"] == "checkpoint-abandoned" for h in orch.recovery(status.id).history)
+    [restore] = submit.of("restore")
+    assert restore.params["checkpoint"]["step"] == 200
 
 
 def test_hang_names_the_rank_that_stopped_first(orch, clock, ckpt, submit, store):

@@ -126,7 +126,7 @@ def _rules(extra: bool = True) -> list[Any]:
     return rules + parse_rules(parse_yaml(EXTRA, "extra.yaml")) if extra else rules
 
 
-@settings(max_examples=examples(200), deadline=None,
+@settings(max_examples=examples(60), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(step, min_size=1, max_size=30))
 def test_the_screen_changes_nothing(sequence: list[Any]) -> None:

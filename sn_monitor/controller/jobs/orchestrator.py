@@ -8,7 +8,8 @@ The parts, each its own module:
 - :mod:`.progress` and :mod:`.hangs`: what the ranks report, ETTR, a job that hangs;
 - :mod:`.checkpoints` and :mod:`.schedule`: the checkpoint catalogue (only complete
   ones count) and when a job is asked for one;
-- :mod:`.recovery`: the recovery state machine and the engine that drives it.
+- :mod:`.recovery`: the recovery state machine and the engine that drives it;
+- :mod:`.status`: what the API and the metrics read of a job.
 
 Locking. One lock guards the jobs' state; it is never held over file system work: the
 checkpoint directories (shared storage, maybe slow) are scanned and checkpoints verified
@@ -25,6 +26,7 @@ from collections.abc import Mapping, Sequence
 
 from sn_monitor.clock import Clock
 from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.controller.jobs.advisor import FleetFaults
 from sn_monitor.controller.jobs.checkpoints import Checkpoint
 from sn_monitor.controller.jobs.hangs import find_hang
 from sn_monitor.controller.jobs.ports import JobActions
@@ -34,11 +36,11 @@ from sn_monitor.controller.jobs.registry import JobRecord, JobRegistry, NodeLabe
 from sn_monitor.controller.jobs.schedule import REQUESTER, CheckpointSchedule
 from sn_monitor.controller.jobs.settings import JobSettings
 from sn_monitor.controller.jobs.spec import DistributedJob
+from sn_monitor.controller.jobs.status import job_metrics, job_status
 from sn_monitor.controller.jobs.views import (
     RECOVERY_RULE,
     CheckpointRequest,
     HangFinding,
-    JobMetric,
     JobMetrics,
     JobStatus,
     ProgressReply,
@@ -65,7 +67,9 @@ class JobOrchestrator:
         self._lock = threading.RLock()
         self.actions = actions
         self.registry = JobRegistry(store, clock, self.settings, node_labels)
-        self.schedule = CheckpointSchedule(self.registry, clock, self.settings, actions)
+        self.fleet = FleetFaults()
+        self.schedule = CheckpointSchedule(self.registry, clock, self.settings, actions,
+                                           self.fleet)
         self.engine = RecoveryEngine(store, clock, self.settings, actions, self.registry,
                                      self.schedule)
 
@@ -152,6 +156,25 @@ class JobOrchestrator:
         rec = self.engine.active(job)
         return rec is not None and rec.failed_node(node) is not None
 
+    def stalled_restores(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Jobs whose restore went out twice the hang timeout ago without progress since.
+
+        With the nodes each was restored on. The controller looks there for a node that
+        broke meanwhile in a way that does not take a node out by itself (a link down): a
+        restore onto it only hangs.
+        """
+        now = self.clock.time()
+        out = []
+        with self._lock:
+            for j in self.registry.records():
+                rec = self.engine.active(j.name)
+                if rec is None or rec.state != "restoring" or rec.restore_sent is None:
+                    continue
+                wait = 2 * j.job.spec.effective_hang_timeout(j.progress.median_step_time())
+                if j.progress.last_advance is None and now - rec.restore_sent >= wait:
+                    out.append((j.name, tuple(rec.nodes)))
+        return out
+
     def owns_incident(self, incident_id: int) -> bool:
         """A recovery acted on this incident: the controller must not plan it again."""
         with self._lock:
@@ -196,13 +219,17 @@ class JobOrchestrator:
             return self.schedule.current(self.registry.get(job))
 
     def checkpoint_saved(self, job: str, rank: int, node: str, step: int,
-                         path: str) -> Checkpoint:
+                         path: str, save_seconds: float | None = None) -> Checkpoint:
         """The client wrote a checkpoint; it counts (and satisfies a request) if complete.
 
-        It is verified on disk before the lock is taken.
+        It is verified on disk before the lock is taken. ``save_seconds``: how long
+        training stood still for it (the interval advisor's input).
         """
         with self._lock:
-            catalogue = self.registry.get(job).catalogue
+            known = self.registry.get(job)
+            catalogue = known.catalogue
+            if save_seconds is not None:
+                known.saves.add(save_seconds)
         record = catalogue.report(step, path)
         log.info("job %s: checkpoint of step %d reported by rank %d on %s: %s", job, step,
                  rank, node, "complete" if record.complete else f"not complete ({record.reason})")
@@ -223,6 +250,16 @@ class JobOrchestrator:
         with self._lock:
             self.schedule.found(j, latest)
             return RestorePoint(latest.step, str(latest.path), j.row.generation)
+
+    def observe_fleet(self, nodes: int) -> None:
+        """Every sweep: ``nodes`` are watched (the fleet's fault rate's denominator)."""
+        with self._lock:
+            self.fleet.observe(nodes, self.clock.time())
+
+    def note_fleet_fault(self) -> None:
+        """A fault took a node out (any node): the fleet's fault rate's numerator."""
+        with self._lock:
+            self.fleet.note_fault()
 
     # ------------------------------------------------------------------ faults
 
@@ -385,45 +422,18 @@ class JobOrchestrator:
 
     # ------------------------------------------------------------------ views
 
-    def _ettr(self, j: JobRecord) -> float | None:
-        wall = self.clock.time() - j.row.created_at
-        return None if wall <= 0 else min(1.0, j.progress.productive / wall)
-
     def _status(self, j: JobRecord) -> JobStatus:
-        latest = j.catalogue.latest_complete()
         rec = self.engine.active(j.name)
-        spec = j.job.spec
-        return JobStatus(
-            name=j.name, source=j.row.source,
-            state=j.row.state,  # type: ignore[arg-type]
-            state_reason=j.row.state_reason, generation=j.row.generation,
-            failures=j.row.failures, max_failures=spec.max_failures,
-            strategy=spec.recovery_strategy, replicas=spec.replicas,
-            min_replicas=spec.min_replicas, nodes=j.row.nodes, spares=j.row.pool,
-            failed_nodes=j.row.excluded,
-            checkpoint=None if latest is None else {"step": latest.step,
-                                                    "path": str(latest.path)},
-            checkpoint_request=self.schedule.current(j), recovery=rec.id if rec else None,
-            world_size=j.progress.world_size, ranks_reporting=len(j.progress.ranks),
-            last_step=j.progress.last_step(),
-            median_step_seconds=j.progress.median_step_time(),
-            effective_training_ratio=self._ettr(j), created_at=j.row.created_at,
-            updated_at=j.row.updated_at, spec=j.row.spec)
+        return job_status(j, self.clock.time(), recovery=rec.id if rec else None,
+                          request=self.schedule.current(j), interval=self.schedule.interval(j),
+                          advice=self.schedule.advice(j))
 
     def metrics(self) -> JobMetrics:
         """Per job state, generation, failures, checkpoint age, ETTR; finished recoveries."""
         with self._lock:
-            jobs = {
-                j.name: JobMetric(
-                    state=j.row.state,  # type: ignore[arg-type]
-                    generation=j.row.generation, failures_total=j.row.failures,
-                    checkpoint_age_seconds=j.catalogue.age_seconds(),
-                    effective_training_ratio=self._ettr(j),
-                    productive_seconds=j.progress.productive, nodes=len(j.row.nodes),
-                    spares=len(j.row.pool), median_step_seconds=j.progress.median_step_time(),
-                    last_step=j.progress.last_step())
-                for j in self.registry.records()}
-            return JobMetrics(jobs=jobs, recoveries=self.engine.finished())
+            return JobMetrics(jobs=job_metrics(self.registry.records(), self.clock.time(),
+                                               self.schedule.advice),
+                              recoveries=self.engine.finished())
 
 
 def _latest(j: JobRecord, *, scan: bool) -> Checkpoint | None:

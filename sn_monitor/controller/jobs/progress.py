@@ -98,6 +98,8 @@ class JobProgress:
                 current = RankProgress(node, step, when, now, step_time)
                 self.ranks[rank] = current
                 advanced = True
+                if step_time is not None:
+                    self._median_stale = True  # a new rank's step time counts at once
                 continue
             if step != current.step or when > current.time:
                 if step_time is None and step > current.step and when > current.time:

@@ -23,6 +23,7 @@ import msgspec
 
 from sn_monitor.clock import Clock
 from sn_monitor.config import ConfigError
+from sn_monitor.controller.jobs.advisor import SaveTimes
 from sn_monitor.controller.jobs.checkpoints import CheckpointRegistry
 from sn_monitor.controller.jobs.progress import JobProgress
 from sn_monitor.controller.jobs.recovery.model import CheckpointRef
@@ -75,9 +76,13 @@ class JobRecord:
         self.book = book
         self.catalogue = catalogue
         self.progress = progress
+        #: The blocking save times its checkpoint reports gave (the interval advisor's).
+        self.saves = SaveTimes()
         self.last_scan = -math.inf
         self.last_saved = -math.inf
         self.dirty = False
+        self._members: frozenset[str] = frozenset()
+        self._members_of: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -90,6 +95,14 @@ class JobRecord:
     @property
     def pool(self) -> tuple[str, ...]:
         return self.row.pool
+
+    @property
+    def members(self) -> frozenset[str]:
+        """The job's nodes as a set: asked for every node of the fleet on a relabel."""
+        nodes = self.row.nodes
+        if self._members_of is not nodes:
+            self._members, self._members_of = frozenset(nodes), nodes
+        return self._members
 
     @property
     def state(self) -> str:
@@ -189,13 +202,13 @@ class JobRegistry:
 
     def jobs_of_node(self, node: str) -> list[str]:
         """The jobs running on ``node`` (not those holding it as a spare)."""
-        return sorted(name for name, j in self._jobs.items() if node in j.row.nodes)
+        return sorted(name for name, j in self._jobs.items() if node in j.members)
 
     def roles_of(self, node: str) -> dict[str, NodeRole]:
         """What ``node`` is to each job that knows it: a member, a spare, evicted."""
         roles: dict[str, NodeRole] = {}
         for name, j in self._jobs.items():
-            if node in j.row.nodes:
+            if node in j.members:
                 roles[name] = "member"
             elif node in j.row.pool:
                 roles[name] = "spare"

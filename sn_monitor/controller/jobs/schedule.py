@@ -19,6 +19,7 @@ import msgspec
 
 from sn_monitor.clock import Clock
 from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.controller.jobs.advisor import Advice, FleetFaults, advise
 from sn_monitor.controller.jobs.checkpoints import Checkpoint
 from sn_monitor.controller.jobs.ports import JobActions
 from sn_monitor.controller.jobs.recovery.model import CheckpointRef
@@ -35,11 +36,26 @@ class CheckpointSchedule:
     """Checkpoint requests of every job (the orchestrator's lock held by callers)."""
 
     def __init__(self, registry: JobRegistry, clock: Clock, settings: JobSettings,
-                 actions: JobActions) -> None:
+                 actions: JobActions, fleet: FleetFaults | None = None) -> None:
         self.registry = registry
         self.clock = clock
         self.settings = settings
         self.actions = actions
+        self.fleet = fleet if fleet is not None else FleetFaults()
+
+    def advice(self, j: JobRecord) -> Advice | None:
+        """The interval the job's history recommends (advisor.py), None while unknown."""
+        return advise(j.saves.median(), j.row.failures, self.clock.time() - j.row.created_at,
+                      len(j.row.nodes), self.fleet.rate_per_node_second())
+
+    def interval(self, j: JobRecord) -> float:
+        """The job's checkpoint interval: the spec's, or the advisor's for ``auto``."""
+        spec = j.job.spec
+        if spec.auto_interval:
+            advice = self.advice(j)
+            if advice is not None:
+                return advice.interval_seconds
+        return spec.fixed_interval
 
     def current(self, j: JobRecord) -> CheckpointRequest | None:
         """The job's outstanding request, if any."""
@@ -107,10 +123,17 @@ class CheckpointSchedule:
         """Request the ``checkpointInterval`` checkpoint when it is due."""
         if j.progress.frontier is None:
             return  # the job has not started
-        since = max(j.book.last_request_at or j.row.created_at,
-                    j.book.last_checkpoint_at if j.book.last_checkpoint_at is not None
-                    else -math.inf)
-        if self.clock.time() - since >= float(j.job.spec.checkpoint_interval):
+        interval = self.interval(j)
+        asked, done = j.book.last_request_at, j.book.last_checkpoint_at
+        if asked is not None and done is not None and asked <= done <= asked + interval:
+            # The latest checkpoint answered the latest request: the interval runs from
+            # when it was asked for (the checkpoint's start), not from when its upload
+            # ended, or every period would be longer by the upload (Young/Daly's period
+            # is from one checkpoint's start to the next).
+            since = asked
+        else:  # nothing asked yet, not answered, or the job saved later on its own
+            since = max(asked or j.row.created_at, done if done is not None else -math.inf)
+        if self.clock.time() - since >= interval:
             self.request(j, "scheduled")
 
     def preemptive(self, j: JobRecord, rule: str,

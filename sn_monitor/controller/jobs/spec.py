@@ -8,7 +8,8 @@ The YAML keys are the camelCase ones users already write (see DESIGN.md). Only
     metadata: {name: trillion-model}
     spec:
       replicas: 128
-      checkpointInterval: 900      # seconds, or 15m (default 15m)
+      checkpointInterval: 900      # seconds, or 15m, or auto (default 15m; auto: the
+                                   # interval the job's history recommends, advisor.py)
       maxFailures: 40              # recoveries before the job is given up (default 3)
       recoveryStrategy: elastic    # elastic | restart | manual (default restart)
 
@@ -63,6 +64,9 @@ KIND = "DistributedJob"
 #: hangTimeout when the job sets none: max(MIN_HANG_TIMEOUT, HANG_STEPS x median step time).
 MIN_HANG_TIMEOUT = 120.0
 HANG_STEPS = 10
+#: ``checkpointInterval: auto``: the advisor's interval; this one until it has advice.
+AUTO = "auto"
+DEFAULT_CHECKPOINT_INTERVAL = 900.0
 
 RecoveryStrategy = Literal["elastic", "restart", "manual"]
 
@@ -97,6 +101,11 @@ def _at_least(minimum: int) -> Any:
 def _positive(value: float | None) -> None:
     if value is not None and value <= 0:
         raise ValueError(f"must be greater than 0, got {value:g}")
+
+
+def _positive_or_auto(value: float | str) -> None:
+    if value != AUTO:
+        _positive(float(value))
 
 
 def _node_name(value: str) -> None:
@@ -181,8 +190,8 @@ class JobSpec:
     checkpoint: CheckpointSpec | None = None
     #: None: the controller's ``drivers.job``, else the training client (see above).
     control: JobControl | None = None
-    checkpoint_interval: Duration = setting(key="checkpointInterval", default=Duration(900.0),
-                                            check=_positive)
+    checkpoint_interval: Duration | Literal["auto"] = setting(
+        key="checkpointInterval", default=Duration(900.0), check=_positive_or_auto)
     max_failures: int = setting(key="maxFailures", default=3, check=_at_least(0))
     recovery_strategy: RecoveryStrategy = setting(key="recoveryStrategy", default="restart")
     spares: list[str] = setting(default_factory=list, check=_node_names)
@@ -221,6 +230,17 @@ class JobSpec:
     @property
     def checkpoint_marker(self) -> str | None:
         return self.checkpoint.marker if self.checkpoint is not None else None
+
+    @property
+    def auto_interval(self) -> bool:
+        """``checkpointInterval: auto``: the recommended interval is applied."""
+        return self.checkpoint_interval == AUTO
+
+    @property
+    def fixed_interval(self) -> float:
+        """The interval written in the spec (the default one for ``auto``)."""
+        return (DEFAULT_CHECKPOINT_INTERVAL if self.checkpoint_interval == AUTO
+                else float(self.checkpoint_interval))
 
     def effective_hang_timeout(self, median_step_seconds: float | None) -> float:
         """hangTimeout, else max(2m, 10 x the median step time) (2m while unknown)."""

@@ -229,6 +229,11 @@ class JobStatus:
     last_step: int | None
     median_step_seconds: float | None
     effective_training_ratio: float | None
+    #: The interval the schedule uses, and the one the job's history recommends.
+    checkpoint_interval_seconds: float
+    checkpoint_interval_recommended_seconds: float | None
+    checkpoint_save_seconds: float | None
+    mtbf_seconds: float | None
     created_at: float
     updated_at: float
     spec: Mapping[str, Any]
@@ -248,6 +253,11 @@ class JobStatus:
             "ranks_reporting": self.ranks_reporting, "last_step": self.last_step,
             "median_step_seconds": self.median_step_seconds,
             "effective_training_ratio": self.effective_training_ratio,
+            "checkpoint_interval_seconds": self.checkpoint_interval_seconds,
+            "checkpoint_interval_recommended_seconds":
+                self.checkpoint_interval_recommended_seconds,
+            "checkpoint_save_seconds": self.checkpoint_save_seconds,
+            "mtbf_seconds": self.mtbf_seconds,
             "created_at": self.created_at, "updated_at": self.updated_at,
             "spec": redacted(self.spec),
         }
@@ -281,6 +291,7 @@ class JobMetric:
     spares: int
     median_step_seconds: float | None
     last_step: int | None
+    checkpoint_interval_recommended_seconds: float | None = None
 
 
 @dataclass(frozen=True)

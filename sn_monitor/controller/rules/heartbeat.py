@@ -53,11 +53,14 @@ class HeartbeatEvaluator(Evaluator[HeartbeatRule]):
         cutoff = now.monotonic - timeout
         scoped = bool(self._scope)
         firing = self._firing
+        grace_from = self._grace_from
         for name, view in views.items():
             if scoped and not self.applies(view):
                 continue
             if view.report is not None:
-                last_mono = max(view.received_monotonic, self._grace_from)
+                last_mono = view.received_monotonic
+                if last_mono < grace_from:
+                    last_mono = grace_from
                 if last_mono > cutoff:
                     if firing and self.is_firing(name, ""):
                         self.resolve(name, "", now.monotonic - last_mono, "reporting again",

@@ -137,9 +137,28 @@ def checkpointing(ctx: StepContext, rec: Recovery) -> tuple[Recovery, bool]:
     elif rec.deadline is not None and now >= rec.deadline:
         rec = rec.noted(now, "checkpoint-timeout",
                         "no new checkpoint in time: the latest complete one is used")
+    elif stopped_at_fault(ctx, rec, now):
+        rec = rec.noted(now, "checkpoint-abandoned",
+                        "the job has made no progress since the fault: no checkpoint will "
+                        "come, the latest complete one is used")
     else:
         return rec, False
     return goto(ctx, rec, "evicting", deadline=now + ctx.settings.evict_timeout), True
+
+
+#: A job with no progress this long after the fault (or this many median step times,
+#: whichever is longer) died with it: its checkpoint is not waited for.
+STOPPED_MIN_SECONDS: Final = 15.0
+STOPPED_STEPS: Final = 3
+
+
+def stopped_at_fault(ctx: StepContext, rec: Recovery, now: float) -> bool:
+    """The job stopped when the fault came (a rank died with its GPU): nothing to save."""
+    p = ctx.job.progress
+    median = p.median_step_time() or 0.0
+    quiet = max(STOPPED_MIN_SECONDS, STOPPED_STEPS * median)
+    last = p.last_advance
+    return now - rec.fault_seen >= quiet and (last is None or last <= rec.fault_seen)
 
 
 def _healed(ctx: StepContext, failed: FailedNode) -> bool:

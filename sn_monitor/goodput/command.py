@@ -1,0 +1,98 @@
+"""``sn-monitor goodput``: replay a failure trace and print the policies side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from sn_monitor.config import ConfigError, Duration, parse_duration
+from sn_monitor.goodput.results import POLICIES, table, to_json
+from sn_monitor.goodput.trace import CATALOGUE, draw, load_catalogue, load_trace
+from sn_monitor.goodput.world import WorldSettings
+
+EXIT_CONFIG = 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", type=Path, metavar="FILE",
+                        help="replay this trace (.yaml/.csv of time, node, kind; or .json: "
+                             "the incidents GET /api/v1/incidents returned) instead of "
+                             "drawing one from the catalogue")
+    parser.add_argument("--catalogue", type=Path, default=CATALOGUE, metavar="FILE",
+                        help="root-cause counts to draw the trace from (default: the "
+                             "Llama 3 paper's, sn_monitor/goodput/llama3.yaml)")
+    parser.add_argument("--days", type=float, default=54.0,
+                        help="length of the drawn trace (default 54, the paper's)")
+    parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    parser.add_argument("--nodes", type=int, default=2048,
+                        help="the job's nodes of 8 GPUs (default 2048: 16,384 GPUs)")
+    parser.add_argument("--spares", type=int, default=32,
+                        help="spare nodes held for the job under sn-monitor (default 32)")
+    parser.add_argument("--step", default="10s", help="training step time (default 10s)")
+    parser.add_argument("--save-blocking", default="2s",
+                        help="how long training pauses per checkpoint (default 2s)")
+    parser.add_argument("--save-persist", default="20s",
+                        help="then until the checkpoint is complete on storage (default 20s)")
+    parser.add_argument("--relaunch", default="60s",
+                        help="starting every rank again (default 60s)")
+    parser.add_argument("--load", default="30s", help="loading a checkpoint (default 30s)")
+    parser.add_argument("--policies", default=",".join(POLICIES),
+                        help=f"comma-separated, of {', '.join(POLICIES)} (default: all)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _duration(name: str, value: str) -> Duration:
+    try:
+        return Duration(parse_duration(_number(value)))
+    except ValueError as err:
+        raise ConfigError("command line", name, None, str(err)) from None
+
+
+def _number(value: str) -> float | str:
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+def run_goodput(args: argparse.Namespace) -> int:
+    """Replay, print the table (or JSON) and the wall time; 2 on a bad file or option."""
+    from sn_monitor.goodput.replay import ReplayOptions, job_nodes, replay  # the controller
+
+    try:
+        if args.nodes < 1 or args.spares < 0 or args.days <= 0:
+            raise ConfigError("command line", "--nodes/--spares/--days", None,
+                              "need at least one node, no negative spares, days above 0")
+        settings = WorldSettings(
+            nodes=args.nodes, spares=args.spares, step_seconds=_duration("--step", args.step),
+            save_blocking=_duration("--save-blocking", args.save_blocking),
+            save_persist=_duration("--save-persist", args.save_persist),
+            load=_duration("--load", args.load),
+            relaunch=_duration("--relaunch", args.relaunch))
+        policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+        unknown = [p for p in policies if p not in POLICIES]
+        if unknown or not policies:
+            raise ConfigError("command line", "--policies", None,
+                              f"unknown {', '.join(unknown) or 'empty'}; "
+                              f"policies: {', '.join(POLICIES)}")
+        if args.trace is not None:
+            trace, seed = load_trace(args.trace), None
+        else:
+            trace = draw(load_catalogue(args.catalogue), job_nodes(settings),
+                         args.days * 86400.0, args.seed)
+            seed = args.seed
+    except ConfigError as err:
+        print(f"sn-monitor goodput: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    started = time.perf_counter()
+    results = replay(trace, settings, ReplayOptions(policies=policies))
+    wall = time.perf_counter() - started
+    if args.json:
+        print(json.dumps(to_json(results, trace, settings, seed, wall), indent=2))
+    else:
+        print(table(results, trace, settings, seed))
+        print(f"\nreplayed in {wall:.0f} s of wall time")
+    return 0

@@ -1,0 +1,409 @@
+"""sn-monitor in the replay: the real controller, on a virtual clock, acting on the world.
+
+Nothing here decides. The controller (:class:`~sn_monitor.controller.service.Controller`:
+its rule engine, safety policy and breaker, the recovery engine, the checkpoint
+schedule and the interval advisor) gets what its agents and training client would send,
+on a :class:`~sn_monitor.clock.ManualClock`, and its actions reach the world through
+drivers (:class:`ReplayDriver`) the way they reach Kubernetes or a launcher:
+
+- reports: every node's agent; a fault or a warning is the report that shows it (an
+  XID event, an InfiniBand port down, a pending row remap, guard throttling, rising
+  symbol errors), a lost node stops reporting. Between faults a healthy node's reports
+  are identical, so only their arrival is replayed (``NodeRegistry.heard_from``);
+- the training client: rank 0's progress and its checkpoint reports (with the save time);
+- actions: ``checkpoint`` makes the job save, ``evict`` takes a node out (repaired and
+  given back to the job's spare pool by the operator later), ``restore`` relaunches the
+  ranks on the nodes and from the checkpoint it names.
+
+The controller is swept the way the daemon sweeps it, but only when something can
+happen: every second after a fault, every few seconds while the job is down, at the
+next checkpoint due, and at least every few minutes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from sn_monitor.clock import ManualClock
+from sn_monitor.controller.actions.base import Outcome
+from sn_monitor.controller.actions.routing import build_drivers
+from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.controller.auth import OPEN_ACCESS
+from sn_monitor.controller.jobs.settings import JobError
+from sn_monitor.controller.rules.spec import Rule
+from sn_monitor.controller.service import Controller
+from sn_monitor.controller.settings import ControllerSettings
+from sn_monitor.controller.store import Store
+from sn_monitor.goodput.trace import Fault, Trace
+from sn_monitor.goodput.world import JobWorld, SavedCheckpoint, Timeline, WorldSettings
+from sn_monitor.model import EventRecord, GpuReport, IbPortReport, ProgressBody, Report
+
+log = logging.getLogger(__name__)
+
+T0 = 1_767_225_600.0  # 2026-01-01 00:00 UTC: the replay's wall clock starts here
+JOB = "llm"
+OPERATOR = "replay-operator"
+#: Actions the replay carries out; the others (alerts, throttles) are only counted.
+ACTIONS = ("alert", "cordon", "uncordon", "evict", "failover", "checkpoint", "restore",
+           "throttle", "release")
+#: A process that exits is restarted in place by the job's launcher after this long.
+CRASH_RESTART = 5.0
+#: A node taken out that was healthy is given back after the operator looked at it.
+FALSE_EVICTION_RETURN = 3600.0
+CHECKPOINTS_KEPT = 3
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """When the replay sweeps the controller (the daemon sweeps every 0.5 s)."""
+
+    fine: float = 1.0
+    #: How long the fine cadence lasts after a fault that shows in time only (past the
+    #: heartbeat timeout and the rules' ``for`` holds of 10 s), and after any other fault
+    #: or a warning (past the settle time).
+    fine_for: float = 15.0
+    fine_for_reported: float = 5.0
+    busy: float = 10.0
+    quiet: float = 600.0
+
+
+class ReplayDriver:
+    """An outside system of the replay: the action lands in the world's inbox."""
+
+    idempotent = True
+
+    def __init__(self, action: str, inbox: list[ActionRequest], lock: threading.Lock) -> None:
+        self.name = f"replay-{action}"
+        self._inbox = inbox
+        self._lock = lock
+
+    def run(self, request: ActionRequest) -> Outcome:
+        with self._lock:
+            self._inbox.append(request)
+        return Outcome(f"{request.action}: carried out in the replay")
+
+
+def warning_checkpoints(rules: Sequence[Rule]) -> tuple[list[Rule], list[str]]:
+    """The rules with ``checkpoint`` added to every warning that does not checkpoint yet."""
+    out: list[Rule] = []
+    changed: list[str] = []
+    for rule in rules:
+        actions = list(rule.actions)
+        if rule.severity == "warning" and "checkpoint" not in actions and rule.kind != "alert":
+            out.append(dataclasses.replace(rule, actions=[*actions, "checkpoint"]))
+            changed.append(rule.name)
+        else:
+            out.append(rule)
+    return out, changed
+
+
+class ControlledReplay:
+    """One sn-monitor configuration on one trace."""
+
+    def __init__(self, trace: Trace, settings: WorldSettings, nodes: list[str],
+                 rules: Sequence[Rule], *, state_dir: Path, auto_interval: bool,
+                 cadence: Cadence | None = None) -> None:
+        self.trace = trace
+        self.settings = settings
+        self.cadence = cadence or Cadence()
+        self.timeline = Timeline()
+        self.clock = ManualClock(T0)
+        self.world = JobWorld(settings, list(nodes), self.timeline)
+        self.world.on_running = self._running
+        self.world.on_saved = self._saved
+        self.spares = [f"spare-{i:03d}" for i in range(settings.spares)]
+        self._slots = {name: i for i, name in enumerate(nodes)}
+        self._inbox: list[ActionRequest] = []
+        self._inbox_lock = threading.Lock()
+        self._silent: set[str] = set()
+        #: The nodes whose agents report (None: to be worked out again).
+        self._heard: tuple[str, ...] | None = None
+        self._condition: dict[str, dict[str, Any]] = {}
+        self._sequence: dict[str, int] = {}
+        self._event_id = 0
+        self._repair: dict[str, float] = {}
+        self._tick_at: float | None = None
+        self._fine_until = -1.0
+        self._last_request = 0.0
+        self.counts: dict[str, int] = {}
+        self._encoder = msgspec.json.Encoder()
+        self._ckpt_dir = state_dir / "checkpoints"
+        self._ckpt_dir.mkdir(parents=True, exist_ok=True)
+        controller_settings = ControllerSettings(state_dir=str(state_dir))
+        drivers = build_drivers(controller_settings.drivers, controller_settings.routes,
+                                self.clock)
+        for action in ACTIONS:
+            drivers.by_action[action] = ReplayDriver(action, self._inbox, self._inbox_lock)
+        self.store = Store(state_dir / "controller.db")
+        self.controller = Controller(controller_settings, rules, self.clock, self.store,
+                                     drivers)
+        self.controller.start()
+        for node in [*nodes, *self.spares]:
+            self._report(node)
+        self.controller.add_job(json.dumps({
+            "apiVersion": "training.ai/v1", "kind": "DistributedJob",
+            "metadata": {"name": JOB},
+            "spec": {"replicas": len(nodes), "nodes": list(nodes), "spares": self.spares,
+                     "checkpoint": {"dir": str(self._ckpt_dir), "marker": "COMPLETE"},
+                     "checkpointInterval": "auto" if auto_interval else 900,
+                     "maxFailures": 1_000_000, "recoveryStrategy": "restart"},
+        }).encode(), "replay", admin=True)
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> JobWorld:
+        for fault in self.trace.faults:
+            self.timeline.at(fault.time, partial(self._fault, fault))
+            if fault.warning is not None:
+                start = max(0.0, fault.time - fault.warning.lead)
+                self.timeline.at(start, partial(self._warn, fault))
+        self._progress()
+        self._wake(0.0)
+        self.timeline.run_until(self.trace.duration, self._advance)
+        self.controller.runner.wait_idle(30)
+        return self.world
+
+    def close(self) -> None:
+        self.controller.close()
+        self.store.close()
+
+    def controller_ettr(self) -> float | None:
+        status = self.controller.jobs.job(JOB)
+        return None if status is None else status.effective_training_ratio
+
+    def interval(self) -> float | None:
+        status = self.controller.jobs.job(JOB)
+        return None if status is None else status.checkpoint_interval_seconds
+
+    def _advance(self, t: float) -> None:
+        self.clock.advance(max(0.0, T0 + t - self.clock.time()))
+
+    # ------------------------------------------------------------------ ticks
+
+    def _wake(self, at: float) -> None:
+        if self._tick_at is not None and self._tick_at <= at:
+            return
+        self._tick_at = at
+        self.timeline.at(at, lambda: self._tick(at))
+
+    def _tick(self, at: float) -> None:
+        if self._tick_at != at:
+            return  # a sooner tick took its place
+        self._tick_at = None
+        if self._heard is None:
+            self._heard = tuple(n for n in dict.fromkeys(
+                [*self._slots, *self.spares, *self._condition]) if n not in self._silent)
+        self.controller.registry.heard_from(self._heard)
+        self._progress()
+        self.controller.sweep()
+        self._drain()
+        self._wake(self._next_tick())
+
+    def _next_tick(self) -> float:
+        now = self.timeline.now
+        c = self.cadence
+        if now < self._fine_until:
+            return now + c.fine
+        status = self.controller.jobs.job(JOB)
+        if self.world.state != "running" or status is None or status.state != "running":
+            return now + c.busy
+        # The schedule's period runs from its last request (the world saves only when asked).
+        due = self._last_request + status.checkpoint_interval_seconds
+        return min(now + c.quiet, due if due > now else now + c.busy)
+
+    def _drain(self) -> None:
+        """Carry out what the controller asked, until it asks nothing more."""
+        for _ in range(100):
+            self.controller.runner.wait_idle(30)
+            with self._inbox_lock:
+                batch = sorted(self._inbox, key=lambda r: r.key or r.id)
+                self._inbox.clear()
+            if not batch:
+                return
+            for request in batch:
+                self.counts[request.action] = self.counts.get(request.action, 0) + 1
+                self._carry_out(request)
+
+    def _carry_out(self, request: ActionRequest) -> None:
+        if request.action == "checkpoint":
+            self._last_request = self.timeline.now
+            self.world.checkpoint()
+        elif request.action == "evict" and request.node is not None:
+            self._evict(request.node)
+        elif request.action == "restore":
+            self._restore(request)
+
+    # ------------------------------------------------------------------ the world's side
+
+    def _report(self, node: str, events: Sequence[EventRecord] = ()) -> None:
+        condition = self._condition.get(node, {})
+        gpus = [GpuReport(index=i, temperature_celsius=60.0, utilization_ratio=0.95,
+                          row_remap_pending=bool(condition.get("row_remap_pending"))
+                          and i == 0)
+                for i in range(self.settings.gpus_per_node)]
+        ports = [IbPortReport(device="mlx5_0", port=1, state=int(condition.get("ib_state", 4)),
+                              counters={"symbol_errors": int(condition.get("symbols", 0))})]
+        sequence = self._sequence.get(node, 0) + 1
+        self._sequence[node] = sequence
+        body = self._encoder.encode(Report(
+            node=node, instance="replay", sequence=sequence,
+            sample_time_seconds=self.clock.time(), gpus=gpus, infiniband=ports,
+            events=list(events)))
+        self.controller.ingest(body, OPEN_ACCESS)
+
+    def _event(self, kind: str, node: str, code: int | None = None) -> EventRecord:
+        self._event_id += 1
+        return EventRecord(id=self._event_id, kind=kind, source="nvml",  # type: ignore[arg-type]
+                           time_seconds=self.clock.time(), gpu=0, code=code,
+                           message=f"{kind} {code if code is not None else ''}".strip())
+
+    def _progress(self) -> None:
+        if self.world.state != "running" or not self.world.members:
+            return
+        body = ProgressBody(rank=0, node=self.world.members[0], world_size=1,
+                            updates=[], step_time_seconds=float(self.settings.step_seconds))
+        self.controller.jobs.progress(JOB, body.rank, body.node, body.world_size,
+                                      [(self.world.step(), self.clock.time())],
+                                      body.step_time_seconds)
+
+    def _node_of(self, fault: Fault) -> str | None:
+        slot = self._slots.get(fault.node)
+        if slot is None or slot >= len(self.world.members):
+            return None
+        return self.world.members[slot]
+
+    def _fault(self, fault: Fault) -> None:
+        node = self._node_of(fault)
+        if node is None:
+            return
+        self._progress()  # the rank's last step before it stopped
+        self.world.fault(fault, node)
+        fine = (self.cadence.fine_for if fault.kind in ("node-lost", "ib-link")
+                else self.cadence.fine_for_reported)
+        self._fine_until = max(self._fine_until, self.timeline.now + fine)
+        self._repair[node] = fault.repair
+        if fault.kind == "xid":
+            self._condition.setdefault(node, {})
+            self._report(node, [self._event("xid", node, fault.code)])
+        elif fault.kind == "node-lost":
+            self._silent.add(node)
+            self._heard = None
+        elif fault.kind == "ib-link":
+            self._condition.setdefault(node, {})["ib_state"] = 1
+            self._report(node)
+        elif fault.kind == "software":
+            # The launcher (torchrun) sees its worker exit and restarts the ranks in place.
+            members = list(self.world.members)
+
+            def relaunch() -> None:
+                if self.world.state == "down":
+                    self.world.detected()
+                    self.world.restart(members, self.world.latest())
+            self.timeline.at(self.timeline.now + CRASH_RESTART, relaunch)
+        self._drain()
+        self._wake(self.timeline.now + self.cadence.fine)
+
+    def _warn(self, fault: Fault) -> None:
+        """The signal before ``fault``: reports that show it, until the fault."""
+        node = self._node_of(fault)
+        if node is None or fault.warning is None:
+            return
+        self._fine_until = max(self._fine_until,
+                               self.timeline.now + self.cadence.fine_for_reported)
+        signal = fault.warning.signal
+        if signal == "row-remap-pending":
+            self._condition.setdefault(node, {})["row_remap_pending"] = True
+            self._report(node)
+        elif signal == "thermal":
+            for i in range(3):  # three guard throttles within minutes
+                self.timeline.at(self.timeline.now + 40.0 * i,
+                                 lambda: self._signal(node, [self._event("guard", node)]))
+        else:  # symbol errors rising: 20 a second, reported every 30 s until the fault
+            end = fault.time
+            t = self.timeline.now
+            while t < end:
+                self.timeline.at(t, lambda: self._symbols(node))
+                t += 30.0
+        self._drain()
+        self._wake(self.timeline.now + self.cadence.fine)
+
+    def _symbols(self, node: str) -> None:
+        condition = self._condition.setdefault(node, {})
+        condition["symbols"] = int(condition.get("symbols", 0)) + 600
+        self._signal(node)
+
+    def _signal(self, node: str, events: Sequence[EventRecord] = ()) -> None:
+        """A report that shows something: what the rules do about it is done at once."""
+        self._report(node, events)
+        self._drain()
+        self._wake(self.timeline.now + self.cadence.fine)
+
+    def _evict(self, node: str) -> None:
+        self.world.evicted(node)
+        broken = node in self.world.broken
+        delay = self._repair.get(node, 0.0) if broken else FALSE_EVICTION_RETURN
+        self.timeline.at(self.timeline.now + max(delay, 1.0), lambda: self._repaired(node))
+
+    def _repaired(self, node: str) -> None:
+        """The node is fixed: it reports healthy again and the operator gives it back."""
+        self.world.repaired(node)
+        self._silent.discard(node)
+        self._heard = None
+        self._condition.pop(node, None)
+        self._report(node)
+        try:
+            self.controller.return_to_pool(JOB, node, OPERATOR)
+        except Exception as err:  # noqa: BLE001 - an API refusal is the operator's to read
+            log.info("replay: %s not returned to the pool: %s", node, err)
+        try:
+            self.controller.manual_action("uncordon", node, OPERATOR, "repaired")
+        except Exception as err:  # noqa: BLE001
+            log.info("replay: %s not uncordoned: %s", node, err)
+
+    def _restore(self, request: ActionRequest) -> None:
+        nodes = [str(n) for n in request.params.get("nodes", [])]
+        checkpoint = request.params.get("checkpoint")
+        saved = None
+        if isinstance(checkpoint, dict):
+            saved = self.world.checkpoint_at(int(checkpoint["step"]))
+        recovery = self.controller.jobs.recovery(str(request.params.get("recovery", "")))
+        record = self.world.open
+        if record is not None and recovery is not None and recovery.detected is not None:
+            detected = recovery.detected - T0
+            if record.detected is None or detected < record.detected:
+                record.detected = max(record.at, detected)
+        self.world.detected()
+        self.world.restart(nodes or list(self.world.members), saved)
+
+    def _running(self) -> None:
+        self._progress()
+        self._wake(self.timeline.now)
+
+    def _saved(self, saved: SavedCheckpoint) -> None:
+        """The checkpoint is on storage: the directory, then the client's report."""
+        path = self._ckpt_dir / f"step_{saved.step:010d}"
+        path.mkdir(exist_ok=True)
+        marker = path / "COMPLETE"
+        marker.touch()
+        os.utime(marker, (self.clock.time(), self.clock.time()))
+        kept = sorted(self._ckpt_dir.iterdir())
+        for old in kept[:-CHECKPOINTS_KEPT]:
+            shutil.rmtree(old, ignore_errors=True)
+        member = self.world.members[0] if self.world.members else "node-0000"
+        try:
+            self.controller.jobs.checkpoint_saved(JOB, 0, member, saved.step, str(path),
+                                                  float(self.settings.save_blocking))
+        except (JobError, ValueError, OSError) as err:
+            log.warning("replay: checkpoint of step %d not taken: %s", saved.step, err)

@@ -1,0 +1,97 @@
+"""``sn-monitor goodput``: one trace, one seed, every policy side by side."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sn_monitor.controller.rules.spec import Rule, load_rules, packaged_rules
+from sn_monitor.goodput.baselines import BASELINES, BaselineReplay
+from sn_monitor.goodput.controlled import Cadence, ControlledReplay, warning_checkpoints
+from sn_monitor.goodput.results import POLICIES, PolicyResult, result_of
+from sn_monitor.goodput.trace import Trace, retarget
+from sn_monitor.goodput.world import WorldSettings
+
+log = logging.getLogger(__name__)
+
+SN_ASSUMES = ("the controller itself (default rules, safety policy, breaker, recovery "
+              "engine) on a virtual clock, swept every second after a fault; node death: "
+              "no report for 10 s; evictions settle 3 s; a spare replaces the node; the "
+              "operator gives repaired nodes back to the pool")
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    policies: tuple[str, ...] = POLICIES
+    rules: tuple[Path, ...] = ()
+    cadence: Cadence = field(default_factory=Cadence)
+
+
+def job_nodes(settings: WorldSettings) -> list[str]:
+    return [f"node-{i:04d}" for i in range(settings.nodes)]
+
+
+def replay(trace: Trace, settings: WorldSettings,
+           options: ReplayOptions | None = None) -> list[PolicyResult]:
+    """Every policy of ``options`` on ``trace``, in order."""
+    options = options or ReplayOptions()
+    nodes = job_nodes(settings)
+    trace, mapped = retarget(trace, nodes)
+    if mapped:
+        log.info("%d node names of the trace mapped onto the job's nodes", mapped)
+    rules = load_rules(list(options.rules) or [packaged_rules()])
+    results = []
+    for name in options.policies:
+        started = time.process_time()
+        if name in ("kubernetes", "torchrun"):
+            baseline = next(b for b in BASELINES if b.name == name)
+            world = BaselineReplay(baseline, trace, settings, nodes).run()
+            results.append(result_of(world, trace.duration, name=name, title=baseline.title,
+                                     assumes=baseline.assumes,
+                                     interval=baseline.checkpoint_interval,
+                                     replay_seconds=time.process_time() - started))
+        elif name in ("sn-monitor", "sn-monitor-advisor"):
+            results.append(_controlled(name, trace, settings, nodes, rules, options,
+                                       started))
+        else:
+            raise ValueError(f"unknown policy {name!r} (policies: {', '.join(POLICIES)})")
+    return results
+
+
+def _controlled(name: str, trace: Trace, settings: WorldSettings, nodes: list[str],
+                rules: Sequence[Rule], options: ReplayOptions,
+                started: float) -> PolicyResult:
+    advisor = name == "sn-monitor-advisor"
+    notes = []
+    used = list(rules)
+    if advisor:
+        used, changed = warning_checkpoints(rules)
+        notes.append("checkpointInterval: auto (the advisor's interval); a checkpoint on "
+                     f"every warning: {', '.join(changed) or 'none added'}")
+    with tempfile.TemporaryDirectory(prefix="sn-goodput-",
+                                     dir=_fast_tmp()) as tmp:
+        run = ControlledReplay(trace, settings, nodes, used, state_dir=Path(tmp),
+                               auto_interval=advisor, cadence=options.cadence)
+        try:
+            world = run.run()
+            interval = run.interval()
+            controller_ettr = run.controller_ettr()
+        finally:
+            run.close()
+    actions = ", ".join(f"{k} {v}" for k, v in sorted(run.counts.items()))
+    notes.append(f"controller actions: {actions}")
+    title = "sn-monitor + advisor" if advisor else "sn-monitor"
+    assumes = SN_ASSUMES + ("" if advisor else "; checkpoints every 15 min")
+    return result_of(world, trace.duration, name=name, title=title, assumes=assumes,
+                     interval=interval, replay_seconds=time.process_time() - started,
+                     controller_ettr=controller_ettr, notes=notes)
+
+
+def _fast_tmp() -> str | None:
+    """Memory-backed /dev/shm when there is one: the store's syncs cost nothing there."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() else None

@@ -1,0 +1,117 @@
+"""A replay's outcome per policy, and the table and JSON that show them side by side."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sn_monitor.goodput.trace import Trace
+from sn_monitor.goodput.world import JobWorld, WorldSettings
+
+SPLIT = ("detection", "eviction", "relaunch", "load")
+#: The policies a replay compares, in the table's order.
+POLICIES = ("kubernetes", "torchrun", "sn-monitor", "sn-monitor-advisor")
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    """What one policy made of the trace."""
+
+    name: str
+    title: str
+    assumes: str
+    ettr: float
+    #: Training seconds done and then thrown away by restores (recomputed).
+    lost_work_seconds: float
+    lost_steps: int
+    downtime_seconds: dict[str, float]
+    interruptions: int
+    false_evictions: int
+    checkpoints: int
+    checkpoint_interval_seconds: float | None
+    replay_seconds: float
+    #: The controller's own ETTR gauge at the end (sn-monitor policies only).
+    controller_ettr: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def result_of(world: JobWorld, end: float, *, name: str, title: str, assumes: str,
+              interval: float | None, replay_seconds: float,
+              controller_ettr: float | None = None,
+              notes: Sequence[str] = ()) -> PolicyResult:
+    """Read the world's accounting at the end of the run."""
+    split = dict.fromkeys(SPLIT, 0.0)
+    for record in world.interruptions:
+        for key, value in record.split(end).items():
+            split[key] += value
+    lost = sum(r.lost_work for r in world.interruptions)
+    kept = world.kept_work(end)
+    step = float(world.settings.step_seconds)
+    return PolicyResult(
+        name=name, title=title, assumes=assumes, ettr=kept / end if end > 0 else 0.0,
+        lost_work_seconds=round(lost, 3), lost_steps=int(lost // step),
+        downtime_seconds={k: round(v, 3) for k, v in split.items()},
+        interruptions=sum(1 for r in world.interruptions if r.kind != "restart"),
+        false_evictions=world.false_evictions, checkpoints=len(world.checkpoints),
+        checkpoint_interval_seconds=interval, replay_seconds=round(replay_seconds, 2),
+        controller_ettr=controller_ettr, notes=list(notes))
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h"
+
+
+def table(results: Sequence[PolicyResult], trace: Trace, settings: WorldSettings,
+          seed: int | None) -> str:
+    """The side-by-side table, then the trace and every assumption behind it."""
+    head = ("policy", "ETTR", "lost work", "detection", "eviction", "relaunch", "load",
+            "interruptions", "false evictions", "checkpoint every")
+    rows = [head]
+    for r in results:
+        d = r.downtime_seconds
+        rows.append((r.title, f"{r.ettr * 100:.2f} %", _hours(r.lost_work_seconds),
+                     _hours(d["detection"]), _hours(d["eviction"]), _hours(d["relaunch"]),
+                     _hours(d["load"]), str(r.interruptions), str(r.false_evictions),
+                     f"{r.checkpoint_interval_seconds:.0f} s"
+                     if r.checkpoint_interval_seconds else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                       for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    by_name = {r.name: r for r in results}
+    best = max(results, key=lambda r: r.ettr) if results else None
+    if best is not None and "kubernetes" in by_name and best.name != "kubernetes":
+        gap = (best.ettr - by_name["kubernetes"].ettr) * 100
+        lines.append("")
+        lines.append(f"{best.title}: {gap:+.2f} points of ETTR over Kubernetes default "
+                     f"({gap / 100 * trace.duration / 3600:.1f} h of the job's "
+                     f"{trace.duration / 3600:.0f} h)")
+    lines += ["", f"trace: {trace.source}",
+              f"  {len(trace.faults)} interruptions in {trace.duration / 86400:.1f} days"
+              f"{f', seed {seed}' if seed is not None else ''}: "
+              + ", ".join(f"{k} {v}" for k, v in trace.by_kind().items())
+              + f"; {trace.warned()} preceded by a warning signal",
+              f"job: {settings.nodes} nodes x {settings.gpus_per_node} GPUs, "
+              f"{settings.spares} spares (sn-monitor), step {settings.step_seconds:g} s; "
+              f"checkpoint: training pauses {settings.save_blocking:g} s, complete "
+              f"{settings.save_persist:g} s later; restart: relaunch "
+              f"{settings.relaunch:g} s + load {settings.load:g} s",
+              "assumptions:"]
+    for r in results:
+        lines.append(f"  {r.title}: {r.assumes}")
+        lines += [f"    {note}" for note in r.notes]
+    return "\n".join(lines)
+
+
+def to_json(results: Sequence[PolicyResult], trace: Trace, settings: WorldSettings,
+            seed: int | None, wall_seconds: float) -> dict[str, Any]:
+    return {
+        "trace": {"source": trace.source, "days": trace.duration / 86400,
+                  "interruptions": len(trace.faults), "by_kind": trace.by_kind(),
+                  "warned": trace.warned(), "seed": seed},
+        "job": asdict(settings),
+        "policies": [asdict(r) for r in results],
+        "wall_seconds": round(wall_seconds, 2),
+    }
