@@ -335,8 +335,7 @@ class NodeRegistry:
         now_mono = self._clock.monotonic()
         now_wall = self._clock.time()
         with self._lock:
-            for name in names:
-                view = self._views.get(name)
+            for view in map(self._views.get, names):
                 if view is not None and view.report is not None:
                     view.received_monotonic = now_mono
                     view.received_wall = now_wall

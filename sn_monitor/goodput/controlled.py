@@ -220,7 +220,8 @@ class ControlledReplay:
         if self.world.state != "running" or status is None or status.state != "running":
             return now + c.busy
         # The schedule's period runs from its last request (the world saves only when asked).
-        due = self._last_request + status.checkpoint_interval_seconds
+        # (a millisecond late: wall seconds near 1.8e9 carry a few microseconds of error)
+        due = self._last_request + status.checkpoint_interval_seconds + 1e-3
         return min(now + c.quiet, due if due > now else now + c.busy)
 
     def _drain(self) -> None:

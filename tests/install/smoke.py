@@ -15,7 +15,7 @@ What it runs: ``version`` and every ``--help``; ``check-config`` on every shippe
 no ``--rules`` (the packaged defaults) answering ``/readyz``; a simulated agent serving
 ``/metrics`` and reporting to it; the seed's DistributedJob file posted as written;
 ``simulate`` against it (exit 0) and against nothing (exit 1); ``demo --headless`` on a
-short scenario. Standard library only: it runs before anything else is installed.
+short scenario; ``goodput`` on a day of the packaged failure catalogue. Standard library only: it runs before anything else is installed.
 Exit 0 when all of it works; on the first failure it says what and exits 1.
 """
 
@@ -135,7 +135,8 @@ def check_help(sn: Installed) -> None:
     if not version.startswith("sn-monitor "):
         raise SmokeFailure(f"version printed {version!r}")
     sn.ok("--help")
-    for command in ("agent", "controller", "demo", "simulate", "check-config", "version"):
+    for command in ("agent", "controller", "demo", "simulate", "goodput", "check-config",
+                    "version"):
         sn.ok(command, "--help")
 
 
@@ -249,6 +250,18 @@ def check_demo(sn: Installed) -> None:
         raise SmokeFailure(f"demo --headless: not ok: {json.dumps(summary)[:2000]}")
 
 
+def check_goodput(sn: Installed) -> None:
+    """A day of the packaged catalogue on a small job: every policy, the real controller."""
+    out = sn.ok("goodput", "--nodes", "16", "--spares", "2", "--days", "1", "--json",
+                timeout=300)
+    doc = json.loads(out)
+    names = [p["name"] for p in doc["policies"]]
+    if names != ["kubernetes", "torchrun", "sn-monitor", "sn-monitor-advisor"]:
+        raise SmokeFailure(f"goodput: policies {names}")
+    if "Llama 3" not in doc["trace"]["source"]:
+        raise SmokeFailure(f"goodput: not the packaged catalogue: {doc['trace']}")
+
+
 def run(venv: Path, deploy: Path, *, kubernetes: bool, extra_only: bool = False,
         say: Callable[[str], None] = print) -> None:
     """Every check (or those the extra changes), in a temporary directory.
@@ -271,6 +284,7 @@ def run(venv: Path, deploy: Path, *, kubernetes: bool, extra_only: bool = False,
             ("the Kubernetes driver " + ("runs" if kubernetes else "names the extra"), True,
              lambda: check_kubernetes_driver(sn, kubernetes)),
             ("demo --headless on a short scenario", False, lambda: check_demo(sn)),
+            ("goodput on a day of the packaged trace", False, lambda: check_goodput(sn)),
         )
         for what, changed_by_extra, step in steps:
             if extra_only and not changed_by_extra:

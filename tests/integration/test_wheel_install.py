@@ -74,4 +74,4 @@ def test_every_command_runs_from_a_wheel_install(wheel: Path, wheelhouse: Path,
     steps: list[str] = []
     smoke.run(env_dir, ROOT / "deploy", kubernetes=kubernetes, extra_only=kubernetes,
               say=steps.append)
-    assert len(steps) == (3 if kubernetes else 5), steps
+    assert len(steps) == (3 if kubernetes else 6), steps

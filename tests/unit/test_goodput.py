@@ -65,10 +65,11 @@ def test_each_policy_s_ettr_is_the_hand_calculation() -> None:
     assert torchrun.ettr == pytest.approx(3061 / HOUR, abs=1e-9)
     assert torchrun.downtime_seconds == pytest.approx(
         {"detection": 5, "eviction": 300, "relaunch": 20, "load": 10})
-    assert sn.ettr == pytest.approx(3363 / HOUR, abs=1e-9)
-    assert sn.lost_work_seconds == pytest.approx(198)
+    # (the replay wakes the controller a millisecond after each checkpoint is due)
+    assert sn.ettr == pytest.approx(3363 / HOUR, abs=1e-5)
+    assert sn.lost_work_seconds == pytest.approx(198, abs=0.01)
     assert sn.downtime_seconds == pytest.approx(
-        {"detection": 0, "eviction": 3, "relaunch": 20, "load": 10})
+        {"detection": 0, "eviction": 3, "relaunch": 20, "load": 10}, abs=0.01)
     assert (k8s.interruptions, torchrun.interruptions, sn.interruptions) == (1, 1, 1)
     assert sn.false_evictions == 0
     # the controller's own gauge (counted from rank 0's steps as the client reports them,
@@ -78,9 +79,9 @@ def test_each_policy_s_ettr_is_the_hand_calculation() -> None:
 
 def test_the_advisor_policy_loses_the_same_and_checkpoints_on_its_own_interval() -> None:
     [advisor] = replay(_one_xid(), TINY, ReplayOptions(policies=("sn-monitor-advisor",)))
-    assert advisor.lost_work_seconds == pytest.approx(198)
+    assert advisor.lost_work_seconds == pytest.approx(198, abs=0.01)
     assert advisor.downtime_seconds == pytest.approx(
-        {"detection": 0, "eviction": 3, "relaunch": 20, "load": 10})
+        {"detection": 0, "eviction": 3, "relaunch": 20, "load": 10}, abs=0.01)
     # after one failure it checkpoints far more often than every 15 minutes, and every
     # checkpoint cost its 2 s: ETTR is the hour less downtime, loss and those pauses
     assert advisor.checkpoint_interval_seconds is not None
@@ -88,7 +89,7 @@ def test_the_advisor_policy_loses_the_same_and_checkpoints_on_its_own_interval()
     started = advisor.checkpoints + (1 if advisor.checkpoints else 0)
     low = (HOUR - 33 - 198 - 2 * started) / HOUR
     high = (HOUR - 33 - 198 - 2 * advisor.checkpoints) / HOUR
-    assert low - 1e-9 <= advisor.ettr <= high + 1e-9
+    assert low - 1e-5 <= advisor.ettr <= high + 1e-5
 
 
 def test_a_warning_before_the_fault_saves_the_work_with_a_checkpoint() -> None:

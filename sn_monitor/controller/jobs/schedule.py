@@ -30,6 +30,8 @@ from sn_monitor.controller.jobs.views import CheckpointRequest
 log = logging.getLogger(__name__)
 
 REQUESTER = "job-orchestrator"
+#: How long a job's recommended interval stands without a new failure or save time.
+ADVICE_REFRESH = 3600.0
 
 
 class CheckpointSchedule:
@@ -42,11 +44,26 @@ class CheckpointSchedule:
         self.settings = settings
         self.actions = actions
         self.fleet = fleet if fleet is not None else FleetFaults()
+        #: Per job: (when, the failures and save times it was computed from, the advice).
+        self._advice: dict[str, tuple[float, int, float | None, Advice | None]] = {}
 
     def advice(self, j: JobRecord) -> Advice | None:
-        """The interval the job's history recommends (advisor.py), None while unknown."""
-        return advise(j.saves.median(), j.row.failures, self.clock.time() - j.row.created_at,
-                      len(j.row.nodes), self.fleet.rate_per_node_second())
+        """The interval the job's history recommends (advisor.py), None while unknown.
+
+        Computed again when the job fails or its save time changes, else every
+        ``ADVICE_REFRESH`` seconds: the estimate drifts with the job's age, and an
+        interval that moved at every sweep would put off its own checkpoint.
+        """
+        now = self.clock.time()
+        save = j.saves.median()
+        cached = self._advice.get(j.name)
+        if cached is not None and cached[1] == j.row.failures and cached[2] == save and (
+                0 <= now - cached[0] < ADVICE_REFRESH):
+            return cached[3]
+        advice = advise(save, j.row.failures, now - j.row.created_at, len(j.row.nodes),
+                        self.fleet.rate_per_node_second())
+        self._advice[j.name] = (now, j.row.failures, save, advice)
+        return advice
 
     def interval(self, j: JobRecord) -> float:
         """The job's checkpoint interval: the spec's, or the advisor's for ``auto``."""

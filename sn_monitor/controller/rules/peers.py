@@ -112,14 +112,17 @@ class PeersEvaluator(HoldingEvaluator[PeersRule, _Node]):
         unread = self._unread
         cut = max(0, len(unread) - PASS_SLICE)
         groups = self._groups
+        scoped, label, means = bool(self._scope), self._label, self._means
         for name, view in reversed(unread[cut:]):
             report = view.report
-            if report is None or view.state == "lost" or not self.applies(view):
+            if report is None or view.state == "lost" or (scoped and not self.applies(view)):
                 continue
-            group = view.labels.get(self._label)
+            group = view.labels.get(label)
             if group is None:
                 continue
-            mean = self._mean(name, report)
+            cached = means.get(name)  # the node's mean, read once per report
+            mean = cached[1] if cached is not None and cached[0] is report else \
+                self._mean(name, report)
             if mean is not None:
                 groups.setdefault(group, []).append((name, mean, report.sample_time_seconds))
         del unread[cut:]
