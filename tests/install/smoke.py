@@ -15,7 +15,8 @@ What it runs: ``version`` and every ``--help``; ``check-config`` on every shippe
 no ``--rules`` (the packaged defaults) answering ``/readyz``; a simulated agent serving
 ``/metrics`` and reporting to it; the seed's DistributedJob file posted as written;
 ``simulate`` against it (exit 0) and against nothing (exit 1); ``demo --headless`` on a
-short scenario; ``goodput`` on a day of the packaged failure catalogue. Standard library only: it runs before anything else is installed.
+short scenario; ``goodput`` on a day of the packaged failure catalogue. Standard library
+only: it runs before anything else is installed.
 Exit 0 when all of it works; on the first failure it says what and exits 1.
 """
 
