@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load", default="30s", help="loading a checkpoint (default 30s)")
     parser.add_argument("--policies", default=",".join(POLICIES),
                         help=f"comma-separated, of {', '.join(POLICIES)} (default: all)")
+    parser.add_argument("--refine", action="store_true",
+                        help="then replay the advisor's configuration with fixed intervals "
+                             "around the one it chose (x0.5 to x2), and print each ETTR: "
+                             "how close Young/Daly is to this trace's optimum (slow: one "
+                             "replay each)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -60,7 +65,12 @@ def _number(value: str) -> float | str:
 
 def run_goodput(args: argparse.Namespace) -> int:
     """Replay, print the table (or JSON) and the wall time; 2 on a bad file or option."""
-    from sn_monitor.goodput.replay import ReplayOptions, job_nodes, replay  # the controller
+    from sn_monitor.goodput.replay import (  # the controller: not at every CLI start
+        ReplayOptions,
+        job_nodes,
+        refine,
+        replay,
+    )
 
     try:
         if args.nodes < 1 or args.spares < 0 or args.days <= 0:
@@ -89,10 +99,20 @@ def run_goodput(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     started = time.perf_counter()
     results = replay(trace, settings, ReplayOptions(policies=policies))
+    advised = next((r.checkpoint_interval_seconds for r in results
+                    if r.name == "sn-monitor-advisor"), None)
+    refined = refine(trace, settings, advised) if args.refine and advised else []
     wall = time.perf_counter() - started
     if args.json:
-        print(json.dumps(to_json(results, trace, settings, seed, wall), indent=2))
+        doc = to_json(results, trace, settings, seed, wall)
+        if refined:
+            doc["refine"] = [{"interval_seconds": i, "ettr": e} for i, e in refined]
+        print(json.dumps(doc, indent=2))
     else:
         print(table(results, trace, settings, seed))
+        if refined:
+            print(f"\nrefined by the replay (the advisor chose {advised:.0f} s):")
+            for interval, ettr in refined:
+                print(f"  every {interval:6.0f} s: ETTR {ettr * 100:.2f} %")
         print(f"\nreplayed in {wall:.0f} s of wall time")
     return 0

@@ -113,7 +113,7 @@ class ControlledReplay:
     """One sn-monitor configuration on one trace."""
 
     def __init__(self, trace: Trace, settings: WorldSettings, nodes: list[str],
-                 rules: Sequence[Rule], *, state_dir: Path, auto_interval: bool,
+                 rules: Sequence[Rule], *, state_dir: Path, interval: float | str,
                  cadence: Cadence | None = None) -> None:
         self.trace = trace
         self.settings = settings
@@ -157,7 +157,7 @@ class ControlledReplay:
             "metadata": {"name": JOB},
             "spec": {"replicas": len(nodes), "nodes": list(nodes), "spares": self.spares,
                      "checkpoint": {"dir": str(self._ckpt_dir), "marker": "COMPLETE"},
-                     "checkpointInterval": "auto" if auto_interval else 900,
+                     "checkpointInterval": interval,
                      "maxFailures": 1_000_000, "recoveryStrategy": "restart"},
         }).encode(), "replay", admin=True)
 

@@ -18,6 +18,9 @@ from sn_monitor.goodput.world import WorldSettings
 
 log = logging.getLogger(__name__)
 
+#: ``--refine``: the advisor's interval times these, each replayed.
+REFINE_FACTORS = (0.5, 0.75, 1.5, 2.0)
+
 SN_ASSUMES = ("the controller itself (default rules, safety policy, breaker, recovery "
               "engine) on a virtual clock, swept every second after a fault; node death: "
               "no report for 10 s; evictions settle 3 s; a spare replaces the node; the "
@@ -55,30 +58,55 @@ def replay(trace: Trace, settings: WorldSettings,
                                      interval=baseline.checkpoint_interval,
                                      replay_seconds=time.process_time() - started))
         elif name in ("sn-monitor", "sn-monitor-advisor"):
+            advisor = name == "sn-monitor-advisor"
             results.append(_controlled(name, trace, settings, nodes, rules, options,
-                                       started))
+                                       started, interval="auto" if advisor else 900.0,
+                                       warnings=advisor))
         else:
             raise ValueError(f"unknown policy {name!r} (policies: {', '.join(POLICIES)})")
     return results
 
 
+def refine(trace: Trace, settings: WorldSettings, advised: float,
+           factors: Sequence[float] = REFINE_FACTORS,
+           options: ReplayOptions | None = None) -> list[tuple[float, float]]:
+    """The advisor's configuration again with fixed intervals around ``advised``.
+
+    Young/Daly is a first-order optimum; the replay measures the ETTR of each candidate
+    (the advised one included, as a fixed interval) on the same trace. Returns
+    (interval, ETTR) pairs, best first.
+    """
+    options = options or ReplayOptions()
+    nodes = job_nodes(settings)
+    trace, _ = retarget(trace, nodes)
+    rules = load_rules(list(options.rules) or [packaged_rules()])
+    out = []
+    for factor in sorted({1.0, *factors}):
+        interval = max(1.0, advised * factor)
+        result = _controlled(f"fixed-{interval:.0f}", trace, settings, nodes, rules, options,
+                             time.process_time(), interval=interval, warnings=True)
+        out.append((interval, result.ettr))
+    return sorted(out, key=lambda pair: -pair[1])
+
+
 def _controlled(name: str, trace: Trace, settings: WorldSettings, nodes: list[str],
-                rules: Sequence[Rule], options: ReplayOptions,
-                started: float) -> PolicyResult:
-    advisor = name == "sn-monitor-advisor"
+                rules: Sequence[Rule], options: ReplayOptions, started: float, *,
+                interval: float | str, warnings: bool) -> PolicyResult:
+    advisor = interval == "auto"
     notes = []
     used = list(rules)
-    if advisor:
+    if warnings:
         used, changed = warning_checkpoints(rules)
-        notes.append("checkpointInterval: auto (the advisor's interval); a checkpoint on "
-                     f"every warning: {', '.join(changed) or 'none added'}")
+        notes.append(f"checkpointInterval: {interval}"
+                     + (" (the advisor's interval)" if advisor else "")
+                     + f"; a checkpoint on every warning: {', '.join(changed) or 'none added'}")
     with tempfile.TemporaryDirectory(prefix="sn-goodput-",
                                      dir=_fast_tmp()) as tmp:
         run = ControlledReplay(trace, settings, nodes, used, state_dir=Path(tmp),
-                               auto_interval=advisor, cadence=options.cadence)
+                               interval=interval, cadence=options.cadence)
         try:
             world = run.run()
-            interval = run.interval()
+            used_interval = run.interval()
             controller_ettr = run.controller_ettr()
         finally:
             run.close()
@@ -87,7 +115,7 @@ def _controlled(name: str, trace: Trace, settings: WorldSettings, nodes: list[st
     title = "sn-monitor + advisor" if advisor else "sn-monitor"
     assumes = SN_ASSUMES + ("" if advisor else "; checkpoints every 15 min")
     return result_of(world, trace.duration, name=name, title=title, assumes=assumes,
-                     interval=interval, replay_seconds=time.process_time() - started,
+                     interval=used_interval, replay_seconds=time.process_time() - started,
                      controller_ettr=controller_ettr, notes=notes)
 
 

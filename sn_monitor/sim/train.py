@@ -168,8 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         client.progress(step)
         requested = client.should_checkpoint()
         if writer and (step % args.checkpoint_every == 0 or requested) and step != last_saved:
+            started = time.monotonic()
             path = save(model, step, args.checkpoint_dir)
-            client.checkpoint_saved(step, path)
+            # A synchronous save: training stood still for all of it (the advisor's input).
+            client.checkpoint_saved(step, path, save_seconds=time.monotonic() - started)
             last_saved = step
             why = "requested by the controller" if requested else "scheduled"
             print(f"step {step} loss {loss:.6f}: checkpoint {path} ({why})", flush=True)

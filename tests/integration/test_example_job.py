@@ -87,8 +87,10 @@ def test_reports_progress_and_checkpoints(controller: FakeController, tmp_path: 
     last = controller.progress_bodies()[-1]
     assert (last["rank"], last["world_size"], last["node"]) == (0, 1, "node-7")
     assert last["step_time_seconds"] > 0
-    assert controller.checkpoint_bodies() == [
+    bodies = controller.checkpoint_bodies()
+    assert [{k: v for k, v in b.items() if k != "save_seconds"} for b in bodies] == [
         {"rank": 0, "node": "node-7", "step": s, "path": str(saved[s])} for s in (5, 10, 15, 20)]
+    assert all(0 <= b["save_seconds"] < 60 for b in bodies)  # how long training stood still
     assert controller.recorded("/restore-point", "GET")  # asked once at start-up
 
 

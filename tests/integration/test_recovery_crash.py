@@ -130,6 +130,13 @@ class CrashWorld:
         self.faulted[node] = gpu + 1
         self.c.agents[node].fault("xid", gpu % 8, code=79)
 
+    def fault_alive(self, node: str) -> None:
+        """An uncorrectable ECC error on the next GPU of ``node``: the ranks live on (unlike
+        after an XID), so the recovery asks for a checkpoint first."""
+        gpu = self.faulted.get(node, 0)
+        self.faulted[node] = gpu + 1
+        self.c.agents[node].fault("ecc-uncorrectable", gpu % 8)
+
     def restart_delay(self, seconds: float) -> None:
         with launcher.locked(self.job.state_path) as state:
             state["restart_delay"] = seconds
@@ -211,7 +218,7 @@ def _settling(w: CrashWorld, node: str, known: set[str], log: int) -> None:
 
 @point("while-checkpointing")
 def _checkpointing(w: CrashWorld, node: str, known: set[str], log: int) -> None:
-    w.fault(node)
+    w.fault_alive(node)
     w.kill_when("the recovery waiting for its checkpoint",
                 lambda: _state(w, known) == "checkpointing")
 

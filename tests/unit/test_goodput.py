@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from sn_monitor.config import ConfigError, Duration
 from sn_monitor.controller.jobs.advisor import young
 from sn_monitor.controller.rules.spec import load_rules, packaged_rules
 from sn_monitor.goodput.controlled import ControlledReplay
-from sn_monitor.goodput.replay import ReplayOptions, job_nodes, replay
+from sn_monitor.goodput.replay import ReplayOptions, job_nodes, refine, replay
 from sn_monitor.goodput.results import PolicyResult, to_json
 from sn_monitor.goodput.trace import (
     Fault,
@@ -144,7 +145,7 @@ def test_the_advisor_s_interval_is_young_daly_on_a_constant_rate() -> None:
     trace = Trace(faults, mtbf * 36, "constant rate")
     run = ControlledReplay(trace, settings, job_nodes(settings),
                            load_rules([packaged_rules()]), state_dir=_tmp(),
-                           auto_interval=True)
+                           interval="auto")
     try:
         run.run()
         status = run.controller.get_job("llm")
@@ -156,6 +157,27 @@ def test_the_advisor_s_interval_is_young_daly_on_a_constant_rate() -> None:
     assert recommended == pytest.approx(expected, rel=0.10), (recommended, expected, status)
     assert status["checkpoint_interval_seconds"] == recommended  # auto: applied
     assert status["checkpoint_save_seconds"] == pytest.approx(2.0)
+
+
+def test_refine_replays_intervals_around_the_advised_one() -> None:
+    """Faults at random (Poisson, MTBF 1 h): the advised interval is near the replay's best.
+
+    64 nodes: the default policy keeps at most 10 % of the fleet out at once.
+    """
+    settings = WorldSettings(nodes=64, spares=4, save_blocking=Duration(2.0))
+    rng = random.Random(5)
+    faults, t = [], rng.expovariate(1 / 3600.0)
+    while t < 2 * 86400.0:
+        faults.append(Fault(time=round(t, 3), node=f"node-{rng.randrange(64):04d}",
+                            kind="xid", code=79, category="gpu", repair=1800.0))
+        t += rng.expovariate(1 / 3600.0)
+    advised = young(2.0, 3600.0)
+    pairs = refine(Trace(tuple(faults), 2 * 86400.0, "poisson"), settings, advised)
+    ettr = {round(i): e for i, e in pairs}
+    assert sorted(ettr) == [round(advised * f) for f in (0.5, 0.75, 1.0, 1.5, 2.0)]
+    assert pairs == sorted(pairs, key=lambda p: -p[1])
+    assert max(ettr.values()) - ettr[round(advised)] < 0.005, pairs
+    assert ettr[round(advised)] > ettr[round(advised * 0.5)], pairs
 
 
 def _tmp() -> Path:
