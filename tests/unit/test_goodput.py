@@ -218,6 +218,34 @@ def test_trace_files_yaml_csv_and_recorded_incidents(tmp_path: Path) -> None:
     assert recorded.faults[0].repair == pytest.approx(6200.0)
 
 
+def test_a_recorded_run_replays_as_a_trace(tmp_path: Path) -> None:
+    """The incidents a controller recorded (GET /api/v1/incidents) are a trace again."""
+    settings = WorldSettings(nodes=16, spares=2)
+    original = Trace((
+        Fault(time=1000.0, node="node-0002", kind="xid", code=79, category="gpu",
+              repair=7200.0),
+        Fault(time=5000.0, node="node-0009", kind="node-lost", category="psu",
+              repair=7200.0)), 4 * 3600.0, "two faults")
+    run = ControlledReplay(original, settings, job_nodes(settings),
+                           load_rules([packaged_rules()]), state_dir=tmp_path / "run",
+                           interval=900.0)
+    try:
+        run.run()
+        incidents = run.controller.list_incidents(None, None, 1000)
+    finally:
+        run.close()
+    (tmp_path / "incidents.json").write_text(json.dumps(incidents))
+    recorded = load_trace(tmp_path / "incidents.json")
+    assert [(f.node, f.kind) for f in recorded.faults] == [("node-0002", "xid"),
+                                                          ("node-0009", "node-lost")]
+    # a lost node is dated from its last report before the silence (the replay's last
+    # sweep before the fault, at most its quiet interval earlier)
+    gap = recorded.faults[1].time - recorded.faults[0].time
+    assert 4000.0 - 600.0 <= gap <= 4000.0 + 10.0, recorded.faults
+    results = _by_name(replay(recorded, settings, ReplayOptions(policies=("sn-monitor",))))
+    assert results["sn-monitor"].interruptions == 2
+
+
 @pytest.mark.parametrize(("name", "text", "where"), [
     ("bad-kind.csv", "time,node,kind\n10,n1,hang\n20,n2,meltdown\n", "bad-kind.csv:3: kind:"),
     ("no-code.csv", "time,node,kind\n10,n1,xid\n", "no-code.csv:2:"),
