@@ -62,6 +62,14 @@ def parse_duration(value: object) -> float:
     raise ValueError(f"expected a duration such as 1s or 500ms, got {value!r}")
 
 
+def parse_duration_text(text: str) -> float:
+    """A duration typed as text (a CSV cell, a command-line option): ``90`` or ``1h30m``."""
+    try:
+        return parse_duration(float(text))
+    except ValueError:
+        return parse_duration(text)
+
+
 @dataclass(frozen=True)
 class Document:
     """A parsed YAML file with the line of every key path."""

@@ -128,6 +128,8 @@ class Controller:
         self._cordoned: set[str] = set()
         self._peers: dict[str, tuple[str, int]] = {}
         self._states: dict[str, NodeState] = {}
+        #: The nodes whose recorded state is not healthy.
+        self._unhealthy: set[str] = set()
         self._store_error: str | None = None
         self._last_refresh = -1e18
         self._last_resend = clock.monotonic()
@@ -149,7 +151,7 @@ class Controller:
             state: NodeState = record.state if record.state in (
                 "healthy", "degraded", "lost", "cordoned", "evicted") else "healthy"  # type: ignore[assignment]
             self.registry.restore(record.name, record.labels, state)
-            self._states[record.name] = state
+            self._set_state(record.name, state)
             if record.cordoned_by_us:
                 self._cordoned.add(record.name)
                 if evictions.already_evicted(record.name):
@@ -626,7 +628,7 @@ class Controller:
             # rest of a fleet of thousands is healthy and stays so (not walked each time).
             suspects = (self._lost | self._evicted | cordoned
                         | {n for n, pairs in self._firing.items() if pairs})
-        suspects |= {n for n, s in self._states.items() if s != "healthy"}
+        suspects |= self._unhealthy
         views = self.registry.views()
         suspects |= views.keys() - self._states.keys()
         now = self.clock.time()
@@ -638,8 +640,16 @@ class Controller:
             if self._states.get(name) != state:
                 reason = ", ".join(sorted(r for r, _ in self._firing.get(name, ()))) or "clear"
                 self._safely(self.store.set_node_state, name, state, reason, now)
-                self._states[name] = state
+                self._set_state(name, state)
             view.state = state
+
+    def _set_state(self, node: str, state: NodeState) -> None:
+        """The state recorded for ``node``; the unhealthy ones are kept apart (refresh)."""
+        self._states[node] = state
+        if state == "healthy":
+            self._unhealthy.discard(node)
+        else:
+            self._unhealthy.add(node)
 
     def _store_takes_writes(self) -> bool:
         """A probe while the store refuses writes: whether it takes one again."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from sn_monitor.goodput.trace import Fault, Trace
-from sn_monitor.goodput.world import JobWorld, SavedCheckpoint, Timeline, WorldSettings
+from sn_monitor.goodput.world import JobWorld, Timeline, WorldSettings
 
 
 @dataclass(frozen=True)
@@ -165,13 +165,9 @@ class BaselineReplay:
         if now < self._replacements_ready:
             self._restart_after(self._replacements_ready - now)
             return
-        world.restart(list(world.members), _latest(world))
+        world.restart(list(world.members), world.latest())
 
     def _failed_start(self, node: str) -> None:
         """A start failed on a broken node the tool does not know of: it hangs again."""
         del node
         self._restart_after(self.baseline.hang_timeout)
-
-
-def _latest(world: JobWorld) -> SavedCheckpoint | None:
-    return world.latest()

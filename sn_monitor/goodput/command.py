@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from sn_monitor.config import ConfigError, Duration, parse_duration
+from sn_monitor.config import ConfigError, Duration, parse_duration_text
 from sn_monitor.goodput.results import POLICIES, table, to_json
 from sn_monitor.goodput.trace import CATALOGUE, draw, load_catalogue, load_trace
 from sn_monitor.goodput.world import WorldSettings
@@ -51,16 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _duration(name: str, value: str) -> Duration:
     try:
-        return Duration(parse_duration(_number(value)))
+        return Duration(parse_duration_text(value))
     except ValueError as err:
         raise ConfigError("command line", name, None, str(err)) from None
-
-
-def _number(value: str) -> float | str:
-    try:
-        return float(value)
-    except ValueError:
-        return value
 
 
 def run_goodput(args: argparse.Namespace) -> int:

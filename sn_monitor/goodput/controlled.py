@@ -41,6 +41,7 @@ from sn_monitor.controller.actions.base import Outcome
 from sn_monitor.controller.actions.routing import build_drivers
 from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.auth import OPEN_ACCESS
+from sn_monitor.controller.errors import ApiError
 from sn_monitor.controller.jobs.settings import JobError
 from sn_monitor.controller.rules.spec import Rule
 from sn_monitor.controller.service import Controller
@@ -48,7 +49,7 @@ from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.store import Store
 from sn_monitor.goodput.trace import Fault, Trace
 from sn_monitor.goodput.world import JobWorld, SavedCheckpoint, Timeline, WorldSettings
-from sn_monitor.model import EventRecord, GpuReport, IbPortReport, ProgressBody, Report
+from sn_monitor.model import EventRecord, GpuReport, IbPortReport, Report
 
 log = logging.getLogger(__name__)
 
@@ -273,11 +274,9 @@ class ControlledReplay:
     def _progress(self) -> None:
         if self.world.state != "running" or not self.world.members:
             return
-        body = ProgressBody(rank=0, node=self.world.members[0], world_size=1,
-                            updates=[], step_time_seconds=float(self.settings.step_seconds))
-        self.controller.jobs.progress(JOB, body.rank, body.node, body.world_size,
+        self.controller.jobs.progress(JOB, 0, self.world.members[0], 1,
                                       [(self.world.step(), self.clock.time())],
-                                      body.step_time_seconds)
+                                      float(self.settings.step_seconds))
 
     def _node_of(self, fault: Fault) -> str | None:
         slot = self._slots.get(fault.node)
@@ -364,13 +363,13 @@ class ControlledReplay:
         self._heard = None
         self._condition.pop(node, None)
         self._report(node)
-        try:
+        try:  # what the API refuses (the node is in the job again, say) is left as it is
             self.controller.return_to_pool(JOB, node, OPERATOR)
-        except Exception as err:  # noqa: BLE001 - an API refusal is the operator's to read
+        except ApiError as err:
             log.info("replay: %s not returned to the pool: %s", node, err)
         try:
             self.controller.manual_action("uncordon", node, OPERATOR, "repaired")
-        except Exception as err:  # noqa: BLE001
+        except ApiError as err:
             log.info("replay: %s not uncordoned: %s", node, err)
 
     def _restore(self, request: ActionRequest) -> None:

@@ -38,15 +38,21 @@ def job_nodes(settings: WorldSettings) -> list[str]:
     return [f"node-{i:04d}" for i in range(settings.nodes)]
 
 
-def replay(trace: Trace, settings: WorldSettings,
-           options: ReplayOptions | None = None) -> list[PolicyResult]:
-    """Every policy of ``options`` on ``trace``, in order."""
-    options = options or ReplayOptions()
+def _prepare(trace: Trace, settings: WorldSettings,
+             options: ReplayOptions) -> tuple[list[str], Trace, list[Rule]]:
+    """The job's nodes, the trace on them, the rules sn-monitor runs with."""
     nodes = job_nodes(settings)
     trace, mapped = retarget(trace, nodes)
     if mapped:
         log.info("%d node names of the trace mapped onto the job's nodes", mapped)
-    rules = load_rules(list(options.rules) or [packaged_rules()])
+    return nodes, trace, load_rules(list(options.rules) or [packaged_rules()])
+
+
+def replay(trace: Trace, settings: WorldSettings,
+           options: ReplayOptions | None = None) -> list[PolicyResult]:
+    """Every policy of ``options`` on ``trace``, in order."""
+    options = options or ReplayOptions()
+    nodes, trace, rules = _prepare(trace, settings, options)
     results = []
     for name in options.policies:
         started = time.process_time()
@@ -77,9 +83,7 @@ def refine(trace: Trace, settings: WorldSettings, advised: float,
     (interval, ETTR) pairs, best first.
     """
     options = options or ReplayOptions()
-    nodes = job_nodes(settings)
-    trace, _ = retarget(trace, nodes)
-    rules = load_rules(list(options.rules) or [packaged_rules()])
+    nodes, trace, rules = _prepare(trace, settings, options)
     out = []
     for factor in sorted({1.0, *factors}):
         interval = max(1.0, advised * factor)

@@ -18,9 +18,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -32,7 +31,7 @@ from sn_monitor.config import (
     bind,
     fraction,
     load_yaml,
-    parse_duration,
+    parse_duration_text,
     parse_yaml,
     setting,
 )
@@ -97,8 +96,7 @@ class Trace:
 
 
 def _shows_as(value: str) -> None:
-    kind, code = parse_shows_as(value)
-    del kind, code
+    parse_shows_as(value)  # a setting check: raises ValueError
 
 
 def parse_shows_as(value: str) -> tuple[Kind, int | None]:
@@ -311,7 +309,7 @@ def _csv_fault(values: dict[str, str], path: str, line: int) -> Fault:
         if column not in values:
             raise fail(column, "missing value")
     try:
-        time = parse_duration(_number_or_text(values["time"]))
+        time = parse_duration_text(values["time"])
     except ValueError as err:
         raise fail("time", str(err)) from None
     kind = values["kind"]
@@ -328,27 +326,20 @@ def _csv_fault(values: dict[str, str], path: str, line: int) -> Fault:
             raise fail("warning", f"must be one of {', '.join(SIGNALS)}; "
                                   f"got {values['warning']!r}")
         try:
-            lead = parse_duration(_number_or_text(values.get("lead", "")))
+            lead = parse_duration_text(values.get("lead", ""))
         except ValueError as err:
             raise fail("lead", f"a warning needs its lead: {err}") from None
         warning = _WarningEntry(values["warning"], Duration(lead))  # type: ignore[arg-type]
     repair = None
     if "repair" in values:
         try:
-            repair = Duration(parse_duration(_number_or_text(values["repair"])))
+            repair = Duration(parse_duration_text(values["repair"]))
         except ValueError as err:
             raise fail("repair", str(err)) from None
     entry = _Entry(time=Duration(time), node=values["node"], kind=kind,  # type: ignore[arg-type]
                    code=code, category=values.get("category", ""), warning=warning,
                    repair=repair)
     return _fault(entry, lambda message: fail("", message))
-
-
-def _number_or_text(value: str) -> float | str:
-    try:
-        return float(value)
-    except ValueError:
-        return value
 
 
 #: Controller rules (the default ones) and what their incidents mean in a trace.
@@ -434,18 +425,3 @@ def retarget(trace: Trace, nodes: Sequence[str]) -> tuple[Trace, int]:
 def parse_trace_text(text: str, path: str) -> Trace:
     """A YAML trace given as text (tests, the API)."""
     return _from_yaml(parse_yaml(text, path))
-
-
-def expected_faults(catalogue: Catalogue, nodes: int, duration: float) -> float:
-    """How many faults the catalogue gives a job of ``nodes`` over ``duration``, on average."""
-    return sum(catalogue.rate_per_node_second(c) for c in catalogue.categories) * nodes * duration
-
-
-def mtbf(catalogue: Catalogue, nodes: int) -> float:
-    """The job's mean time between failures in seconds (inf: nothing fails)."""
-    rate = sum(catalogue.rate_per_node_second(c) for c in catalogue.categories) * nodes
-    return math.inf if rate <= 0 else 1.0 / rate
-
-
-def kinds_of(faults: Iterable[Fault]) -> list[str]:
-    return sorted({f.kind for f in faults})

@@ -204,12 +204,9 @@ class JobWorld:
         if node not in self.members:
             return None
         if self.state == "running":
-            now = self.timeline.now
-            work = self.work()
             self._stop()
-            self._work_base = work
             record = Interruption(node=node, kind=fault.kind, category=fault.category,
-                                  at=now, work_at_stop=work)
+                                  at=self.timeline.now, work_at_stop=self._work_base)
             self.interruptions.append(record)
             return record
         if self.state == "starting":

@@ -267,6 +267,34 @@ def test_a_bad_trace_file_names_the_file_and_line(tmp_path: Path, name: str, tex
     assert where in str(err.value), err.value
 
 
+def test_a_missing_or_unknown_trace_file_and_a_bad_catalogue_are_named(
+        tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_trace(tmp_path / "gone.csv")
+    (tmp_path / "trace.txt").write_text("time,node,kind\n")
+    with pytest.raises(ConfigError, match=r"trace.txt: a trace is a \.yaml, \.csv or \.json"):
+        load_trace(tmp_path / "trace.txt")
+    (tmp_path / "cat.yaml").write_text(
+        "source: mine\ndays: 10\nnodes: 8\ncategories:\n"
+        "  - {name: gpu, count: 3, shows_as: xid}\n")
+    with pytest.raises(ConfigError) as err:
+        load_catalogue(tmp_path / "cat.yaml")
+    assert "cat.yaml:5: categories[0].shows_as: an XID needs its code" in str(err.value)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--policies", "kubernetes,slurm"], "--policies: unknown slurm"),
+    (["--step", "soon"], "--step: expected a duration"),
+    (["--nodes", "0"], "need at least one node"),
+])
+def test_a_bad_option_exits_2_saying_which(args: list[str], says: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from sn_monitor.cli import main
+
+    assert main(["goodput", *args]) == 2
+    assert says in capsys.readouterr().err
+
+
 def test_the_catalogue_is_the_paper_s_table() -> None:
     catalogue = load_catalogue()
     assert catalogue.total() == 419
