@@ -289,9 +289,10 @@ def test_a_missing_or_unknown_trace_file_and_a_bad_catalogue_are_named(
 ])
 def test_a_bad_option_exits_2_saying_which(args: list[str], says: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    from sn_monitor.cli import main
+    from sn_monitor.cli import build_parser  # not main(): it sets the process's logging
+    from sn_monitor.goodput.command import run_goodput
 
-    assert main(["goodput", *args]) == 2
+    assert run_goodput(build_parser().parse_args(["goodput", *args])) == 2
     assert says in capsys.readouterr().err
 
 
