@@ -308,8 +308,9 @@ def test_in_flight_actions_count_against_max_unavailable(world: World) -> None:
 
 def test_approval_path(world: World) -> None:
     driver = world.driver("evict")
+    # two may be out: node-1's eviction (below) is one, in the store whatever the summary says
     runner = world.runner(driver, policy=PolicySettings(approval=["evict"],
-                                                        max_unavailable=1))
+                                                        max_unavailable=2))
     waiting = runner.submit(req("evict"), ClusterSummary(10))
     assert waiting.state == "awaiting_approval"
     settle(runner)
@@ -575,3 +576,18 @@ def test_an_interrupted_idempotent_action_runs_again_under_the_same_id(world: Wo
     assert [c.id for c in command.calls] == [record.id]
     assert len(world.store.list_actions(action="evict")) == 1
     assert resumed.id == record.id
+
+
+def test_a_take_out_that_finished_after_the_summary_was_read_still_counts(
+        world: World) -> None:
+    """The caller's summary is read before submit; the cordon it missed finished since."""
+    driver = world.driver("cordon")
+    runner = world.runner(driver, policy=PolicySettings(max_unavailable=1,
+                                                        node_cooldown=Duration(0)))
+    stale = ClusterSummary(10)  # read while nothing was out
+    first = runner.submit(req("cordon", node="node-1"), stale)
+    settle(runner)  # done: off the in-flight list, in the store
+    assert world.store.get_action(first.id).state == "succeeded"
+    second = runner.submit(req("cordon", node="node-2"), stale)
+    assert second.state == "refused"
+    assert second.verdict_reason.startswith("max_unavailable: 1 of 10 nodes already out")

@@ -264,6 +264,11 @@ class ActionRunner:
         else:
             with self._lock:
                 out = cluster.unavailable | frozenset(self._taking_out.values())
+            if record.action in TAKES_NODE_OUT:
+                # ``cluster`` was read before this call: a cordon that finished since left
+                # the in-flight set above and is in the store now (read second, so that one
+                # finishing in between is in one or the other), never in neither.
+                out |= self.store.cordoned_by_us()
             if record.owner is not None and record.action in TAKES_NODE_OUT:
                 out -= self._taken_out_by(record.owner, record.id)
             summary = ClusterSummary(cluster.total_nodes, out)
