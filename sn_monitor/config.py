@@ -18,11 +18,13 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
+from sn_monitor.errors import SnMonitorError
+
 T = TypeVar("T")
 KeyPath = tuple[str | int, ...]
 
 
-class ConfigError(Exception):
+class ConfigError(SnMonitorError):
     """A bad config file: which file, which key, which line, and what is wrong."""
 
     def __init__(self, file: str, key: str, line: int | None, message: str) -> None:

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, ClassVar, Literal
 
+from sn_monitor.errors import SnMonitorError
+
 METADATA_FILE = ".metadata"
 #: A .metadata bigger than this is refused unread (a huge model's is tens of MB).
 MAX_METADATA_BYTES = 512 << 20
@@ -45,7 +47,7 @@ _FS = "torch.distributed.checkpoint.filesystem"
 _SHARD = "torch.distributed._shard.sharded_tensor.metadata"  # torch <= 2.1
 
 
-class DcpError(Exception):
+class DcpError(SnMonitorError):
     """A .metadata file that cannot be read, or that is not what DCP writes."""
 
 

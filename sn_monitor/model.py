@@ -7,8 +7,9 @@ and never dropped, only retried.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 
@@ -53,13 +54,31 @@ class Event:
 # refused by the decoder itself; measured values are within +-1e18 (no rate, variance or
 # ratio of them overflows); integers fit 64 bits signed (SQLite's INTEGER; a bigger one
 # would fail there or in ``float()``). Timestamps may be any finite number: the controller
-# maps them onto its own clock (:func:`sn_monitor.controller.ingest.controller_times`).
+# maps them onto its own clock (:func:`sn_monitor.controller.ingest.controller_times`, and
+# for progress :func:`sn_monitor.controller.jobs.progress.on_controller_clock`). Names are
+# whole strings: a pattern that ``$`` ends also takes a final newline (:data:`NodeName`).
 
 INT64_MAX = 2**63 - 1
 MEASURE_MAX = 1e18
 
-NodeName = Annotated[str, msgspec.Meta(min_length=1, max_length=253,
-                                       pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+NODE_NAME_MAX_LENGTH: Final = 253
+NODE_NAME_CHARACTERS: Final = "A-Za-z0-9._-"
+"""What a node name is made of (a regex character class's body): a hostname's characters."""
+NODE_NAME_PATTERN: Final = rf"^[A-Za-z0-9][{NODE_NAME_CHARACTERS}]*$(?!\n)"
+"""A node name, the whole string. ``(?!\\n)``: Python's ``$`` (msgspec's ``re.search``)
+also matches before a final newline, and ``"gpu-1\\n"`` would be a name that reaches labels
+and logs; in JSON Schema's dialect (ECMA-262), where this pattern is published too, ``$``
+is the end of the string and the lookahead changes nothing."""
+_NODE_NAME: Final = re.compile(NODE_NAME_PATTERN)
+
+
+def is_node_name(text: str) -> bool:
+    """Whether ``text`` is a node name as a report carries it (:data:`NodeName`)."""
+    return len(text) <= NODE_NAME_MAX_LENGTH and _NODE_NAME.match(text) is not None
+
+
+NodeName = Annotated[str, msgspec.Meta(min_length=1, max_length=NODE_NAME_MAX_LENGTH,
+                                       pattern=NODE_NAME_PATTERN)]
 LabelValue = Annotated[str, msgspec.Meta(max_length=128)]
 ShortText = Annotated[str, msgspec.Meta(max_length=4096)]
 Counter = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from sn_monitor.errors import SnMonitorError
+
 
 def redact_url(url: str, *, secret_path: bool = False) -> str:
     """``https://user:pw@host:8443/p/a?token=x`` -> ``https://host:8443/p/a``.
@@ -63,7 +65,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - current)
 
 
-class TokenError(Exception):
+class TokenError(SnMonitorError):
     """The controller token file cannot be used."""
 
 

@@ -1,5 +1,6 @@
 """Shared test settings: where the fixture trees are, which outside tools exist, a
-recording HTTP server for the drivers' tests, and a real PostgreSQL server."""
+recording HTTP server for the drivers' tests, a real PostgreSQL server, and the
+thread-leak guard (tests/threads.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,14 @@ import pytest
 
 from tests.drivers.servers import RecordingHTTPServer
 from tests.postgres import PostgresServer, find_bindir
+from tests.threads import install as install_thread_guard
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    install_thread_guard(config)
 
 
 @pytest.fixture

@@ -48,6 +48,7 @@ from typing import Any
 from sn_monitor.agent.pci import canonical_bus_id
 from sn_monitor.agent.snapshot import Collected, GpuSample, NvLinkSample
 from sn_monitor.clock import Clock, SystemClock
+from sn_monitor.errors import SnMonitorError
 from sn_monitor.model import Event
 
 logger = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ _MAX_EVENTS_PER_COLLECT = 1000
 _NVLINK_MAX_LINKS_FALLBACK = 36
 
 
-class NvmlError(Exception):
+class NvmlError(SnMonitorError):
     """NVML could not do what was asked."""
 
 

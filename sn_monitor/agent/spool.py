@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 ACK_FILE = "ack.json"
-_SEGMENT = re.compile(r"^events-(\d{20})\.jsonl$")
+_SEGMENT = re.compile(r"events-(\d{20})\.jsonl")
 _DROP_WARNING_INTERVAL_SECONDS = 60.0
 
 
@@ -150,7 +150,7 @@ class EventSpool:
     def _open(self) -> None:
         self._acknowledged = self._read_ack()
         highest = self._acknowledged
-        paths = sorted(p for p in self._directory.iterdir() if _SEGMENT.match(p.name))
+        paths = sorted(p for p in self._directory.iterdir() if _SEGMENT.fullmatch(p.name))
         for index, path in enumerate(paths):
             segment = self._scan(path, last=index == len(paths) - 1)
             if segment is None:

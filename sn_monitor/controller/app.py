@@ -1,14 +1,25 @@
 """The controller's HTTP API (v1), an ASGI app.
 
 Only HTTP lives here: reading bodies within limits, authentication, status codes and
-JSON. Every decision is the :class:`~sn_monitor.controller.service.Controller`'s.
+JSON. Every decision is the :class:`~sn_monitor.controller.service.Controller`'s, and
+its refusals are domain errors (:mod:`sn_monitor.controller.errors`) that
+:data:`STATUS_OF`, here alone, turns into HTTP statuses.
+
+Where a handler's work runs (one rule for all of them). The event loop reads every
+agent's report, so it runs only what answers from memory in microseconds and never
+waits on a disk, a lock held across I/O or another system: the reports (the lane, and
+its ASGI twin) and the probes (``/healthz``, ``/readyz``, ``/livez``,
+``/openapi.json``). Every other handler makes its controller call in the thread pool
+(:func:`off_loop`): those read the store, take the job orchestrator's lock, verify
+checkpoints on shared storage, call Alertmanager or a driver, or render thousands of
+rows. ``tests/unit/test_api_threads.py`` checks every route against this rule.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Final, ParamSpec, Protocol, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
@@ -22,8 +33,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sn_monitor import __version__
 from sn_monitor.controller.auth import OPEN_ACCESS, Identity, Role, TokenBook
 from sn_monitor.controller.bodies import BodyRefused, check_shape
-from sn_monitor.controller.errors import ApiError
-from sn_monitor.controller.ingest import ReportRejected
+from sn_monitor.controller.errors import (
+    Conflict,
+    ControllerError,
+    Forbidden,
+    Invalid,
+    Malformed,
+    NotFound,
+    TooLarge,
+    Unauthenticated,
+    Unavailable,
+    UnsupportedMedia,
+)
 from sn_monitor.controller.peer_identity import (
     SCOPE_EXTENSION,
     AgentAuth,
@@ -31,7 +52,14 @@ from sn_monitor.controller.peer_identity import (
     report_identity,
 )
 from sn_monitor.controller.rules.alerts import webhook_schema_types
-from sn_monitor.model import CheckpointBody, ProgressBody, Report, ReportReply
+from sn_monitor.model import (
+    NODE_NAME_MAX_LENGTH,
+    NODE_NAME_PATTERN,
+    CheckpointBody,
+    ProgressBody,
+    Report,
+    ReportReply,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +106,57 @@ class ControllerApi(Protocol):
     def metrics(self) -> bytes: ...
 
 
+#: The one table from domain errors to HTTP statuses (the most specific class wins).
+STATUS_OF: Final[dict[type[ControllerError], int]] = {
+    Malformed: 400,
+    Invalid: 422,
+    Unauthenticated: 401,
+    Forbidden: 403,
+    NotFound: 404,
+    Conflict: 409,
+    TooLarge: 413,
+    UnsupportedMedia: 415,
+    Unavailable: 503,
+}
+
+
+def status_of(err: ControllerError) -> int:
+    """The HTTP status that answers ``err`` (STATUS_OF; 500 for an unmapped kind)."""
+    for kind in type(err).__mro__:
+        status = STATUS_OF.get(kind)
+        if status is not None:
+            return status
+    return 500
+
+
+def error_headers(err: ControllerError) -> dict[str, str]:
+    """Headers an error answer carries: when to ask again, for an Unavailable."""
+    if isinstance(err, Unavailable) and err.retry_after is not None:
+        return {"retry-after": str(max(1, round(err.retry_after)))}
+    return {}
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+async def off_loop(fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """``fn(*args, **kwargs)`` in the thread pool (the rule in the module docstring)."""
+    return await run_in_threadpool(fn, *args, **kwargs)
+
+
 def _json(data: Any, status: int = 200) -> Response:
     return Response(_encoder.encode(data), status_code=status, media_type="application/json")
 
 
-def _error(status: int, message: str) -> Response:
-    return _json({"error": message}, status)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    response = _json({"error": message}, status)
+    response.headers.update(headers or {})
+    return response
+
+
+def _refusal(err: ControllerError) -> Response:
+    return _error(status_of(err), err.message, error_headers(err))
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -98,6 +171,44 @@ def _whole_number(text: str) -> int | None:
     ``str.isdigit`` alone lets through characters ``int`` refuses (``²``).
     """
     return int(text) if text.isascii() and text.isdigit() else None
+
+
+#: What the JSON routes read; ``POST /api/v1/jobs`` reads YAML too (its registered type
+#: and the two older names clients still send).
+JSON_MEDIA: Final = ("application/json",)
+JSON_OR_YAML_MEDIA: Final = (*JSON_MEDIA, "application/yaml", "application/x-yaml",
+                             "text/yaml")
+
+
+def declared_length(value: str | None) -> int | None:
+    """A ``Content-Length`` value as a number; None when there is none (or it is no number)."""
+    return _whole_number(value) if value is not None else None
+
+
+def check_body_headers(length: str | None, encoding: str | None, media_type: str | None, *,
+                       limit: int, accepted: tuple[str, ...]) -> None:
+    """Refuse a body by its headers, before any of it is read: TooLarge or UnsupportedMedia.
+
+    413: ``Content-Length`` announces more than ``limit`` bytes. 415: a body is announced
+    (a ``Content-Length`` other than 0, or a ``Transfer-Encoding``) and its
+    ``Content-Type`` is none of ``accepted`` (parameters such as ``; charset=utf-8``
+    aside, in any case), or it has none: the API never guesses what a body is. A
+    request without a body needs no Content-Type.
+    """
+    declared = declared_length(length)
+    if declared is not None and declared > limit:
+        raise TooLarge(f"body larger than {limit} bytes")
+    if encoding is None and (length is None or declared == 0):
+        return
+    if media_type is None:
+        raise UnsupportedMedia(f"a body without a Content-Type: send {' or '.join(accepted)}")
+    if media_type.partition(";")[0].strip().lower() not in accepted:
+        raise UnsupportedMedia(f"unsupported media type {media_type[:100]!r}: send "
+                               f"{' or '.join(accepted)}")
+
+
+def _latin1(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
 
 
 REPORTS_PATH = "/api/v1/reports"
@@ -124,7 +235,7 @@ class ReportGate:
 
     def admit(self, headers: dict[bytes, bytes],
               certificate: ClientCertificate | None = None) -> Identity:
-        """Check the headers and client certificate; ApiError 401/403/413 if refused.
+        """Check the headers and client certificate; Unauthenticated, Forbidden, 413, 415.
 
         Runs before the body is read. ``certificate`` is the connection's verified client
         certificate, if any.
@@ -138,22 +249,27 @@ class ReportGate:
         elif self._tokens is not None:
             found = self._tokens.identify(headers.get(b"authorization", b"").decode("latin-1"))
             if found is None:
-                raise ApiError(401, "missing or unknown bearer token")
+                raise Unauthenticated("missing or unknown bearer token")
             if not found.at_least("agent"):
-                raise ApiError(403, f"{found.name} ({found.role}) may not report")
+                raise Forbidden(f"{found.name} ({found.role}) may not report")
             identity = found
-        declared = headers.get(b"content-length")
-        length = _whole_number(declared.decode("latin-1")) if declared else None
-        if length is not None and length > self.max_body_bytes:
-            raise ApiError(413, f"body larger than {self.max_body_bytes} bytes")
+        check_body_headers(_latin1(headers.get(b"content-length")),
+                           _latin1(headers.get(b"transfer-encoding")),
+                           _latin1(headers.get(b"content-type")),
+                           limit=self.max_body_bytes, accepted=JSON_MEDIA)
         return identity
+
+    def announces_too_much(self, headers: dict[bytes, bytes]) -> bool:
+        """Whether ``headers`` announce a body over the limit (one never to be read)."""
+        length = declared_length(_latin1(headers.get(b"content-length")))
+        return length is not None and length > self.max_body_bytes
 
     def answer(self, identity: Identity, body: bytes, peer: str | None) -> tuple[int, bytes]:
         """Ingest one report: (HTTP status, JSON body)."""
         try:
             reply = self._controller.ingest(body, identity, peer)
-        except ReportRejected as err:
-            return err.status, self.error_body(err.message)
+        except ControllerError as err:
+            return status_of(err), self.error_body(err.message)
         return 200, _encoder.encode(reply)
 
     @staticmethod
@@ -212,14 +328,14 @@ def build_app(
                 chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > max_body_bytes:
-                    raise ApiError(413, f"body larger than {max_body_bytes} bytes")
+                    raise TooLarge(f"body larger than {max_body_bytes} bytes")
                 chunks.append(chunk)
                 if not message.get("more_body", False):
                     break
             client = scope.get("client")
             status, body = gate.answer(identity, b"".join(chunks), client[0] if client else None)
-        except ApiError as err:
-            status, body = err.status, gate.error_body(err.message)
+        except ControllerError as err:
+            status, body = status_of(err), gate.error_body(err.message)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})
@@ -240,41 +356,43 @@ def _build_router(
             return OPEN_ACCESS
         identity = tokens.identify(request.headers.get("authorization"))
         if identity is None:
-            raise ApiError(401, "missing or unknown bearer token")
+            raise Unauthenticated("missing or unknown bearer token")
         if not identity.at_least(role):
-            raise ApiError(403, f"{identity.name} ({identity.role}) may not do this")
+            raise Forbidden(f"{identity.name} ({identity.role}) may not do this")
         return identity
 
     async def read_body(request: Request, *, shape: bool = True,
                         yaml_allowed: bool = False) -> bytes:
-        """The body, within the size limit and, with ``shape``, the limits of bodies.py."""
-        declared = request.headers.get("content-length")
-        length = _whole_number(declared) if declared is not None else None
-        if length is not None and length > max_body_bytes:
-            raise ApiError(413, f"body larger than {max_body_bytes} bytes")
+        """The body, within the size limit and, with ``shape``, the limits of bodies.py.
+
+        JSON, or with ``yaml_allowed`` JSON or YAML, by its Content-Type (415 otherwise:
+        :func:`check_body_headers`).
+        """
+        headers = request.headers
+        check_body_headers(headers.get("content-length"), headers.get("transfer-encoding"),
+                           headers.get("content-type"), limit=max_body_bytes,
+                           accepted=JSON_OR_YAML_MEDIA if yaml_allowed else JSON_MEDIA)
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > max_body_bytes:
-                raise ApiError(413, f"body larger than {max_body_bytes} bytes")
+                raise TooLarge(f"body larger than {max_body_bytes} bytes")
             chunks.append(chunk)
         body = b"".join(chunks)
         if shape:
             try:
                 check_shape(body, yaml_allowed=yaml_allowed)
             except BodyRefused as err:
-                raise ApiError(400, err.message) from None
+                raise Malformed(err.message) from None
         return body
 
     def guarded(handler: Handler) -> Handler:
         async def run(request: Request) -> Response:
             try:
                 return await handler(request)
-            except ApiError as err:
-                return _error(err.status, err.message)
-            except ReportRejected as err:
-                return _error(err.status, err.message)
+            except ControllerError as err:
+                return _refusal(err)
         return run
 
     @guarded
@@ -288,19 +406,19 @@ def _build_router(
     async def alertmanager(request: Request) -> Response:
         identity = identify(request, "operate")
         body = await read_body(request)
-        return _json(await run_in_threadpool(controller.ingest_alerts, body, identity.name))
+        return _json(await off_loop(controller.ingest_alerts, body, identity.name))
 
     @guarded
     async def nodes(request: Request) -> Response:
         identify(request, "read")
-        return _json({"nodes": controller.list_nodes()})
+        return _json({"nodes": await off_loop(controller.list_nodes)})
 
     @guarded
     async def node(request: Request) -> Response:
         identify(request, "read")
-        found = controller.get_node(request.path_params["name"])
+        found = await off_loop(controller.get_node, request.path_params["name"])
         if found is None:
-            raise ApiError(404, f"no node {request.path_params['name']!r}")
+            raise NotFound(f"no node {request.path_params['name']!r}")
         return _json(found)
 
     def node_action(action: str) -> Handler:
@@ -314,13 +432,13 @@ def _build_router(
                 try:
                     doc = msgspec.json.decode(body)
                 except msgspec.DecodeError as err:
-                    raise ApiError(400, f"malformed JSON: {err}") from None
+                    raise Malformed(f"malformed JSON: {err}") from None
                 if not isinstance(doc, dict) or not isinstance(doc.get("reason", ""), str):
-                    raise ApiError(422, "expected {\"reason\": \"...\"}")
+                    raise Invalid("expected {\"reason\": \"...\"}")
                 reason = doc.get("reason") or reason
-            if controller.get_node(name) is None:
-                raise ApiError(404, f"no node {name!r}")
-            record = await run_in_threadpool(controller.manual_action, action, name,
+            if await off_loop(controller.get_node, name) is None:
+                raise NotFound(f"no node {name!r}")
+            record = await off_loop(controller.manual_action, action, name,
                                              identity.name, reason)
             return _json(record, 202)
         return run
@@ -328,7 +446,7 @@ def _build_router(
     def _limit(request: Request) -> int:
         limit = _whole_number(request.query_params.get("limit", "100"))
         if limit is None or not 0 < limit <= 1000:
-            raise ApiError(422, "limit must be a whole number from 1 to 1000")
+            raise Invalid("limit must be a whole number from 1 to 1000")
         return limit
 
     def only_query(request: Request, *known: str) -> None:
@@ -339,7 +457,7 @@ def _build_router(
         """
         for name in request.query_params:
             if name not in known:
-                raise ApiError(422, f"unknown query parameter {name!r} "
+                raise Invalid(f"unknown query parameter {name!r} "
                                     f"(this route takes {', '.join(known)})")
 
     @guarded
@@ -348,85 +466,86 @@ def _build_router(
         only_query(request, "status", "node", "limit")
         status = request.query_params.get("status")
         if status not in (None, "open", "closed"):
-            raise ApiError(422, "status must be open or closed")
-        return _json({"incidents": controller.list_incidents(
-            status, request.query_params.get("node"), _limit(request))})
+            raise Invalid("status must be open or closed")
+        return _json({"incidents": await off_loop(
+            controller.list_incidents, status, request.query_params.get("node"),
+            _limit(request))})
 
     @guarded
     async def incident(request: Request) -> Response:
         identify(request, "read")
         raw = request.path_params["incident_id"]
         number = _whole_number(raw)
-        found = controller.get_incident(number) if number is not None and \
+        found = await off_loop(controller.get_incident, number) if number is not None and \
             number <= _MAX_ID else None
         if found is None:
-            raise ApiError(404, f"no incident {raw!r}")
+            raise NotFound(f"no incident {raw!r}")
         return _json(found)
 
     @guarded
     async def actions(request: Request) -> Response:
         identify(request, "read")
         only_query(request, "node", "state", "limit")
-        return _json({"actions": controller.list_actions(
-            request.query_params.get("node"), request.query_params.get("state"),
-            _limit(request))})
+        return _json({"actions": await off_loop(
+            controller.list_actions, request.query_params.get("node"),
+            request.query_params.get("state"), _limit(request))})
 
     @guarded
     async def events(request: Request) -> Response:
         identify(request, "read")
         only_query(request, "node", "kind", "limit")
-        return _json({"events": controller.list_events(
-            request.query_params.get("node"), request.query_params.get("kind"),
-            _limit(request))})
+        return _json({"events": await off_loop(
+            controller.list_events, request.query_params.get("node"),
+            request.query_params.get("kind"), _limit(request))})
 
     @guarded
     async def jobs(request: Request) -> Response:
         if request.method == "POST":
             identity = identify(request, "operate")
             body = await read_body(request, yaml_allowed=True)
-            return _json(await run_in_threadpool(controller.add_job, body, identity.name,
+            return _json(await off_loop(controller.add_job, body, identity.name,
                                                  identity.at_least("admin")), 201)
         identify(request, "read")
-        return _json({"jobs": controller.list_jobs()})
+        return _json({"jobs": await off_loop(controller.list_jobs)})
 
     @guarded
     async def job(request: Request) -> Response:
         name = request.path_params["name"]
         if request.method == "DELETE":
             identity = identify(request, "operate")
-            await run_in_threadpool(controller.delete_job, name, identity.name)
+            await off_loop(controller.delete_job, name, identity.name)
             return Response(status_code=204)
         identify(request, "read")
-        found = controller.get_job(name)
+        found = await off_loop(controller.get_job, name)
         if found is None:
-            raise ApiError(404, f"no job {name!r}")
+            raise NotFound(f"no job {name!r}")
         return _json(found)
 
     @guarded
     async def job_progress(request: Request) -> Response:
         identify(request, "agent")
         body = await read_body(request)
-        return _json(controller.job_progress(request.path_params["name"], body))
+        return _json(await off_loop(controller.job_progress, request.path_params["name"], body))
 
     @guarded
     async def job_checkpoints(request: Request) -> Response:
         identify(request, "agent")
         body = await read_body(request)
-        return _json(await run_in_threadpool(controller.job_checkpoint,
+        return _json(await off_loop(controller.job_checkpoint,
                                               request.path_params["name"], body))
 
     @guarded
     async def restore_point(request: Request) -> Response:
         identify(request, "agent")
-        point = await run_in_threadpool(controller.restore_point, request.path_params["name"])
+        point = await off_loop(controller.restore_point, request.path_params["name"])
         if point is None:
-            raise ApiError(404, "no complete checkpoint yet")
+            raise NotFound("no complete checkpoint yet")
         return _json(point)
 
     @guarded
     async def return_to_pool(request: Request) -> Response:
         identity = identify(request, "operate")
-        return _json(await run_in_threadpool(
+        return _json(await off_loop(
             controller.return_to_pool, request.path_params["name"],
             request.path_params["node"], identity.name))
 
@@ -434,19 +553,19 @@ def _build_router(
     async def recoveries(request: Request) -> Response:
         identify(request, "read")
         only_query(request, "job", "limit")
-        return _json({"recoveries": controller.list_recoveries(
-            request.query_params.get("job"), _limit(request))})
+        return _json({"recoveries": await off_loop(
+            controller.list_recoveries, request.query_params.get("job"), _limit(request))})
 
     @guarded
     async def approve_recovery(request: Request) -> Response:
         identity = identify(request, "operate")
-        return _json(await run_in_threadpool(
+        return _json(await off_loop(
             controller.approve_recovery, request.path_params["recovery_id"], identity.name))
 
     @guarded
     async def approve(request: Request) -> Response:
         identity = identify(request, "operate")
-        record = await run_in_threadpool(controller.approve, request.path_params["action_id"],
+        record = await off_loop(controller.approve, request.path_params["action_id"],
                                          identity.name)
         return _json(record)
 
@@ -454,22 +573,22 @@ def _build_router(
     async def breaker(request: Request) -> Response:
         if request.method == "GET":
             identify(request, "read")
-            return _json(controller.breaker_state())
+            return _json(await off_loop(controller.breaker_state))
         identity = identify(request, "operate")
         body = await read_body(request)
         try:
             doc = msgspec.json.decode(body, type=BreakerChange)
         except msgspec.ValidationError as err:
-            raise ApiError(422, f"invalid body: {err}") from None
+            raise Invalid(f"invalid body: {err}") from None
         except msgspec.DecodeError as err:
-            raise ApiError(400, f"malformed JSON: {err}") from None
-        return _json(await run_in_threadpool(controller.set_breaker, doc.open, identity.name,
+            raise Malformed(f"malformed JSON: {err}") from None
+        return _json(await off_loop(controller.set_breaker, doc.open, identity.name,
                                              doc.reason))
 
     @guarded
     async def service_discovery(request: Request) -> Response:
         identify(request, "read")
-        return _json(controller.service_discovery())
+        return _json(await off_loop(controller.service_discovery))
 
     async def healthz(request: Request) -> Response:
         ok, body = controller.health()
@@ -481,7 +600,7 @@ def _build_router(
         return _json({"status": "alive", "role": "active"})
 
     async def metrics(request: Request) -> Response:
-        return Response(controller.metrics(),
+        return Response(await off_loop(controller.metrics),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def openapi(request: Request) -> Response:
@@ -548,8 +667,8 @@ def openapi_document() -> dict[str, Any]:
 
     # Path parameters say what a name or an id looks like: anything else names nothing
     # (404), and the schema-driven fuzz (tests/integration/test_api_fuzz.py) tries it.
-    node_name = {"type": "string", "minLength": 1, "maxLength": 253,
-                 "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]*$"}
+    node_name = {"type": "string", "minLength": 1, "maxLength": NODE_NAME_MAX_LENGTH,
+                 "pattern": NODE_NAME_PATTERN}
     job_name = {"type": "string", "minLength": 1, "maxLength": 63,
                 "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}
     hex_id = {"type": "string", "minLength": 1, "maxLength": 64, "pattern": r"^[0-9a-f]+$"}
@@ -558,8 +677,8 @@ def openapi_document() -> dict[str, Any]:
     reason_body = {"required": False, "content": {"application/json": {"schema": {
         "type": "object", "properties": {"reason": {"type": "string"}}}}}}
     # 202 whatever the policy said (the record's state tells); 503: no audit record possible
-    by_hand = {"202": any_json, "400": error, "404": error, "413": error, "422": error,
-               "503": error}
+    by_hand = {"202": any_json, "400": error, "404": error, "413": error, "415": error,
+               "422": error, "503": error}
     listing = [
         {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
                                                     "maximum": 1000}},
@@ -570,7 +689,8 @@ def openapi_document() -> dict[str, Any]:
             "An agent's report; the reply carries commands",
             {"200": {"description": "stored", "content": {"application/json": {
                 "schema": {"$ref": "#/components/schemas/ReportReply"}}}},
-             "400": error, "401": error, "403": error, "413": error, "422": error},
+             "400": error, "401": error, "403": error, "413": error, "415": error,
+             "422": error},
             requestBody={"required": True, "content": {"application/json": {
                 "schema": {"$ref": "#/components/schemas/Report"}}}},
             # an agent's token, or its client certificate (tls.agent_auth says which)
@@ -584,7 +704,7 @@ def openapi_document() -> dict[str, Any]:
                     "unmatched": {"type": "integer"}, "findings": {"type": "integer"},
                     "by": {"type": "string"}},
                 "required": ["accepted", "skipped", "unmatched", "findings", "by"]}}}},
-             "400": error, "413": error},
+             "400": error, "413": error, "415": error},
             requestBody={"required": True, "content": {"application/json": {
                 "schema": {"$ref": "#/components/schemas/WebhookPayload"}}}})},
         "/api/v1/nodes": {"get": op("Every node", {"200": any_json})},
@@ -614,9 +734,10 @@ def openapi_document() -> dict[str, Any]:
                                                             "schema": {"type": "string"}}])},
         "/api/v1/jobs": {
             "get": op("Every DistributedJob with its state", {"200": any_json}),
-            "post": op("Add or replace a DistributedJob (JSON or YAML)",
-                       {"201": any_json, "400": error, "413": error, "422": error,
-                        "409": error},
+            "post": op("Add or replace a DistributedJob (JSON, or YAML: application/yaml, "
+                       "application/x-yaml or text/yaml)",
+                       {"201": any_json, "400": error, "413": error, "415": error,
+                        "422": error, "409": error},
                        requestBody={"required": True, "content": {
                            "application/json": {"schema": {"type": "object"}},
                            "application/yaml": {"schema": {"type": "string"}}}})},
@@ -629,12 +750,14 @@ def openapi_document() -> dict[str, Any]:
         "/api/v1/jobs/{name}/progress": {"post": op(
             "A rank's progress (the training client, batched); the reply asks for "
             "checkpoints and carries restores",
-            {"200": any_json, "400": error, "404": error, "413": error, "422": error},
+            {"200": any_json, "400": error, "404": error, "413": error, "415": error,
+             "422": error},
             parameters=name_param, requestBody={"required": True, "content": {
                 "application/json": {"schema": {"$ref": "#/components/schemas/ProgressBody"}}}})},
         "/api/v1/jobs/{name}/checkpoints": {"post": op(
             "A checkpoint the job saved (verified before it counts)",
-            {"200": any_json, "400": error, "404": error, "413": error, "422": error},
+            {"200": any_json, "400": error, "404": error, "413": error, "415": error,
+             "422": error},
             parameters=name_param, requestBody={"required": True, "content": {
                 "application/json": {
                     "schema": {"$ref": "#/components/schemas/CheckpointBody"}}}})},
@@ -664,8 +787,8 @@ def openapi_document() -> dict[str, Any]:
                       "nodes it counted", {"200": any_json}),
             "post": op("Close the breaker by hand (evictions go on) or open it (they freeze "
                        "for its hold); audited (operate role)",
-                       {"200": any_json, "400": error, "413": error, "422": error,
-                        "503": error},
+                       {"200": any_json, "400": error, "413": error, "415": error,
+                        "422": error, "503": error},
                        requestBody={"required": True, "content": {"application/json": {
                            "schema": {"$ref": "#/components/schemas/BreakerChange"}}}})},
         "/api/v1/sd": {"get": op("Prometheus HTTP service discovery of every agent",

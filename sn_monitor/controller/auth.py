@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from sn_monitor.config import ConfigError, Document, bind, load_yaml
+from sn_monitor.model import NODE_NAME_CHARACTERS, NODE_NAME_MAX_LENGTH, is_node_name
 
 Role = Literal["agent", "read", "operate", "admin"]
 
 #: What each role may do, in addition to what the roles below it may do.
 _RANK: dict[str, int] = {"agent": 0, "read": 1, "operate": 2, "admin": 3}
+#: A token's node pattern: node-name characters and fnmatch's ``* ? [ ] !``, nothing else
+#: (a space or a newline in a pattern could only ever match a name no report may carry).
+_NODE_PATTERN = re.compile(rf"[*?\[\]!{NODE_NAME_CHARACTERS}]{{1,{NODE_NAME_MAX_LENGTH}}}")
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,13 @@ class Identity:
     nodes: tuple[str, ...] = ("*",)
 
     def may_report_for(self, node: str) -> bool:
-        """Agents report only for their own nodes; admins for any."""
+        """Agents report only for their own nodes; admins for any; nobody for a non-name.
+
+        ``node`` must be a node name (:func:`~sn_monitor.model.is_node_name`) whatever
+        the patterns say: fnmatch's ``*`` matches any character, a newline included.
+        """
+        if not is_node_name(node):
+            return False
         if self.role == "admin":
             return True
         return self.role == "agent" and any(fnmatch.fnmatchcase(node, p) for p in self.nodes)
@@ -82,6 +93,7 @@ class TokenBook:
         for i, raw in enumerate(doc.data):
             entry = bind(TokenEntry, doc, raw, (i,))
             token = _token_of(entry, doc, i)
+            _check_node_patterns(entry, doc, i)
             digest = _digest(token)
             if digest in identities:
                 raise doc.error((i,), f"the same token is listed twice ({entry.name})")
@@ -99,6 +111,15 @@ class TokenBook:
         # A dict lookup by digest: the lookup's timing depends on a hash of the secret's
         # hash, which tells an attacker nothing, and it stays O(1) with a token per node.
         return self._by_digest.get(_digest(token.strip()))
+
+
+def _check_node_patterns(entry: TokenEntry, doc: Document, index: int) -> None:
+    for j, pattern in enumerate(entry.nodes):
+        if not _NODE_PATTERN.fullmatch(pattern):
+            raise doc.error((index, "nodes", j), (
+                f"{pattern!r} is not a node pattern: node-name characters "
+                f"({NODE_NAME_CHARACTERS}) and the wildcards * ? [ ] !, "
+                f"1 to {NODE_NAME_MAX_LENGTH} characters"))
 
 
 def _token_of(entry: TokenEntry, doc: Document, index: int) -> str:

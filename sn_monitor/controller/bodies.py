@@ -26,6 +26,8 @@ from typing import Final
 
 import yaml
 
+from sn_monitor.errors import SnMonitorError
+
 MAX_DEPTH: Final = 32
 """Levels of nesting a body may have (the deepest of ours, a job, has about 6)."""
 MAX_DIGITS: Final = 64
@@ -43,7 +45,7 @@ _BLOCK_START = re.compile(rb"^[ \t?:-]*", re.MULTILINE)
 _SCANNER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class BodyRefused(ValueError):
+class BodyRefused(ValueError, SnMonitorError):
     """A body whose shape is outside the limits; ``message`` says which."""
 
     def __init__(self, message: str) -> None:

@@ -1,4 +1,4 @@
-"""The controller process: the ASGI app on uvicorn, the sweep on APScheduler, SIGHUP reload."""
+"""The controller process: the ASGI app on uvicorn, the supervised workers, SIGHUP reload."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ import socket
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import uvicorn
-from apscheduler.schedulers.background import BackgroundScheduler
 
 from sn_monitor.clock import Clock
 from sn_monitor.config import ConfigError
@@ -28,6 +27,7 @@ from sn_monitor.controller.ha.standby import StandbyApp, StandbyStatus
 from sn_monitor.controller.ha.store_lease import StoreLease
 from sn_monitor.controller.report_lane import report_lane
 from sn_monitor.controller.rules.spec import Rule, default_rule_paths, load_rules
+from sn_monitor.controller.runtime import STOP_DEADLINE_SECONDS, Runtime, Worker, every
 from sn_monitor.controller.service import Controller
 from sn_monitor.controller.settings import STORE_DSN_ENV, ControllerSettings
 from sn_monitor.controller.stall import LOOP_TICK_SECONDS, StallWatch
@@ -45,7 +45,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STOP_DEADLINE_SECONDS = 20
+#: uvicorn's share of the stop deadline: open connections finish their requests.
+SERVER_GRACE_SECONDS = int(STOP_DEADLINE_SECONDS // 2)
+#: How often the action runner dispatches retries whose time has come.
+ACTION_TICK_SECONDS = 1.0
+#: How often the checkpoint directories that are due are looked through.
+CHECKPOINT_SCAN_SECONDS = 1.0
 
 
 def rule_paths(settings: ControllerSettings) -> tuple[list[Path], str]:
@@ -76,12 +81,26 @@ class NotifyingServer(uvicorn.Server):
     """
 
     def __init__(self, config: uvicorn.Config, notifier: SystemdNotifier,
-                 stalls: StallWatch | None = None) -> None:
+                 stalls: StallWatch | None = None, clock: Clock | None = None) -> None:
         super().__init__(config)
         self._notifier = notifier
         self._stalls = stalls
+        self._clock = clock
+        self._asked_at: float | None = None
         #: The event loop serving, once started (for work that must run on its thread).
         self.loop: asyncio.AbstractEventLoop | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """SIGTERM/SIGINT: the stop deadline runs from the first one."""
+        if self._asked_at is None and self._clock is not None:
+            self._asked_at = self._clock.monotonic()
+        super().handle_exit(sig, frame)
+
+    def stop_deadline(self) -> float:
+        """When everything must have stopped (monotonic): the deadline from the signal."""
+        assert self._clock is not None
+        start = self._asked_at if self._asked_at is not None else self._clock.monotonic()
+        return start + STOP_DEADLINE_SECONDS
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
@@ -213,9 +232,10 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
             role = build_role_label(settings.ha)
             if role is not None:
                 role.mark("standby")  # before serving: a stale "active" draws agents here
-            if not _stand_by(settings, elector, notifier):
+            outcome = _stand_by(settings, elector, notifier)
+            if outcome != "won":
                 drivers.close()  # stopped as a standby: no controller took them over
-                return 0
+                return 0 if outcome == "stopped" else 1
             fence_store(store, elector.lease, settings.ha, clock)
             if role is not None:
                 role.mark("active")  # after the fence, before serving: the Service's pick
@@ -235,18 +255,31 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
 
 
 def _stand_by(settings: ControllerSettings, elector: Elector,
-              notifier: SystemdNotifier) -> bool:
-    """Serve the standby's answers until the lease is ours (True) or a signal (False)."""
+              notifier: SystemdNotifier) -> Literal["won", "stopped", "failed"]:
+    """Serve the standby's answers until the lease is ours, a signal, or the campaign fails.
+
+    The campaign is this phase's one worker: an unexpected error in it is logged and
+    stops the process (exit 1; the supervisor starts it again), never a standby that
+    silently stopped campaigning.
+    """
     status = StandbyStatus(elector.lease.identity)
     server = NotifyingServer(_uvicorn_config(StandbyApp(status), settings,
                                              graceful_seconds=2), notifier)
     stop = threading.Event()
     won = threading.Event()
+    failed = threading.Event()
 
     def campaign() -> None:
-        if elector.wait_to_lead(stop, observe=status.saw):
+        try:
+            leads = elector.wait_to_lead(stop, observe=status.saw)
+        except Exception:  # the campaign's supervisor: log it and stop the process
+            log.exception("worker lease-standby failed: the controller stops",
+                          extra={"worker": "lease-standby"})
+            failed.set()
+            leads = False
+        if leads:
             won.set()
-            server.should_exit = True
+        server.should_exit = True
 
     thread = threading.Thread(target=campaign, name="lease-standby", daemon=True)
     thread.start()
@@ -256,84 +289,110 @@ def _stand_by(settings: ControllerSettings, elector: Elector,
     finally:
         stop.set()
         thread.join(timeout=float(elector.settings.retry_period) + 15)
-    return won.is_set()
+    return "won" if won.is_set() else "failed" if failed.is_set() else "stopped"
 
 
 def _serve_active(settings: ControllerSettings, clock: Clock, rules: list[Rule],
                   tokens: TokenBook | None, store: Store, drivers: Drivers,
                   elector: Elector | None, notifier: SystemdNotifier) -> int:
+    """Serve as the active controller: the server here, the workers supervised (runtime.py)."""
     controller = Controller(settings, rules, clock, store, drivers, watch_stalls=True)
     controller.start()
     tune_garbage_collector()
+    runtime = Runtime(clock)
+    controller.workers = runtime.up
+    controller.runs_actions_elsewhere = True
+    controller.jobs.scans_elsewhere = True
     reload_wanted = threading.Event()
-    server: NotifyingServer | None = None
-    reloader: CertificateReloader | None = None
     lost = threading.Event()
-    stop_renewing = threading.Event()
+    tls = settings.tls
+    app = build_app(controller, tokens, settings.max_body_bytes,
+                    certificates=tls is not None and tls.verifies_clients,
+                    agent_auth=tls.agent_auth if tls is not None else "either")
+    config = _uvicorn_config(app, settings, graceful_seconds=SERVER_GRACE_SECONDS,
+                             http=report_lane(app.gate))
+    reloader = CertificateReloader(config.ssl, tls) if tls is not None and config.ssl else None
+    server = NotifyingServer(config, notifier, controller.stalls, clock)
 
     def sweep() -> None:
-        if reload_wanted.is_set():
+        controller.sweep()
+        notifier.watchdog()
+
+    def reload(stop: threading.Event) -> None:
+        while not stop.is_set():
+            if not reload_wanted.wait(0.5):
+                continue
             reload_wanted.clear()
             try:
                 controller.reload_rules(read_rules(settings))
             except ConfigError as err:
                 log.error("rules not reloaded, the old ones stay: %s", err)
             if reloader is not None:
-                _reload_certificate(reloader, server.loop if server is not None else None)
-        try:
-            controller.sweep()
-        except Exception:  # the sweep must keep running; the failure is logged
-            log.exception("sweep failed")
-            return
-        notifier.watchdog()
+                _reload_certificate(reloader, server.loop)
+
+    def on_lost(reason: str) -> None:
+        del reason  # logged by the elector
+        lost.set()
+        server.should_exit = True
 
     def on_hup(signum: int, frame: FrameType | None) -> None:
         del signum, frame
         reload_wanted.set()
 
-    def on_lost(reason: str) -> None:
-        del reason  # logged by the elector
-        lost.set()
-        if server is not None:
-            server.should_exit = True
+    def stop_serving(why: str) -> None:
+        del why  # logged by the runtime
+        server.should_exit = True
 
+    # Stopped in this order: nothing new is decided, then what was decided is written,
+    # then the lease goes (the writer still writes as the leader).
+    runtime.add(Worker("sweep", every(float(settings.sweep_interval), sweep)))
+    runtime.add(Worker("checkpoints", every(CHECKPOINT_SCAN_SECONDS,
+                                            controller.jobs.scan_checkpoints)))
+    runtime.add(Worker("actions", every(ACTION_TICK_SECONDS, controller.runner.tick)))
+    runtime.add(Worker("reload", reload))
+    runtime.add(Worker("writer", controller.writer.run))
+    if elector is not None:
+        keep = elector.keep_leading
+        runtime.add(Worker("lease", lambda stop: keep(stop, on_lost), on_crash="stop"))
+    runtime.on_failure = stop_serving
     signal.signal(signal.SIGHUP, on_hup)
-    scheduler = BackgroundScheduler(daemon=True)
-    scheduler.add_job(sweep, "interval", seconds=settings.sweep_interval, id="sweep",
-                      max_instances=1, coalesce=True, misfire_grace_time=None)
-    scheduler.start()
-    tls = settings.tls
-    app = build_app(controller, tokens, settings.max_body_bytes,
-                    certificates=tls is not None and tls.verifies_clients,
-                    agent_auth=tls.agent_auth if tls is not None else "either")
-    config = _uvicorn_config(app, settings, graceful_seconds=STOP_DEADLINE_SECONDS // 2,
-                             http=report_lane(app.gate))
     log.info("controller serving %s on %s with %d rules, store %s",
              "HTTPS" if tls is not None else "HTTP", settings.listen, len(rules),
              store.path)
-    renewer: threading.Thread | None = None
+    runtime.start()
     try:
-        if tls is not None:
-            assert config.ssl is not None
-            reloader = CertificateReloader(config.ssl, tls)
-        server = NotifyingServer(config, notifier, controller.stalls)
-        if elector is not None:
-            renewer = threading.Thread(target=elector.keep_leading,
-                                       args=(stop_renewing, on_lost),
-                                       name="lease-renewal", daemon=True)
-            renewer.start()
         server.run()
     finally:
-        stop_renewing.set()
-        scheduler.shutdown(wait=True)
-        controller.close()
-        if renewer is not None:
-            renewer.join(timeout=15)
+        deadline = server.stop_deadline()
+        stuck = runtime.stop(deadline)
+        idle = controller.close(max(0.0, deadline - clock.monotonic()))
+        if not idle:
+            log.error("actions still running at the stop deadline: their records say "
+                      "so, and the next start resumes them")
+        if stuck or not idle:
+            _exit_now(1 if runtime.failure or lost.is_set() else 0, store)
     if lost.is_set():
         log.error("controller stopped acting: it lost the lease (exit 1: restart as a "
                   "standby)")
         return 1
+    if runtime.failure is not None:
+        log.error("controller stopped: %s", runtime.failure)
+        return 1
     return 0
+
+
+def _exit_now(code: int, store: Store) -> None:
+    """The stop deadline passed with work still running: exit without waiting for it.
+
+    Python waits for the thread pools' threads at exit; a driver call or a store write
+    stuck on a dead mount would hold the process past systemd's TimeoutStopSec (and be
+    killed with SIGKILL, logs lost). What was not finished is resumed by the next start.
+    """
+    log.error("controller stopped at the deadline (%gs), leaving work unfinished",
+              STOP_DEADLINE_SECONDS)
+    logging.shutdown()
+    del store  # not closed: a thread may be inside it
+    os._exit(code)
 
 
 def _uvicorn_config(app: Any, settings: ControllerSettings, *, graceful_seconds: int,

@@ -36,6 +36,7 @@ from typing import Annotated, Any, Final, get_args, get_type_hints
 import msgspec
 
 from sn_monitor.clock import Clock
+from sn_monitor.controller.errors import Invalid, Malformed
 from sn_monitor.controller.state import NodeState, NodeView
 from sn_monitor.model import MAX_COUNTER_NAME, EventRecord, IbPortReport, Report
 
@@ -55,15 +56,6 @@ REPLACED_INSTANCES: Final = 8
 #: other instance that reports then takes its place, whatever its clock or history, so
 #: that no sequence of reports can lock a node's live agent out for longer.
 SILENT_INTERVALS: Final = 3.0
-
-
-class ReportRejected(Exception):
-    """A report that is refused, with the HTTP status to answer and why."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 def _strict_twin() -> type[msgspec.Struct]:
@@ -138,27 +130,27 @@ def _decode(body: bytes) -> Report:
 
 
 def decode_report(body: bytes) -> Report:
-    """Decode and validate one report; ReportRejected(400/422) names the field.
+    """Decode and validate one report; Malformed or Invalid naming the field.
 
     Nothing else escapes, whatever ``body`` holds (tests/unit/test_hostile_input.py).
     """
     try:
         report = _decode(body)
     except msgspec.ValidationError as err:
-        raise ReportRejected(422, f"invalid report: {err}") from None
+        raise Invalid(f"invalid report: {err}") from None
     except msgspec.DecodeError as err:
         if not body.strip():
-            raise ReportRejected(400, "malformed JSON: the body is empty, "
-                                      "expected a report (a JSON object)") from None
-        raise ReportRejected(400, f"malformed JSON: {err}") from None
+            raise Malformed("malformed JSON: the body is empty, "
+                            "expected a report (a JSON object)") from None
+        raise Malformed(f"malformed JSON: {err}") from None
     except RecursionError:  # msgspec skipping a deeply nested value; the types stop it first
-        raise ReportRejected(400, "malformed JSON: nested too deeply") from None
+        raise Malformed("malformed JSON: nested too deeply") from None
     _check_unique(report)
     return report
 
 
 def _check_unique(report: Report) -> None:
-    """Refuse a report that lists one GPU, port or interface twice (422, naming it).
+    """Refuse a report that lists one GPU, port or interface twice (Invalid, naming it).
 
     Two values for one subject in one report would make a rule fire and resolve within
     the report, opening and closing an incident (and its actions) on every report.
@@ -176,8 +168,8 @@ def _twice(keys: list[Any], what: str, where: str) -> None:
     seen: set[Any] = set()
     for i, key in enumerate(keys):
         if key in seen:
-            raise ReportRejected(422, f"invalid report: {what.format(key)} is listed twice "
-                                      f"- at `{where.format(i)}`")
+            raise Invalid(f"invalid report: {what.format(key)} is listed twice "
+                          f"- at `{where.format(i)}`")
         seen.add(key)
 
 

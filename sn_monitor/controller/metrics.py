@@ -40,6 +40,10 @@ class ControllerState:
     breaker_open: bool = False
     store_up: bool = True
     jobs: JobMetrics | None = None
+    #: The daemon's workers: whether each runs now.
+    workers: Mapping[str, bool] = field(default_factory=dict)
+    #: Store writes queued for the writer and not yet done.
+    store_queue: int = 0
 
 
 class ControllerStateCollector(Collector):
@@ -76,6 +80,16 @@ class ControllerStateCollector(Collector):
         yield GaugeMetricFamily("sn_breaker_open",
                                 "1 while the circuit breaker freezes evictions.",
                                 value=1.0 if state.breaker_open else 0.0)
+        if state.workers:
+            up = GaugeMetricFamily("sn_controller_worker_up",
+                                   "1 while the controller's worker runs, 0 while it is down "
+                                   "(failed, waiting to start again).", labels=["worker"])
+            for name, running in sorted(state.workers.items()):
+                up.add_metric([name], 1.0 if running else 0.0)
+            yield up
+        yield GaugeMetricFamily("sn_controller_store_queue_writes",
+                                "Store writes queued for the controller's writer.",
+                                value=state.store_queue)
         if state.jobs is not None:
             yield from _job_families(state.jobs)
         yield GaugeMetricFamily("sn_controller_store_up",

@@ -25,13 +25,13 @@ is present but unknown is refused (401) even next to a good certificate.
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from sn_monitor.controller.auth import Identity, TokenBook
-from sn_monitor.controller.errors import ApiError
+from sn_monitor.controller.errors import Forbidden, Unauthenticated
+from sn_monitor.model import is_node_name
 
 AgentAuth = Literal["either", "token", "cert", "both"]
 
@@ -39,9 +39,6 @@ AgentAuth = Literal["either", "token", "cert", "both"]
 #: :class:`ClientCertificate` to the reports' ASGI handler (uvicorn does not pass TLS
 #: details to the app).
 SCOPE_EXTENSION = "sn_monitor.client_certificate"
-
-#: A node name as reports carry it (model.NodeName): no glob characters, no spaces.
-_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +67,7 @@ def certificate_node(peercert: dict[str, Any]) -> ClientCertificate:
         if len(common) != 1:
             return ClientCertificate(None, "it has no DNS name and not exactly one CN")
         name, source = common[0], "CN"
-    if not _NODE.fullmatch(name):
+    if not is_node_name(name):  # as reports carry it: no glob characters, no spaces
         return ClientCertificate(None, f"its {source} {name[:80]!r} is not a node name")
     return ClientCertificate(name)
 
@@ -90,7 +87,9 @@ def client_certificate(transport: asyncio.BaseTransport) -> ClientCertificate | 
 
 def report_identity(tokens: TokenBook | None, authorization: str | None,
                     certificate: ClientCertificate | None, agent_auth: AgentAuth) -> Identity:
-    """Who may send this report, by the rules of the module docstring; ApiError if none.
+    """Who may send this report, by the rules of the module docstring.
+
+    Raises Unauthenticated (no or unknown credentials) or Forbidden.
 
     For a controller that verifies client certificates. Without a token file no token
     identifies anyone (a bearer header is ignored), so only certificates count.
@@ -99,20 +98,20 @@ def report_identity(tokens: TokenBook | None, authorization: str | None,
     if tokens is not None and authorization:
         token = tokens.identify(authorization)
         if token is None:
-            raise ApiError(401, "unknown bearer token")
+            raise Unauthenticated("unknown bearer token")
         if not token.at_least("agent"):
-            raise ApiError(403, f"{token.name} ({token.role}) may not report")
+            raise Forbidden(f"{token.name} ({token.role}) may not report")
     if certificate is not None and certificate.node is None:
-        raise ApiError(403, f"the client certificate names no node: {certificate.problem}")
+        raise Forbidden(f"the client certificate names no node: {certificate.problem}")
     if token is None and agent_auth in ("token", "both"):
-        raise ApiError(401, "missing bearer token (tls.agent_auth: "
+        raise Unauthenticated("missing bearer token (tls.agent_auth: "
                             f"{agent_auth} requires one)")
     if certificate is None and agent_auth in ("cert", "both"):
-        raise ApiError(401, "missing client certificate (tls.agent_auth: "
+        raise Unauthenticated("missing client certificate (tls.agent_auth: "
                             f"{agent_auth} requires one)")
     if certificate is None:
         if token is None:
-            raise ApiError(401, "missing bearer token or client certificate")
+            raise Unauthenticated("missing bearer token or client certificate")
         return token
     by_cert = certificate.identity()
     if token is None:
@@ -120,7 +119,7 @@ def report_identity(tokens: TokenBook | None, authorization: str | None,
     node = certificate.node
     assert node is not None
     if not token.may_report_for(node):
-        raise ApiError(403, f"{token.name} may not report for node {node}, "
+        raise Forbidden(f"{token.name} may not report for node {node}, "
                             "the node of the client certificate")
     return Identity(name=f"{token.name}+{by_cert.name}", role="agent", nodes=(node,))
 

@@ -8,7 +8,13 @@ headers are complete, keeps its body, and writes the answer of
 :class:`~sn_monitor.controller.app.ReportGate` (the same code the ASGI handler calls)
 straight to the transport when the body is complete. Anything else (another path, a
 query string, ``Expect: 100-continue``, a pipelined request behind an unanswered one)
-takes uvicorn's ordinary ASGI path, unchanged.
+takes uvicorn's ordinary ASGI path.
+
+A body over the limit is never read: a report whose headers announce one is answered 413
+when they are complete, one that crosses the limit while it streams (chunked) when it
+does, and the connection is closed (:meth:`ReportLaneProtocol._close_lingering`). A
+request on the ASGI path that announces or sends too much is closed the same way once
+its handler has answered it (413, from the handler's own check).
 
 When the server verifies client certificates, the connection's certificate is read once
 when the connection is made (the TLS handshake is complete by then) and goes to the gate
@@ -23,13 +29,13 @@ so that a uvicorn upgrade that breaks it fails there.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Final
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from sn_monitor.controller.app import REPORTS_PATH, ReportGate
+from sn_monitor.controller.app import REPORTS_PATH, ReportGate, status_of
 from sn_monitor.controller.auth import Identity
-from sn_monitor.controller.errors import ApiError
+from sn_monitor.controller.errors import ControllerError, TooLarge
 from sn_monitor.controller.peer_identity import (
     SCOPE_EXTENSION,
     ClientCertificate,
@@ -37,6 +43,12 @@ from sn_monitor.controller.peer_identity import (
 )
 
 _PATH = REPORTS_PATH.encode()
+#: How long a connection refused for its body's size still takes (and drops) what the
+#: client sends after the answer, before it is closed. Closing with the client's data
+#: unread would send a TCP reset, which can destroy the answer before the client reads
+#: it (the "lingering close" of RFC 9112, section 9.6); the client that got the answer
+#: and closes its side ends it sooner.
+LINGER_SECONDS: Final = 2.0
 
 
 class _LaneRequest:
@@ -44,7 +56,7 @@ class _LaneRequest:
 
     __slots__ = ("chunks", "identity", "keep_alive", "refusal", "size")
 
-    def __init__(self, identity: Identity | None, refusal: ApiError | None,
+    def __init__(self, identity: Identity | None, refusal: ControllerError | None,
                  keep_alive: bool) -> None:
         self.identity = identity
         self.refusal = refusal
@@ -62,18 +74,38 @@ class ReportLaneProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._lane: _LaneRequest | None = None
         self._certificate: ClientCertificate | None = None
+        #: The ASGI path's current request: announced or sent more than the limit; and
+        #: how much of its body came so far.
+        self._oversized = False
+        self._body_size = 0
+        #: Set once the connection is closing (see _close_lingering): the timer.
+        self._closing: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if self.gate.certificates:
             self._certificate = client_certificate(transport)
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._closing is not None:
+            self._closing.cancel()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing is None:  # else the rest of a refused body: dropped unparsed
+            super().data_received(data)
+
     def on_headers_complete(self) -> None:
+        if self._closing is not None:
+            return  # a request behind a refused one, in the same read: never answered
         parser = self.parser
+        headers = dict(self.headers)
+        self._oversized, self._body_size = False, 0
         if (self.url != _PATH or parser.get_method() != b"POST" or self.expect_100_continue
                 or parser.should_upgrade()
                 or (self.cycle is not None and not self.cycle.response_complete)):
             self._lane = None
+            self._oversized = self.gate.announces_too_much(headers)
             if self._certificate is not None:
                 extensions = self.scope.setdefault("extensions", {})
                 extensions[SCOPE_EXTENSION] = {"certificate": self._certificate}
@@ -81,21 +113,49 @@ class ReportLaneProtocol(HttpToolsProtocol):
             return
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
         try:
-            self._lane = _LaneRequest(self.gate.admit(dict(self.headers), self._certificate),
+            self._lane = _LaneRequest(self.gate.admit(headers, self._certificate),
                                       None, keep_alive)
-        except ApiError as err:
-            self._lane = _LaneRequest(None, err, keep_alive)
+        except ControllerError as err:
+            if self.gate.announces_too_much(headers):  # never read that much, from anyone
+                self._refuse_and_close(err)
+            else:
+                self._lane = _LaneRequest(None, err, keep_alive)
 
     def on_body(self, body: bytes) -> None:
+        if self._closing is not None:
+            return
         lane = self._lane
         if lane is None:
-            super().on_body(body)
+            self._asgi_body(body)
             return
         lane.size += len(body)
-        if lane.refusal is None and lane.size <= self.gate.max_body_bytes:
-            lane.chunks.append(body)  # a refused or oversized body is read and dropped
+        if lane.size > self.gate.max_body_bytes:
+            self._refuse_and_close(lane.refusal or TooLarge(
+                f"body larger than {self.gate.max_body_bytes} bytes"))
+        elif lane.refusal is None:
+            lane.chunks.append(body)  # a refused body is read and dropped
+
+    def _asgi_body(self, body: bytes) -> None:
+        """Count a body on the ASGI path; once one over the limit is answered, close.
+
+        Its handler reads no more than the limit either: it answers 413.
+        """
+        self._body_size += len(body)
+        if self._body_size > self.gate.max_body_bytes:
+            self._oversized = True
+        if self._oversized and self.cycle is not None and self.cycle.response_complete:
+            self._close_lingering()
+            return
+        super().on_body(body)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._oversized and self.cycle.response_complete:
+            self._close_lingering()  # the answer to a body over the limit went out
 
     def on_message_complete(self) -> None:
+        if self._closing is not None:
+            return
         lane = self._lane
         if lane is None:
             super().on_message_complete()
@@ -105,25 +165,51 @@ class ReportLaneProtocol(HttpToolsProtocol):
             return
         gate = self.gate
         if lane.refusal is not None:
-            status, body = lane.refusal.status, gate.error_body(lane.refusal.message)
-        elif lane.size > gate.max_body_bytes or lane.identity is None:
-            status = 413
-            body = gate.error_body(f"body larger than {gate.max_body_bytes} bytes")
+            status, body = status_of(lane.refusal), gate.error_body(lane.refusal.message)
         else:
+            assert lane.identity is not None  # admitted: the gate said who
             peer = self.client[0] if self.client else None
             status, body = gate.answer(lane.identity, b"".join(lane.chunks), peer)
+        self._write_answer(status, body, lane.keep_alive)
+        if lane.keep_alive:
+            self.on_response_complete()
+        else:
+            self.transport.close()
+
+    def _write_answer(self, status: int, body: bytes, keep_alive: bool) -> None:
         head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             head += [name, b": ", value, b"\r\n"]
         head.append(b"content-type: application/json\r\ncontent-length: ")
         head.append(str(len(body)).encode())
-        head.append(b"\r\n\r\n" if lane.keep_alive else b"\r\nconnection: close\r\n\r\n")
+        head.append(b"\r\n\r\n" if keep_alive else b"\r\nconnection: close\r\n\r\n")
         head.append(body)
         self.transport.write(b"".join(head))
-        if lane.keep_alive:
-            self.on_response_complete()
-        else:
-            self.transport.close()
+
+    def _refuse_and_close(self, refusal: ControllerError) -> None:
+        """Answer the lane's request now, with the rest of its body unread, and close."""
+        self._lane = None
+        if not self.transport.is_closing():
+            self._write_answer(status_of(refusal), self.gate.error_body(refusal.message),
+                               keep_alive=False)
+        self._close_lingering()
+
+    def _close_lingering(self) -> None:
+        """Close once the answer is out, reading no more requests from the client.
+
+        FIN goes now; what the client still sends is dropped unparsed
+        (``data_received``), so no request behind the refused one is answered; the
+        connection closes when the client closes its side, or after
+        :data:`LINGER_SECONDS`.
+        """
+        transport = self.transport
+        if self._closing is not None or transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        if transport.can_write_eof():  # plain TCP; TLS has no half-close in asyncio
+            transport.write_eof()
+        self.flow.resume_reading()  # so the client's FIN, or its data, is seen
+        self._closing = self.loop.call_later(LINGER_SECONDS, transport.close)
 
 
 def report_lane(gate: ReportGate) -> type[ReportLaneProtocol]:

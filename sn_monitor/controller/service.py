@@ -1,9 +1,12 @@
 """The controller: reports in, rule findings, incidents, actions through the safety policy.
 
 One object owns the decisions; the HTTP layer (app.py) and the daemon only call it.
-Ingest is the hot path (thousands of reports a second): it touches the store only for
-events and for the rare finding. Everything slow or periodic (heartbeats, peer
-comparisons, retries, re-sending firing alerts, node states) happens in :meth:`sweep`.
+Ingest is the hot path (thousands of reports a second, on the event loop): it decodes,
+judges and answers, and never waits on the store, a file or a lock held across I/O. What
+a report means for the store (events, new nodes, incidents and the actions they start) is
+queued for the one writer (:mod:`sn_monitor.controller.writer`), which the sweep's
+findings take too. Everything slow or periodic (heartbeats, peer comparisons, retries,
+re-sending firing alerts, node states) happens in :meth:`sweep`, on its own thread.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -28,8 +32,15 @@ from sn_monitor.controller.actions.runner import ActionRunner, ActionStateError
 from sn_monitor.controller.audit import ActionName, ActionRecord, ActionRequest
 from sn_monitor.controller.auth import Identity
 from sn_monitor.controller.breaker import BreakerKeeper, breaker_doc
-from sn_monitor.controller.errors import ApiError
-from sn_monitor.controller.ingest import NodeRegistry, ReportRejected, decode_report
+from sn_monitor.controller.errors import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    Malformed,
+    NotFound,
+    Unavailable,
+)
+from sn_monitor.controller.ingest import NodeRegistry, controller_times, decode_report
 from sn_monitor.controller.job_actions import RunnerJobActions
 from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
 from sn_monitor.controller.jobs.settings import JobError, UnknownJob, UnknownRecovery
@@ -43,7 +54,15 @@ from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.stall import StallWatch
 from sn_monitor.controller.state import NodeState, NodeView
 from sn_monitor.controller.store import Incident, Store, StoreError, StoreUnavailable
-from sn_monitor.model import CheckpointBody, CommandResult, ProgressBody, ReportReply
+from sn_monitor.controller.store_health import StoreHealth
+from sn_monitor.controller.writer import StoreWriter
+from sn_monitor.model import (
+    CheckpointBody,
+    CommandResult,
+    EventRecord,
+    ProgressBody,
+    ReportReply,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +84,8 @@ NODE_REFRESH_SECONDS = 5.0
 #: Job controls that make the controller run a program or call a URL: from job files
 #: (configuration) or an admin token only, never from an operate token.
 ADMIN_ONLY_CONTROL = frozenset({"webhook", "command"})
+#: What a client is told to wait before asking again while the store takes no writes.
+STORE_RETRY_AFTER_SECONDS = 5.0
 
 
 class Controller:
@@ -90,6 +111,10 @@ class Controller:
         self.store = store
         self.drivers = drivers
         self.telemetry = ControllerMetrics(self.state)
+        #: Every call that needs the store goes through it (refused: skipped, remembered).
+        self.store_health = StoreHealth()
+        #: The one writer of what reports and findings mean for the store.
+        self.writer = StoreWriter(store, self.store_health, on_stored=self._events_stored)
         self.stalls = StallWatch(clock, float(settings.sweep_interval),
                                  on_stall=self._stalled) if watch_stalls else None
         #: Silence and holds are measured on the controller's own progress (stall.py):
@@ -107,12 +132,14 @@ class Controller:
         self.runner.on_succeeded = self._action_succeeded
         self.breaker = BreakerKeeper(
             self.policy, store, clock,
-            lambda request: self._safely(self.runner.submit, request, self.cluster(), False))
+            lambda request: self.store_health.attempt(self.runner.submit, request, self.cluster(),
+                                                False))
         self.jobs = JobOrchestrator(
             store, clock, RunnerJobActions(self.runner, store, self.cluster,
                                            self.node_healthy),
             self._labels_of, settings.recovery)
-        drivers.queue.on_result = self._command_result
+        drivers.queue.on_result = lambda node, result: self.writer.call(
+            partial(self._command_result, node, result))
         self._lock = threading.RLock()
         # The engine is not thread-safe; ingest (the HTTP loop) and the sweep (the
         # scheduler's thread) call it concurrently in the daemon. Held for engine calls only.
@@ -130,7 +157,6 @@ class Controller:
         self._states: dict[str, NodeState] = {}
         #: The nodes whose recorded state is not healthy.
         self._unhealthy: set[str] = set()
-        self._store_error: str | None = None
         self._last_refresh = -1e18
         self._last_resend = clock.monotonic()
         self._deferred: list[tuple[float, str, Finding, int]] = []
@@ -140,6 +166,10 @@ class Controller:
         self._hangs: dict[str, Finding] = {}
         #: (job, node, restored nodes) that joined a stalled restore's recovery.
         self._joined: set[tuple[str, str, tuple[str, ...]]] = set()
+        #: A worker of its own ticks the action runner (the daemon); the sweep does not.
+        self.runs_actions_elsewhere = False
+        #: The daemon's workers and whether each runs (``sn_controller_worker_up``).
+        self.workers: Callable[[], Mapping[str, bool]] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -206,14 +236,14 @@ class Controller:
                 continue
             del self._inherited[key]
             rule = rules.get(incident.rule)
-            self._resolved(Finding(
+            self._handle([Finding(
                 rule=incident.rule, kind=rule.kind if rule else "gone", node=incident.node,
                 subject=incident.subject, gpu=incident.gpu, status="resolved",
                 severity=incident.severity, actions=tuple(rule.actions) if rule else (),
                 dry_run=rule.dry_run if rule else False, value=incident.value,
                 message=f"{incident.message} (cleared while the controller was down, or "
                         "its rule was removed)",
-                observed_wall=incident.observed_at, detected_wall=self.clock.time()))
+                observed_wall=incident.observed_at, detected_wall=self.clock.time())])
 
     def _settle_again(self, incident: Incident, rule: Rule | None) -> None:
         """Defer again the settled actions of ``incident`` that were never recorded.
@@ -249,36 +279,46 @@ class Controller:
             self.jobs.add_job(job, f"{self.settings.jobs}/{name}")
             log.info("job %s loaded from %s", name, self.settings.jobs)
 
-    def close(self) -> None:
-        """Stop acting; the jobs' progress counters (ETTR) are written first."""
-        self._safely(self.jobs.save_all)
-        self.runner.close()
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop acting; the jobs' progress counters (ETTR) are written first.
+
+        Waits up to ``timeout`` for the actions under way; False if some still ran then
+        (their records say so, and the next start resumes them).
+        """
+        self.store_health.attempt(self.jobs.save_all)
+        idle = self.runner.close(timeout)
         self.drivers.close()
+        return idle
 
     # ------------------------------------------------------------------ ingest
 
     def ingest(self, body: bytes, identity: Identity, peer: str | None = None) -> ReportReply:
-        """Take one report; the reply acknowledges its events and carries commands."""
+        """Take one report; the reply acknowledges its stored events and carries commands.
+
+        On the event loop: nothing here waits on the store (see the module docstring).
+        """
         started = time.perf_counter()
         try:
             report = decode_report(body)
-        except ReportRejected:
+        except Invalid:
             self.telemetry.reports.labels("invalid").inc()
             raise
         if not identity.may_report_for(report.node):
             self.telemetry.reports.labels("forbidden").inc()
-            raise ReportRejected(403, f"{identity.name} may not report for node {report.node}")
+            raise Forbidden(f"{identity.name} may not report for node {report.node}")
         accepted = self.registry.accept(report)
         now = self.clock.time()
         if accepted.new_node or accepted.labels_changed:
-            self._safely(self.store.upsert_node, report.node, report.labels, now)
-            self.jobs.note_node(report.node, report.labels)
+            self.writer.call(partial(self._node_seen, report.node, dict(report.labels), now))
         stored_through = -1
-        if report.events and self._safely(
-                self.store.record_events, report.node, report.events, now) is not None:
-            stored_through = max(e.id for e in report.events)
-            for event in report.events:
-                self.telemetry.events.labels(event.kind).inc()
+        if report.events:
+            # dated by the controller's clock, as the view the rules judge is
+            events = (accepted.view.report.events if accepted.applied
+                      and accepted.view.report is not None
+                      else controller_times(report, now).events)
+            self.writer.events(report.node, report.instance, events, now)
+            stored_through = min(self.writer.stored_through(report.node, report.instance),
+                                 max(e.id for e in events))
         if peer is not None and report.metrics_port is not None:
             self._peers[report.node] = (peer, report.metrics_port)
         if accepted.applied:
@@ -296,6 +336,15 @@ class Controller:
         return ReportReply(sequence=report.sequence, events_stored_through=stored_through,
                            commands=commands)
 
+    def _node_seen(self, node: str, labels: dict[str, str], now: float) -> None:
+        """A new node, or new labels (the writer): stored, and label selectors may pick it."""
+        self.store_health.attempt(self.store.upsert_node, node, labels, now)
+        self.jobs.note_node(node, labels)
+
+    def _events_stored(self, events: list[EventRecord]) -> None:
+        for event in events:
+            self.telemetry.events.labels(event.kind).inc()
+
     def ingest_alerts(self, body: bytes, who: str) -> dict[str, Any]:
         """Alertmanager's webhook: alerts that alert rules match become findings.
 
@@ -305,7 +354,7 @@ class Controller:
         try:
             payload = decode_webhook(body)
         except WebhookRejected as err:
-            raise ApiError(err.status, err.message) from None
+            raise Malformed(err.message) from None
         with self._engine_lock:
             intake = self.engine.receive_alerts(payload.alerts, self._labels_of,
                                                 f"alertmanager:{who}")
@@ -324,25 +373,29 @@ class Controller:
     # ------------------------------------------------------------------ findings
 
     def _handle(self, findings: Sequence[Finding]) -> None:
+        """Findings: noted in memory now, recorded and acted on by the writer, in order."""
         for finding in findings:
             if finding.status == "firing":
-                self._fired(finding)
+                self._note_fired(finding)
+                self.writer.call(partial(self._record_fired, finding))
             else:
-                self._resolved(finding)
+                self._note_resolved(finding)
+                self.writer.call(partial(self._record_resolved, finding))
 
-    def _fired(self, f: Finding) -> int | None:
-        """Record the incident and start its actions; its id (None: not recorded)."""
-        fatal = f.kind == "heartbeat" or bool(NODE_FATAL_ACTIONS & set(f.actions))
+    def _note_fired(self, f: Finding) -> None:
         with self._lock:
             self._firing.setdefault(f.node, set()).add((f.rule, f.subject))
-            if fatal:
+            if _means_broken(f):
                 self._fatal.setdefault(f.node, {})[(f.rule, f.subject)] = f.detected_wall
             if f.kind == "heartbeat":
                 self._lost.add(f.node)
         self.telemetry.detection_latency.observe(max(0.0, f.detected_wall - f.observed_wall))
         log.warning("%s: %s", f.rule, f.message,
                     extra={"node": f.node, "rule": f.rule, "gpu": f.gpu})
-        incident_id = self._safely(
+
+    def _record_fired(self, f: Finding) -> int | None:
+        """Record the incident and start its actions (the writer); its id (None: not)."""
+        incident_id = self.store_health.attempt(
             self.store.open_incident, f.rule, f.node, f.subject, severity=f.severity,
             message=f.message, observed_at=f.observed_wall, detected_at=f.detected_wall,
             gpu=f.gpu, value=f.value,
@@ -353,11 +406,11 @@ class Controller:
             with self._lock:
                 self._unrecorded[(f.node, f.rule, f.subject)] = f
             return None
-        if fatal:
+        if _means_broken(f):
             self.jobs.note_fleet_fault()
             opened = self.policy.note_fault(f.node, max(1, len(self.registry)))
             if opened is not None:
-                self._safely(self.breaker.opened, opened)
+                self.store_health.attempt(self.breaker.opened, opened)
         due = self.clock.monotonic() + self.settings.settle
         for step in self._plan(f.node, f.actions):
             if step in SETTLED_ACTIONS and self.settings.settle > 0:
@@ -397,11 +450,11 @@ class Controller:
 
     def _run_step(self, step: str, f: Finding, incident_id: int) -> None:
         if step == RECOVER:
-            self._safely(self.jobs.on_node_fault, f.node,
-                         "lost" if f.kind == "heartbeat" else "fatal", incident_id,
-                         self._ranks_alive(f), f.observed_wall)
+            self.store_health.attempt(self.jobs.on_node_fault, f.node,
+                                "lost" if f.kind == "heartbeat" else "fatal", incident_id,
+                                self._ranks_alive(f), f.observed_wall)
         elif step == CHECKPOINT_JOBS:
-            self._safely(self.jobs.on_node_degrading, f.node, f.rule, incident_id)
+            self.store_health.attempt(self.jobs.on_node_degrading, f.node, f.rule, incident_id)
         else:
             self._submit(cast(ActionName, step), f, incident_id, "firing")
 
@@ -429,7 +482,7 @@ class Controller:
                 log.info("not running %s: %s cleared within the settle time", action, f.rule,
                          extra={"node": f.node, "rule": f.rule})
                 continue
-            self._run_step(action, f, incident_id)
+            self.writer.call(partial(self._run_step, action, f, incident_id))
 
     def _action_succeeded(self, record: ActionRecord) -> None:
         """Note an eviction (or its end); a recovery's step: take the next one now."""
@@ -440,11 +493,13 @@ class Controller:
                 else:
                     self._evicted.discard(record.node)
         if record.owner is not None:
-            for hang in self._safely(self.jobs.tick) or ():
+            for hang in self.store_health.attempt(self.jobs.tick) or ():
                 self._job_hung(hang)
 
     def _job_hung(self, hang: HangFinding) -> None:
         """A job stopped making progress: a hang incident naming who stopped first.
+
+        Noted now, recorded (and the job told) by the writer, after what is queued.
 
         When its ranks cannot tell (every one stopped together, as a collective that waits
         on one broken link does), the job's nodes with a critical incident open are the
@@ -466,10 +521,18 @@ class Controller:
             message=(f"job {hang.job} hung at step {hang.step}: {who}, "
                      f"{hang.stalled_seconds:.0f} s without progress"),
             observed_wall=hang.stopped_at, detected_wall=self.clock.time())
-        incident_id = self._fired(finding)
+        self._note_fired(finding)
+        self.writer.call(partial(self._record_hang, finding, hang))
+
+    def _record_hang(self, finding: Finding, hang: HangFinding) -> None:
+        """The hang's incident, then the job's recovery; only then may it close.
+
+        :meth:`_close_hangs` closes a hang whose job runs: before its recovery starts the
+        job still says ``running``, so the hang is kept apart until it has.
+        """
+        self.store_health.attempt(self.jobs.on_hang, hang, self._record_fired(finding))
         with self._lock:
             self._hangs[hang.job] = finding
-        self._safely(self.jobs.on_hang, hang, incident_id)
 
     def _critical_members(self, job: str, nodes: Sequence[str] | None = None
                           ) -> tuple[str, ...]:
@@ -489,7 +552,7 @@ class Controller:
 
         That node joins the recovery (it is evicted, a spare takes its place), once.
         """
-        for job, nodes in self._safely(self.jobs.stalled_restores) or ():
+        for job, nodes in self.store_health.attempt(self.jobs.stalled_restores) or ():
             for node in self._critical_members(job, nodes):
                 key = (job, node, tuple(nodes))
                 if key in self._joined:
@@ -498,7 +561,9 @@ class Controller:
                 log.warning("job %s: the restore makes no progress and %s has a critical "
                             "incident open: it joins the recovery", job, node,
                             extra={"node": node})
-                self._safely(self.jobs.on_node_fault, node, "hang", None, True, None, job)
+                self.writer.call(partial(self.store_health.attempt, self.jobs.on_node_fault, node,
+                                         "hang", None, True, None, job))
+
     def _close_hangs(self) -> None:
         """A hang incident clears once its job runs again (recovered, or unstuck)."""
         with self._lock:
@@ -509,9 +574,9 @@ class Controller:
                 continue
             with self._lock:
                 self._hangs.pop(job, None)
-            self._resolved(replace(finding, status="resolved", detected_wall=self.clock.time()))
+            self._handle([replace(finding, status="resolved", detected_wall=self.clock.time())])
 
-    def _resolved(self, f: Finding) -> None:
+    def _note_resolved(self, f: Finding) -> None:
         with self._lock:
             self._firing.get(f.node, set()).discard((f.rule, f.subject))
             self._fatal.get(f.node, {}).pop((f.rule, f.subject), None)
@@ -520,8 +585,11 @@ class Controller:
                 self._lost.discard(f.node)
         log.info("%s resolved: %s", f.rule, f.message,
                  extra={"node": f.node, "rule": f.rule, "gpu": f.gpu})
-        incident_id = self._safely(self.store.close_incident, f.rule, f.node, f.subject,
-                                   f.detected_wall)
+
+    def _record_resolved(self, f: Finding) -> None:
+        """Close the incident (the writer); alert that it resolved, release a throttle."""
+        incident_id = self.store_health.attempt(self.store.close_incident, f.rule, f.node,
+                                          f.subject, f.detected_wall)
         if incident_id is None:
             return
         if "alert" in f.actions:
@@ -542,7 +610,7 @@ class Controller:
             requested_by=f"rule:{f.rule}" + (f" via {f.source}" if f.source else ""),
             created_seconds=self.clock.time(),
         )
-        self._safely(self.runner.submit, request, self.cluster(), f.dry_run)
+        self.store_health.attempt(self.runner.submit, request, self.cluster(), f.dry_run)
 
     def _command_result(self, node: str, result: CommandResult) -> None:
         what = "done" if result.ok else "failed"
@@ -552,24 +620,6 @@ class Controller:
         except StoreError as err:
             log.warning("agent result for unknown action %s: %s", result.id, err,
                         extra={"node": node})
-
-    def _safely(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """Call the store (or the runner, which writes first); remember it failing.
-
-        A store that takes no writes means no audit record, and without a record the
-        controller does not act: the call is skipped, logged, and /healthz says so.
-        """
-        try:
-            result = fn(*args, **kwargs)
-        except StoreUnavailable as err:
-            if self._store_error is None:
-                log.error("store unavailable, refusing to act without a record: %s", err)
-            self._store_error = str(err)
-            return None
-        except StoreError as err:  # a conflict (a record changed meanwhile), not the disk
-            log.error("store refused %s: %s", getattr(fn, "__name__", fn), err)
-            return None
-        return result
 
     # ------------------------------------------------------------------ sweep
 
@@ -596,18 +646,19 @@ class Controller:
         self._close_inherited()
         self._submit_settled()
         self.jobs.observe_fleet(len(self.registry))
-        for hang in self._safely(self.jobs.tick) or ():
+        for hang in self.store_health.attempt(self.jobs.tick) or ():
             self._job_hung(hang)
         self._close_hangs()
         self._suspects_of_stalled_restores()
-        self.runner.tick()
+        if not self.runs_actions_elsewhere:
+            self.runner.tick()
         now = self.clock.monotonic()
         alertmanager = self.drivers.alertmanager
         if alertmanager is not None and (
                 now - self._last_resend >= alertmanager.settings.resend_interval):
             self._last_resend = now
             alertmanager.resend_firing()
-        self._safely(self.breaker.sweep, self.node_healthy)
+        self.store_health.attempt(self.breaker.sweep, self.node_healthy)
         if self.jobs.membership_version != self._membership_seen:
             self._relabel_jobs()
         if now - self._last_refresh >= NODE_REFRESH_SECONDS:
@@ -615,12 +666,12 @@ class Controller:
             self._refresh_nodes()
 
     def _refresh_nodes(self) -> None:
-        cordoned = self._safely(self.store.cordoned_by_us)
+        cordoned = self.store_health.attempt(self.store.cordoned_by_us)
         if cordoned is None:
             return
-        if self._store_error is not None and self._store_takes_writes():
+        if not self.store_health.ok and self._store_takes_writes():
             log.warning("store writable again: acting resumes")
-            self._store_error = None
+            self.store_health.recovered()
             self._retry_unrecorded()
         with self._lock:
             self._cordoned = cordoned
@@ -639,7 +690,7 @@ class Controller:
             state = self._state_of(name)
             if self._states.get(name) != state:
                 reason = ", ".join(sorted(r for r, _ in self._firing.get(name, ()))) or "clear"
-                self._safely(self.store.set_node_state, name, state, reason, now)
+                self.store_health.attempt(self.store.set_node_state, name, state, reason, now)
                 self._set_state(name, state)
             view.state = state
 
@@ -656,7 +707,7 @@ class Controller:
         try:
             self.store.set_meta("alive", str(self.clock.time()))
         except StoreError as err:
-            self._store_error = str(err)
+            self.store_health.error = str(err)
             return False
         return True
 
@@ -677,7 +728,7 @@ class Controller:
             if key in firing:
                 log.warning("%s: acting now that the store takes writes", f.rule,
                             extra={"node": f.node, "rule": f.rule, "gpu": f.gpu})
-                self._fired(replace(f, detected_wall=now))
+                self._handle([replace(f, detected_wall=now)])
 
     def _stalled(self, where: str, seconds: float) -> None:
         """The controller stood still ``seconds`` (see stall.py); silent nodes get grace.
@@ -750,7 +801,7 @@ class Controller:
         # cordon within those seconds would not see the first one (max_unavailable).
         # One small query and set arithmetic: this runs before every action, and a
         # per-node walk of 8,192 nodes here was most of the controller's CPU in a burst.
-        cordoned = self._safely(self.store.cordoned_by_us)
+        cordoned = self.store_health.attempt(self.store.cordoned_by_us)
         known = self.registry.names()
         with self._lock:
             if cordoned is not None:
@@ -801,7 +852,7 @@ class Controller:
 
     def manual_action(self, action: str, node: str, who: str, reason: str) -> dict[str, Any]:
         if action not in ("cordon", "uncordon"):
-            raise ApiError(422, f"cannot {action} by hand")
+            raise Invalid(f"cannot {action} by hand")
         view = self.registry.get(node)
         request = ActionRequest(
             id=uuid.uuid4().hex, key=f"manual:{uuid.uuid4().hex}", action=cast(ActionName, action),
@@ -809,10 +860,14 @@ class Controller:
             labels=dict(view.labels) if view else {}, params={"status": "manual"},
             created_seconds=self.clock.time(),
         )
-        record = self._safely(self.runner.submit, request, self.cluster(), False)
+        record = self.store_health.attempt(self.runner.submit, request, self.cluster(), False)
         if record is None:
-            raise ApiError(503, f"store unavailable, refusing to act: {self._store_error}")
+            raise self._unavailable()
         return _action_doc(record)
+
+    def _unavailable(self) -> Unavailable:
+        return Unavailable(f"store unavailable, refusing to act: {self.store_health.error}",
+                           STORE_RETRY_AFTER_SECONDS)
 
     def list_incidents(self, status: str | None, node: str | None,
                        limit: int) -> list[dict[str, Any]]:
@@ -840,12 +895,12 @@ class Controller:
         try:
             job = job_from_json(body)
         except ConfigError as err:
-            raise ApiError(422, str(err)) from None
+            raise Invalid(str(err)) from None
         control = job.spec.control
         if control is not None and control.kind in ADMIN_ONLY_CONTROL and not admin:
             # A program to run or a URL to call (with a secret file to read) is a choice
             # for whoever configures the controller, not for an operate token.
-            raise ApiError(403, f"spec.control.{control.kind}: only an admin token may post "
+            raise Forbidden(f"spec.control.{control.kind}: only an admin token may post "
                            "a job that names a program or a URL for the controller to call; "
                            "put the job in the controller's --jobs directory, or use "
                            "kubernetes or slurm control")
@@ -868,12 +923,12 @@ class Controller:
 
     def delete_job(self, name: str, who: str) -> None:
         if self.jobs.job(name) is None:
-            raise ApiError(404, f"no job {name!r}")
+            raise NotFound(f"no job {name!r}")
         with self._audited("delete-job", who, f"job {name} removed",
                            params={"job": name}) as audit:
             if not self.jobs.remove_job(name):  # removed by someone else in between
                 self._audit_refused(audit, "no such job")
-                raise ApiError(404, f"no job {name!r}")
+                raise NotFound(f"no job {name!r}")
         log.info("job %s removed by %s", name, who)
 
     def job_progress(self, name: str, body: bytes) -> dict[str, Any]:
@@ -883,9 +938,9 @@ class Controller:
                 name, progress.rank, progress.node, progress.world_size,
                 [(u.step, u.time) for u in progress.updates], progress.step_time_seconds)
         except UnknownJob:
-            raise ApiError(404, f"no job {name!r}") from None
+            raise NotFound(f"no job {name!r}") from None
         except ValueError as err:
-            raise ApiError(422, str(err)) from None
+            raise Invalid(str(err)) from None
         return reply.to_dict()
 
     def job_checkpoint(self, name: str, body: bytes) -> dict[str, Any]:
@@ -894,9 +949,9 @@ class Controller:
             checkpoint = self.jobs.checkpoint_saved(name, saved.rank, saved.node, saved.step,
                                                     saved.path, saved.save_seconds)
         except UnknownJob:
-            raise ApiError(404, f"no job {name!r}") from None
+            raise NotFound(f"no job {name!r}") from None
         except (ValueError, OSError) as err:
-            raise ApiError(422, str(err)) from None
+            raise Invalid(str(err)) from None
         return {"step": checkpoint.step, "path": str(checkpoint.path),
                 "complete": checkpoint.complete, "reason": checkpoint.reason}
 
@@ -904,7 +959,7 @@ class Controller:
         try:
             point = self.jobs.restore_point(name)
         except UnknownJob:
-            raise ApiError(404, f"no job {name!r}") from None
+            raise NotFound(f"no job {name!r}") from None
         return None if point is None else point.to_dict()
 
     def list_recoveries(self, job: str | None, limit: int) -> list[dict[str, Any]]:
@@ -938,11 +993,11 @@ class Controller:
             node=node, reason=f"{reason} (by {who})", requested_by=who,
             params={**(params or {}), "status": "api"}, created_seconds=now,
         )
-        recorded = self._safely(self.store.record_action, request, "succeeded",
-                                f"API call by {who}", at=now)
+        recorded = self.store_health.attempt(self.store.record_action, request, "succeeded",
+                                             f"API call by {who}", at=now)
         if recorded is None:
-            raise ApiError(503, f"store unavailable, refusing to act: {self._store_error}")
-        return cast(ActionRecord, recorded[0])
+            raise self._unavailable()
+        return recorded[0]
 
     @contextmanager
     def _audited(self, what: str, who: str, reason: str, *, node: str | None = None,
@@ -960,12 +1015,13 @@ class Controller:
         except JobError as err:
             if unknown is not None and isinstance(err, UnknownJob | UnknownRecovery):
                 self._audit_refused(record, unknown[0])
-                raise ApiError(404, unknown[1]) from None
+                raise NotFound(unknown[1]) from None
             self._audit_refused(record, str(err))
-            raise ApiError(409, str(err)) from None
+            raise Conflict(str(err)) from None
         except StoreUnavailable as err:
             self._audit_refused(record, str(err))
-            raise ApiError(503, f"store unavailable: {err}") from None
+            raise Unavailable(f"store unavailable: {err}",
+                              STORE_RETRY_AFTER_SECONDS) from None
 
     def _audit_refused(self, record: ActionRecord, why: str) -> None:
         try:
@@ -980,16 +1036,17 @@ class Controller:
 
     def approve(self, action_id: str, who: str) -> dict[str, Any]:
         if self.store.get_action(action_id) is None:
-            raise ApiError(404, f"no action {action_id!r}")
+            raise NotFound(f"no action {action_id!r}")
         # The approval is recorded on the action itself ("approved by <who>; ...").
         try:
             return _action_doc(self.runner.approve(action_id, who, self.cluster()))
         except ActionStateError as err:
-            raise ApiError(409, str(err)) from None
+            raise Conflict(str(err)) from None
         except StoreUnavailable as err:
-            raise ApiError(503, f"store unavailable, refusing to act: {err}") from None
+            raise Unavailable(f"store unavailable, refusing to act: {err}",
+                              STORE_RETRY_AFTER_SECONDS) from None
         except StoreError as err:  # approved or cancelled by someone else meanwhile
-            raise ApiError(409, str(err)) from None
+            raise Conflict(str(err)) from None
 
     def service_discovery(self) -> list[dict[str, Any]]:
         """Prometheus HTTP SD: one target group per agent, labelled for dashboards."""
@@ -1024,25 +1081,27 @@ class Controller:
     def health(self) -> tuple[bool, dict[str, Any]]:
         breaker = self.policy.breaker_state()
         body = {
-            "status": "ok" if self._store_error is None else "refusing to act",
+            "status": "ok" if self.store_health.ok else "refusing to act",
             "nodes": len(self.registry),
             "breaker": {"open": breaker.open, "reason": breaker.reason},
-            "store": "ok" if self._store_error is None else self._store_error,
+            "store": self.store_health.error or "ok",
         }
-        return self._store_error is None, body
+        return self.store_health.ok, body
 
     def state(self) -> ControllerState:
         with self._lock:
             firing = tuple((rule, node) for node, pairs in self._firing.items()
                            for rule, _ in pairs)
-        count = self._safely(self.store.open_incident_count)
+        count = self.store_health.attempt(self.store.open_incident_count)
         return ControllerState(
             node_states={n: self._state_of(n) for n in self.registry.views()},
             firing=firing,
             open_incidents=count,
             action_outcomes=self.runner.outcomes(),
             breaker_open=self.policy.breaker_state().open,
-            store_up=self._store_error is None,
+            store_up=self.store_health.ok,
+            workers=dict(self.workers()) if self.workers is not None else {},
+            store_queue=self.writer.depth,
             jobs=self.jobs.metrics(),
         )
 
@@ -1061,9 +1120,14 @@ def _decode(decoder: msgspec.json.Decoder[_T], body: bytes) -> _T:
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as err:
-        raise ApiError(422, f"invalid body: {err}") from None
+        raise Invalid(f"invalid body: {err}") from None
     except msgspec.DecodeError as err:
-        raise ApiError(400, f"malformed JSON: {err}") from None
+        raise Malformed(f"malformed JSON: {err}") from None
+
+
+def _means_broken(f: Finding) -> bool:
+    """Whether ``f`` says its node itself is broken (it counts for the breaker)."""
+    return f.kind == "heartbeat" or bool(NODE_FATAL_ACTIONS & set(f.actions))
 
 
 def restart_grace(rules: Sequence[Rule]) -> float:

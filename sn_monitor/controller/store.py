@@ -878,15 +878,24 @@ class Store:
 
     def record_events(self, node: str, events: Iterable[EventRecord], at: float) -> int:
         """Store reported events durably; a retried event is stored once. How many were new."""
-        rows = [(node, e.id, e.kind, e.source, e.time_seconds, at, e.gpu, e.code,
-                 e.pci_bus_id, e.device, e.message) for e in events]
+        return len(self.record_event_batches([(node, tuple(events), at)]))
+
+    def record_event_batches(self, batches: Sequence[tuple[str, Sequence[EventRecord], float]]
+                             ) -> list[EventRecord]:
+        """Several reports' events (node, events, receive time) in one durable transaction.
+
+        Returns the events that were new (a retried event is stored once).
+        """
+        rows = [((node, e.id, e.kind, e.source, e.time_seconds, at, e.gpu, e.code,
+                  e.pci_bus_id, e.device, e.message), e)
+                for node, events, at in batches for e in events]
         if not rows:
-            return 0
+            return []
         with self._tx(durable=True) as db:
-            return sum(db.execute(
+            return [event for row, event in rows if db.execute(
                 "INSERT INTO events (node, event_id, kind, source, time, received_at,"
                 " gpu, code, pci_bus_id, device, message) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
-                " ON CONFLICT DO NOTHING", row) for row in rows)
+                " ON CONFLICT DO NOTHING", row)]
 
     def list_events(self, node: str | None = None, kind: str | None = None,
                     limit: int = 100) -> list[dict[str, Any]]:

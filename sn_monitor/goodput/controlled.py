@@ -41,7 +41,7 @@ from sn_monitor.controller.actions.base import Outcome
 from sn_monitor.controller.actions.routing import build_drivers
 from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.auth import OPEN_ACCESS
-from sn_monitor.controller.errors import ApiError
+from sn_monitor.controller.errors import ControllerError
 from sn_monitor.controller.jobs.settings import JobError
 from sn_monitor.controller.rules.spec import Rule
 from sn_monitor.controller.service import Controller
@@ -365,11 +365,11 @@ class ControlledReplay:
         self._report(node)
         try:  # what the API refuses (the node is in the job again, say) is left as it is
             self.controller.return_to_pool(JOB, node, OPERATOR)
-        except ApiError as err:
+        except ControllerError as err:
             log.info("replay: %s not returned to the pool: %s", node, err)
         try:
             self.controller.manual_action("uncordon", node, OPERATOR, "repaired")
-        except ApiError as err:
+        except ControllerError as err:
             log.info("replay: %s not uncordoned: %s", node, err)
 
     def _restore(self, request: ActionRequest) -> None:

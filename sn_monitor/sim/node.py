@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from sn_monitor.agent.settings import AgentSettings, PathSettings
+from sn_monitor.errors import SnMonitorError
 from sn_monitor.sim import fake_nvml
 from sn_monitor.sim.gpu_model import H100_SXM, GpuProfile, SimulatedGpu, make_gpus
 from sn_monitor.sim.node_tree import SimulatedNodeTree
@@ -104,7 +105,7 @@ class SimulatedNode:
                         "name=<unknown>, GPU has fallen off the bus.")
 
 
-class FaultError(ValueError):
+class FaultError(ValueError, SnMonitorError):
     """A fault that cannot be injected as asked."""
 
 

@@ -37,6 +37,7 @@ import yaml
 
 from sn_monitor.config import parse_duration
 from sn_monitor.controller.rules.spec import packaged_rules
+from sn_monitor.errors import SnMonitorError
 from sn_monitor.sim import launcher
 from sn_monitor.sim.fleet import node_name
 
@@ -53,7 +54,7 @@ STEADY_WAIT_SECONDS = 30.0
 PROCESS_FAULTS = ("node-lost", "node-back", "straggler")
 
 
-class SupernodeError(RuntimeError):
+class SupernodeError(RuntimeError, SnMonitorError):
     """The supernode could not be started (a port taken, a process that died, ...)."""
 
 
@@ -240,7 +241,7 @@ class Supernode:
                 "breaker": {"window": f"{breaker_window:g}s", "max_faulted": "20%",
                             "min_faulted": 3, "hold": "1h"},
             },
-            "runner": {"retries": 2, "backoff": "0.5s", "timeout": "30s"},
+            "runner": {"retries": 2, "backoff": "0.5s", "timeout": "15s"},
             "drivers": {
                 "command": {"program": self._launcher_command(), "timeout": "30s"},
                 "agent": {"redeliver_after": "3s"},

@@ -42,7 +42,7 @@ from sn_monitor.dcp import DcpError, is_complete, read_metadata, write_checkpoin
 #: The state-dict entry that holds the step (the layers are entries of their own).
 TRAIN_STATE = "train_state"
 CRASH_EXIT_CODE = 1
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+_STEP_DIR = re.compile(r"step_(\d+)")
 
 Model = dict[str, list[float]]
 
@@ -98,7 +98,7 @@ def latest_complete(checkpoint_dir: Path) -> Path | None:
     found = sorted(
         (int(match.group(1)), child)
         for child in (checkpoint_dir.iterdir() if checkpoint_dir.is_dir() else ())
-        if (match := _STEP_DIR.match(child.name)) and is_complete(child)
+        if (match := _STEP_DIR.fullmatch(child.name)) and is_complete(child)
     )
     return found[-1][1] if found else None
 

@@ -62,9 +62,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def http(method: str, url: str, body: bytes | None = None,
-         timeout: float = 10.0) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, data=body, method=method)
+def http(method: str, url: str, body: bytes | None = None, timeout: float = 10.0,
+         media: str = "application/json") -> tuple[int, bytes]:
+    """``method url`` with ``body`` of type ``media`` (urllib would say it is a form)."""
+    headers = {"Content-Type": media} if body is not None else {}
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as reply:
             return int(reply.status), reply.read()
@@ -203,7 +205,8 @@ def check_controller_and_agent(sn: Installed, deploy: Path) -> None:
                 http("GET", f"{url}/api/v1/nodes")[1])["nodes"]),
                 "the agent's report at the controller", 60, agent, agent_log)
         status, body = http("POST", f"{url}/api/v1/jobs",
-                            (deploy / "jobs" / "minimal.yaml").read_bytes())
+                            (deploy / "jobs" / "minimal.yaml").read_bytes(),
+                            media="application/yaml")
         if status != 201:
             raise SmokeFailure(f"POST /api/v1/jobs with the seed job file: {status} {body!r}")
         status, body = http("GET", f"{url}/api/v1/jobs/{SEED_JOB}")

@@ -86,6 +86,8 @@ class Process:
         self.argv = argv
         self.log_path = log_path
         self.popen: subprocess.Popen[bytes] | None = None
+        #: The environment to start it with (None: this process's).
+        self.env: dict[str, str] | None = None
 
     def start(self) -> None:
         assert self.popen is None or self.popen.poll() is not None, f"{self.name} is running"
@@ -94,7 +96,7 @@ class Process:
             log.flush()
             self.popen = subprocess.Popen(
                 self.argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                stderr=subprocess.STDOUT, start_new_session=True, env=self.env,
             )
 
     @property
@@ -230,7 +232,7 @@ class Cluster:
                 "breaker": {"window": "30s", "max_faulted": "40%", "min_faulted": 2,
                             "hold": "10m"},
             },
-            "runner": {"retries": 2, "backoff": "0.5s", "timeout": "20s"},
+            "runner": {"retries": 2, "backoff": "0.5s", "timeout": "15s"},
             "drivers": {
                 "command": {"program": [sys.executable, str(script), str(self.evict_log)],
                             "timeout": "20s"},

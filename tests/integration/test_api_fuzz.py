@@ -231,7 +231,8 @@ def test_valid_data_would_be_acted_on(tmp_path: Path) -> None:
         body = report_body("gpu-1", sequence=2, temps=[95.0],
                            sample_time=served.harness.clock.time())
         response = requests.post(served.url + "/api/v1/reports", data=body, timeout=10,
-                                 headers={"Authorization": f"Bearer {AGENT}"})
+                                 headers={"Authorization": f"Bearer {AGENT}",
+                                          "Content-Type": "application/json"})
         assert response.status_code == 200
         assert "incident hot on gpu-1" in served.acted()
     finally:

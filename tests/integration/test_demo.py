@@ -11,7 +11,10 @@ before anything starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +37,24 @@ def _demo(*args: str, timeout: float = 110) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def _kill_left_over(state: Path) -> None:
+    """Kill what a demo stopped midway (a test timeout) left running under ``state``.
+
+    The demo starts its controller, agents and ranks in sessions of their own, and stops
+    them itself; killed before it could, it leaves them running for good.
+    """
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(str(state).encode() in arg for arg in argv):
+            with contextlib.suppress(OSError):
+                os.kill(int(proc.name), signal.SIGKILL)
+
+
 #: Each CPU hog spins at most this long (the demo takes about two minutes here).
 HOG_SECONDS = 300
 
@@ -51,6 +72,7 @@ def summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         for hog in hogs:
             hog.kill()
             hog.wait(timeout=10)
+        _kill_left_over(state)
     logs = "\n".join(f"== {p.name}\n" + "\n".join(p.read_text().splitlines()[-15:])
                      for p in sorted((state / "logs").glob("*.log"))[:3])
     assert done.returncode == 0, f"{done.stderr}\n{done.stdout[-4000:]}\n{logs}"

@@ -49,7 +49,8 @@ def test_one_is_active_the_other_stands_by_and_an_orderly_stop_hands_over(
     active = c.find_active()
     standby = standby_of(c, active)
     answer = requests.post(f"{c.url_of(standby)}/api/v1/reports", data=b"{}", timeout=5,
-                           headers={"Authorization": f"Bearer {c.agent_token}"})
+                           headers={"Authorization": f"Bearer {c.agent_token}",
+                                    "Content-Type": "application/json"})
     assert answer.status_code == 503
     assert answer.headers[ROLE_HEADER] == "standby"
     health = requests.get(f"{c.url_of(standby)}/healthz", timeout=5).json()

@@ -150,7 +150,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashWorld]:
         **CONFIG, "settle": "2s",
         # one fault at a time, each a few seconds after the last: not a partition
         "policy": {**CONFIG["policy"], "node_cooldown": "0s", "breaker": {"enabled": False}},
-        "runner": {"retries": 3, "backoff": "3s", "timeout": "20s"},
+        "runner": {"retries": 3, "backoff": "3s", "timeout": "15s"},
         "drivers": {"command": {"program": [sys.executable, str(root / "drain.py"),
                                             str(root)], "timeout": "90s"}},
     }

@@ -35,6 +35,7 @@ from sn_monitor.controller.state import NodeView
 from tests.unit.test_controller_api import (
     ADMIN,
     AGENT,
+    JSON,
     OPERATE,
     READ,
     bearer,
@@ -101,7 +102,7 @@ class Hook:
     def __init__(self, harness: Harness, tmp_path: Path) -> None:
         self.h = harness
         app = build_app(harness.controller, TokenBook.load(write_tokens(tmp_path)), 64 * 1024)
-        self.client = TestClient(app)
+        self.client = TestClient(app, headers=JSON)
 
     def post(self, doc: Any, token: str | None = OPERATE) -> Any:
         body = doc if isinstance(doc, bytes) else msgspec.json.encode(doc)

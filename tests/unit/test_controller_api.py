@@ -50,6 +50,12 @@ RULES = HOT_RULE + """
 """
 
 
+#: What every client of the API sends with a body (the agent, JobClient, the CLI): the
+#: test clients here send it by default too.
+JSON = {"Content-Type": "application/json"}
+YAML = {"Content-Type": "application/yaml"}
+
+
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
@@ -104,8 +110,9 @@ class Api:
     def get(self, path: str, token: str = READ, **kw: Any) -> Any:
         return self.client.get(path, headers=bearer(token), **kw)
 
-    def post(self, path: str, token: str = OPERATE, **kw: Any) -> Any:
-        return self.client.post(path, headers=bearer(token), **kw)
+    def post(self, path: str, token: str = OPERATE, headers: dict[str, str] | None = None,
+             **kw: Any) -> Any:
+        return self.client.post(path, headers={**bearer(token), **(headers or {})}, **kw)
 
 
 def make_api(tmp_path: Path, *, policy: PolicySettings | None = None,
@@ -115,7 +122,7 @@ def make_api(tmp_path: Path, *, policy: PolicySettings | None = None,
     h = make_harness(tmp_path, rules_from(RULES), policy=policy, store=store, drivers=drivers,
                      fake=("alert", "failover"))
     app = build_app(h.controller, TokenBook.load(write_tokens(tmp_path)), MAX_BODY)
-    return Api(TestClient(app, client=("10.1.2.3", 50000)), h, log), h
+    return Api(TestClient(app, client=("10.1.2.3", 50000), headers=JSON), h, log), h
 
 
 # --------------------------------------------------------------------------- reports in
@@ -571,7 +578,7 @@ def test_documented_statuses(api: Api) -> None:
 def test_no_tokens_means_open_access(tmp_path: Path) -> None:
     h = make_harness(tmp_path, rules_from(HOT_RULE))
     try:
-        with TestClient(build_app(h.controller, None)) as client:
+        with TestClient(build_app(h.controller, None), headers=JSON) as client:
             body = report_body("anything", temps=[50])
             assert client.post("/api/v1/reports", content=body).status_code == 200
             assert client.get("/api/v1/nodes").json()["nodes"][0]["name"] == "anything"

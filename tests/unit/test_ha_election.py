@@ -150,7 +150,8 @@ def test_a_standby_answers_503_with_its_role_and_is_alive() -> None:
     status = StandbyStatus("ctl-b")
     status.saw("ctl-a")
     client = TestClient(StandbyApp(status))
-    report = client.post("/api/v1/reports", content=b'{"node": "n1"}')
+    report = client.post("/api/v1/reports", content=b'{"node": "n1"}',
+                         headers={"Content-Type": "application/json"})
     assert report.status_code == 503
     assert report.headers[ROLE_HEADER] == "standby"
     assert report.headers["retry-after"] == "1"

@@ -4,7 +4,7 @@ Each case gets a clear 4xx naming what is wrong, or a documented accept (see
 sn_monitor/controller/ingest.py and README "Hostile input and fuzzing"); never a 5xx,
 never a crash, never an action. The decoder is also driven by Hypothesis: arbitrary
 bytes, arbitrary JSON values and mutations of a valid report never raise anything but
-ReportRejected, and what it accepts is within the wire's bounds. Budgets: tests/fuzzing.py.
+ControllerError, and what it accepts is within the wire's bounds. Budgets: tests/fuzzing.py.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sn_monitor.controller.app import status_of
 from sn_monitor.controller.auth import OPEN_ACCESS, Identity
 from sn_monitor.controller.bodies import MAX_DEPTH, BodyRefused, check_shape
+from sn_monitor.controller.errors import ControllerError
 from sn_monitor.controller.ingest import (
     MAX_EVENT_AGE_SECONDS,
-    ReportRejected,
     controller_times,
     decode_report,
 )
@@ -172,13 +173,13 @@ def _numbers(doc: Any) -> Iterator[Any]:
 
 def decodes_or_refuses(body: bytes) -> Report | None:
     """The report ``body`` holds, within the wire's bounds; None if refused (400 or 422)."""
-    refused: ReportRejected | None = None
+    refused: ControllerError | None = None
     try:
         report = decode_report(body)
-    except ReportRejected as err:
+    except ControllerError as err:
         refused = err
     if refused is not None:
-        assert refused.status in (400, 422)
+        assert status_of(refused) in (400, 422)
         assert refused.message.startswith(("invalid report: ", "malformed JSON: "))
         return None
     assert_within_the_wire(report)
@@ -260,13 +261,13 @@ def test_a_refused_report_changes_nothing_and_nothing_else_escapes(bodies: list[
             for body in bodies:
                 before = (h.controller.list_nodes(), h.controller.list_incidents(None, None, 100),
                           h.store.count_events())
-                refused: ReportRejected | None = None
+                refused: ControllerError | None = None
                 try:
                     h.controller.ingest(body, OPEN_ACCESS, None)
-                except ReportRejected as err:
+                except ControllerError as err:
                     refused = err
                 if refused is not None:
-                    assert 400 <= refused.status < 500
+                    assert 400 <= status_of(refused) < 500
                     after = (h.controller.list_nodes(),
                              h.controller.list_incidents(None, None, 100),
                              h.store.count_events())
@@ -660,9 +661,9 @@ def test_a_token_bound_to_its_node_refuses_a_rename(harness: Harness) -> None:
     doc = {"node": "gpu-17", "instance": "i", "sequence": 1,
            "sample_time_seconds": h.clock.time()}
     h.controller.ingest(encode(doc), agent, None)
-    with pytest.raises(ReportRejected) as refused:
+    with pytest.raises(ControllerError) as refused:
         h.controller.ingest(encode({**doc, "node": "gpu-18", "sequence": 2}), agent, None)
-    assert refused.value.status == 403
+    assert status_of(refused.value) == 403
     assert "gpu-17 may not report for node gpu-18" in refused.value.message
 
 
@@ -721,8 +722,9 @@ def test_a_body_of_a_hostile_shape_is_refused_at_once(api: Api, path: str, body:
                                                      fragment: str) -> None:
     api.report("gpu-1")
     started = time.perf_counter()
+    media = "application/yaml" if path == "/api/v1/jobs" else "application/json"
     response = api.client.post(path, content=body, headers={
-        **bearer(OPERATE), "content-type": "application/yaml"})
+        **bearer(OPERATE), "content-type": media})
     assert time.perf_counter() - started < 2
     assert response.status_code == 400, response.text
     assert fragment in response.json()["error"]

@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 
 from sn_monitor.controller.app import ControllerApp, build_app
 from sn_monitor.controller.auth import TokenBook
-from tests.unit.test_controller_api import AGENT, READ, write_tokens
+from tests.unit.test_controller_api import AGENT, JSON, READ, write_tokens
 from tests.unit.test_controller_service import (
     Harness,
     report_body,
@@ -121,7 +121,7 @@ def test_the_lane_answers_as_the_asgi_handler(case: str, app: ControllerApp,
     # The same request through ASGI (the report was applied once: send a later sequence).
     if case == "accepted":
         body = report_body("gpu-b", temps=[50.0], sequence=2)
-    with TestClient(app) as client:
+    with TestClient(app, headers=JSON) as client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         answer = client.post("/api/v1/reports", content=body, headers=headers)
     assert lane_status == answer.status_code
@@ -134,14 +134,20 @@ def test_the_lane_answers_as_the_asgi_handler(case: str, app: ControllerApp,
         assert lane["error"]
 
 
-def test_an_oversized_chunked_body_is_refused_and_the_connection_kept(server: Server) -> None:
+def test_an_oversized_chunked_body_is_refused_and_the_connection_closed(server: Server
+                                                                         ) -> None:
     with server.connect() as sock:
         reader = Reader(sock)
-        sock.sendall(request(b"x" * (MAX_BODY + 10), chunked=True))
-        status, _, body = reader.response()
+        # a report behind it, in the same write: never read, as nothing after the limit is
+        sock.sendall(request(b"x" * (MAX_BODY + 10), chunked=True)
+                     + request(report_body("gpu-c", temps=[50.0])))
+        status, headers, body = reader.response()
         assert status == 413, body
+        assert headers["connection"] == "close"
+        assert reader.closed()
+    with server.connect() as sock:
         sock.sendall(request(report_body("gpu-c", temps=[50.0]), chunked=True))
-        assert reader.response()[0] == 200
+        assert Reader(sock).response()[0] == 200
 
 
 def test_http_1_0_is_answered_and_closed(server: Server) -> None:

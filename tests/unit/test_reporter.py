@@ -8,6 +8,7 @@ import socket
 import threading
 from collections import deque
 from collections.abc import Iterator
+from contextlib import suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -22,6 +23,36 @@ from sn_monitor.model import CommandResult, Event, Report
 from sn_monitor.transport import TokenError, read_token, redact_url
 
 TOKEN = "s3cret-token-value"
+
+
+class _Server(ThreadingHTTPServer):
+    """Closing it ends every handler's thread: it cuts the keep-alive connections a client
+    left open (a connection requests dropped is closed only by the garbage collector), then
+    joins the threads."""
+
+    daemon_threads = False  # server_close() joins them
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def server_close(self) -> None:
+        with self._lock:
+            for sock in self._open:
+                with suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        super().server_close()
 
 
 class Controller:
@@ -57,7 +88,7 @@ class Controller:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server = _Server(("127.0.0.1", port), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
                                        daemon=True)
         self.thread.start()

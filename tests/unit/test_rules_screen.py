@@ -23,7 +23,9 @@ from hypothesis import strategies as st
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import parse_yaml
 from sn_monitor.controller import ingest
-from sn_monitor.controller.ingest import ReportRejected, decode_report
+from sn_monitor.controller.app import status_of
+from sn_monitor.controller.errors import ControllerError
+from sn_monitor.controller.ingest import decode_report
 from sn_monitor.controller.rules.engine import RuleEngine
 from sn_monitor.controller.rules.spec import load_rules, parse_rules
 from sn_monitor.controller.state import NodeView
@@ -237,9 +239,9 @@ EXACT = "y" * MAX_COUNTER_NAME
 ])
 def test_a_counter_name_too_long_is_refused_where_it_stands(body: bytes, status: int,
                                                             message: str) -> None:
-    with pytest.raises(ReportRejected) as err:
+    with pytest.raises(ControllerError) as err:
         decode_report(body)
-    assert (err.value.status, message in err.value.message) == (status, True), err.value.message
+    assert (status_of(err.value), message in err.value.message) == (status, True), err.value.message
 
 
 def test_a_counter_name_at_the_bound_is_taken() -> None:
@@ -278,8 +280,8 @@ def test_decode_answers_as_the_strict_decoder(ports_: list[dict[str, Any]], net:
     expected = _strict_answer(body)
     try:
         got: tuple[int, str] | Report = decode_report(body)
-    except ReportRejected as err:
-        got = (err.status, err.message)
+    except ControllerError as err:
+        got = (status_of(err), err.message)
     if isinstance(expected, tuple) and expected[0] == 400 and not body.strip():
         pytest.skip("empty body: its own message")
     assert got == expected

@@ -5,9 +5,10 @@ what the client reports, and with no launcher named the training client is the c
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sn_monitor.controller.audit import ActionRequest
-from tests.unit.test_controller_api import OPERATE, READ, Api
+from tests.unit.test_controller_api import OPERATE, READ, YAML, Api
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "deploy" / "jobs" / "minimal.yaml"
@@ -22,8 +23,12 @@ def _progress(api: Api, rank: int, node: str, step: int) -> None:
     assert reply.status_code == 200, reply.text
 
 
+def _post_seed(api: Api) -> Any:
+    return api.post("/api/v1/jobs", token=OPERATE, content=SEED.read_bytes(), headers=YAML)
+
+
 def test_the_seed_file_is_accepted_as_written(api: Api) -> None:
-    created = api.post("/api/v1/jobs", token=OPERATE, content=SEED.read_bytes())
+    created = _post_seed(api)
     assert created.status_code == 201, created.text
     doc = api.get(f"/api/v1/jobs/{JOB}", token=READ).json()
     assert doc["state"] == "running"
@@ -34,7 +39,7 @@ def test_the_seed_file_is_accepted_as_written(api: Api) -> None:
 
 
 def test_its_nodes_are_those_its_ranks_report_from(api: Api) -> None:
-    assert api.post("/api/v1/jobs", token=OPERATE, content=SEED.read_bytes()).status_code == 201
+    assert _post_seed(api).status_code == 201
     _progress(api, 0, "gpu-001", 1)
     _progress(api, 1, "gpu-002", 1)
     assert api.get(f"/api/v1/jobs/{JOB}", token=READ).json()["nodes"] == ["gpu-001", "gpu-002"]
@@ -42,7 +47,7 @@ def test_its_nodes_are_those_its_ranks_report_from(api: Api) -> None:
 
 
 def test_with_no_launcher_the_training_client_is_the_channel(api: Api) -> None:
-    assert api.post("/api/v1/jobs", token=OPERATE, content=SEED.read_bytes()).status_code == 201
+    assert _post_seed(api).status_code == 201
     router = api.h.controller.drivers.by_action["restore"]
     request = ActionRequest(id="r1", key="k1", action="restore", node=None, reason="test",
                             params={"job": JOB, "nodes": ["gpu-001"]})

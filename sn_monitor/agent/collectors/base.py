@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Protocol
 
 from sn_monitor.agent.snapshot import Collected
+from sn_monitor.errors import SnMonitorError
 
 
-class CollectorError(Exception):
+class CollectorError(SnMonitorError):
     """The collector's source is present but broken."""
 
 

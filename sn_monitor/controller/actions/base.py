@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.errors import SnMonitorError
 
 
-class ActionError(Exception):
+class ActionError(SnMonitorError):
     """A driver could not do what was asked."""
 
 

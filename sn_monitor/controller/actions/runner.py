@@ -57,6 +57,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from functools import partial
 from typing import Final, Literal, Protocol, runtime_checkable
 
 from sn_monitor.clock import Clock
@@ -71,7 +72,9 @@ from sn_monitor.controller.audit import (
     ActionState,
     Refusal,
 )
+from sn_monitor.controller.runtime import STOP_DEADLINE_SECONDS
 from sn_monitor.controller.store import Store, StoreError, StoreUnavailable
+from sn_monitor.errors import SnMonitorError
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,15 @@ _VERDICT_STATE: Final[dict[str, ActionState]] = {
 _TIMED_OUT: Final = "timed_out"
 
 
+def _below_stop_deadline(value: float) -> None:
+    """A driver call must end before the controller's stop deadline does (runtime.py)."""
+    positive(value)
+    if value >= STOP_DEADLINE_SECONDS:
+        raise ValueError(f"must be below the controller's stop deadline of "
+                         f"{STOP_DEADLINE_SECONDS:g}s (systemd's TimeoutStopSec is 30s), "
+                         f"got {value:g}s")
+
+
 @dataclass(frozen=True)
 class RunnerSettings:
     """Retries, timeouts and the failure throttle (the ``actions:`` config section)."""
@@ -108,7 +120,8 @@ class RunnerSettings:
     retries: int = setting(default=3, check=non_negative)
     backoff: Duration = setting(default=Duration(2.0), check=positive)
     max_backoff: Duration = setting(default=Duration(60.0), check=positive)
-    timeout: Duration = setting(default=Duration(30.0), check=positive)
+    #: The backstop on one driver call: below the controller's stop deadline.
+    timeout: Duration = setting(default=Duration(15.0), check=_below_stop_deadline)
     workers: int = setting(default=4, check=positive)
     throttle_failures: int = setting(default=3, check=positive)
     throttle_window: Duration = setting(default=Duration(600.0), check=positive)
@@ -123,7 +136,7 @@ class Reconciling(Protocol):
         ...
 
 
-class ActionStateError(Exception):
+class ActionStateError(SnMonitorError):
     """The action is not in a state that allows this (e.g. approving a finished one)."""
 
 
@@ -227,14 +240,21 @@ class ActionRunner:
         with self._idle:
             return self._idle.wait_for(lambda: not self._inflight, timeout=timeout)
 
-    def close(self) -> None:
-        """Stop taking work and wait for the workers (not for abandoned driver calls)."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop taking work; wait up to ``timeout`` for the attempts under way.
+
+        Not for abandoned driver calls (they run in daemon threads). False when some
+        attempt was still running at the timeout: its record says ``running``, and the
+        next start resumes it (``resume``), as after a crash.
+        """
         with self._lock:
             self._closed = True
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
         with self._idle:
+            idle = self._idle.wait_for(lambda: not self._inflight, timeout=timeout)
             self._inflight.clear()
             self._idle.notify_all()
+        return idle
 
     def outcomes(self) -> dict[tuple[str, str], int]:
         """(action, outcome) -> count since start, for ``sn_actions_total{action,outcome}``."""
@@ -344,9 +364,19 @@ class ActionRunner:
             if record.action in {"cordon", "evict", "failover"} and record.node is not None:
                 self._taking_out[record.id] = record.node
         try:
-            self._pool.submit(self._attempt, record.id)
+            attempt = self._pool.submit(self._attempt, record.id)
         except RuntimeError:  # the pool is shutting down: the action stays pending
             self._done(record.id)
+            return
+        attempt.add_done_callback(partial(self._attempted, record.id))
+
+    def _attempted(self, action_id: str, attempt: Future[None]) -> None:
+        """An attempt ended: cancelled by close() (never ran), or broken by a bug (logged)."""
+        if attempt.cancelled():
+            self._done(action_id)
+        elif attempt.exception() is not None:
+            log.error("action %s: the attempt failed unexpectedly; it stays as last "
+                      "recorded and is tried again", action_id, exc_info=attempt.exception())
 
     def _done(self, action_id: str) -> None:
         with self._idle:

@@ -6,11 +6,13 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from sn_monitor.errors import SnMonitorError
+
 #: One result row, by column name (``sqlite3.Row`` and psycopg's ``dict_row`` both are).
 Row = Mapping[str, Any]
 
 
-class StoreError(Exception):
+class StoreError(SnMonitorError):
     """The store cannot do what was asked (a bug, a conflict, a file from the future)."""
 
 

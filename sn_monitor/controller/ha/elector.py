@@ -16,11 +16,12 @@ from collections.abc import Callable
 
 from sn_monitor.clock import Clock
 from sn_monitor.controller.ha.lease import HaSettings, Lease, LeaseError
+from sn_monitor.errors import SnMonitorError
 
 log = logging.getLogger(__name__)
 
 
-class LeadershipLost(Exception):
+class LeadershipLost(SnMonitorError):
     """The lease is gone: taken by another controller, or not renewed in time."""
 
 

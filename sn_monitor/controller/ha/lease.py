@@ -9,10 +9,11 @@ from typing import Literal, Protocol
 
 from sn_monitor.config import Duration, optional, positive, setting
 from sn_monitor.controller.k8s.settings import require_client
+from sn_monitor.errors import SnMonitorError
 from sn_monitor.transport import check_http_url
 
 
-class LeaseError(Exception):
+class LeaseError(SnMonitorError):
     """The lease's backend could not be asked (the store or the API server is away)."""
 
 

@@ -21,14 +21,14 @@ Source = Literal["reported", "scanned"]
 #: Checkpoint directory names: step_000123, step-123, checkpoint-123 (Hugging Face),
 #: global_step123 (DeepSpeed), iter_0000123 (Megatron), ckpt_123, ...
 _STEP_NAME = re.compile(
-    r"^(?:global_step|checkpoint|ckpt|step|iter|iteration)[-_]?(\d+)$", re.IGNORECASE)
+    r"(?:global_step|checkpoint|ckpt|step|iter|iteration)[-_]?(\d+)", re.IGNORECASE)
 #: Directory walks for sizes stop after this many files (a checkpoint is a flat dir).
 _MAX_FILES = 100_000
 
 
 def parse_step(name: str) -> int | None:
     """The training step a checkpoint directory name carries, or None."""
-    match = _STEP_NAME.match(name)
+    match = _STEP_NAME.fullmatch(name)
     return int(match.group(1)) if match else None
 
 

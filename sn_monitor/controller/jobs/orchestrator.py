@@ -30,6 +30,7 @@ from sn_monitor.controller.jobs.advisor import FleetFaults
 from sn_monitor.controller.jobs.checkpoints import Checkpoint
 from sn_monitor.controller.jobs.hangs import find_hang
 from sn_monitor.controller.jobs.ports import JobActions
+from sn_monitor.controller.jobs.progress import on_controller_clock
 from sn_monitor.controller.jobs.recovery.engine import RecoveryEngine
 from sn_monitor.controller.jobs.recovery.model import FaultKind, Recovery
 from sn_monitor.controller.jobs.registry import JobRecord, JobRegistry, NodeLabels, NodeRole
@@ -65,6 +66,8 @@ class JobOrchestrator:
         self.clock = clock
         self.settings = settings or JobSettings()
         self._lock = threading.RLock()
+        #: A worker runs :meth:`scan_checkpoints`; :meth:`tick` does not.
+        self.scans_elsewhere = False
         self.actions = actions
         self.registry = JobRegistry(store, clock, self.settings, node_labels)
         self.fleet = FleetFaults()
@@ -120,9 +123,12 @@ class JobOrchestrator:
             return None if j is None else j.job
 
     def jobs_of_node(self, node: str) -> list[str]:
-        """The jobs running on ``node`` (not those holding it as a spare)."""
-        with self._lock:
-            return self.registry.jobs_of_node(node)
+        """The jobs running on ``node`` (not those holding it as a spare).
+
+        Without the lock: the event loop asks for every report, and the lock is held
+        around store writes. The registry reads a copy of its records.
+        """
+        return self.registry.jobs_of_node(node)
 
     def roles_of(self, node: str) -> dict[str, NodeRole]:
         """What ``node`` is to each job that knows it: member, spare or evicted."""
@@ -192,7 +198,8 @@ class JobOrchestrator:
         now = self.clock.time()
         with self._lock:
             j = self.registry.get(job)
-            batch = list(updates)[-self.settings.max_updates:]
+            batch = [(step, on_controller_clock(when, now))  # the rank's clock, bounded
+                     for step, when in list(updates)[-self.settings.max_updates:]]
             j.progress.update(rank, node, world_size, batch, step_time, now)
             if j.job.spec.nodes_from_progress and node not in j.row.nodes:
                 self.registry.refresh(j)
@@ -377,18 +384,36 @@ class JobOrchestrator:
 
     # ------------------------------------------------------------------ tick
 
-    def tick(self) -> list[HangFinding]:
-        """Every sweep: scans, scheduled checkpoints, hang detection, recovery steps."""
+    def scan_checkpoints(self) -> None:
+        """Look through the checkpoint directories that are due, verify each job's latest.
+
+        File system work, on shared storage that may be slow: no lock is held meanwhile.
+        The controller's ``checkpoints`` worker runs it (set :attr:`scans_elsewhere`), so
+        that a slow mount delays neither the sweep nor a report; otherwise :meth:`tick`
+        runs it first.
+        """
         with self._lock:
             jobs = [(j, self._scan_due(j, self._scan_every(j))) for j in self.registry.records()]
-        latest = {j.name: _latest(j, scan=scan) for j, scan in jobs}
+        for j, scan in jobs:
+            j.verified = _latest(j, scan=scan)
+
+    def tick(self) -> list[HangFinding]:
+        """Every sweep: scheduled checkpoints, hang detection, recovery steps.
+
+        Each job's latest complete checkpoint is the last one :meth:`scan_checkpoints`
+        verified.
+        """
+        if not self.scans_elsewhere:
+            self.scan_checkpoints()
+        with self._lock:
+            jobs = list(self.registry.records())
         findings: list[HangFinding] = []
-        for j, _ in jobs:
+        for j in jobs:
             with self._lock:
                 if self.registry.find(j.name) is not j:
                     continue  # removed meanwhile
                 try:
-                    self._tick_job(j, latest[j.name], findings)
+                    self._tick_job(j, j.verified, findings)
                 except StoreError as err:
                     log.error("job %s: store unavailable, trying again: %s", j.name, err)
         return findings

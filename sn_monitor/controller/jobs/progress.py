@@ -19,6 +19,10 @@ steps took. Steps re-computed after a restore from an older checkpoint do not mo
 frontier, so the work lost since that checkpoint is not productive either. While the
 median step time is not known yet, a gap counts whole up to ``unknown_gap`` seconds.
 The very first step gives no credit (its start is not known).
+
+The ranks' times are taken on the controller's clock, as a report's events are
+(:func:`on_controller_clock`): a rank whose clock is a day ahead or a year behind, or that
+sends 1e308, neither dates its progress in the future nor makes a step last a year.
 """
 
 from __future__ import annotations
@@ -27,8 +31,20 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sn_monitor.controller.ingest import MAX_EVENT_AGE_SECONDS
+
 #: A frontier gap up to this many median step times per step counts whole (jitter).
 SLACK = 2.0
+
+
+def on_controller_clock(when: float, now: float) -> float:
+    """A rank's wall time ``when`` as the controller keeps it, ``now`` its receive time.
+
+    After ``now`` (the rank's clock is ahead) it is ``now``; more than
+    :data:`~sn_monitor.controller.ingest.MAX_EVENT_AGE_SECONDS` before it, that old: the
+    bounds :func:`~sn_monitor.controller.ingest.controller_times` puts on events.
+    """
+    return min(now, max(now - MAX_EVENT_AGE_SECONDS, when))
 
 
 @dataclass
@@ -75,7 +91,11 @@ class JobProgress:
     def update(self, rank: int, node: str, world_size: int,
                updates: Sequence[tuple[int, float]], step_time: float | None,
                now: float) -> bool:
-        """Take one rank's batch; True when the rank advanced."""
+        """Take one rank's batch; True when the rank advanced.
+
+        ``now``: the controller's wall time; the batch's times are clamped to it
+        (:func:`on_controller_clock`).
+        """
         if world_size < 1 or world_size > self.max_ranks:
             raise ValueError(f"world_size must be between 1 and {self.max_ranks}, "
                              f"got {world_size}")
@@ -90,7 +110,8 @@ class JobProgress:
         self.world_size = world_size
         current = self.ranks.get(rank)
         advanced = False
-        for step, when in sorted(updates, key=lambda u: (u[1], u[0])):
+        batch = [(step, on_controller_clock(when, now)) for step, when in updates]
+        for step, when in sorted(batch, key=lambda u: (u[1], u[0])):
             if step < 0:
                 raise ValueError(f"a step is not negative, got {step}")
             self._frontier(step, when, now)
@@ -173,4 +194,4 @@ class JobProgress:
         return max((r.step for r in self.ranks.values()), default=None)
 
 
-__all__ = ["SLACK", "JobProgress", "RankProgress"]
+__all__ = ["SLACK", "JobProgress", "RankProgress", "on_controller_clock"]

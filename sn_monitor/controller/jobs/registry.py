@@ -24,7 +24,7 @@ import msgspec
 from sn_monitor.clock import Clock
 from sn_monitor.config import ConfigError
 from sn_monitor.controller.jobs.advisor import SaveTimes
-from sn_monitor.controller.jobs.checkpoints import CheckpointRegistry
+from sn_monitor.controller.jobs.checkpoints import Checkpoint, CheckpointRegistry
 from sn_monitor.controller.jobs.progress import JobProgress
 from sn_monitor.controller.jobs.recovery.model import CheckpointRef
 from sn_monitor.controller.jobs.settings import JobError, JobSettings, UnknownJob
@@ -78,6 +78,8 @@ class JobRecord:
         self.progress = progress
         #: The blocking save times its checkpoint reports gave (the interval advisor's).
         self.saves = SaveTimes()
+        #: The latest complete checkpoint as last verified on disk (the scans').
+        self.verified: Checkpoint | None = None
         self.last_scan = -math.inf
         self.last_saved = -math.inf
         self.dirty = False
@@ -202,7 +204,8 @@ class JobRegistry:
 
     def jobs_of_node(self, node: str) -> list[str]:
         """The jobs running on ``node`` (not those holding it as a spare)."""
-        return sorted(name for name, j in self._jobs.items() if node in j.members)
+        # a copy (one C call, atomic under the GIL): callers need not hold the lock
+        return sorted(name for name, j in tuple(self._jobs.items()) if node in j.members)
 
     def roles_of(self, node: str) -> dict[str, NodeRole]:
         """What ``node`` is to each job that knows it: a member, a spare, evicted."""

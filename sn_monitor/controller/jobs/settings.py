@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sn_monitor.config import Duration, non_negative, positive, setting
+from sn_monitor.errors import SnMonitorError
 
 
-class JobError(Exception):
+class JobError(SnMonitorError):
     """A job request that cannot be done (the API answers 409)."""
 
 

@@ -70,9 +70,10 @@ DEFAULT_CHECKPOINT_INTERVAL = 900.0
 
 RecoveryStrategy = Literal["elastic", "restart", "manual"]
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_KEY = re.compile(r"^([a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?/)?"
-                        r"[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$")
+# Matched with fullmatch: the whole string ("$" would let a final newline through).
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_LABEL_KEY = re.compile(r"([a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?/)?"
+                        r"[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?")
 
 
 class JobSpecError(ConfigError):
@@ -85,7 +86,7 @@ class JobSpecError(ConfigError):
 
 
 def _dns_label(value: str) -> None:
-    if len(value) > 63 or not _DNS_LABEL.match(value):
+    if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
         raise ValueError(
             f"must be a DNS-1123 label (lower-case letters, digits and '-', starting and "
             f"ending with a letter or digit, at most 63 characters), got {value!r}")
@@ -129,7 +130,7 @@ def _no_duplicates(names: Iterable[str]) -> None:
 
 def _labels(value: dict[str, str]) -> None:
     for key in value:
-        if len(key) > 316 or not _LABEL_KEY.match(key):
+        if len(key) > 316 or not _LABEL_KEY.fullmatch(key):
             raise ValueError(f"invalid label key {key!r}")
 
 

@@ -17,10 +17,11 @@ from sn_monitor.transport import check_http_url
 #: What to install for the Kubernetes drivers and lease.
 KUBERNETES_EXTRA = "pip install 'sn-monitor[kubernetes]'"
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_KEY = re.compile(r"^([a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?/)?"
-                        r"[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?)?$")
+# Matched with fullmatch: the whole string ("$" would let a final newline through).
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_LABEL_KEY = re.compile(r"([a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?/)?"
+                        r"[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?")
+_LABEL_VALUE = re.compile(r"([a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?)?")
 
 
 
@@ -62,7 +63,7 @@ class KubernetesSettings:
 
 
 def _namespace(value: str) -> None:
-    if len(value) > 63 or not _DNS_LABEL.match(value):
+    if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
         raise ValueError(f"must be a Kubernetes namespace name (a DNS-1123 label), got {value!r}")
 
 
@@ -71,9 +72,9 @@ def _selector(value: dict[str, str]) -> None:
         raise ValueError("an empty selector would match every pod in the namespace: give at "
                          "least one label, e.g. {training.kubeflow.org/job-name: trillion}")
     for key, wanted in value.items():
-        if len(key) > 316 or not _LABEL_KEY.match(key):
+        if len(key) > 316 or not _LABEL_KEY.fullmatch(key):
             raise ValueError(f"invalid label key {key!r}")
-        if len(wanted) > 63 or not _LABEL_VALUE.match(wanted):
+        if len(wanted) > 63 or not _LABEL_VALUE.fullmatch(wanted):
             raise ValueError(f"invalid label value {wanted!r} for {key!r}")
 
 

@@ -40,14 +40,13 @@ import msgspec
 
 from sn_monitor.controller.rules.base import Evaluator, Finding, Now
 from sn_monitor.controller.rules.spec import REGEX_MATCH, AlertRule
-from sn_monitor.model import MAX_GPUS
+from sn_monitor.errors import SnMonitorError
+from sn_monitor.model import MAX_GPUS, is_node_name
 
 #: The only webhook payload version Alertmanager has sent so far (0.x), and we read.
 WEBHOOK_VERSION: Final = "4"
 #: The ``source`` label of the alerts sn-monitor sends (actions/alertmanager.py).
 OWN_SOURCE: Final = "sn-monitor"
-#: What a node name may be: the same rule as for a report's node.
-_NODE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 Timestamp = Annotated[datetime, msgspec.Meta(tz=True)]
 AlertStatus = Literal["firing", "resolved"]
@@ -85,12 +84,11 @@ class _Version(msgspec.Struct):
     version: object = None
 
 
-class WebhookRejected(ValueError):
-    """A payload that cannot be read: ``status`` (400) and a message naming the field."""
+class WebhookRejected(ValueError, SnMonitorError):
+    """A payload that cannot be read: a message naming the field."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, message: str) -> None:
         super().__init__(message)
-        self.status = status
         self.message = message
 
 
@@ -99,16 +97,16 @@ _version_decoder = msgspec.json.Decoder(_Version)
 
 
 def decode_webhook(body: bytes) -> WebhookPayload:
-    """Decode and check one notification; WebhookRejected(400) says what is wrong."""
+    """Decode and check one notification; WebhookRejected says what is wrong."""
     try:
         payload = _decoder.decode(body)
     except msgspec.ValidationError as err:
         _check_version(body)
-        raise WebhookRejected(400, f"invalid Alertmanager payload: {err}") from None
+        raise WebhookRejected(f"invalid Alertmanager payload: {err}") from None
     except msgspec.DecodeError as err:
-        raise WebhookRejected(400, f"malformed JSON: {err}") from None
+        raise WebhookRejected(f"malformed JSON: {err}") from None
     if payload.version != WEBHOOK_VERSION:
-        raise WebhookRejected(400, _version_message(payload.version))
+        raise WebhookRejected(_version_message(payload.version))
     return payload
 
 
@@ -119,7 +117,7 @@ def _check_version(body: bytes) -> None:
     except (msgspec.ValidationError, msgspec.DecodeError):
         return
     if isinstance(version, str) and version != WEBHOOK_VERSION:
-        raise WebhookRejected(400, _version_message(version))
+        raise WebhookRejected(_version_message(version))
 
 
 def _version_message(version: str) -> str:
@@ -165,7 +163,7 @@ def node_of(labels: Mapping[str, str], node_label: str) -> str | None:
     node = labels.get(node_label, "")
     if not node:
         node = _without_port(labels.get("instance", ""))
-    return node if _NODE_NAME.fullmatch(node) else None
+    return node if is_node_name(node) else None  # the same rule as for a report's node
 
 
 def _without_port(instance: str) -> str:

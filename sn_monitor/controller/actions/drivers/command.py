@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from sn_monitor.config import Duration, positive, setting
 from sn_monitor.controller.actions.base import Outcome, PermanentError, TemporaryError
 from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.errors import SnMonitorError
 
 EX_TEMPFAIL = 75
 #: How much of stderr/stdout an error or outcome quotes.
@@ -75,7 +76,7 @@ class Finished:
     stderr: str
 
 
-class Timeout(Exception):
+class Timeout(SnMonitorError):
     """The program ran past its timeout; its process group was killed."""
 
 

@@ -40,9 +40,9 @@ from sn_monitor.controller.audit import ActionRequest
 log = logging.getLogger(__name__)
 
 #: A job id, or one task of a job array (``1234_7``).
-_JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
-_JOB_NAME = re.compile(r"^[^\s,]+$")
-_USER = re.compile(r"^[A-Za-z0-9_.][-A-Za-z0-9_.$]*$")
+_JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?")
+_JOB_NAME = re.compile(r"[^\s,]+")
+_USER = re.compile(r"[A-Za-z0-9_.][-A-Za-z0-9_.$]*")
 #: stderr phrases that retrying cannot fix.
 _PERMANENT = re.compile(
     r"Invalid job id|already completing or completed|Access/permission denied|"
@@ -56,17 +56,17 @@ WAITING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"
 
 
 def _job_id(value: str | None) -> None:
-    if value is not None and not _JOB_ID.match(value):
+    if value is not None and not _JOB_ID.fullmatch(value):
         raise ValueError(f"expected a Slurm job id such as '4242' or '4242_7', got {value!r}")
 
 
 def _job_name(value: str | None) -> None:
-    if value is not None and not _JOB_NAME.match(value):
+    if value is not None and not _JOB_NAME.fullmatch(value):
         raise ValueError(f"expected a Slurm job name without spaces or commas, got {value!r}")
 
 
 def _user(value: str | None) -> None:
-    if value is not None and not _USER.match(value):
+    if value is not None and not _USER.fullmatch(value):
         raise ValueError(f"expected a user name, got {value!r}")
 
 
@@ -163,7 +163,7 @@ class SlurmJobControl:
         out: list[tuple[str, str | None]] = []
         for line in self._run(argv, "squeue").splitlines():
             parts = line.split()
-            if len(parts) >= 2 and _JOB_ID.match(parts[0]):
+            if len(parts) >= 2 and _JOB_ID.fullmatch(parts[0]):
                 out.append((parts[0], parts[1].upper()))
         if not out:
             who = f" of user {self.settings.user}" if self.settings.user else ""

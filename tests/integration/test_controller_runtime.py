@@ -1,0 +1,287 @@
+"""The controller's runtime, from outside: a real ``sn-monitor controller`` process.
+
+- A checkpoint directory whose listing blocks for 10 s (the file system call slowed in
+  the controller process by a ``sitecustomize`` the test writes): reports keep being
+  answered at their usual latency and none is lost, and the sweep does not stall.
+- Each worker broken by an unexpected exception (the same ``sitecustomize`` makes its
+  next call raise when the test drops a file named after it): it is logged, started
+  again (``sn_controller_worker_up`` back to 1) and the controller still works; a broken
+  server stops the process in order.
+- SIGTERM under load: the process ends within the stop deadline, exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import requests
+
+from sn_monitor.controller.runtime import STOP_DEADLINE_SECONDS
+from tests.integration.cluster import Cluster, ClusterHa, metric_value
+
+pytestmark = pytest.mark.integration
+
+WAIT = 60.0
+NODES = [f"sim-{i}" for i in range(16)]
+#: How long the checkpoint directory's listing blocks.
+BLOCK_SECONDS = 10.0
+
+SITECUSTOMIZE = '''\
+"""Test hooks for one controller process (tests/integration/test_controller_runtime.py)."""
+import functools, os, pathlib, time
+
+_slow = os.environ.get("SN_TEST_SLOW_LISTING")
+if _slow:
+    _iterdir = pathlib.Path.iterdir
+
+    def _slow_iterdir(self):
+        if str(self) == _slow and os.path.exists(_slow + ".slow"):
+            pathlib.Path(_slow + ".listing").touch()
+            time.sleep(BLOCK)
+            os.remove(_slow + ".slow")
+        return _iterdir(self)
+
+    pathlib.Path.iterdir = _slow_iterdir
+
+_breaks = os.environ.get("SN_TEST_BREAK_DIR")
+if _breaks:
+    import importlib
+
+    TARGETS = {
+        "sweep": ("sn_monitor.controller.service", "Controller", "sweep"),
+        "writer": ("sn_monitor.controller.writer", "StoreWriter", "_write"),
+        "actions": ("sn_monitor.controller.actions.runner", "ActionRunner", "tick"),
+        "checkpoints": ("sn_monitor.controller.jobs.orchestrator", "JobOrchestrator",
+                        "scan_checkpoints"),
+        "reload": ("sn_monitor.controller.service", "Controller", "reload_rules"),
+        "server": ("sn_monitor.controller.daemon", "NotifyingServer", "on_tick"),
+        "lease": ("sn_monitor.controller.ha.elector", "Elector", "check"),
+    }
+
+    def _breakable(worker, method):
+        flag = os.path.join(_breaks, worker)
+
+        @functools.wraps(method)
+        def call(*args, **kwargs):
+            if os.path.exists(flag):
+                os.remove(flag)
+                raise RuntimeError(f"{worker} broken by the test")
+            return method(*args, **kwargs)
+        return call
+
+    for _worker, (_module, _cls, _name) in TARGETS.items():
+        _owner = getattr(importlib.import_module(_module), _cls)
+        setattr(_owner, _name, _breakable(_worker, getattr(_owner, _name)))
+'''
+
+
+class Rig:
+    """The controller process, its job with a checkpoint directory, a report sender."""
+
+    def __init__(self, root: Path, ha: ClusterHa | None = None) -> None:
+        self.site = root / "site"
+        self.site.mkdir(parents=True)
+        (self.site / "sitecustomize.py").write_text(
+            SITECUSTOMIZE.replace("BLOCK", repr(BLOCK_SECONDS)))
+        self.breaks = root / "breaks"
+        self.breaks.mkdir()
+        self.ckpt = root / "ckpt"
+        self.ckpt.mkdir()
+        self.cluster = Cluster(root, nodes=0, config={
+            "recovery": {"scan_interval": "1s"}}, ha=ha)
+        for controller in self.cluster.controllers:
+            controller.env = {
+                **os.environ, "PYTHONPATH": os.pathsep.join(
+                    [str(self.site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+                "SN_TEST_SLOW_LISTING": str(self.ckpt), "SN_TEST_BREAK_DIR": str(self.breaks)}
+        self.sequence = 0
+        self.session = requests.Session()
+        self.session.headers.update({"Authorization": f"Bearer {self.cluster.agent_token}",
+                                     "Content-Type": "application/json"})
+
+    def start(self) -> None:
+        self.cluster.start_controller(WAIT)
+        job = {"apiVersion": "sn-monitor/v1", "kind": "DistributedJob",
+               "metadata": {"name": "train"},
+               "spec": {"replicas": 4, "nodes": NODES[:4], "checkpointInterval": "1h",
+                        "checkpoint": {"dir": str(self.ckpt)}}}
+        answer = requests.post(f"{self.cluster.url}/api/v1/jobs", json=job, timeout=30,
+                               headers={"Authorization": f"Bearer {self.cluster.admin_token}"})
+        assert answer.status_code == 201, answer.text
+
+    def report(self, node: str) -> float:
+        """One report; its latency in seconds (asserts it was accepted)."""
+        self.sequence += 1
+        body = msgspec.json.encode({
+            "node": node, "instance": "rig", "sequence": self.sequence,
+            "sample_time_seconds": time.time(), "interval_seconds": 1.0,
+            "gpus": [{"index": i, "temperature_celsius": 50.0} for i in range(8)]})
+        started = time.perf_counter()
+        answer = self.session.post(f"{self.cluster.url}/api/v1/reports", data=body,
+                                   timeout=30)
+        latency = time.perf_counter() - started
+        assert answer.status_code == 200, answer.text
+        return latency
+
+    def round_of_reports(self, seconds: float) -> list[float]:
+        """Every node reports, again and again, for ``seconds``: the latencies."""
+        latencies: list[float] = []
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and len(latencies) < 100_000:
+            latencies.extend(self.report(node) for node in NODES)
+            time.sleep(0.05)
+        return latencies
+
+    def log_lines(self, needle: str) -> list[dict[str, object]]:
+        """The controller's JSON log records whose message holds ``needle``."""
+        text = self.cluster.controller.log_path.read_text(encoding="utf-8", errors="replace")
+        records = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        return [r for r in records if needle in str(r.get("message", ""))]
+
+    def metrics(self) -> str:
+        return self.cluster.controller_metrics()
+
+    def accepted(self) -> float:
+        return metric_value(self.metrics(), "sn_controller_reports_total",
+                            outcome="accepted") or 0.0
+
+    def close(self) -> None:
+        self.session.close()
+        self.cluster.close()
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    rig = Rig(tmp_path_factory.mktemp("runtime"))
+    try:
+        rig.start()
+        yield rig
+    finally:
+        rig.close()
+
+
+def _p99(latencies: list[float]) -> float:
+    return statistics.quantiles(latencies, n=100)[98]
+
+
+def test_a_blocked_checkpoint_listing_stalls_no_report(rig: Rig) -> None:
+    baseline = rig.round_of_reports(3.0)  # the same load, before: this machine's noise
+    before = rig.accepted()
+    (rig.ckpt.parent / (rig.ckpt.name + ".slow")).touch()
+    listing = rig.ckpt.parent / (rig.ckpt.name + ".listing")
+    rig.cluster.wait_for(listing.exists, WAIT, "the controller listing the directory")
+    blocked_from = time.monotonic()
+    during = rig.round_of_reports(BLOCK_SECONDS - 2.0)
+    assert time.monotonic() - blocked_from < BLOCK_SECONDS, "the round outlasted the block"
+    assert (rig.ckpt.parent / (rig.ckpt.name + ".slow")).exists(), "the block ended early"
+    # The issue's bound is 50 ms; on a loaded machine this one's own noise may be more.
+    bound = max(0.050, 3 * _p99(baseline))
+    p50, p99 = statistics.median(during), _p99(during)
+    assert p99 < bound, (f"p99 {p99 * 1000:.1f} ms while the listing blocks (p50 "
+                         f"{p50 * 1000:.1f} ms; before: p99 {_p99(baseline) * 1000:.1f} ms)")
+    assert max(during) < BLOCK_SECONDS / 2, "a report waited for the listing"
+    assert rig.accepted() - before == len(during), "a report was lost"
+    assert not rig.cluster.logs_containing("controller stalled"), \
+        "the sweep stalled behind the listing"
+    rig.cluster.wait_for(lambda: not (rig.ckpt.parent / (rig.ckpt.name + ".slow")).exists(),
+                         WAIT, "the listing to end")
+
+
+@pytest.mark.parametrize("worker", ["sweep", "writer", "actions", "checkpoints", "reload"])
+def test_a_broken_worker_is_logged_and_started_again(rig: Rig, worker: str) -> None:
+    failed = f"worker {worker} failed"
+    seen = len(rig.cluster.logs_containing(failed))
+    (rig.breaks / worker).touch()
+    if worker == "reload":
+        assert rig.cluster.controller.popen is not None
+        rig.cluster.controller.popen.send_signal(signal.SIGHUP)
+    elif worker == "writer":
+        rig.report(NODES[0])  # a new label set is a write; any report's events would do
+        rig.report("sim-new-" + str(rig.sequence))
+    rig.cluster.wait_for(lambda: len(rig.cluster.logs_containing(failed)) > seen, WAIT,
+                         f"the {worker} worker's failure logged")
+    line = rig.log_lines(failed)[-1]
+    assert f"{worker} broken by the test" in json.dumps(line), line  # with its traceback
+    rig.cluster.wait_for(
+        lambda: metric_value(rig.metrics(), "sn_controller_worker_up", worker=worker) == 1.0,
+        WAIT, f"the {worker} worker up again")
+    assert not (rig.breaks / worker).exists()
+    assert rig.report(NODES[1]) < WAIT  # and the controller still answers
+    assert rig.cluster.controller.running
+
+
+def test_sigterm_under_load_ends_within_the_deadline(rig: Rig) -> None:
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        for _ in range(100_000):
+            if stop.is_set():
+                return
+            try:
+                rig.report(NODES[2])
+            except (requests.RequestException, AssertionError):
+                return  # the controller went away: expected
+            except BaseException as err:  # noqa: BLE001 -- handed to the test
+                errors.append(err)
+                return
+
+    sender = threading.Thread(target=load, name="test-report-load")
+    sender.start()
+    try:
+        time.sleep(1.0)
+        proc = rig.cluster.controller.popen
+        assert proc is not None
+        asked = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=STOP_DEADLINE_SECONDS + 15)
+        took = time.monotonic() - asked
+    finally:
+        stop.set()
+        sender.join(timeout=WAIT)
+    assert not errors
+    assert code == 0, rig.cluster.logs()
+    assert took < STOP_DEADLINE_SECONDS + 5, f"stopped in {took:.1f}s"
+    assert rig.cluster.logs_containing("controller stopped")
+
+
+def test_a_broken_server_stops_the_process_in_order(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    try:
+        rig.start()
+        proc = rig.cluster.controller.popen
+        assert proc is not None
+        (rig.breaks / "server").touch()
+        code = proc.wait(timeout=STOP_DEADLINE_SECONDS + 15)
+        assert code != 0
+        assert rig.cluster.logs_containing("server broken by the test")
+        assert rig.cluster.logs_containing("controller stopped")
+    finally:
+        rig.close()
+
+
+def test_a_broken_lease_renewer_stops_the_active_and_the_standby_takes_over(
+        tmp_path: Path, pg_dsn: str) -> None:
+    rig = Rig(tmp_path, ha=ClusterHa(pg_dsn))
+    try:
+        rig.cluster.start_controller(WAIT)
+        active = rig.cluster.find_active(WAIT)
+        assert active.popen is not None
+        (rig.breaks / "lease").touch()
+        code = active.popen.wait(timeout=STOP_DEADLINE_SECONDS + 30)
+        assert code == 1, active.tail()
+        assert "worker lease failed" in active.tail(200)
+        assert "lease broken by the test" in active.tail(200)
+        successor = rig.cluster.find_active(WAIT)
+        assert successor is not active
+    finally:
+        rig.close()

@@ -1,0 +1,119 @@
+"""The rule of app.py for where a handler's work runs, checked on every route.
+
+A recording controller answers every call and notes whether it was made on the event
+loop (an asyncio loop running in the calling thread). The reports and the probes run on
+the loop; every other route's controller call runs in the thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+import pytest
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from sn_monitor.controller.app import build_app
+from sn_monitor.controller.errors import Unavailable
+from sn_monitor.model import ReportReply
+
+#: The routes whose controller call runs on the loop (memory only, microseconds).
+ON_LOOP = {("POST", "/api/v1/reports"), ("GET", "/healthz"), ("GET", "/readyz")}
+
+JSON = {"Content-Type": "application/json"}
+
+
+def _on_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class RecordingController:
+    """Every ControllerApi method: notes (name, on the loop?) and answers something."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bool]] = []
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        answers: dict[str, Any] = {
+            "ingest": ReportReply(sequence=1), "health": (True, {"status": "ok"}),
+            "metrics": b"", "delete_job": None, "restore_point": {"step": 1},
+        }
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, _on_loop()))
+            if name.startswith("list_") or name == "service_discovery":
+                return []
+            return answers.get(name, {"name": "x"})
+        return call
+
+
+def _request(route: Route, method: str) -> tuple[str, dict[str, Any]]:
+    path = route.path
+    for param, value in (("{name}", "x"), ("{node}", "n1"), ("{incident_id}", "1"),
+                         ("{action_id}", "ab12"), ("{recovery_id}", "ab12")):
+        path = path.replace(param, value)
+    body = {"open": True, "reason": "test"} if path == "/api/v1/breaker" else {}
+    if path == "/api/v1/alertmanager":
+        body = {"version": "4", "status": "firing", "alerts": [], "receiver": "r",
+                "groupKey": "g", "groupLabels": {}, "commonLabels": {},
+                "commonAnnotations": {}, "externalURL": "http://am", "truncatedAlerts": 0}
+    if path == "/api/v1/jobs" and method == "POST":
+        body = {"apiVersion": "sn-monitor/v1", "kind": "DistributedJob"}
+    kwargs: dict[str, Any] = {}
+    if method == "POST":
+        kwargs = {"content": msgspec.json.encode(body), "headers": JSON}
+    return path, kwargs
+
+
+def _routes(client: TestClient) -> Iterator[tuple[str, Route]]:
+    for route in client.app.router.routes:  # type: ignore[attr-defined]
+        assert isinstance(route, Route)
+        for method in sorted(route.methods or ()):
+            if method != "HEAD":
+                yield method, route
+
+
+@pytest.fixture
+def client_and_controller() -> Iterator[tuple[TestClient, RecordingController]]:
+    controller = RecordingController()
+    with TestClient(build_app(controller, None)) as client:  # type: ignore[arg-type]
+        yield client, controller
+
+
+def test_every_route_follows_the_rule(
+        client_and_controller: tuple[TestClient, RecordingController]) -> None:
+    client, controller = client_and_controller
+    checked = 0
+    for method, route in _routes(client):
+        controller.calls.clear()
+        path, kwargs = _request(route, method)
+        answer = client.request(method, path, **kwargs)
+        assert answer.status_code < 500, (method, path, answer.text)
+        on_loop = (method, route.path) in ON_LOOP
+        for name, called_on_loop in controller.calls:
+            assert called_on_loop == on_loop, (
+                f"{method} {route.path}: controller.{name} ran "
+                f"{'on the event loop' if called_on_loop else 'in the pool'}")
+        checked += bool(controller.calls)
+    assert checked >= 20  # every route that calls the controller was exercised
+
+
+def test_unavailable_says_when_to_ask_again() -> None:
+    class Refusing(RecordingController):
+        def __getattr__(self, name: str) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                raise Unavailable("store unavailable, refusing to act: disk full", 4.6)
+            return call
+
+    with TestClient(build_app(Refusing(), None)) as client:  # type: ignore[arg-type]
+        answer = client.post("/api/v1/nodes/n1/cordon", content=b"", headers=JSON)
+    assert answer.status_code == 503
+    assert answer.headers["retry-after"] == "5"
+    assert answer.json() == {"error": "store unavailable, refusing to act: disk full"}
