@@ -185,6 +185,12 @@ def declared_length(value: str | None) -> int | None:
     return _whole_number(value) if value is not None else None
 
 
+def announces_over(length: str | None, limit: int) -> bool:
+    """Whether a ``Content-Length`` value announces more than ``limit`` bytes."""
+    declared = declared_length(length)
+    return declared is not None and declared > limit
+
+
 def check_body_headers(length: str | None, encoding: str | None, media_type: str | None, *,
                        limit: int, accepted: tuple[str, ...]) -> None:
     """Refuse a body by its headers, before any of it is read: TooLarge or UnsupportedMedia.
@@ -195,10 +201,9 @@ def check_body_headers(length: str | None, encoding: str | None, media_type: str
     aside, in any case), or it has none: the API never guesses what a body is. A
     request without a body needs no Content-Type.
     """
-    declared = declared_length(length)
-    if declared is not None and declared > limit:
+    if announces_over(length, limit):
         raise TooLarge(f"body larger than {limit} bytes")
-    if encoding is None and (length is None or declared == 0):
+    if encoding is None and (length is None or declared_length(length) == 0):
         return
     if media_type is None:
         raise UnsupportedMedia(f"a body without a Content-Type: send {' or '.join(accepted)}")
@@ -261,8 +266,7 @@ class ReportGate:
 
     def announces_too_much(self, headers: dict[bytes, bytes]) -> bool:
         """Whether ``headers`` announce a body over the limit (one never to be read)."""
-        length = declared_length(_latin1(headers.get(b"content-length")))
-        return length is not None and length > self.max_body_bytes
+        return announces_over(_latin1(headers.get(b"content-length")), self.max_body_bytes)
 
     def answer(self, identity: Identity, body: bytes, peer: str | None) -> tuple[int, bytes]:
         """Ingest one report: (HTTP status, JSON body)."""

@@ -370,7 +370,7 @@ def _serve_active(settings: ControllerSettings, clock: Clock, rules: list[Rule],
             log.error("actions still running at the stop deadline: their records say "
                       "so, and the next start resumes them")
         if stuck or not idle:
-            _exit_now(1 if runtime.failure or lost.is_set() else 0, store)
+            _exit_now(1 if runtime.failure or lost.is_set() else 0)
     if lost.is_set():
         log.error("controller stopped acting: it lost the lease (exit 1: restart as a "
                   "standby)")
@@ -381,7 +381,7 @@ def _serve_active(settings: ControllerSettings, clock: Clock, rules: list[Rule],
     return 0
 
 
-def _exit_now(code: int, store: Store) -> None:
+def _exit_now(code: int) -> None:
     """The stop deadline passed with work still running: exit without waiting for it.
 
     Python waits for the thread pools' threads at exit; a driver call or a store write
@@ -390,8 +390,7 @@ def _exit_now(code: int, store: Store) -> None:
     """
     log.error("controller stopped at the deadline (%gs), leaving work unfinished",
               STOP_DEADLINE_SECONDS)
-    logging.shutdown()
-    del store  # not closed: a thread may be inside it
+    logging.shutdown()  # the store is left open: a thread may be inside it
     os._exit(code)
 
 

@@ -313,9 +313,7 @@ class Controller:
         stored_through = -1
         if report.events:
             # dated by the controller's clock, as the view the rules judge is
-            events = (accepted.view.report.events if accepted.applied
-                      and accepted.view.report is not None
-                      else controller_times(report, now).events)
+            events = controller_times(report, now).events
             self.writer.events(report.node, report.instance, events, now)
             stored_through = min(self.writer.stored_through(report.node, report.instance),
                                  max(e.id for e in events))

@@ -5,11 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from sn_monitor.clock import SystemClock
+from sn_monitor.config import ConfigError
 from sn_monitor.controller.runtime import Runtime, Worker, every
+from sn_monitor.controller.settings import load_controller_settings
 
 #: Every wait below is bounded by this (a busy machine is slow, never this slow).
 WAIT = 30.0
@@ -147,3 +150,13 @@ def test_a_worker_name_is_added_once() -> None:
     runtime.add(Worker("sweep", lambda stop: None))
     with pytest.raises(ValueError, match="sweep added twice"):
         runtime.add(Worker("sweep", lambda stop: None))
+
+
+def test_a_driver_timeout_past_the_stop_deadline_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "controller.yaml"
+    config.write_text("sweep_interval: 1s\nrunner:\n  timeout: 20s\n")
+    with pytest.raises(ConfigError) as refused:
+        load_controller_settings(config)
+    message = str(refused.value)
+    assert message.startswith(f"{config}:3: runner.timeout: ")
+    assert "below the controller's stop deadline of 20s" in message

@@ -93,8 +93,8 @@ class JobProgress:
                now: float) -> bool:
         """Take one rank's batch; True when the rank advanced.
 
-        ``now``: the controller's wall time; the batch's times are clamped to it
-        (:func:`on_controller_clock`).
+        ``now``: the controller's wall time; the batch's times are on its clock already
+        (:func:`on_controller_clock`, applied where the batch comes in).
         """
         if world_size < 1 or world_size > self.max_ranks:
             raise ValueError(f"world_size must be between 1 and {self.max_ranks}, "
@@ -110,8 +110,7 @@ class JobProgress:
         self.world_size = world_size
         current = self.ranks.get(rank)
         advanced = False
-        batch = [(step, on_controller_clock(when, now)) for step, when in updates]
-        for step, when in sorted(batch, key=lambda u: (u[1], u[0])):
+        for step, when in sorted(updates, key=lambda u: (u[1], u[0])):
             if step < 0:
                 raise ValueError(f"a step is not negative, got {step}")
             self._frontier(step, when, now)
