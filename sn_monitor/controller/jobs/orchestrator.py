@@ -413,7 +413,7 @@ class JobOrchestrator:
                 if self.registry.find(j.name) is not j:
                     continue  # removed meanwhile
                 try:
-                    self._tick_job(j, j.verified, findings)
+                    self._tick_job(j, _freshest(j), findings)
                 except StoreError as err:
                     log.error("job %s: store unavailable, trying again: %s", j.name, err)
         return findings
@@ -459,6 +459,18 @@ class JobOrchestrator:
             return JobMetrics(jobs=job_metrics(self.registry.records(), self.clock.time(),
                                                self.schedule.advice),
                               recoveries=self.engine.finished())
+
+
+def _freshest(j: JobRecord) -> Checkpoint | None:
+    """The newer of the last scan's verified checkpoint and the newest one reported since.
+
+    A reported checkpoint was verified on disk when it was reported (memory only here):
+    a restore decided between two scans must not take an older one.
+    """
+    known = j.catalogue.latest_complete()
+    if known is not None and (j.verified is None or known.step > j.verified.step):
+        return known
+    return j.verified
 
 
 def _latest(j: JobRecord, *, scan: bool) -> Checkpoint | None:
