@@ -147,7 +147,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashWorld]:
     root = tmp_path_factory.mktemp("crash")
     (root / "drain.py").write_text(DRAIN)
     config = {
-        **CONFIG, "settle": "2s",
+        # settle long enough that a poll on a loaded machine sees the incident within it
+        **CONFIG, "settle": "5s",
         # one fault at a time, each a few seconds after the last: not a partition
         "policy": {**CONFIG["policy"], "node_cooldown": "0s", "breaker": {"enabled": False}},
         "runner": {"retries": 3, "backoff": "3s", "timeout": "15s"},
@@ -290,7 +291,9 @@ def _check_round(w: CrashWorld, name: str, node: str, known: set[str], log: int)
     done = w.c.wait_for(lambda: (r := w.newest(known)) and r["state"] == "done" and r,
                         WAIT * 2, f"{name}: the recovery done")
     drains = [x for x in w.drain_log()[log:] if x["node"] == node and x["what"] == "drained"]
-    assert len(drains) == 1, (name, w.drain_log()[log:])
+    assert len(drains) == 1, (
+        f"{name}: {node} drained {len(drains)} times; the recovery: {done}\n"
+        f"drain log: {w.drain_log()[log:]}\n{w.c.logs(lines=80)}")
     assert drains[0]["id"] == done["actions"][f"evict:{node}"]
     restores = [x for x in w.job.calls("restore")
                 if x["params"].get("recovery") == done["id"] and not x["duplicate"]]
@@ -319,6 +322,10 @@ def _reset(w: CrashWorld, node: str) -> None:
     w.restart_delay(0.0)
     for gate in (w.drain_gate, w.restore_gate, w.root / "fail-once"):
         gate.unlink(missing_ok=True)
+    # the uncordon runs on the action runner: the next round starts once it has run, so
+    # that it never decides with this node still counted out of service
+    w.c.wait_for(lambda: not w.c.get(f"/api/v1/nodes/{node}")["cordoned_by_us"], WAIT,
+                 f"{node} uncordoned")
 
 
 @pytest.mark.timeout(300)
