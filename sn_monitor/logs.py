@@ -55,5 +55,3 @@ def configure_logging(fmt: LogFormat = "text", level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # APScheduler logs every job run at INFO: once a second is noise, not an event.
-    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, root.level))

@@ -1,6 +1,6 @@
 """The agent process: a sampling loop on its own clock, the guard, the reporter, HTTP.
 
-Each cycle (APScheduler, never overlapping, late runs coalesced) samples, lets the
+Each cycle (:class:`SamplingLoop`: never overlapping, missed slots skipped) samples, lets the
 :class:`ThermalGuard` act on the fresh snapshot, spools the cycle's events and hands the
 snapshot to the report thread. Reporting runs on its own thread so a slow or hanging
 controller never delays sampling or the guard; events are spooled on the sampling
@@ -13,13 +13,12 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
-
-from apscheduler.schedulers.background import BackgroundScheduler
 
 from sn_monitor.agent.collectors.base import Collector
 from sn_monitor.agent.collectors.gpu import NvmlCollector
@@ -48,6 +47,47 @@ BeforeSample = Callable[[float], None]
 AfterSample = Callable[[NodeSnapshot], None]
 
 STOP_DEADLINE_SECONDS = 20.0
+
+
+def next_slot(due: float, now: float, period: float) -> float:
+    """The first slot after ``now`` of the series ``due + k * period`` (k >= 1)."""
+    due += period
+    if now >= due:
+        due += ((now - due) // period + 1) * period
+    return due
+
+
+class SamplingLoop:
+    """Calls ``cycle`` every ``period`` seconds on its own thread, at a fixed rate.
+
+    The slots are ``start + k * period``; a cycle that overruns skips the slots it
+    missed (it never runs twice in a row to catch up). It sleeps on real time
+    (``time.monotonic``): the agent's injected clock dates samples, it does not pace them.
+    """
+
+    def __init__(self, cycle: Callable[[], None], period: float) -> None:
+        if period <= 0:
+            raise ValueError("the sampling period must be positive")
+        self._cycle = cycle
+        self._period = period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agent-sample", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        period = self._period
+        due = time.monotonic() + period
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            self._cycle()
+            due = next_slot(due, time.monotonic(), period)
+
+    def stop(self, timeout: float) -> None:
+        """Stop after the cycle running now, if any (waits at most ``timeout``)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout)
 
 
 class ReportLoop:
@@ -128,12 +168,12 @@ class Agent:
         self.sampler = Sampler(settings.node, collectors, clock)
         self.protection = protection
         self.exporter = SnapshotCollector(lambda: self.sampler.latest, self.status)
-        self.exposition = ExpositionCache(self.exporter, lambda: self.sampler.latest)
+        self.exposition = ExpositionCache(self.exporter.families, lambda: self.sampler.latest)
         self._before = before_sample
         self._after = list(after_sample)
         self._last_tick: float | None = None
         self._recovered = False
-        self._scheduler = BackgroundScheduler(daemon=True)
+        self._sampling = SamplingLoop(self._tick_logged, settings.interval / time_scale)
         self._stopped = threading.Event()
         self._report_loop: ReportLoop | None = None
         self.notifier = SystemdNotifier(clock)
@@ -208,11 +248,7 @@ class Agent:
             self._report_loop.start()
         self.tick()
         self.http.start()
-        self._scheduler.add_job(
-            self._tick_logged, "interval", seconds=self.settings.interval / self.time_scale,
-            id="sample", max_instances=1, coalesce=True, misfire_grace_time=None,
-        )
-        self._scheduler.start()
+        self._sampling.start()
         self.notifier.ready(f"sampling every {self.settings.interval}s")
         self.notifier.watchdog()
         log.info("agent serving on %s, sampling every %ss", self.settings.listen,
@@ -224,8 +260,7 @@ class Agent:
             return
         self._stopped.set()
         self.notifier.stopping()
-        if self._scheduler.running:
-            self._scheduler.shutdown(wait=True)
+        self._sampling.stop(timeout=STOP_DEADLINE_SECONDS / 2)
         if self._report_loop is not None:
             self._report_loop.stop(timeout=5.0)
         if self.protection is not None:

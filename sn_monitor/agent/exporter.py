@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from typing import TYPE_CHECKING, Any
 
 from sn_monitor import __version__
+from sn_monitor.agent.exposition import Family, counter, gauge, to_metric
 from sn_monitor.agent.snapshot import GpuSample, IbPortSample, NetDeviceSample, NodeSnapshot
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 SnapshotSource = Callable[[], NodeSnapshot | None]
 
@@ -126,27 +127,35 @@ def _value(v: Any) -> float | None:
     return float(v)
 
 
-def _family(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily | CounterMetricFamily:
+def _family(name: str, doc: str, labels: list[str]) -> Family:
     if name.endswith("_total"):
-        return CounterMetricFamily(name[: -len("_total")], doc, labels=labels)
-    return GaugeMetricFamily(name, doc, labels=labels)
+        return counter(name[: -len("_total")], doc, labels=labels)
+    return gauge(name, doc, labels=labels)
 
 
-class SnapshotCollector(Collector):
-    """Yields the metric families of the latest snapshot; register it in a fresh registry."""
+class SnapshotCollector:
+    """The metric families of the latest snapshot.
+
+    :meth:`families` for the agent's own text renderer, :meth:`collect` for a
+    client_python registry (a collector is anything with ``collect``: the agent itself
+    never imports prometheus_client).
+    """
 
     def __init__(self, source: SnapshotSource, status: StatusSource | None = None) -> None:
         self._source = source
         self._status = status
 
     def collect(self) -> Iterator[Metric]:
-        info = GaugeMetricFamily("sn_agent_info", "The agent's version.", labels=["version"])
+        return (to_metric(family) for family in self.families())
+
+    def families(self) -> Iterator[Family]:
+        info = gauge("sn_agent_info", "The agent's version.", labels=["version"])
         info.add_metric([__version__], 1.0)
         yield info
         snapshot = self._source()
         if snapshot is None:
             return
-        yield GaugeMetricFamily(
+        yield gauge(
             "sn_agent_last_sample_timestamp_seconds",
             "When the latest sample was taken (the agent samples on its own clock).",
             value=snapshot.timestamp_seconds,
@@ -161,8 +170,8 @@ class SnapshotCollector(Collector):
             yield from self._agent(self._status())
 
     @staticmethod
-    def _agent(status: AgentStatus) -> Iterator[Metric]:
-        throttled = GaugeMetricFamily(
+    def _agent(status: AgentStatus) -> Iterator[Family]:
+        throttled = gauge(
             "sn_guard_throttled", "1 while the agent's thermal guard caps the GPU's power.",
             labels=["gpu"],
         )
@@ -171,18 +180,18 @@ class SnapshotCollector(Collector):
         yield throttled
         if not status.controller_configured:
             return
-        yield CounterMetricFamily("sn_agent_reports", "Reports the controller accepted.",
+        yield counter("sn_agent_reports", "Reports the controller accepted.",
                                   value=status.reports_total)
-        yield CounterMetricFamily("sn_agent_report_failures",
+        yield counter("sn_agent_report_failures",
                                   "Reports that failed (controller unreachable or refusing).",
                                   value=status.report_failures_total)
-        yield GaugeMetricFamily("sn_agent_spool_events",
+        yield gauge("sn_agent_spool_events",
                                 "Events kept on disk until the controller stores them.",
                                 value=status.spool_pending)
-        yield CounterMetricFamily("sn_agent_spool_dropped_events",
+        yield counter("sn_agent_spool_dropped_events",
                                   "Events dropped because the spool was full.",
                                   value=status.spool_dropped_total)
-        in_use = GaugeMetricFamily(
+        in_use = gauge(
             "sn_agent_controller_in_use",
             "1 for the controller that accepted the latest accepted report, 0 for the others.",
             labels=["url"],
@@ -190,7 +199,7 @@ class SnapshotCollector(Collector):
         for url in status.controllers:
             in_use.add_metric([url], 1.0 if url == status.controller_in_use else 0.0)
         yield in_use
-        yield CounterMetricFamily(
+        yield counter(
             "sn_agent_controller_switches",
             "Times a report was accepted by another controller than the one before "
             "(high availability: the active one failed or handed over).",
@@ -198,11 +207,11 @@ class SnapshotCollector(Collector):
         )
 
     @staticmethod
-    def _collectors(snapshot: NodeSnapshot) -> Iterator[Metric]:
-        ok = GaugeMetricFamily("sn_agent_collector_success",
+    def _collectors(snapshot: NodeSnapshot) -> Iterator[Family]:
+        ok = gauge("sn_agent_collector_success",
                                "1 when the collector's last run succeeded.",
                                labels=["collector"])
-        took = GaugeMetricFamily("sn_agent_collector_duration_seconds",
+        took = gauge("sn_agent_collector_duration_seconds",
                                  "How long the collector's last run took.", labels=["collector"])
         for status in snapshot.collectors:
             ok.add_metric([status.name], 1.0 if status.success else 0.0)
@@ -211,15 +220,15 @@ class SnapshotCollector(Collector):
         yield took
 
     @staticmethod
-    def _gpus(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
+    def _gpus(gpus: Sequence[GpuSample]) -> Iterator[Family]:
         if not gpus:
             return
-        info = GaugeMetricFamily(
+        info = gauge(
             "sn_gpu_info", "Identity of each GPU.",
             labels=["gpu", "uuid", "name", "pci_bus_id", "driver_version", "serial",
                     "vbios_version"],
         )
-        lost = GaugeMetricFamily("sn_gpu_lost",
+        lost = gauge("sn_gpu_lost",
                                  "1 when NVML reports the GPU lost or fallen off the bus.",
                                  labels=GPU_LABELS)
         for g in gpus:
@@ -241,8 +250,8 @@ class SnapshotCollector(Collector):
         yield from _gpu_nvlinks(gpus)
 
     @staticmethod
-    def _xids(snapshot: NodeSnapshot) -> Iterator[Metric]:
-        family = CounterMetricFamily(
+    def _xids(snapshot: NodeSnapshot) -> Iterator[Family]:
+        family = counter(
             "sn_gpu_xid_errors", "XID errors by code, from NVML events and the kernel log.",
             labels=["gpu", "uuid", "xid"],
         )
@@ -252,7 +261,7 @@ class SnapshotCollector(Collector):
             uuid = uuids.get(count.gpu, "") if count.gpu is not None else ""
             family.add_metric([gpu, uuid, str(count.xid)], float(count.count))
         yield family
-        events = CounterMetricFamily(
+        events = counter(
             "sn_agent_events", "Fault events seen since the agent started, by kind.",
             labels=["kind"],
         )
@@ -261,7 +270,7 @@ class SnapshotCollector(Collector):
         yield events
 
     @staticmethod
-    def _net(devices: Sequence[NetDeviceSample]) -> Iterator[Metric]:
+    def _net(devices: Sequence[NetDeviceSample]) -> Iterator[Family]:
         if not devices:
             return
         for suffix, attr, doc in _NET_COUNTERS:
@@ -286,11 +295,11 @@ class SnapshotCollector(Collector):
                 yield family
 
     @staticmethod
-    def _infiniband(ports: Sequence[IbPortSample]) -> Iterator[Metric]:
+    def _infiniband(ports: Sequence[IbPortSample]) -> Iterator[Family]:
         if not ports:
             return
         labels = ["device", "port"]
-        info = GaugeMetricFamily("sn_infiniband_port_info", "Link layer of each port.",
+        info = gauge("sn_infiniband_port_info", "Link layer of each port.",
                                  labels=[*labels, "link_layer"])
         for p in ports:
             info.add_metric([p.device, str(p.port), p.link_layer or ""], 1.0)
@@ -300,31 +309,31 @@ class SnapshotCollector(Collector):
             ("phys_state", "phys_state", "Physical port state (5 link up, 3 disabled, 2 polling)."),
             ("rate_bytes_per_second", "rate_bytes_per_second", "Negotiated port data rate."),
         ):
-            gauge = GaugeMetricFamily(f"sn_infiniband_port_{suffix}", doc, labels=labels)
+            state = gauge(f"sn_infiniband_port_{suffix}", doc, labels=labels)
             for p in ports:
                 value = _value(getattr(p, attr))
                 if value is not None:
-                    gauge.add_metric([p.device, str(p.port)], value)
-            if gauge.samples:
-                yield gauge
-        counters: dict[str, CounterMetricFamily] = {}
+                    state.add_metric([p.device, str(p.port)], value)
+            if state.samples:
+                yield state
+        counters: dict[str, Family] = {}
         for p in ports:
             for stem, value in p.counters:
                 family = counters.get(stem)
                 if family is None:
                     doc = _IB_HELP.get(stem, f"InfiniBand port counter {stem}.")
-                    family = CounterMetricFamily(f"sn_infiniband_port_{stem}", doc, labels=labels)
+                    family = counter(f"sn_infiniband_port_{stem}", doc, labels=labels)
                     counters[stem] = family
                 family.add_metric([p.device, str(p.port)], float(value))
         yield from (counters[stem] for stem in sorted(counters))
 
     @staticmethod
-    def _host(snapshot: NodeSnapshot) -> Iterator[Metric]:
+    def _host(snapshot: NodeSnapshot) -> Iterator[Family]:
         host = snapshot.host
         if host is None:
             return
         if host.cpu_seconds_total:
-            cpu = CounterMetricFamily("sn_host_cpu_seconds", "CPU time spent in each mode.",
+            cpu = counter("sn_host_cpu_seconds", "CPU time spent in each mode.",
                                       labels=["mode"])
             for mode, seconds in host.cpu_seconds_total:
                 cpu.add_metric([mode], seconds)
@@ -336,9 +345,9 @@ class SnapshotCollector(Collector):
             ("sn_host_load1", host.load1, "One-minute load average."),
         ):
             if value is not None:
-                yield GaugeMetricFamily(name, doc, value=float(value))
+                yield gauge(name, doc, value=float(value))
         if host.memory_bandwidth:
-            bw = CounterMetricFamily(
+            bw = counter(
                 "sn_host_memory_bandwidth_bytes",
                 "Bytes moved to and from memory per resctrl domain (MBM; does not see DMA).",
                 labels=["domain"],
@@ -348,10 +357,10 @@ class SnapshotCollector(Collector):
             yield bw
 
 
-def _gpu_clocks(gpus: Iterable[GpuSample]) -> Iterator[Metric]:
-    current = GaugeMetricFamily("sn_gpu_clock_hertz", "Current clock frequency.",
+def _gpu_clocks(gpus: Iterable[GpuSample]) -> Iterator[Family]:
+    current = gauge("sn_gpu_clock_hertz", "Current clock frequency.",
                                 labels=[*GPU_LABELS, "clock"])
-    highest = GaugeMetricFamily("sn_gpu_max_clock_hertz", "Highest clock frequency.",
+    highest = gauge("sn_gpu_max_clock_hertz", "Highest clock frequency.",
                                 labels=[*GPU_LABELS, "clock"])
     for g in gpus:
         for family, clock, value in (
@@ -365,8 +374,8 @@ def _gpu_clocks(gpus: Iterable[GpuSample]) -> Iterator[Metric]:
     yield from (f for f in (current, highest) if f.samples)
 
 
-def _gpu_throttle(gpus: Iterable[GpuSample]) -> Iterator[Metric]:
-    family = GaugeMetricFamily(
+def _gpu_throttle(gpus: Iterable[GpuSample]) -> Iterator[Family]:
+    family = gauge(
         "sn_gpu_throttle_active", "1 while the clock event (throttle) reason is active.",
         labels=[*GPU_LABELS, "reason"],
     )
@@ -377,9 +386,9 @@ def _gpu_throttle(gpus: Iterable[GpuSample]) -> Iterator[Metric]:
         yield family
 
 
-def _gpu_nvlinks(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
+def _gpu_nvlinks(gpus: Sequence[GpuSample]) -> Iterator[Family]:
     labels = [*GPU_LABELS, "link"]
-    up = GaugeMetricFamily("sn_gpu_nvlink_up", "1 when the NVLink is active.", labels=labels)
+    up = gauge("sn_gpu_nvlink_up", "1 when the NVLink is active.", labels=labels)
     for g in gpus:
         for link in g.nvlinks:
             if link.up is not None:

@@ -1,29 +1,103 @@
 """The Prometheus text format (0.0.4), rendered once per snapshot and served from memory.
 
+The exporter builds :class:`Family` objects (name, type, help, label names, samples as
+label-value tuples): lighter than client_python's metric families, which build a dict
+and a named tuple per sample. :class:`TextRenderer` writes them exactly as
+client_python's ``generate_latest`` writes gauges and counters, keeping the formatted
+``name{labels}`` prefix of each series between renders (a GPU's labels do not change
+from one sample to the next), so a render formats little more than the values.
+:func:`to_metric` hands a family to client_python, for a registry.
+
 The agent samples on its own clock, so every scrape between two samples would format
 the same snapshot again. :class:`ExpositionCache` renders it once (and gzips it once for
-scrapers that ask) and hands out the bytes. :func:`render_text` writes exactly what
-client_python's ``generate_latest`` writes for gauge and counter families, without its
-per-sample name checks: our names and label names are fixed in code.
+scrapers that ask) and hands out the bytes.
 """
 
 from __future__ import annotations
 
 import gzip
+import math
 import threading
-from collections.abc import Callable, Iterable
-from typing import cast
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Final, Literal
 
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
-
-from sn_monitor.agent.snapshot import NodeSnapshot
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-#: Go's float formatting, as Prometheus writes and reads it (client_python's helper).
-_go_float = cast(Callable[[float], str], floatToGoString)
+FamilyType = Literal["gauge", "counter"]
+#: Series prefixes a renderer keeps at most; past it, it starts over (label values that
+#: churn, such as a controller URL list edited by hand, never grow it without bound).
+MAX_CACHED_SERIES: Final = 50_000
+
+
+class Family:
+    """One metric family: its samples are (label values, value), in the order added.
+
+    A counter is named without ``_total`` (the text adds it), as in client_python.
+    """
+
+    __slots__ = ("documentation", "labelnames", "name", "samples", "type")
+
+    def __init__(self, name: str, documentation: str, kind: FamilyType,
+                 labels: Sequence[str] = (), value: float | None = None) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.type: FamilyType = kind
+        self.labelnames = tuple(labels)
+        self.samples: list[tuple[tuple[str, ...], float]] = []
+        if value is not None:
+            self.samples.append(((), value))
+
+    def add_metric(self, labels: Sequence[str], value: float) -> None:
+        """One series: ``labels`` are the values of :attr:`labelnames`, in that order."""
+        self.samples.append((tuple(labels), value))
+
+
+def gauge(name: str, documentation: str, *, labels: Sequence[str] = (),
+          value: float | None = None) -> Family:
+    return Family(name, documentation, "gauge", labels, value)
+
+
+def counter(name: str, documentation: str, *, labels: Sequence[str] = (),
+            value: float | None = None) -> Family:
+    return Family(name, documentation, "counter", labels, value)
+
+
+def to_metric(family: Family) -> Metric:
+    """The family as client_python's, for a ``CollectorRegistry``."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    labels = list(family.labelnames)
+    out: Metric
+    if family.type == "counter":
+        out = CounterMetricFamily(family.name, family.documentation, labels=labels)
+    else:
+        out = GaugeMetricFamily(family.name, family.documentation, labels=labels)
+    for values, value in family.samples:
+        out.add_metric(list(values), value)
+    return out
+
+
+def go_float(value: float) -> str:
+    """A value as client_python's ``floatToGoString`` writes it.
+
+    Go's shortest form, the exponent past 1e6 as ``e+NN``; written here so that serving
+    /metrics needs no prometheus_client (12 MB of the agent's memory). test_golden
+    compares the two.
+    """
+    d = float(value)
+    if math.isinf(d):
+        return "+Inf" if d > 0 else "-Inf"
+    if d != d:
+        return "NaN"
+    s = repr(d)
+    dot = s.find(".")
+    if d > 0 and dot > 6:
+        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return s
 
 
 def _escape_help(text: str) -> str:
@@ -36,46 +110,95 @@ def _escape_value(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-def render_text(metrics: Iterable[Metric]) -> bytes:
-    """Format gauge and counter families in the text exposition format."""
-    out: list[str] = []
-    append = out.append
-    for metric in metrics:
-        name = metric.name + "_total" if metric.type == "counter" else metric.name
-        if metric.type not in ("counter", "gauge"):
-            raise ValueError(f"{metric.name}: only gauges and counters are rendered here")
-        append(f"# HELP {name} {_escape_help(metric.documentation)}\n# TYPE {name} {metric.type}\n")
-        for sample in metric.samples:
-            labels = sample.labels
-            if labels:
-                body = ",".join(f'{k}="{_escape_value(labels[k])}"' for k in sorted(labels))
-                append(f"{sample.name}{{{body}}} {_go_float(sample.value)}\n")
-            else:
-                append(f"{sample.name} {_go_float(sample.value)}\n")
-    return "".join(out).encode("utf-8")
+class TextRenderer:
+    """Writes families in the text format; remembers each series' formatted prefix."""
+
+    def __init__(self) -> None:
+        self._prefixes: dict[tuple[str, tuple[str, ...]], str] = {}
+        self._headers: dict[tuple[str, str, str], str] = {}
+        #: per label-name tuple: the names in sorted order and where each one sits
+        self._orders: dict[tuple[str, ...], tuple[tuple[str, int], ...]] = {}
+
+    def render(self, families: Iterable[Family]) -> bytes:
+        if len(self._prefixes) > MAX_CACHED_SERIES:
+            self._prefixes.clear()
+        prefixes = self._prefixes
+        out: list[str] = []
+        append = out.append
+        for family in families:
+            sample_name = family.name + "_total" if family.type == "counter" else family.name
+            header = self._headers.get((sample_name, family.type, family.documentation))
+            if header is None:
+                header = (f"# HELP {sample_name} {_escape_help(family.documentation)}\n"
+                          f"# TYPE {sample_name} {family.type}\n")
+                self._headers[(sample_name, family.type, family.documentation)] = header
+            append(header)
+            order = self._order(family.labelnames)
+            for values, value in family.samples:
+                key = (sample_name, values)
+                prefix = prefixes.get(key)
+                if prefix is None:
+                    prefix = prefixes[key] = self._prefix(sample_name, order, values)
+                append(prefix)
+                append(go_float(value))
+                append("\n")
+        return "".join(out).encode("utf-8")
+
+    def _order(self, labelnames: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+        order = self._orders.get(labelnames)
+        if order is None:
+            order = self._orders[labelnames] = tuple(
+                sorted((name, i) for i, name in enumerate(labelnames)))
+        return order
+
+    @staticmethod
+    def _prefix(name: str, order: tuple[tuple[str, int], ...], values: tuple[str, ...]) -> str:
+        if not values:
+            return f"{name} "
+        if len(values) != len(order):
+            raise ValueError(f"{name}: {len(values)} label values for {len(order)} names")
+        body = ",".join(f'{label}="{_escape_value(values[i])}"' for label, i in order)
+        return f"{name}{{{body}}} "
+
+
+def render_text(families: Iterable[Family]) -> bytes:
+    """The families in the text format (a renderer of its own: nothing is remembered)."""
+    return TextRenderer().render(families)
+
+
+FamilySource = Callable[[], Iterable[Family]]
 
 
 class ExpositionCache:
-    """The rendered /metrics body of the latest snapshot, plain and gzipped."""
+    """The rendered /metrics body of the latest snapshot, plain and gzipped.
 
-    def __init__(self, collector: Collector, latest: Callable[[], NodeSnapshot | None]) -> None:
-        self._collector = collector
+    The first scrape after a sample renders it (scrapes come every 15-60 s, samples every
+    second: rendering each sample would mostly format bodies nobody reads); the scrapes
+    after it, until the next sample, get the same bytes.
+    """
+
+    def __init__(self, families: FamilySource, latest: Callable[[], object]) -> None:
+        self._families = families
         self._latest = latest
+        self._renderer = TextRenderer()
         self._lock = threading.Lock()
-        self._for: NodeSnapshot | None = None
+        self._for: object = None
         self._plain = b""
         self._gzipped: bytes | None = None
         self._rendered_once = False
 
+    def _current(self) -> None:
+        snapshot = self._latest()
+        if snapshot is not self._for or not self._rendered_once:
+            self._plain = self._renderer.render(self._families())
+            self._gzipped = None
+            self._for = snapshot
+            self._rendered_once = True
+
     def body(self, want_gzip: bool) -> bytes:
         """The body for the current snapshot, rendering it on first use."""
         with self._lock:
-            snapshot = self._latest()
-            if snapshot is not self._for or not self._rendered_once:
-                self._plain = render_text(self._collector.collect())
-                self._gzipped = None
-                self._for = snapshot
-                self._rendered_once = True
+            self._current()
             if not want_gzip:
                 return self._plain
             if self._gzipped is None:

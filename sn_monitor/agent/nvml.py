@@ -240,6 +240,8 @@ class NvmlLibrary:
         self._event_set: Any = None
         self._event_set_failed = False
         self._reasons_function: str | None = "nvmlDeviceGetCurrentClocksEventReasons"
+        #: The ``nvmlGpmMetricsGet`` request, allocated once (under the lock, like its use).
+        self._gpm_request: Any = None
 
     # ---------------------------------------------------------------- life cycle
 
@@ -962,7 +964,9 @@ class NvmlLibrary:
     ) -> list[tuple[int, float]]:
         """One ``nvmlGpmMetricsGet``: per requested metric, its return code and value."""
         nvml = self._nvml
-        request = nvml.c_nvmlGpmMetricsGet_t()
+        request = self._gpm_request
+        if request is None:  # one request, filled again each call: its metrics array is big
+            request = self._gpm_request = nvml.c_nvmlGpmMetricsGet_t()
         request.version = nvml.NVML_GPM_METRICS_GET_VERSION
         request.numMetrics = len(metric_ids)
         request.sample1 = first

@@ -1,14 +1,19 @@
-"""The agent's HTTP endpoint: /metrics for Prometheus, /healthz for supervisors."""
+"""The agent's HTTP endpoint: /metrics for Prometheus, /healthz for supervisors.
+
+HTTP/1.1 with keep-alive (Prometheus keeps its scrape connections open: a connection a
+scrape is a handshake and a thread each time), a thread per connection, and the
+/metrics body gzipped when the scraper accepts it (from :class:`ExpositionCache`, once
+per snapshot).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable
-from socketserver import ThreadingMixIn
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from sn_monitor.agent.exposition import CONTENT_TYPE, ExpositionCache
 from sn_monitor.agent.snapshot import NodeSnapshot
@@ -16,22 +21,32 @@ from sn_monitor.clock import Clock
 
 log = logging.getLogger(__name__)
 
-StartResponse = Callable[..., Any]
-Environ = dict[str, Any]
 PostHandler = Callable[[bytes], tuple[int, dict[str, Any]]]
 MAX_POST_BYTES = 64 * 1024
+#: An idle keep-alive connection is closed after this long (Prometheus scrapes at most
+#: every few minutes; a thread per idle client must not stay forever).
+IDLE_TIMEOUT_SECONDS = 300.0
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
+class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """Scrapes every few seconds are not worth a log line each."""
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http: " + format, *args)
+def accepts_gzip(header: str | None) -> bool:
+    """Whether an ``Accept-Encoding`` value accepts gzip (``gzip;q=0`` refuses it)."""
+    for part in (header or "").split(","):
+        coding, _, params = part.strip().partition(";")
+        if coding.strip().lower() not in ("gzip", "*"):
+            continue
+        quality = params.strip().lower()
+        if quality.startswith("q="):
+            try:
+                return float(quality[2:]) > 0
+            except ValueError:
+                return False
+        return True
+    return False
 
 
 def health(snapshot: NodeSnapshot | None, now: float, max_age: float) -> tuple[int, dict[str, Any]]:
@@ -65,10 +80,9 @@ class AgentHttpServer:
         self._latest = latest
         self._clock = clock
         self._max_age = max_age
-        self._server = make_server(host, port, self._app, _ThreadingServer,
-                                   handler_class=_QuietHandler)
-        self._thread: threading.Thread | None = None
         self._posts: dict[str, PostHandler] = {}
+        self._server = _Server((host, port), self._handler_class())
+        self._thread: threading.Thread | None = None
 
     def add_post_route(self, path: str, handler: PostHandler) -> None:
         """Serve ``POST path`` with ``handler(body) -> (status, json document)``."""
@@ -79,40 +93,60 @@ class AgentHttpServer:
         """The bound port (useful when asked for port 0)."""
         return int(self._server.server_address[1])
 
-    def _app(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "/")
-        if path == "/metrics":
-            gzipped = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
-            data = self._exposition.body(want_gzip=gzipped)
-            headers = [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(data)))]
-            if gzipped:
-                headers.append(("Content-Encoding", "gzip"))
-            start_response("200 OK", headers)
-            return [data]
-        if path == "/healthz":
-            code, body = health(self._latest(), self._clock.time(), self._max_age)
-            data = json.dumps(body).encode()
-            status = "200 OK" if code == 200 else "503 Service Unavailable"
-            start_response(status, [("Content-Type", "application/json"),
-                                    ("Content-Length", str(len(data)))])
-            return [data]
-        if path in self._posts and environ.get("REQUEST_METHOD") == "POST":
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-            if length > MAX_POST_BYTES:
-                code, doc = 413, {"error": "body too large"}
-            else:
-                code, doc = self._posts[path](environ["wsgi.input"].read(length))
-            data = json.dumps(doc).encode()
-            start_response(f"{code} {'OK' if code < 400 else 'Error'}",
-                           [("Content-Type", "application/json"),
-                            ("Content-Length", str(len(data)))])
-            return [data]
-        if path == "/":
-            data = b"sn-monitor agent: /metrics /healthz\n"
-            start_response("200 OK", [("Content-Type", "text/plain")])
-            return [data]
-        start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not found\n"]
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            timeout = IDLE_TIMEOUT_SECONDS
+
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    gzipped = accepts_gzip(self.headers.get("Accept-Encoding"))
+                    data = server._exposition.body(want_gzip=gzipped)
+                    extra = [("Content-Encoding", "gzip")] if gzipped else []
+                    self._answer(200, CONTENT_TYPE, data, [*extra, ("Vary", "Accept-Encoding")])
+                elif path == "/healthz":
+                    code, body = health(server._latest(), server._clock.time(), server._max_age)
+                    self._answer(code, "application/json", json.dumps(body).encode())
+                elif path == "/":
+                    self._answer(200, "text/plain", b"sn-monitor agent: /metrics /healthz\n")
+                else:
+                    self._answer(404, "text/plain", b"not found\n")
+
+            def do_POST(self) -> None:
+                handler = server._posts.get(self.path.split("?", 1)[0])
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    length = -1
+                if handler is None:
+                    self.close_connection = True
+                    self._answer(404, "text/plain", b"not found\n")
+                    return
+                if length < 0 or length > MAX_POST_BYTES:
+                    self.close_connection = True  # the body is left unread
+                    code, doc = (413, {"error": "body too large"}) if length > 0 else (
+                        400, {"error": "Content-Length: not a length"})
+                else:
+                    code, doc = handler(self.rfile.read(length))
+                self._answer(code, "application/json", json.dumps(doc).encode())
+
+            def _answer(self, code: int, media: str, data: bytes,
+                        headers: list[tuple[str, str]] | None = None) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", media)
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in headers or ():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("http: " + format, *args)
+
+        return Handler
 
     def start(self) -> None:
         """Serve in a background thread."""

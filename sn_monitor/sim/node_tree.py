@@ -5,9 +5,13 @@ tree (point ``procfs`` at :attr:`SimulatedNodeTree.procfs` and ``sysfs`` at
 :attr:`SimulatedNodeTree.sysfs`). :meth:`SimulatedNodeTree.advance` moves the counters
 as traffic would; the fault hooks take ports down, flap them and add errors.
 
-Every file is replaced atomically (written in ``<root>/.staging`` and moved into place
-with :func:`os.replace`), so a collector reading concurrently sees the old contents or
-the new ones, never half a file; and only files whose contents changed are rewritten.
+A /sys file keeps its identity once created, as a sysfs attribute does: it is rewritten
+in place (one ``pwrite``, then the length), so a collector that keeps it open and reads
+it again from offset 0 sees the new value, as on a real node (the agent steps the
+simulation and samples in one thread: it never reads one half rewritten). A /proc file,
+which readers open afresh each time, and any new file are replaced atomically (written
+in ``<root>/.staging`` and moved into place): a reader sees the old contents or the new
+ones, never half a file. Only files whose contents changed are rewritten.
 """
 
 from __future__ import annotations
@@ -379,14 +383,28 @@ class SimulatedNodeTree:
     # ----- writing -----
 
     def _write(self, path: Path, text: str) -> None:
-        """Replace ``path`` atomically with ``text``, unless it already holds it."""
-        if self._written.get(path) == text:
+        """``path`` holds ``text`` from now on: rewritten in place, created whole."""
+        old = self._written.get(path)
+        if old == text:
             return
+        data = text.encode("ascii")
+        if old is not None and path.is_relative_to(self.sysfs):
+            try:
+                fd = os.open(path, os.O_WRONLY)
+            except FileNotFoundError:
+                pass  # removed behind our back (a test's fault): created again below
+            else:
+                try:
+                    os.pwrite(fd, data, 0)
+                    if len(data) < len(old):
+                        os.ftruncate(fd, len(data))
+                finally:
+                    os.close(fd)
+                self._written[path] = text
+                return
         tmp = self._staging / f"{next(self._tmp_names)}.tmp"
-        with open(tmp, "w", encoding="ascii") as f:
-            f.write(text)
-        if path not in self._written:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, path)
         self._written[path] = text
 

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sn_monitor.agent.collectors.gpu import NvmlCollector
@@ -124,8 +126,9 @@ def test_golden_passes_promtool_lint():
 
 
 def test_fast_renderer_writes_what_client_python_writes():
-    """render_text must be byte-identical to generate_latest on a full node."""
-    from sn_monitor.agent.exposition import render_text
+    """render_text must be byte-identical to generate_latest on a full node, at the first
+    render and at the next ones (which reuse the series' formatted labels)."""
+    from sn_monitor.agent.exposition import TextRenderer
 
     gpus = [SimulatedGpu(i, H100_SXM, seed=1) for i in range(2)]
     fake_nvml.configure(gpus)
@@ -133,27 +136,40 @@ def test_fast_renderer_writes_what_client_python_writes():
         sampler = Sampler("n", [NvmlCollector(fake_nvml, ManualClock()),
                                 InfinibandCollector(NODE / "sys")], ManualClock())
         sampler.sample()
+        collector = SnapshotCollector(lambda: sampler.latest)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        renderer = TextRenderer()
+        assert renderer.render(collector.families()) == generate_latest(registry)
+        for gpu in gpus:
+            gpu.step(5.0)
+        sampler.sample()
+        assert renderer.render(collector.families()) == generate_latest(registry)
     finally:
         fake_nvml.reset()
-    collector = SnapshotCollector(lambda: sampler.latest)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    assert render_text(collector.collect()) == generate_latest(registry)
 
 
 def test_escaping_matches_client_python():
-    from prometheus_client.core import GaugeMetricFamily
+    from sn_monitor.agent.exposition import gauge, render_text, to_metric
 
-    from sn_monitor.agent.exposition import render_text
-
-    family = GaugeMetricFamily("sn_x", 'help with \\ and\nnewline', labels=["a", "b"])
+    family = gauge("sn_x", 'help with \\ and\nnewline', labels=["b", "a"])
     family.add_metric(['quote " back \\ nl \n', "ü"], 1e20)
     family.add_metric(["x", "y"], float("inf"))
+    family.add_metric(["1", "2"], 1234567.0)
 
     class One:
         def collect(self):
-            yield family
+            yield to_metric(family)
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(One())
     assert render_text([family]) == generate_latest(registry)
+
+
+@given(st.one_of(st.floats(), st.integers(min_value=0, max_value=2**64)))
+def test_values_are_written_as_client_python_writes_them(value: float) -> None:
+    from prometheus_client.utils import floatToGoString
+
+    from sn_monitor.agent.exposition import go_float
+
+    assert go_float(value) == floatToGoString(value)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -11,7 +12,6 @@ from sn_monitor.agent.collectors.infiniband import (
     COUNTER_STEMS,
     InfinibandCollector,
     counter_stem,
-    parse_ib_counters,
     parse_port_state,
     parse_rate,
 )
@@ -101,8 +101,14 @@ def test_mapped_stems_are_distinct() -> None:
         pytest.param({"x": str(2**64 - 1)}, (("x", 2**64 - 1),), id="u64"),
     ],
 )
-def test_parse_ib_counters(files: dict[str, str], expected: tuple[tuple[str, int], ...]) -> None:
-    assert parse_ib_counters(files) == expected
+def test_counter_files_to_stems_and_values(tmp_path: Path, files: dict[str, str],
+                                           expected: tuple[tuple[str, int], ...]) -> None:
+    counters = tmp_path / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "counters"
+    counters.mkdir(parents=True)
+    for name, text in files.items():
+        (counters / name).write_text(text)
+    [port] = InfinibandCollector(tmp_path / "sys").collect().infiniband
+    assert port.counters == expected
 
 
 @pytest.mark.parametrize(
@@ -308,3 +314,56 @@ def test_collector_protocol() -> None:
     collector = InfinibandCollector(FIXTURE / "sys")
     assert collector.name == "infiniband"
     collector.close()
+
+
+def test_one_collector_follows_the_counters_cycle_after_cycle(sysfs: Path) -> None:
+    """The files stay open between cycles and are read again from the start."""
+    collector = InfinibandCollector(sysfs)
+    port_dir = sysfs / "class/infiniband/mlx5_0/ports/1"
+    try:
+        first = {s.device: s for s in collector.collect().infiniband}["mlx5_0"]
+        (port_dir / "counters" / "port_rcv_data").write_text("7\n")
+        (port_dir / "counters" / "symbol_error").write_text("123456789012\n")
+        (port_dir / "state").write_text("1: DOWN\n")
+        second = {s.device: s for s in collector.collect().infiniband}["mlx5_0"]
+    finally:
+        collector.close()
+    assert dict(first.counters)["received_bytes"] == 4 * 230539874932483
+    assert dict(second.counters)["received_bytes"] == 28
+    assert dict(second.counters)["symbol_errors"] == 123456789012
+    assert (first.state, second.state) == (4, 1)
+
+
+def test_a_device_that_goes_and_comes_back_is_listed_again(sysfs: Path) -> None:
+    collector = InfinibandCollector(sysfs)
+    device = sysfs / "class/infiniband/mlx5_0"
+    try:
+        assert "mlx5_0" in {s.device for s in collector.collect().infiniband}
+        shutil.rmtree(device)
+        assert "mlx5_0" not in {s.device for s in collector.collect().infiniband}
+        shutil.copytree(IB / "mlx5_0", device)
+        (device / "ports/1/counters/link_downed").write_text("3\n")
+        back = {s.device: s for s in collector.collect().infiniband}["mlx5_0"]
+        assert dict(back.counters)["link_downed"] == 3
+        # replaced under the same name between two cycles: a new directory, listed anew
+        shutil.rmtree(device)
+        shutil.copytree(IB / "mlx5_0", device)
+        (device / "ports/1/counters/link_downed").write_text("9\n")
+        again = {s.device: s for s in collector.collect().infiniband}["mlx5_0"]
+        assert dict(again.counters)["link_downed"] == 9
+    finally:
+        collector.close()
+
+
+def test_past_the_open_file_budget_files_are_opened_at_each_read(sysfs: Path) -> None:
+    kept = InfinibandCollector(sysfs)
+    frugal = InfinibandCollector(sysfs, max_open_files=3)
+    try:
+        assert frugal.collect() == kept.collect()
+        (sysfs / "class/infiniband/mlx5_9/ports/1/counters/link_downed").write_text("5\n")
+        ports = {s.device: s for s in frugal.collect().infiniband}
+        assert dict(ports["mlx5_9"].counters)["link_downed"] == 5
+    finally:
+        kept.close()
+        frugal.close()
+    assert len(os.listdir("/proc/self/fd")) < 200  # close() let go of every file

@@ -264,7 +264,14 @@ def test_only_changed_files_are_rewritten(tree: SimulatedNodeTree) -> None:
     tree.advance(1.0, 0.5)
     assert unchanged.stat().st_ino == before[unchanged]
     assert state.stat().st_ino == before[state]
-    assert changed.stat().st_ino != before[changed]  # replaced, not written in place
+    text = changed.read_text()
+    tree.advance(1.0, 0.5)
+    assert changed.read_text() != text
+    assert changed.stat().st_ino == before[changed]  # a sysfs attribute: written in place
+    netdev = tree.procfs / "net" / "dev"
+    ino = netdev.stat().st_ino
+    tree.advance(1.0, 0.5)
+    assert netdev.stat().st_ino != ino  # /proc: replaced whole
 
 
 def test_concurrent_reader_never_sees_a_partial_file(tmp_path: Path) -> None:

@@ -1,22 +1,25 @@
 """InfiniBand / RoCE ports from /sys/class/infiniband/<device>/ports/<port>/.
 
-The pure parts (:func:`parse_ib_counters`, :func:`parse_port_state`, :func:`parse_rate`)
-turn kernel file contents into our units and metric stems; :class:`InfinibandCollector`
-reads the files. ``port_rcv_data`` and ``port_xmit_data`` count 4-byte words (the IB
-spec's PortRcvData / PortXmitData "octets divided by 4"): they are multiplied by 4 here,
-so every ``*_bytes`` stem is in bytes.
+The pure parts (:func:`counter_stem`, :func:`parse_port_state`, :func:`parse_rate`)
+turn kernel file names and contents into our metric stems and units;
+:class:`InfinibandCollector` reads the files, keeping them open between cycles.
+``port_rcv_data`` and ``port_xmit_data`` count 4-byte words (the IB spec's PortRcvData /
+PortXmitData "octets divided by 4"): they are multiplied by 4 here, so every ``*_bytes``
+stem is in bytes.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from sn_monitor.agent.collectors.base import CollectorError, SourceMissing
+from sn_monitor.agent.collectors.sysfs import read_attribute
 from sn_monitor.agent.snapshot import Collected, IbPortSample
 
 log = logging.getLogger(__name__)
@@ -74,38 +77,6 @@ def counter_stem(file_name: str) -> str | None:
     return stem or None
 
 
-def parse_ib_counters(files: Mapping[str, str]) -> tuple[tuple[str, int], ...]:
-    """Counter file name -> contents, to ``(stem, value)`` pairs sorted by stem.
-
-    Data counters are converted from 4-byte words to bytes. A file whose contents are
-    not a non-negative integer is skipped (logged at debug level), as are non-counters
-    (``lifespan``) and a second file that maps to a stem already seen.
-    """
-    result: dict[str, int] = {}
-    for file_name, text in files.items():
-        if file_name in NOT_COUNTERS:
-            continue
-        stem = counter_stem(file_name)
-        if stem is None:
-            log.debug("skipping counter file with unusable name %r", file_name)
-            continue
-        try:
-            value = int(text.strip())
-        except ValueError:
-            log.debug("skipping non-numeric counter %s: %r", file_name, text)
-            continue
-        if value < 0:
-            log.debug("skipping negative counter %s: %r", file_name, text)
-            continue
-        if stem in result:
-            log.debug("skipping counter %s: stem %s already taken", file_name, stem)
-            continue
-        if file_name in _WORD_COUNTERS:
-            value *= 4
-        result[stem] = value
-    return tuple(sorted(result.items()))
-
-
 def parse_port_state(text: str) -> int:
     """``"4: ACTIVE"`` -> 4 (also for ``phys_state``: ``"5: LinkUp"`` -> 5).
 
@@ -134,50 +105,182 @@ def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     )
 
 
-def _read(path: str) -> str | None:
-    """One small sysfs file; raw ``os.read`` because a port has ~50 and we read every second."""
+def _listing(path: str) -> list[str]:
+    """The visible names in a directory; none when it cannot be listed."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        log.debug("cannot open %s: %s", path, exc)
-        return None
-    try:
-        data = os.read(fd, 4096)
-    except OSError as exc:
-        log.debug("cannot read %s: %s", path, exc)
-        return None
-    finally:
-        os.close(fd)
-    return data.decode("ascii", errors="replace").strip()
-
-
-def _read_dir(path: str) -> dict[str, str]:
-    """Every readable file in a counter directory; unreadable ones are left out."""
-    files: dict[str, str] = {}
-    try:
-        entries = list(os.scandir(path))
+        return [e.name for e in os.scandir(path) if not e.name.startswith(".")]
     except OSError as exc:
         log.debug("cannot list %s: %s", path, exc)
-        return files
-    for entry in entries:
-        if entry.name.startswith("."):
-            continue
-        text = _read(entry.path)
-        if text is not None:
-            files[entry.name] = text
-    return files
+        return []
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+#: Open counter files the collector keeps at most (the rest are opened at each read):
+#: a node with many RoCE ports must not run the agent out of file descriptors.
+MAX_OPEN_FILES: Final = 1024
+#: A kept file that fails with one of these belongs to a device that went away.
+_GONE: Final = frozenset({errno.ENODEV, errno.ENXIO, errno.ESTALE, errno.ENOENT})
+#: Cycles between two re-reads of every port's layout (a counter file that appeared).
+RELIST_EVERY: Final = 300
+
+
+class _File:
+    """One sysfs attribute, kept open and re-read with ``pread`` at offset 0.
+
+    A sysfs attribute is generated afresh on every read from offset 0 (seq_file), so an
+    open file descriptor gives the current value without an ``open``/``close`` a cycle
+    (most of the collector's cost when each port has ~50 files). Past the budget, or
+    when the open fails, the file is opened at each read instead.
+    """
+
+    __slots__ = ("fd", "path")
+
+    def __init__(self, path: str, keep_open: bool) -> None:
+        self.path = path
+        self.fd: int | None = None
+        if keep_open:
+            try:
+                self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                log.debug("cannot open %s: %s", path, exc)
+
+    def read(self) -> bytes | None:
+        """The file's contents, or None: the value is skipped.
+
+        Raises OSError with an errno of :data:`_GONE` when the device went away (its
+        port is listed again).
+        """
+        if self.fd is None:
+            try:
+                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                log.debug("cannot open %s: %s", self.path, exc)
+                return None
+            try:
+                return os.read(fd, 4096)
+            except OSError as exc:
+                log.debug("cannot read %s: %s", self.path, exc)
+                return None
+            finally:
+                os.close(fd)
+        try:
+            return os.pread(self.fd, 4096, 0)
+        except OSError as exc:
+            log.debug("cannot read %s: %s", self.path, exc)
+            if exc.errno in _GONE:
+                raise
+            return None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __del__(self) -> None:
+        """A collector dropped without ``close`` lets go of its files all the same."""
+        self.close()
+
+
+class _Port:
+    """What one port's directory holds, listed once: its files, each counter's stem."""
+
+    def __init__(self, device: str, port: int, base: str, budget: list[int]) -> None:
+        self.device = device
+        self.port = port
+        self.base = base
+        self.inode = _inode(base)
+        self.rate = _parse_or_none(parse_rate, read_attribute(os.path.join(base, "rate")))
+        self.link_layer = read_attribute(os.path.join(base, "link_layer")) or None
+
+        def file(path: str) -> _File:
+            f = _File(path, budget[0] > 0)
+            if f.fd is not None:
+                budget[0] -= 1
+            return f
+
+        self.state = file(os.path.join(base, "state"))
+        self.phys_state = file(os.path.join(base, "phys_state"))
+        # counters/ first: it wins should a name (or stem) ever appear in both.
+        stems: dict[str, tuple[_File, int]] = {}
+        for sub in ("counters", "hw_counters"):
+            directory = os.path.join(base, sub)
+            for name in sorted(_listing(directory)):
+                stem = None if name in NOT_COUNTERS else counter_stem(name)
+                if stem is None or stem in stems:
+                    continue
+                stems[stem] = (file(os.path.join(directory, name)),
+                               4 if name in _WORD_COUNTERS else 1)
+        self.counters = sorted((stem, f, scale) for stem, (f, scale) in stems.items())
+        self.failed = False
+
+    def sample(self) -> IbPortSample:
+        counters: list[tuple[str, int]] = []
+        for stem, f, scale in self.counters:
+            data = self._read(f)
+            if data is None:
+                continue
+            try:
+                value = int(data)
+            except ValueError:
+                log.debug("skipping non-numeric counter %s: %r", f.path, data)
+                continue
+            if value < 0:
+                log.debug("skipping negative counter %s: %r", f.path, data)
+                continue
+            counters.append((stem, value * scale))
+        return IbPortSample(
+            device=self.device,
+            port=self.port,
+            state=_parse_or_none(parse_port_state, self._text(self.state)),
+            phys_state=_parse_or_none(parse_port_state, self._text(self.phys_state)),
+            rate_bytes_per_second=self.rate,
+            link_layer=self.link_layer,
+            counters=tuple(counters),
+        )
+
+    def _read(self, f: _File) -> bytes | None:
+        try:
+            return f.read()
+        except OSError:
+            self.failed = True
+            return None
+
+    def _text(self, f: _File) -> str | None:
+        data = self._read(f)
+        return None if data is None else data.decode("ascii", errors="replace").strip()
+
+    def close(self) -> None:
+        for f in (self.state, self.phys_state, *(f for _, f, _ in self.counters)):
+            f.close()
 
 
 class InfinibandCollector:
-    """Every port of every device under ``<sysfs>/class/infiniband``."""
+    """Every port of every device under ``<sysfs>/class/infiniband``.
+
+    The ports' layout (which files, which stems) is listed once and their files kept
+    open; a port is listed again when its directory changed (a device that went away and
+    came back), when one of its files could not be read, and every
+    :data:`RELIST_EVERY` cycles. ``rate`` and ``link_layer`` are read with the layout.
+    """
 
     name = "infiniband"
 
-    def __init__(self, sysfs: Path) -> None:
-        self._root = Path(sysfs) / "class" / "infiniband"
+    def __init__(self, sysfs: Path, max_open_files: int = MAX_OPEN_FILES) -> None:
+        self._root = str(Path(sysfs) / "class" / "infiniband")
+        self._max_open = max_open_files
+        self._ports: dict[tuple[str, int], _Port] = {}
+        self._devices: list[str] | None = None
+        self._cycles = 0
 
     def collect(self) -> Collected:
-        if not self._root.is_dir():
+        if not os.path.isdir(self._root):
+            self.close()
             raise SourceMissing(f"{self._root} does not exist")
         try:
             devices = sorted(
@@ -186,42 +289,29 @@ class InfinibandCollector:
             )
         except OSError as exc:
             raise CollectorError(f"cannot list {self._root}: {exc}") from exc
-        samples: list[IbPortSample] = []
+        self._cycles += 1
+        if (devices != self._devices or self._cycles % RELIST_EVERY == 0
+                or any(p.failed or _inode(p.base) != p.inode for p in self._ports.values())):
+            self._relist(devices)
+        return Collected(infiniband=tuple(p.sample() for p in self._ports.values()))
+
+    def _relist(self, devices: list[str]) -> None:
+        self.close()
+        budget = [self._max_open]
         for device in devices:
-            samples.extend(self._device(device))
-        return Collected(infiniband=tuple(samples))
+            ports_dir = os.path.join(self._root, device, "ports")
+            numbers = sorted(int(n) for n in _listing(ports_dir) if n.isdigit())
+            for number in numbers:
+                self._ports[(device, number)] = _Port(
+                    device, number, os.path.join(ports_dir, str(number)), budget)
+        self._devices = devices
 
     def close(self) -> None:
-        """Nothing is held between cycles."""
-
-    def _device(self, device: str) -> list[IbPortSample]:
-        ports_dir = self._root / device / "ports"
-        try:
-            ports = sorted(int(e.name) for e in os.scandir(ports_dir) if e.name.isdigit())
-        except OSError as exc:
-            log.debug("cannot list %s: %s", ports_dir, exc)
-            return []
-        return [self._port(device, port, os.path.join(ports_dir, str(port))) for port in ports]
-
-    @staticmethod
-    def _port(device: str, port: int, base: str) -> IbPortSample:
-        state = _parse_or_none(parse_port_state, _read(os.path.join(base, "state")))
-        phys_state = _parse_or_none(parse_port_state, _read(os.path.join(base, "phys_state")))
-        rate = _parse_or_none(parse_rate, _read(os.path.join(base, "rate")))
-        link_layer = _read(os.path.join(base, "link_layer")) or None
-        # counters/ first: it wins should a name (or stem) ever appear in both.
-        files = _read_dir(os.path.join(base, "counters"))
-        for name, text in _read_dir(os.path.join(base, "hw_counters")).items():
-            files.setdefault(name, text)
-        return IbPortSample(
-            device=device,
-            port=port,
-            state=state,
-            phys_state=phys_state,
-            rate_bytes_per_second=rate,
-            link_layer=link_layer,
-            counters=parse_ib_counters(files),
-        )
+        """Close the files kept open; the next cycle lists the ports again."""
+        for port in self._ports.values():
+            port.close()
+        self._ports.clear()
+        self._devices = None
 
 
 def _parse_or_none(parse: Callable[[str], _T], text: str | None) -> _T | None:

@@ -9,11 +9,13 @@ the device or the sample.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from sn_monitor.agent.collectors.base import CollectorError, SourceMissing
+from sn_monitor.agent.collectors.sysfs import read_attribute
 from sn_monitor.agent.snapshot import Collected, NetDeviceSample
 
 log = logging.getLogger(__name__)
@@ -96,18 +98,8 @@ def _compile(pattern: str | None, what: str) -> re.Pattern[str] | None:
         raise ValueError(f"net collector: invalid {what} regex {pattern!r}: {exc}") from exc
 
 
-def _read_sysfs(path: Path) -> str | None:
-    """One sysfs attribute, or None when it is absent or the kernel refuses to read it."""
-    try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            return f.read().strip()
-    except OSError as exc:
-        log.debug("cannot read %s: %s", path, exc)
-        return None
-
-
-def _read_int(path: Path) -> int | None:
-    text = _read_sysfs(path)
+def _read_int(path: str) -> int | None:
+    text = read_attribute(path)
     if text is None:
         return None
     try:
@@ -135,7 +127,7 @@ class NetCollector:
         exclude: str | None = None,
     ) -> None:
         self._netdev = Path(procfs) / "net" / "dev"
-        self._class_net = Path(sysfs) / "class" / "net"
+        self._class_net = os.path.join(sysfs, "class", "net")
         self._include = _compile(include, "include")
         self._exclude = _compile(exclude, "exclude")
 
@@ -170,12 +162,12 @@ class NetCollector:
         # The kernel never names an interface "." or ".." or with a "/"; a garbled
         # /proc/net/dev must not make us read outside /sys/class/net.
         if "/" not in device and device not in (".", ".."):
-            base = self._class_net / device
+            base = os.path.join(self._class_net, device)
             carrier_up = self._carrier(base)
-            carrier_changes = _read_int(base / "carrier_changes")
-            speed_text = _read_sysfs(base / "speed")
+            carrier_changes = _read_int(os.path.join(base, "carrier_changes"))
+            speed_text = read_attribute(os.path.join(base, "speed"))
             speed = parse_speed(speed_text) if speed_text is not None else None
-            mtu = _read_int(base / "mtu")
+            mtu = _read_int(os.path.join(base, "mtu"))
         return NetDeviceSample(
             device=device,
             receive_bytes_total=counters.receive_bytes,
@@ -193,14 +185,14 @@ class NetCollector:
         )
 
     @staticmethod
-    def _carrier(base: Path) -> bool | None:
+    def _carrier(base: str) -> bool | None:
         """``carrier`` is 1 or 0; on an interface that is down reading it fails (EINVAL).
 
         Then ``operstate`` decides: ``down`` means no carrier, anything else is unknown.
         """
-        value = _read_int(base / "carrier")
+        value = _read_int(os.path.join(base, "carrier"))
         if value is not None:
             return value != 0
-        if _read_sysfs(base / "operstate") == "down":
+        if read_attribute(os.path.join(base, "operstate")) == "down":
             return False
         return None
