@@ -16,6 +16,8 @@ from pathlib import Path
 from sn_monitor import __version__
 from sn_monitor.agent.settings import AgentSettings, agent_settings_from, load_agent_settings
 from sn_monitor.config import ConfigError, bind, load_yaml, parse_duration
+from sn_monitor.fleet.command import add_arguments as add_fleet_arguments
+from sn_monitor.fleet.command import run_fleet
 from sn_monitor.goodput.command import add_arguments as add_goodput_arguments
 from sn_monitor.goodput.command import run_goodput
 from sn_monitor.logs import configure_logging
@@ -141,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="the controller (http[s]://host:9848)")
     simulate.add_argument("--nodes", type=_positive_int, default=1000,
                           help="simulated nodes (default 1000), named sim-0000, sim-0001, ...")
+    simulate.add_argument("--first", type=int, default=0, metavar="N",
+                          help="index of the first node (default 0): --first 256 --nodes 256 "
+                               "is sim-0256.. in supernode sn01, beside another simulate")
     simulate.add_argument("--interval", type=_duration, default=1.0, metavar="S",
                           help="report interval of each node: 1s, 500ms, 2 (default 1s)")
     simulate.add_argument("--scenario", metavar="F",
@@ -201,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_goodput_arguments(goodput)
     _log_options(goodput, default_level="error")
 
+    fleet = sub.add_parser(
+        "fleet", help="serve one view over several supernodes' controllers",
+        description="Ask every supernode's controller at once and serve the merged nodes "
+                    "and incidents (each tagged with its supernode) on one API; a "
+                    "supernode that does not answer makes the view partial, not empty.")
+    add_fleet_arguments(fleet)
+    _log_options(fleet)
+
     check = sub.add_parser("check-config", help="validate config files; exit 2 on any error")
     check.add_argument("files", nargs="+", type=Path)
 
@@ -253,6 +266,11 @@ def check_file(path: Path) -> str:
             return "token file"
         load_rules([path])
         return "rule file"
+    if isinstance(doc.data, dict) and "supernodes" in doc.data:
+        from sn_monitor.fleet.settings import FleetSettings
+
+        bind(FleetSettings, doc)
+        return "fleet config"
     if isinstance(doc.data, dict) and _CONTROLLER_KEYS & doc.data.keys() and not (
             _AGENT_KEYS & doc.data.keys()):
         bind(ControllerSettings, doc)
@@ -394,7 +412,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     options = FleetOptions(controller=args.controller, nodes=args.nodes,
                            interval=args.interval, duration=duration, speed=args.speed,
                            gpus=args.gpus, connections=args.connections, jitter=args.jitter,
-                           seed=args.seed, token=token, ca_file=args.ca_file)
+                           seed=args.seed, token=token, ca_file=args.ca_file,
+                           first=args.first)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -546,6 +565,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_simulate(args)
     if args.command == "breaker":
         return run_breaker(args)
+    if args.command == "fleet":
+        return run_fleet(args)
     if args.command == "goodput":
         configure_logging(args.log_format or "text", args.log_level or "error")
         return run_goodput(args)

@@ -12,9 +12,14 @@ from __future__ import annotations
 import email.utils
 import time
 from pathlib import Path
+from typing import Final
 from urllib.parse import urlsplit
 
 from sn_monitor.errors import SnMonitorError
+
+#: The header a standby controller answers with (``standby``): a client moves on to the
+#: next controller of the pair (HTTP headers are case-insensitive).
+ROLE_HEADER: Final = "X-SN-Controller-Role"
 
 
 def redact_url(url: str, *, secret_path: bool = False) -> str:

@@ -47,7 +47,7 @@ from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import Clock
 from sn_monitor.model import MAX_EVENTS, Command, CommandResult, Event, EventRecord
-from sn_monitor.transport import parse_retry_after, redact_url
+from sn_monitor.transport import ROLE_HEADER, parse_retry_after, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,6 @@ MAX_BACKOFF_SECONDS = 10.0
 #: Events in one report take at most this many bytes: the controller refuses bodies over
 #: 1 MiB (413), and a report refused for its size would be refused forever.
 MAX_EVENT_BYTES_PER_REPORT = 512 * 1024
-#: The header with which a standby controller says so in its 503 (controller/ha/standby.py).
-ROLE_HEADER = "X-SN-Controller-Role"
 _JITTER = 0.2
 _MAX_LOGGED_MESSAGES = 64
 _MAX_ERROR_TEXT = 500

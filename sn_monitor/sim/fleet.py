@@ -104,6 +104,10 @@ class FleetOptions:
     token: str | None = None
     #: The CA bundle an https controller's certificate must chain to (None: the system's).
     ca_file: str | None = None
+    #: The index of the first node: ``--first 256 --nodes 256`` is the second supernode of
+    #: 256 nodes (``sim-0256`` .., labels ``supernode: sn01``), for one fleet of several
+    #: controllers (a ``simulate`` each).
+    first: int = 0
 
 
 def node_name(index: int, nodes: int) -> str:
@@ -449,8 +453,8 @@ class Fleet:
 
     def __init__(self, options: FleetOptions, scenario: Scenario | None = None,
                  progress: Callable[[str], None] | None = None) -> None:
-        if options.nodes < 1 or options.interval <= 0 or options.speed <= 0:
-            raise ValueError("nodes, interval and speed must be positive")
+        if options.nodes < 1 or options.first < 0 or options.interval <= 0 or options.speed <= 0:
+            raise ValueError("nodes, interval and speed must be positive, first not negative")
         self.options = options
         url = urlsplit(options.controller)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -470,7 +474,8 @@ class Fleet:
         self.progress = progress
         self.rng = random.Random(options.seed)
         self.instance = uuid.uuid4().hex
-        self.names = [node_name(i, options.nodes) for i in range(options.nodes)]
+        end = options.first + options.nodes
+        self.names = [node_name(options.first + i, end) for i in range(options.nodes)]
         self.plan: list[PlannedFault] = []
         if scenario is not None:
             scenario.check_gpus(options.gpus)
@@ -500,7 +505,7 @@ class Fleet:
         self.nodes = [
             _Node(i, name, b'{"node":' + _encoder.encode(name) + b',"instance":'
                   + _encoder.encode(self.instance) + b',"sequence":',
-                  _encoder.encode(node_labels(i)), first_event_id)
+                  _encoder.encode(node_labels(self.options.first + i)), first_event_id)
             for i, name in enumerate(self.names)]
         auth = f"Authorization: Bearer {self.options.token}\r\n" if self.options.token else ""
         self.header = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
@@ -511,7 +516,8 @@ class Fleet:
         expected = msgspec.structs.replace(
             self.bases[(self.nodes[-1].index + 7) % len(self.bases)], node=self.names[-1],
             instance=self.instance, sequence=7, sample_time_seconds=1.5,
-            interval_seconds=self.interval_field, labels=node_labels(self.nodes[-1].index))
+            interval_seconds=self.interval_field,
+            labels=node_labels(self.options.first + self.nodes[-1].index))
         if msgspec.json.decode(body, type=Report) != expected:
             raise RuntimeError("report template does not round-trip")
 
@@ -537,7 +543,8 @@ class Fleet:
         report = msgspec.structs.replace(
             base, node=node.name, instance=self.instance, sequence=sequence,
             sample_time_seconds=now, interval_seconds=self.interval_field,
-            labels=node_labels(node.index), events=events, command_results=results, **parts)
+            labels=node_labels(self.options.first + node.index), events=events,
+            command_results=results, **parts)
         return _encoder.encode(report), len(events), len(results)
 
     # ------------------------------------------------------------ faults

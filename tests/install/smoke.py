@@ -138,8 +138,8 @@ def check_help(sn: Installed) -> None:
     if not version.startswith("sn-monitor "):
         raise SmokeFailure(f"version printed {version!r}")
     sn.ok("--help")
-    for command in ("agent", "controller", "demo", "simulate", "goodput", "check-config",
-                    "version"):
+    for command in ("agent", "controller", "demo", "simulate", "goodput", "fleet",
+                    "check-config", "version"):
         sn.ok(command, "--help")
 
 

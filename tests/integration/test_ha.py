@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from sn_monitor.controller.ha.standby import ROLE_HEADER
+from sn_monitor.transport import ROLE_HEADER
 from tests.integration.cluster import Cluster, ClusterHa, Process
 from tests.integration.test_job_recovery_e2e import (
     WAIT,

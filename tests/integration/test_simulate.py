@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import socket
@@ -43,30 +44,31 @@ class Controller:
         return reply.json()
 
 
-@pytest.fixture
-def controller(tmp_path: Path) -> Iterator[Controller]:
+@contextlib.contextmanager
+def running_controller(root: Path) -> Iterator[Controller]:
     """A controller with the default rules, agent tokens for sim-*, actions not rate-limited."""
+    root.mkdir(parents=True, exist_ok=True)
     agent, admin = secrets.token_hex(16), secrets.token_hex(16)
-    (tmp_path / "agent.token").write_text(agent + "\n")
-    (tmp_path / "admin.token").write_text(admin + "\n")
-    (tmp_path / "tokens.yaml").write_text(yaml.safe_dump([
-        {"name": "fleet", "role": "agent", "token_file": str(tmp_path / "agent.token"),
+    (root / "agent.token").write_text(agent + "\n")
+    (root / "admin.token").write_text(admin + "\n")
+    (root / "tokens.yaml").write_text(yaml.safe_dump([
+        {"name": "fleet", "role": "agent", "token_file": str(root / "agent.token"),
          "nodes": ["sim-*"]},
-        {"name": "tests", "role": "admin", "token_file": str(tmp_path / "admin.token")},
+        {"name": "tests", "role": "admin", "token_file": str(root / "admin.token")},
     ]))
-    (tmp_path / "controller.yaml").write_text(yaml.safe_dump({
+    (root / "controller.yaml").write_text(yaml.safe_dump({
         "sweep_interval": "0.5s", "log_level": "warning",
         "policy": {"rate_limit": {"actions": 10000, "window": "1m"}}}))
     port = _free_port()
-    log = tmp_path / "controller.log"
+    log = root / "controller.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sn_monitor.cli", "controller",
-             "--config", str(tmp_path / "controller.yaml"), "--listen", f"127.0.0.1:{port}",
-             "--state-dir", str(tmp_path / "state"), "--rules", str(ROOT / "sn_monitor" / "rules"),
-             "--token-file", str(tmp_path / "tokens.yaml")],
+             "--config", str(root / "controller.yaml"), "--listen", f"127.0.0.1:{port}",
+             "--state-dir", str(root / "state"), "--rules", str(ROOT / "sn_monitor" / "rules"),
+             "--token-file", str(root / "tokens.yaml")],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
-    ctl = Controller(f"http://127.0.0.1:{port}", admin, tmp_path / "agent.token", proc, log)
+    ctl = Controller(f"http://127.0.0.1:{port}", admin, root / "agent.token", proc, log)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -86,6 +88,12 @@ def controller(tmp_path: Path) -> Iterator[Controller]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+
+
+@pytest.fixture
+def controller(tmp_path: Path) -> Iterator[Controller]:
+    with running_controller(tmp_path) as ctl:
+        yield ctl
 
 
 def simulate(*args: str, timeout: float = 60) -> tuple[int, dict[str, Any], str]:

@@ -16,9 +16,10 @@ from sn_monitor.config import ConfigError, Duration
 from sn_monitor.controller.daemon import build_lease
 from sn_monitor.controller.ha.elector import Elector, LeadershipLost
 from sn_monitor.controller.ha.lease import HaSettings, KubernetesLeaseSettings, LeaseError
-from sn_monitor.controller.ha.standby import ROLE_HEADER, StandbyApp, StandbyStatus
+from sn_monitor.controller.ha.standby import StandbyApp, StandbyStatus
 from sn_monitor.controller.ha.store_lease import StoreLease
 from sn_monitor.controller.store import Store
+from sn_monitor.transport import ROLE_HEADER
 from tests.unit.test_store_faults import FullDisk
 
 

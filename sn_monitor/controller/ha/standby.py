@@ -17,9 +17,8 @@ import msgspec
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from sn_monitor import __version__
+from sn_monitor.transport import ROLE_HEADER
 
-#: The header a standby's answers carry (agents switch controller on it).
-ROLE_HEADER: Final = "x-sn-controller-role"
 RETRY_AFTER_SECONDS: Final = 1
 
 Scope = MutableMapping[str, Any]
@@ -76,7 +75,7 @@ class StandbyApp:
                    "active": doc["active"]}
         await _answer(send, 503, msgspec.json.encode(doc), extra=[
             (b"retry-after", str(RETRY_AFTER_SECONDS).encode()),
-            (ROLE_HEADER.encode(), b"standby")])
+            (ROLE_HEADER.lower().encode(), b"standby")])
 
 
 async def _answer(send: Send, status: int, body: bytes,

@@ -1,0 +1,1 @@
+"""One view over several supernodes: each has its own controller, the view merges them."""
