@@ -56,13 +56,14 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# Every benchmark part (bench/__main__.py), each to its end even when another fails, then
+# a line per part with the date and the load average; exits 1 if any part could not
+# measure. BENCH_ARGS=--quick: the smoke runs, results in a temporary directory (not
+# bench/results/); BENCH_ARGS="--only controller_bench" for one part.
+BENCH_ARGS ?=
 bench: $(STAMP)
 	command -v prometheus-node-exporter >/dev/null || (apt-get install -y -q prometheus-node-exporter || echo "node_exporter not installed: comparison skipped")
-	$(BIN)/python -m bench.agent_bench
-	$(BIN)/python -m bench.controller_bench
-	$(BIN)/python -m bench.recovery_bench
-	$(BIN)/python -m bench.simulate_bench
-	$(BIN)/python -m bench.ha_bench
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # 30 minutes of load on one controller; then make crash.
 soak: $(STAMP)

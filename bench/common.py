@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import platform
+import signal
 import socket
 import statistics
+import sys
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -69,3 +75,63 @@ def write_results(path: Path, results: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(f"\nresults: {path}")
+
+
+# ---------------------------------------------------------------- where results go, failing
+
+
+#: Where a full run writes its results (ignored by git): bench/results/NAME.
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def add_output_args(parser: argparse.ArgumentParser, quick_help: str) -> None:
+    """``--quick`` and ``--out``, the same in every part (``python -m bench`` passes both)."""
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the results' JSON file (default: bench/results/NAME.json; "
+                             "with --quick a new temporary directory, never bench/results/)")
+
+
+def results_path(args: argparse.Namespace, name: str) -> Path:
+    """``--out``, else bench/results/``name`` for a full run, else a fresh temporary
+    directory: a smoke run never overwrites the results of a real one."""
+    if args.out is not None:
+        return Path(args.out)
+    if args.quick:
+        return Path(tempfile.mkdtemp(prefix="sn-bench-quick-")) / name
+    return RESULTS_DIR / name
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on, and when: stored beside every result."""
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "loadavg": [round(x, 2) for x in os.getloadavg()],
+            "cpus": os.cpu_count(), "python": platform.python_version()}
+
+
+def finish(results: dict[str, Any], out: Path, failures: Sequence[str]) -> int:
+    """Write ``results`` (with ``failures``, the parts that could not measure) and return
+    the exit status: 1 when anything could not be measured, else 0.
+
+    A figure that misses its goal is a result, not a failure; a crash, an exception, a
+    process that never became healthy or a measurement without samples is a failure, and
+    it says so on stderr after the figures, so that a summary cannot hide it.
+    """
+    results["failures"] = list(failures)
+    results.setdefault("meta", {})["machine_end"] = machine()
+    write_results(out, results)
+    if failures:
+        print(f"\nFAILED: {len(failures)} measurement(s) could not be made:", file=sys.stderr)
+        for failure in failures:
+            print(f"  - {failure}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM raise KeyboardInterrupt in the main thread, so that every ``finally``
+    runs and the processes a benchmark started are stopped (a timeout's SIGTERM, Ctrl-C)."""
+    def interrupt(signum: int, _frame: object) -> None:
+        signal.signal(signum, signal.SIG_DFL)  # a second one kills
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, interrupt)

@@ -26,13 +26,16 @@ script; the Python sender keeps the bench dependency-free.
 
 Shared CI machines are noisy, so figures are medians and percentiles of one run, the
 load is described next to each figure, and the goals are printed for reference only:
-nothing here passes or fails on a number. The exit status is 1 only when a part could
-not run (controller never healthy, for example).
+nothing here passes or fails on a number (a rate "NOT HELD" is a result). The exit
+status is 1 when something could not be measured: a part raised, the controller never
+became healthy, a load sender died, no request was answered, every probe of a kind
+failed (listed on stderr at the end, and under "failures" in the results).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import http.client
 import json
@@ -43,6 +46,7 @@ import platform
 import pstats
 import queue
 import selectors
+import shlex
 import shutil
 import signal
 import socket
@@ -60,12 +64,15 @@ from typing import Any
 import msgspec
 
 from bench.common import (
+    add_output_args,
+    finish,
     fmt,
     free_port,
     proc_cpu_seconds,
     proc_status_kb,
+    results_path,
+    stop_on_sigterm,
     summary,
-    write_results,
 )
 from sn_monitor import __version__
 from sn_monitor.controller.rules.spec import load_rules
@@ -204,17 +211,27 @@ def build_templates(nodes: int, instance: str, reports: list[Report]) -> Templat
 # ---------------------------------------------------------------- the controller
 
 
-class ControllerProcess:
-    """One ``sn-monitor controller`` on 127.0.0.1, pinned to ``core`` when given."""
+def sn_monitor_command(program: str | None = None) -> list[str]:
+    """How to run ``sn-monitor``: ``program`` (a command line, e.g. another checkout's
+    ``/opt/old/bin/sn-monitor``), else this environment's."""
+    if program:
+        return shlex.split(program)
+    exe = Path(sys.prefix) / "bin" / "sn-monitor"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "sn_monitor.cli"]
 
-    def __init__(self, tmp: Path, name: str, core: int | None) -> None:
+
+class ControllerProcess:
+    """One ``sn-monitor controller`` on 127.0.0.1, pinned to ``core`` when given;
+    ``program`` is the ``sn-monitor`` command (:func:`sn_monitor_command`)."""
+
+    def __init__(self, tmp: Path, name: str, core: int | None,
+                 program: Sequence[str] | None = None) -> None:
         self.port = free_port()
         self.dir = tmp / name
         self.dir.mkdir(parents=True)
         config = self.dir / "controller.yaml"
         config.write_text(CONTROLLER_CONFIG)
-        exe = Path(sys.prefix) / "bin" / "sn-monitor"
-        base = [str(exe)] if exe.exists() else [sys.executable, "-m", "sn_monitor.cli"]
+        base = list(program) if program else sn_monitor_command()
         pin = ["taskset", "-c", str(core)] if core is not None else []
         self.command = [*pin, *base, "controller", "--config", str(config),
                         "--listen", f"127.0.0.1:{self.port}",
@@ -231,8 +248,12 @@ class ControllerProcess:
     def start(self, deadline_s: float = 30.0) -> float:
         """Start it and wait for /healthz; seconds it took. RuntimeError if it never did."""
         with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+            try:
+                self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL)
+            except OSError as err:
+                raise RuntimeError(f"controller not started: {' '.join(self.command)}: "
+                                   f"{err}") from err
         start = time.monotonic()
         while time.monotonic() - start < deadline_s:
             if self.proc.poll() is not None:
@@ -244,7 +265,10 @@ class ControllerProcess:
             except OSError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError("controller not healthy: "
+        code = self.proc.poll()
+        state = (f"exited {code}" if code is not None
+                 else f"not healthy within {deadline_s:g} s")
+        raise RuntimeError(f"controller {state} ({' '.join(self.command)}): "
                            + self.log_path.read_text(errors="replace")[-2000:])
 
     def get(self, path: str) -> tuple[int, bytes]:
@@ -368,30 +392,130 @@ class LoadSpec:
     rounds: int | None = None
 
 
+class _Conn:
+    """One keep-alive connection of a sender and the request on it, if any."""
+
+    __slots__ = ("buf", "busy", "due", "request", "retried", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+        self.busy = False       # a request is in flight
+        self.due = 0.0          # what its latency counts from
+        self.request = b""      # kept until answered: sent again once if the server
+        self.retried = False    # closed the connection without answering a byte
+
+
 def _sender(spec: LoadSpec, templates: Templates, out: Any) -> None:
-    """One load process (forked): see :class:`LoadSpec`. Puts a result dict on ``out``."""
+    """One load process (forked): see :class:`LoadSpec`. Puts a result dict on ``out``.
+
+    The server may close a keep-alive connection at any time: uvicorn closes one idle for
+    5 s, and any server may answer ``connection: close``. Such a connection is taken off
+    the idle list and the selector at once and replaced by a new one; a request that was
+    on it and got no byte of answer (the server closed before reading it) is sent again,
+    once, on the replacement. Those are counted (``reconnects``, ``retries``); a request
+    that fails anyway counts in ``errors``.
+    """
     host = f"127.0.0.1:{spec.port}".encode()
     header = (b"POST /api/v1/reports HTTP/1.1\r\nHost: " + host
               + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n")
     sequences = [0] * len(spec.nodes)
     sel = selectors.DefaultSelector()
-    socks: list[socket.socket] = []
-    state: dict[socket.socket, list[Any]] = {}  # sock -> [buffer, due, sent]
-    idle: list[socket.socket] = []
+    conns: dict[socket.socket, _Conn] = {}
+    idle: collections.deque[_Conn] = collections.deque()  # FIFO: every connection in turn
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     errors = 0
+    reconnects = 0
+    retries = 0
     sent = 0
     cursor = 0
+    lost: str | None = None  # why the sender could not go on
     cpu0 = time.process_time()
+
+    def connect() -> _Conn:
+        sock = socket.create_connection(("127.0.0.1", spec.port), timeout=HTTP_TIMEOUT)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _Conn(sock)
+        conns[sock] = conn
+        sel.register(sock, selectors.EVENT_READ)
+        return conn
+
+    def drop(conn: _Conn) -> None:
+        """Forget a connection the server closed (or that failed): selector, lists, fd."""
+        sel.unregister(conn.sock)
+        del conns[conn.sock]
+        if conn in idle:
+            idle.remove(conn)
+        conn.sock.close()
+
+    def replace(conn: _Conn) -> _Conn | None:
+        """Drop ``conn`` and open another in its place (None: the server refuses)."""
+        nonlocal reconnects, lost
+        drop(conn)
+        try:
+            fresh = connect()
+        except OSError as err:
+            lost = f"reconnecting: {type(err).__name__}: {err}"
+            return None
+        reconnects += 1
+        return fresh
+
+    def transmit(conn: _Conn, request: bytes, due: float) -> bool:
+        try:
+            conn.sock.sendall(request)
+        except OSError:
+            return False
+        conn.buf, conn.busy, conn.due, conn.request = b"", True, due, request
+        return True
+
+    def send(due: float) -> None:
+        """The next node's report on the first idle connection (a new one if it was closed)."""
+        nonlocal cursor, sent, errors
+        k = cursor % len(spec.nodes)
+        cursor += 1
+        sequences[k] += 1
+        parts = templates.parts(spec.nodes[k], 0, 0.0)
+        parts[1] = str(sequences[k]).encode()
+        parts[3] = repr(time.time()).encode()
+        request = b"".join([header % sum(map(len, parts)), *parts])
+        if not spec.rate:
+            due = time.monotonic()
+        sent += 1
+        conn = idle.popleft()
+        conn.retried = False
+        if transmit(conn, request, due):
+            return
+        fresh = replace(conn)  # closed by the server before we saw it
+        if fresh is None or not transmit(fresh, request, due):
+            errors += 1
+            if fresh is not None:
+                idle.append(fresh)
+
+    def closed(conn: _Conn, finished: bool) -> None:
+        """The server closed ``conn`` (end of file, or a reset)."""
+        nonlocal errors, retries
+        if not conn.busy:  # an idle keep-alive connection: not an error
+            if finished:
+                drop(conn)
+            elif (fresh := replace(conn)) is not None:
+                idle.append(fresh)
+            return
+        request, due, retried, answered = conn.request, conn.due, conn.retried, bool(conn.buf)
+        fresh = replace(conn)
+        if fresh is None:
+            errors += 1
+            return
+        if not answered and not retried and transmit(fresh, request, due):
+            fresh.retried = True
+            retries += 1
+            return
+        errors += 1
+        idle.append(fresh)
+
     try:
         for _ in range(spec.connections):
-            sock = socket.create_connection(("127.0.0.1", spec.port), timeout=HTTP_TIMEOUT)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            socks.append(sock)
-            state[sock] = [b"", 0.0, 0.0]
-            sel.register(sock, selectors.EVENT_READ)
-            idle.append(sock)
+            idle.append(connect())
         sleep_until(spec.start_at)
         start = time.monotonic()
         end = start + spec.duration
@@ -400,87 +524,75 @@ def _sender(spec: LoadSpec, templates: Templates, out: Any) -> None:
         interval = 1.0 / spec.rate if spec.rate else 0.0
         next_due = start
 
-        def send(sock: socket.socket, due: float) -> None:
-            nonlocal cursor, sent
-            k = cursor % len(spec.nodes)
-            cursor += 1
-            sequences[k] += 1
-            seq = str(sequences[k]).encode()
-            stamp = repr(time.time()).encode()
-            i = spec.nodes[k]
-            parts = templates.parts(i, 0, 0.0)
-            parts[1] = seq
-            parts[3] = stamp
-            length = sum(map(len, parts))
-            now = time.monotonic()
-            sock.sendall(b"".join([header % length, *parts]))
-            entry = state[sock]
-            entry[0] = b""
-            entry[1] = due if spec.rate else now
-            entry[2] = now
-            sent += 1
-
         while True:
             now = time.monotonic()
             finished = now >= end or (total is not None and sent >= total)
-            if finished and len(idle) == len(socks):
+            busy = len(conns) - len(idle)
+            if finished and not busy:
                 break
             if finished and now >= end + 10.0:  # bounded drain
-                errors += len(socks) - len(idle)
+                errors += busy
                 break
             if not finished:
                 if spec.rate:
                     while idle and next_due <= now and now < end:
-                        send(idle.pop(), next_due)
+                        send(next_due)
                         next_due += interval
                 else:
                     while idle and (total is None or sent < total):
-                        send(idle.pop(), 0.0)
+                        send(0.0)
+            if not conns:
+                lost = lost or "every connection was closed"
+                break
             timeout = 0.05
             if spec.rate and not finished:
                 timeout = max(0.0, min(timeout, next_due - time.monotonic()))
             for key, _ in sel.select(timeout):
-                sock = key.fileobj  # type: ignore[assignment]
-                entry = state[sock]
+                conn = conns.get(key.fileobj)  # type: ignore[call-overload]
+                if conn is None:
+                    continue
                 try:
-                    data = sock.recv(65536)
+                    data = conn.sock.recv(65536)
                 except OSError:
                     data = b""
-                if not data:
-                    errors += 1
-                    sel.unregister(sock)
-                    socks.remove(sock)
-                    sock.close()
+                if not data or not conn.busy:  # closed (or bytes nobody asked for)
+                    closed(conn, finished)
                     continue
-                buf = entry[0] + data
-                entry[0] = buf
+                buf = conn.buf + data
+                conn.buf = buf
                 head_end = buf.find(b"\r\n\r\n")
                 if head_end < 0:
                     continue
                 head = buf[:head_end].lower()
                 at = head.find(b"content-length:")
-                length = int(head[at + 15:head.find(b"\r\n", at)]) if at >= 0 else 0
+                stop = head.find(b"\r\n", at)
+                length = int(head[at + 15:stop if stop >= 0 else None]) if at >= 0 else 0
                 if len(buf) < head_end + 4 + length:
                     continue
                 done = time.monotonic()
                 status = int(buf[9:12])
                 statuses[status] = statuses.get(status, 0) + 1
-                if entry[1] >= measure_from:
-                    latencies.append((done - entry[1]) * 1e3)
-                entry[0] = b""
-                idle.append(sock)
-            if not socks:
-                break
+                if conn.due >= measure_from:
+                    latencies.append((done - conn.due) * 1e3)
+                conn.buf, conn.busy, conn.request = b"", False, b""
+                idle.append(conn)
+                if b"\r\nconnection: close" in head:  # the server closes it after this
+                    closed(conn, finished)
         elapsed = time.monotonic() - start
     except Exception as err:  # noqa: BLE001 - reported, never raised past the process
         out.put({"error": f"{type(err).__name__}: {err}", "sent": sent})
         return
     finally:
-        for sock in socks:
+        for sock in conns:
             sock.close()
         sel.close()
-    out.put({"sent": sent, "statuses": statuses, "errors": errors, "elapsed": elapsed,
-             "latencies_ms": latencies, "cpu_s": time.process_time() - cpu0})
+    result: dict[str, Any] = {
+        "sent": sent, "statuses": statuses, "errors": errors, "elapsed": elapsed,
+        "reconnects": reconnects, "retries": retries, "latencies_ms": latencies,
+        "cpu_s": time.process_time() - cpu0}
+    if lost is not None:
+        result["error"] = f"the load stopped early: {lost}"
+    out.put(result)
 
 
 class Load:
@@ -519,12 +631,15 @@ class Load:
         finally:
             self.kill()
         merged: dict[str, Any] = {"senders": len(self.procs), "sent": 0, "errors": 0,
-                                  "statuses": {}, "cpu_s": 0.0, "latencies_ms": []}
+                                  "reconnects": 0, "retries": 0, "statuses": {},
+                                  "cpu_s": 0.0, "latencies_ms": []}
         for r in results:
             if "error" in r:
                 merged.setdefault("sender_errors", []).append(r["error"])
             merged["sent"] += r.get("sent", 0)
             merged["errors"] += r.get("errors", 0)
+            merged["reconnects"] += r.get("reconnects", 0)
+            merged["retries"] += r.get("retries", 0)
             merged["cpu_s"] += r.get("cpu_s", 0.0)
             merged["latencies_ms"].extend(r.get("latencies_ms", []))
             for status, n in r.get("statuses", {}).items():
@@ -749,9 +864,9 @@ def measure_window(ctl: ControllerProcess, t_from: float, t_to: float) -> dict[s
 
 
 def part_throughput(tmp: Path, templates: Templates, core: int | None, nodes: int,
-                    senders: int, connections: int, warmup: float, window: float
-                    ) -> dict[str, Any]:
-    ctl = ControllerProcess(tmp, "throughput", core)
+                    senders: int, connections: int, warmup: float, window: float,
+                    program: Sequence[str] | None = None) -> dict[str, Any]:
+    ctl = ControllerProcess(tmp, "throughput", core, program)
     result: dict[str, Any] = {"nodes": nodes, "senders": senders,
                               "connections": senders * connections, "command": ctl.command}
     load: Load | None = None
@@ -764,6 +879,8 @@ def part_throughput(tmp: Path, templates: Templates, core: int | None, nodes: in
         sent = load.join()
         load = None
         result["sender"] = _sender_summary(sent, warmup + window + 0.5)
+    except Exception as err:  # noqa: BLE001 - kept with what was measured before it
+        result["error"] = f"{type(err).__name__}: {err}"
     finally:
         if load is not None:
             load.kill()
@@ -781,10 +898,11 @@ def _sender_summary(sent: dict[str, Any], seconds: float) -> dict[str, Any]:
 
 
 def part_rate(tmp: Path, templates: Templates, core: int | None, nodes: int, interval: float,
-              senders: int, warmup: float, duration: float, probes: int) -> dict[str, Any]:
+              senders: int, warmup: float, duration: float, probes: int,
+              program: Sequence[str] | None = None) -> dict[str, Any]:
     """Fixed-rate load (each node every ``interval`` s) and, meanwhile, the probes."""
     rate = nodes / interval
-    ctl = ControllerProcess(tmp, f"rate-{nodes}", core)
+    ctl = ControllerProcess(tmp, f"rate-{nodes}", core, program)
     result: dict[str, Any] = {"nodes": nodes, "interval_s": interval, "rate_per_s": rate,
                               "senders": senders}
     load: Load | None = None
@@ -803,6 +921,8 @@ def part_rate(tmp: Path, templates: Templates, core: int | None, nodes: int, int
         sent = load.join()
         load = None
         result["sender"] = _sender_summary(sent, warmup + duration)
+    except Exception as err:  # noqa: BLE001 - kept with what was measured before it
+        result["error"] = f"{type(err).__name__}: {err}"
     finally:
         stop.set()
         for thread in threads:
@@ -815,9 +935,10 @@ def part_rate(tmp: Path, templates: Templates, core: int | None, nodes: int, int
 
 
 def part_rss(tmp: Path, templates: Templates, core: int | None, levels: Sequence[int],
-             senders: int, rounds: int) -> dict[str, Any]:
+             senders: int, rounds: int, program: Sequence[str] | None = None
+             ) -> dict[str, Any]:
     """VmRSS after ``rounds`` reports from each of 1000, 4096, ... nodes."""
-    ctl = ControllerProcess(tmp, "rss", core)
+    ctl = ControllerProcess(tmp, "rss", core, program)
     result: dict[str, Any] = {"rounds": rounds, "points": []}
     try:
         result["healthy_after_s"] = ctl.start()
@@ -838,6 +959,9 @@ def part_rss(tmp: Path, templates: Templates, core: int | None, levels: Sequence
                 "reports": sent["sent"], "seconds": sent.get("elapsed"),
                 "known_nodes": metrics.get("sn_controller_nodes"),
                 "incidents_open": metrics.get("sn_incidents_open"),
+                "accepted": sent["statuses"].get(200, 0), "errors": sent["errors"],
+                **({"sender_errors": sent["sender_errors"]} if "sender_errors" in sent
+                   else {}),
             })
         xs = [p["nodes"] for p in result["points"] if p["nodes"] > 0]
         ys = [p["rss_mb"] for p in result["points"] if p["nodes"] > 0]
@@ -849,6 +973,8 @@ def part_rss(tmp: Path, templates: Templates, core: int | None, levels: Sequence
         base = result["points"][0]["rss_mb"]
         for p in result["points"][1:]:
             p["mb_per_1000_over_empty"] = (p["rss_mb"] - base) / p["nodes"] * 1000
+    except Exception as err:  # noqa: BLE001 - kept with what was measured before it
+        result["error"] = f"{type(err).__name__}: {err}"
     finally:
         result["exit_code"] = ctl.stop()
         result["log_tail"] = ctl.log_tail()
@@ -1031,6 +1157,15 @@ def _probe_stats(samples: list[dict[str, Any]], key: str) -> dict[str, float]:
 
 
 def render(results: dict[str, Any]) -> str:
+    """The figures as text; a part that raised before measuring anything is one line."""
+    broken = {k for k, v in results.items() if isinstance(v, dict) and set(v) == {"error"}}
+    text = _render({k: v for k, v in results.items() if k not in broken})
+    if results.get("rate_large", {}).get("skipped"):
+        text += f"\n\n(4,096 nodes at a fixed rate: skipped, {results['rate_large']['skipped']})"
+    return text + "".join(f"\n\n{k}: ERROR {results[k]['error']}" for k in sorted(broken))
+
+
+def _render(results: dict[str, Any]) -> str:
     out: list[str] = []
     meta = results["meta"]
     out.append(f"sn-monitor {meta['version']} controller bench  ({meta['mode']}; python "
@@ -1074,7 +1209,7 @@ def render(results: dict[str, Any]) -> str:
                        f"non-200: {_non_200(s)}")
     for key in ("rate_small", "rate_large"):
         rp = results.get(key)
-        if not rp:
+        if not rp or rp.get("skipped"):
             continue
         out.append("")
         out.append(f"2. ingest latency at a fixed rate: {rp['nodes']} nodes every "
@@ -1149,6 +1284,7 @@ def render(results: dict[str, Any]) -> str:
                    f"     goal <= {GOALS['rss_mb_per_1000_nodes']:g} MB per 1,000 nodes")
         if "error" in rss:
             out.append(f"   ERROR: {rss['error']}")
+    if rss and rss.get("points"):
         out.append(f"   {'nodes':>6} {'RSS MB':>8} {'MB/1000 over empty':>19} "
                    f"{'reports/s':>10} {'open incidents':>15}")
         for p in rss.get("points", []):
@@ -1203,6 +1339,9 @@ def _non_200(sender: dict[str, Any]) -> str:
     text = ", ".join(f"{k}: {v}" for k, v in sorted(bad.items())) or "none"
     if sender.get("errors"):
         text += f"; connection errors {sender['errors']}"
+    if sender.get("reconnects"):
+        text += (f"; {sender['reconnects']} connections closed by the server and replaced"
+                 f" ({sender.get('retries', 0)} requests sent again)")
     if sender.get("sender_errors"):
         text += f"; {sender['sender_errors']}"
     return text
@@ -1223,26 +1362,72 @@ def pick_cores(pin: bool) -> tuple[int | None, set[int] | None, str]:
                                       f"{','.join(map(str, cores[1:]))}")
 
 
+def problems(results: dict[str, Any]) -> list[str]:
+    """What could not be measured (see :func:`bench.common.finish`). A figure that misses
+    its goal (a rate NOT HELD, a slow probe) is a result, not a failure."""
+    out: list[str] = []
+    for name in ("throughput", "rate_small", "rate_large", "rss", "memory", "profile"):
+        part = results.get(name)
+        if part is None or part.get("skipped"):
+            continue
+        if "error" in part:
+            out.append(f"{name}: {part['error']}")
+        sender = part.get("sender", {})
+        for err in sender.get("sender_errors", []):
+            out.append(f"{name}: load sender: {err}")
+        window = part.get("window")
+        if name in ("throughput", "rate_small", "rate_large") and "error" not in part:
+            if not window or not window.get("accepted"):
+                out.append(f"{name}: the controller accepted no report in the window")
+            if not sender.get("latency_ms", {}).get("n"):
+                out.append(f"{name}: no answered request to take a latency from")
+        for kind, samples in part.get("probes", {}).items():
+            if samples and not any("error" not in p for p in samples):
+                out.append(f"{name}: every {kind} probe failed: "
+                           + "; ".join(sorted({p["error"] for p in samples})))
+        for point in part.get("points", []) if name == "rss" else ():
+            for err in point.get("sender_errors", []):
+                out.append(f"rss: {point['nodes']} nodes: load sender: {err}")
+            if point["nodes"] and not point.get("accepted"):
+                out.append(f"rss: {point['nodes']} nodes: no report accepted")
+        if name == "memory" and "error" not in part and not part.get("points"):
+            out.append("memory: no point measured")
+        if name == "profile" and "error" not in part and not part["ingest_us"]["n"]:
+            out.append("profile: no ingest timed")
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.controller_bench",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="short windows (smoke test)")
-    parser.add_argument("--out", type=Path, default=Path("bench/results/controller.json"))
+    add_output_args(parser, "a smoke run: short windows, one probe of each kind, two small "
+                            "RSS levels, the 4,096-node rate skipped (about half a minute)")
     parser.add_argument("--senders", type=int, default=2, help="load processes (default 2)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin with taskset")
     parser.add_argument("--no-profile", action="store_true", help="skip the in-process part")
+    parser.add_argument("--sn-monitor", metavar="COMMAND",
+                        help="the sn-monitor command line to run the controller with "
+                             "(default: this environment's)")
     args = parser.parse_args(argv)
+    stop_on_sigterm()
+    out_path = results_path(args, "controller.json")
+    program = sn_monitor_command(args.sn_monitor)
 
+    levels: tuple[int, ...]
     if args.quick:
-        tp_window, rate_s, probes, levels, prof_rounds = 5.0, 10.0, 3, (1000, 4096), 2
+        tp_warmup, tp_window, rate_s, probes, levels, prof_nodes, prof_rounds = (
+            1.0, 3.0, 4.0, 1, (500, 1000), 200, 2)
+        memory_nodes, memory_s = 20, 60
     else:
-        tp_window, rate_s, probes, levels, prof_rounds = 15.0, 16.0, 8, (1000, 4096, 8192), 5
+        tp_warmup, tp_window, rate_s, probes, levels, prof_nodes, prof_rounds = (
+            2.0, 15.0, 16.0, 8, (1000, 4096, 8192), 1000, 5)
+        memory_nodes, memory_s = 30, 330
     controller_core, load_cores, pinning = pick_cores(not args.no_pin)
     if load_cores is not None:
         os.sched_setaffinity(0, load_cores)  # inherited by the forked senders
     variants = snapshot_reports(VARIANTS)
-    biggest = max(max(levels), 4096)
+    biggest = max(*levels, 1000 if args.quick else 4096, prof_nodes)
     templates = build_templates(biggest, f"bench-{os.getpid()}", variants)
     sample_body = templates.body(0, 1, time.time())
     results: dict[str, Any] = {
@@ -1255,6 +1440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "goals": GOALS,
             "pinning": pinning,
+            "controller_command": program,
             "report_bytes": len(sample_body),
             "ib_ports": len(variants[0].infiniband),
             "netdevs": len(variants[0].network),
@@ -1262,26 +1448,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             "controller_config": CONTROLLER_CONFIG,
         }
     }
-    failed = False
     with tempfile.TemporaryDirectory(prefix="sn-cbench-") as tmpdir:
         tmp = Path(tmpdir)
         parts: list[tuple[str, Callable[[], dict[str, Any]]]] = [
             ("throughput", lambda: part_throughput(
                 tmp, templates, controller_core, 1000, args.senders, 8,
-                warmup=2.0, window=tp_window)),
+                warmup=tp_warmup, window=tp_window, program=program)),
             ("rate_small", lambda: part_rate(
                 tmp, templates, controller_core, 1000, 2.0, args.senders, warmup=2.0,
-                duration=max(rate_s, 1.2 * probes + 7.0), probes=probes)),
-            ("rate_large", lambda: part_rate(
-                tmp, templates, controller_core, 4096, 2.0, args.senders, warmup=2.0,
-                duration=rate_s, probes=0 if args.quick else probes // 2)),
-            ("rss", lambda: part_rss(tmp, templates, controller_core, levels, args.senders,
-                                     rounds=3)),
+                duration=max(rate_s, 1.2 * probes + 7.0), probes=probes, program=program)),
         ]
-        parts.append(("memory", lambda: memory_steady(tmp, templates, 20 if args.quick else 30,
-                                                      330)))
+        if args.quick:
+            results["rate_large"] = {"skipped": "--quick"}
+        else:
+            parts.append(("rate_large", lambda: part_rate(
+                tmp, templates, controller_core, 4096, 2.0, args.senders, warmup=2.0,
+                duration=rate_s, probes=probes // 2, program=program)))
+        parts.append(("rss", lambda: part_rss(tmp, templates, controller_core, levels,
+                                              args.senders, rounds=3, program=program)))
+        parts.append(("memory", lambda: memory_steady(tmp, templates, memory_nodes,
+                                                      memory_s)))
         if not args.no_profile:
-            parts.append(("profile", lambda: profile_ingest(tmp, templates, 1000,
+            parts.append(("profile", lambda: profile_ingest(tmp, templates, prof_nodes,
                                                             prof_rounds)))
         for name, run in parts:
             print(f"... {name}", file=sys.stderr, flush=True)
@@ -1289,12 +1477,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results[name] = run()
             except Exception as err:  # noqa: BLE001 - one part failing must not hide the rest
                 results[name] = {"error": f"{type(err).__name__}: {err}"}
-                failed = True
     results["meta"]["load1_end"] = round(os.getloadavg()[0], 2)
-    text = render(results)
-    print(text)
-    write_results(args.out, results)
-    return 1 if failed else 0
+    failures = problems(results)
+    try:
+        print(render(results))
+    except Exception as err:  # noqa: BLE001 - the results are still written
+        failures.append(f"render: {type(err).__name__}: {err}")
+    return finish(results, out_path, failures)
 
 
 if __name__ == "__main__":

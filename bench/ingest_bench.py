@@ -21,7 +21,9 @@ of ``--nodes`` reports, divided by the number of reports:
 - ``rules``: ``RuleEngine.observe`` alone, on views whose report changes every round.
 
 The figure of a repetition is the median of its rounds; the result is the median of the
-repetitions. Nothing fails on a figure.
+repetitions. Nothing fails on a figure; the exit status is 1 when the measurement
+raised (in either checkout, with ``--compare``). ``--quick``: a smoke run of a few
+seconds.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -139,50 +142,83 @@ def _child(args: argparse.Namespace, pythonpath: str) -> dict[str, float]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--json", "--repeat", "1",
            "--nodes", str(args.nodes), "--rounds", str(args.rounds),
            "--interval", str(args.interval)]
-    done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True,
+    done = subprocess.run(cmd, env=env, check=False, capture_output=True, text=True,
                           cwd=pythonpath)
+    if done.returncode != 0:
+        raise RuntimeError(f"{pythonpath}: exit {done.returncode}: {done.stderr[-1500:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])["runs"][0]  # type: ignore[no-any-return]
 
 
+def _compare(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    base: list[dict[str, float]] = []
+    new: list[dict[str, float]] = []
+    results.update(base=base, new=new, ratio_new_over_base={})
+    for k in range(args.repeat):
+        base.append(_child(args, str(Path(args.compare).resolve())))
+        new.append(_child(args, str(REPO)))
+        print(f"rep {k + 1}: base " + " ".join(f"{p} {base[-1][p]:.1f}" for p in PARTS)
+              + " | new " + " ".join(f"{p} {new[-1][p]:.1f}" for p in PARTS), flush=True)
+    print(f"\nper-report CPU us, median of {args.repeat} alternating runs "
+          f"({args.nodes} nodes x {args.rounds} rounds each):")
+    for p in PARTS:
+        b = statistics.median(r[p] for r in base)
+        n = statistics.median(r[p] for r in new)
+        ratios = sorted(y[p] / x[p] for x, y in zip(base, new, strict=True))
+        results["ratio_new_over_base"][p] = n / b
+        print(f"  {p:<7} base {b:7.1f}  new {n:7.1f}  ratio new/base {n / b:.3f} "
+              f"(paired ratios {ratios[0]:.3f}..{ratios[-1]:.3f}, "
+              f"median {statistics.median(ratios):.3f})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--nodes", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser = argparse.ArgumentParser(prog="python -m bench.ingest_bench",
+                                     description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: 128 nodes x 2 rounds, once")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the results' JSON file (default: bench/results/ingest.json; "
+                             "with --quick a new temporary directory)")
+    parser.add_argument("--nodes", type=int, default=None, help="default 1024 (quick 128)")
+    parser.add_argument("--rounds", type=int, default=None, help="default 5 (quick 2)")
     parser.add_argument("--interval", type=float, default=2.0)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=None, help="default 5 (quick 1)")
     parser.add_argument("--compare", metavar="DIR",
                         help="another checkout: alternate runs of it and of this one")
-    parser.add_argument("--json", action="store_true", help="one JSON line, no text")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON line on stdout, no text and no results file")
     args = parser.parse_args(argv)
-
-    if args.compare:
-        base: list[dict[str, float]] = []
-        new: list[dict[str, float]] = []
-        for k in range(args.repeat):
-            base.append(_child(args, str(Path(args.compare).resolve())))
-            new.append(_child(args, str(REPO)))
-            print(f"rep {k + 1}: base " + " ".join(f"{p} {base[-1][p]:.1f}" for p in PARTS)
-                  + " | new " + " ".join(f"{p} {new[-1][p]:.1f}" for p in PARTS), flush=True)
-        print(f"\nper-report CPU us, median of {args.repeat} alternating runs "
-              f"({args.nodes} nodes x {args.rounds} rounds each):")
-        for p in PARTS:
-            b = statistics.median(r[p] for r in base)
-            n = statistics.median(r[p] for r in new)
-            ratios = sorted(y[p] / x[p] for x, y in zip(base, new, strict=True))
-            print(f"  {p:<7} base {b:7.1f}  new {n:7.1f}  ratio new/base {n / b:.3f} "
-                  f"(paired ratios {ratios[0]:.3f}..{ratios[-1]:.3f}, "
-                  f"median {statistics.median(ratios):.3f})")
-        return 0
-
-    runs = [measure(args.nodes, args.rounds, args.interval) for _ in range(args.repeat)]
+    args.nodes = args.nodes or (128 if args.quick else 1024)
+    args.rounds = args.rounds or (2 if args.quick else 5)
+    args.repeat = args.repeat or (1 if args.quick else 5)
     if args.json:
-        print(json.dumps({"runs": runs}))
+        print(json.dumps({"runs": [measure(args.nodes, args.rounds, args.interval)
+                                   for _ in range(args.repeat)]}))
         return 0
-    print(f"per-report CPU us ({args.nodes} nodes x {args.rounds} rounds, "
-          f"median of {args.repeat}):")
-    for p in PARTS:
-        print(f"  {p:<7} {statistics.median(r[p] for r in runs):7.1f}")
-    return 0
+    # Imported only here: a --compare child (--json) runs this file on another checkout's
+    # PYTHONPATH, whose bench/ may be older.
+    from bench.common import finish, machine, results_path, stop_on_sigterm
+
+    stop_on_sigterm()
+    out_path = results_path(args, "ingest.json")
+    results: dict[str, Any] = {"meta": {
+        "mode": "quick" if args.quick else "full", "nodes": args.nodes,
+        "rounds": args.rounds, "interval_s": args.interval, "repeat": args.repeat,
+        "compare": args.compare, "machine": machine()}}
+    failures: list[str] = []
+    try:
+        if args.compare:
+            _compare(args, results)
+        else:
+            runs = results["runs"] = [measure(args.nodes, args.rounds, args.interval)
+                                      for _ in range(args.repeat)]
+            results["median_us"] = {p: statistics.median(r[p] for r in runs) for p in PARTS}
+            print(f"per-report CPU us ({args.nodes} nodes x {args.rounds} rounds, "
+                  f"median of {args.repeat}):")
+            for p in PARTS:
+                print(f"  {p:<7} {results['median_us'][p]:7.1f}")
+    except Exception as err:  # noqa: BLE001 - said, written, exit 1
+        failures.append(f"{type(err).__name__}: {err}")
+    return finish(results, out_path, failures)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ class ControllerState:
     workers: Mapping[str, bool] = field(default_factory=dict)
     #: Store writes queued for the writer and not yet done.
     store_queue: int = 0
+    #: How late the event loop, which reads the reports, ran (None: not watched).
+    ingest_lag: float | None = None
 
 
 class ControllerStateCollector(Collector):
@@ -90,6 +92,12 @@ class ControllerStateCollector(Collector):
         yield GaugeMetricFamily("sn_controller_store_queue_writes",
                                 "Store writes queued for the controller's writer.",
                                 value=state.store_queue)
+        if state.ingest_lag is not None:
+            yield GaugeMetricFamily(
+                "sn_controller_ingest_lag_seconds",
+                "How far behind the event loop that reads the reports ran since the last "
+                "scrape (a report waits this long before it is read; 0: keeping up).",
+                value=state.ingest_lag)
         if state.jobs is not None:
             yield from _job_families(state.jobs)
         yield GaugeMetricFamily("sn_controller_store_up",

@@ -1100,6 +1100,7 @@ class Controller:
             store_up=self.store_health.ok,
             workers=dict(self.workers()) if self.workers is not None else {},
             store_queue=self.writer.depth,
+            ingest_lag=self.stalls.ingest_lag() if self.stalls is not None else None,
             jobs=self.jobs.metrics(),
         )
 

@@ -15,7 +15,9 @@ measured against the controller's own progress:
   (:meth:`StallWatch.reports_behind`).
 
 Every stall over :data:`STALL_SECONDS` is logged and observed in
-``sn_controller_stall_seconds``.
+``sn_controller_stall_seconds``. How late the loop's ticks run is its ingest lag: a report
+that arrives while the loop is that far behind waits that long before it is read
+(:meth:`StallWatch.ingest_lag`, ``sn_controller_ingest_lag_seconds``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ class StallWatch:
         self._stalled = 0.0
         self._sweep_end: float | None = None
         self._loop_tick: float | None = None
+        #: The latest tick's lateness, and the most since :meth:`ingest_lag` was read.
+        self._lag = 0.0
+        self._lag_peak = 0.0
         self.stalls_total = 0.0
 
     # -- the Clock protocol --------------------------------------------------------------
@@ -88,8 +93,21 @@ class StallWatch:
         now = self._clock.monotonic()
         with self._lock:
             last, self._loop_tick = self._loop_tick, now
-        if last is not None and now - last - LOOP_TICK_SECONDS >= STALL_SECONDS:
-            self._report("event_loop", now - last - LOOP_TICK_SECONDS)
+            late = 0.0 if last is None else max(0.0, now - last - LOOP_TICK_SECONDS)
+            self._lag = late
+            self._lag_peak = max(self._lag_peak, late)
+        if late >= STALL_SECONDS:
+            self._report("event_loop", late)
+
+    def ingest_lag(self) -> float:
+        """The most the event loop ran late since the last call (then the latest).
+
+        Read at each scrape, so a lag between two scrapes is seen even when the loop has
+        caught up by the time it answers the scrape (it answers on that same loop).
+        """
+        with self._lock:
+            peak, self._lag_peak = self._lag_peak, self._lag
+        return peak
 
     def reports_behind(self) -> bool:
         """The event loop has not run lately: reports may be waiting, unread."""

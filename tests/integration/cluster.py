@@ -285,12 +285,12 @@ class Cluster:
             config_args = agent_config
             if tls is not None:
                 config_args = ["--config", str(root / f"{name}.yaml")]
-                controller: dict[str, str] = {"ca_file": str(tls.ca_file)}
+                reach: dict[str, str] = {"ca_file": str(tls.ca_file)}
                 if name in tls.agent_certs:
                     cert, key = tls.agent_certs[name]
-                    controller.update(cert_file=str(cert), key_file=str(key))
+                    reach.update(cert_file=str(cert), key_file=str(key))
                 (root / f"{name}.yaml").write_text(yaml.safe_dump(
-                    {"labels": agent_labels or {}, "controller": controller}))
+                    {"labels": agent_labels or {}, "controller": reach}))
             with_token = tls is None or tls.agent_tokens
             self.agents[name] = Agent(name, [
                 sys.executable, "-m", "sn_monitor.cli", "agent", "--simulate", str(gpus),
@@ -313,7 +313,7 @@ class Cluster:
         for agent in self.agents.values():
             agent.start()
         for agent in self.agents.values():
-            self.wait_for(lambda a=agent: self._healthy(a), timeout,
+            self.wait_for(lambda a=agent: self._healthy(a), timeout,  # type: ignore[misc]
                           f"agent {agent.name} healthy on {agent.url}")
         self.wait_reporting(list(self.agents), timeout)
         return self
@@ -328,7 +328,8 @@ class Cluster:
                           f"controller healthy on {self.url}")
             return
         for proc in self.controllers:
-            self.wait_for(lambda p=proc: self._healthy(p, "/livez"), timeout,
+            self.wait_for(lambda p=proc: self._healthy(p, "/livez"),  # type: ignore[misc]
+                          timeout,
                           f"{proc.name} alive")
         self.find_active(timeout)
 
@@ -344,6 +345,7 @@ class Cluster:
             ready = [p for p in self.controllers if p.running and self._ready(p)]
             return ready[0] if len(ready) == 1 else None
         active = self.wait_for(one_ready, timeout, "exactly one active controller")
+        assert active is not None  # wait_for returns only what is truthy
         self.url = self.url_of(active)
         return active
 
@@ -443,7 +445,7 @@ class Cluster:
             try:
                 value = probe()
             except (requests.RequestException, ValueError) as err:
-                value, last = None, f"{type(err).__name__}: {err}"  # type: ignore[assignment]
+                value, last = None, f"{type(err).__name__}: {err}"
             else:
                 last = value
             if value:

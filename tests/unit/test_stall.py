@@ -69,3 +69,20 @@ def test_an_event_loop_that_has_not_ticked_is_behind_on_its_reports() -> None:
     assert not watch.reports_behind()
     assert seen == [("event_loop", pytest.approx(LOOP_LAG_SECONDS + 0.1 + 5
                                                  - LOOP_TICK_SECONDS))]
+
+
+def test_the_ingest_lag_is_the_most_the_loop_ran_late_since_the_last_read() -> None:
+    clock = ManualClock()
+    watch = StallWatch(clock, 0.5)
+    watch.loop_ticked()
+    assert watch.ingest_lag() == 0.0
+    clock.advance(LOOP_TICK_SECONDS + 0.3)  # 0.3 s late: behind, not yet a stall
+    watch.loop_ticked()
+    clock.advance(LOOP_TICK_SECONDS + 0.1)
+    watch.loop_ticked()
+    assert watch.ingest_lag() == pytest.approx(0.3)  # the peak between two scrapes
+    assert watch.ingest_lag() == pytest.approx(0.1)  # then the latest
+    clock.advance(LOOP_TICK_SECONDS)
+    watch.loop_ticked()  # caught up
+    assert watch.ingest_lag() == pytest.approx(0.1)
+    assert watch.ingest_lag() == 0.0
