@@ -47,7 +47,7 @@ from bench.common import (
 )
 from sn_monitor import __version__
 from sn_monitor.agent.daemon import Agent
-from sn_monitor.agent.exposition import render_text
+from sn_monitor.agent.exposition import TextRenderer
 from sn_monitor.agent.registry import COLLECTORS, build_collectors
 from sn_monitor.agent.sampler import Sampler
 from sn_monitor.agent.settings import AgentSettings, CollectorSettings
@@ -63,7 +63,10 @@ SETS: dict[str, tuple[str, ...]] = {
     "host-side": HOST_SIDE,
     "net+ib": NET_IB,
 }
-GOALS = {"sample_cpu_ms": 5.0, "scrape_ms": 10.0, "rss_mb": 80.0, "scrape_ratio": 1.0}
+#: Issue 16's goals: an 8-GPU sample, a scrape of a fresh sample, the agent process's
+#: memory, and the CPU per fresh scrape against node_exporter's on the same tree.
+GOALS = {"sample_cpu_ms": 3.0, "scrape_ms": 5.0, "rss_mb": 40.0, "scrape_ratio": 1.0,
+         "side_by_side_ratio": 1.0}
 HTTP_TIMEOUT = 5.0
 
 
@@ -233,15 +236,16 @@ def profile_exposition(exporter: Any, renders: int, top: int = 5) -> dict[str, A
     it goes (cProfile). The server renders once per snapshot; scrapes in between are
     served from memory."""
     source: Callable[[], Iterable[Any]] = exporter.families
+    render = TextRenderer().render  # as the server renders: the series' labels kept
     cpu: list[float] = []
     for _ in range(renders):
         t0 = time.process_time_ns()
-        body = render_text(source())
+        body = render(source())
         cpu.append((time.process_time_ns() - t0) / 1e6)
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(renders):
-        render_text(source())
+        render(source())
     profiler.disable()
     raw: dict[Any, Any] = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     rows = []
@@ -302,7 +306,7 @@ def bench_scrapes(node: SimulatedNode, settings: AgentSettings, warmup: int, scr
     exporter: subprocess.Popen[bytes] | None = None
     result: dict[str, Any] = {"warmup": warmup, "scrapes": scrapes}
     try:
-        agent.tick()  # one sample, then serve it; the sampling loop is not started
+        agent.tick()  # a sample before each scrape (below); the sampling loop is not started
         agent.http.start()
         targets = {"sn-monitor": f"http://127.0.0.1:{agent.http.port}/metrics"}
         if not os.access(NODE_EXPORTER, os.X_OK):
@@ -334,6 +338,7 @@ def bench_scrapes(node: SimulatedNode, settings: AgentSettings, warmup: int, scr
             for i in range(warmup + scrapes):
                 if i == warmup and exporter is not None:
                     ne_cpu0 = proc_cpu_seconds(exporter.pid)
+                agent.tick()  # a fresh snapshot: every scrape formats a new one
                 order = names if i % 2 == 0 else names[::-1]
                 for name in order:
                     ms, code, body = timed_get(sessions[name], targets[name])
@@ -371,6 +376,70 @@ def bench_scrapes(node: SimulatedNode, settings: AgentSettings, warmup: int, scr
             exit_code, _ = stop_process(exporter, 10.0)
             result.setdefault("node_exporter", {})["exit_code"] = exit_code
         agent.stop()
+    return result
+
+
+# ---------------------------------------------------------------- 5. side by side
+
+
+def _running(proc: subprocess.Popen[bytes]) -> Callable[[], bool]:
+    return lambda: proc.poll() is None
+
+
+def bench_side_by_side(tree_root: Path, seconds: int, tmp: Path) -> dict[str, Any]:
+    """Both as processes on one /proc and /sys tree, each scraped once a second: our
+    agent samples the same two sources node_exporter reads (net, InfiniBand) every second,
+    so every scrape gets a fresh sample; CPU of each process from /proc over the window."""
+    if not os.access(NODE_EXPORTER, os.X_OK):
+        return {"skipped": f"{NODE_EXPORTER} not found: apt-get install prometheus-node-exporter"}
+    ours_port, theirs_port = free_port(), free_port()
+    config = tmp / "side-agent.yaml"
+    config.write_text(
+        f"node: bench\ninterval: 1s\nlisten: 127.0.0.1:{ours_port}\n"
+        f"paths: {{procfs: {tree_root / 'proc'}, sysfs: {tree_root / 'sys'}, "
+        f"kmsg: {tmp / 'no-kmsg'}}}\n"
+        "collectors: {nvml: {enabled: false}, host: {enabled: false}, "
+        "kmsg: {enabled: false}, net: {enabled: true}, infiniband: {enabled: true}}\n"
+        "guard: {mode: 'off'}\nlog_level: warning\n")
+    exe = Path(sys.prefix) / "bin" / "sn-monitor"
+    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "sn_monitor.cli"]
+    with (tmp / "side-agent.log").open("wb") as log:
+        ours = subprocess.Popen([*base, "agent", "--config", str(config)], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    theirs = start_node_exporter(tree_root, theirs_port, tmp / "side-node-exporter.log")
+    urls = {"sn-monitor": f"http://127.0.0.1:{ours_port}/metrics",
+            "node_exporter": f"http://127.0.0.1:{theirs_port}/metrics"}
+    procs = {"sn-monitor": ours, "node_exporter": theirs}
+    result: dict[str, Any] = {"seconds": seconds}
+    try:
+        with requests.Session() as session:
+            for name, url in urls.items():
+                if wait_http(session, url, 20.0, alive=_running(procs[name])) is None:
+                    result["error"] = f"{name} did not answer within 20 s"
+                    return result
+            time.sleep(2.0)  # past start-up (imports, the first layout of the ports)
+            cpu0 = {name: proc_cpu_seconds(p.pid) for name, p in procs.items()}
+            t0 = time.monotonic()
+            ok = dict.fromkeys(urls, 0)
+            for k in range(seconds):
+                time.sleep(max(0.0, t0 + k + 1 - time.monotonic()))
+                for name in (list(urls) if k % 2 == 0 else list(urls)[::-1]):
+                    _, code, _ = timed_get(session, urls[name])
+                    ok[name] += code == 200
+            cpu1 = {name: proc_cpu_seconds(p.pid) for name, p in procs.items()}
+        for name in urls:
+            before, after = cpu0[name], cpu1[name]
+            result[name] = {
+                "scrapes_ok": ok[name],
+                "cpu_ms_per_scrape": ((after - before) / ok[name] * 1e3
+                                      if before is not None and after is not None and ok[name]
+                                      else math.nan)}
+        theirs_ms = result["node_exporter"]["cpu_ms_per_scrape"]
+        result["ratio"] = (result["sn-monitor"]["cpu_ms_per_scrape"] / theirs_ms
+                           if theirs_ms else math.nan)
+    finally:
+        for proc in procs.values():
+            stop_process(proc, 10.0)
     return result
 
 
@@ -515,7 +584,7 @@ def render(results: dict[str, Any]) -> str:
             out.append(f"   node_exporter: {ne.get('skipped') or ne.get('error')}")
         expo = scrape.get("exposition")
         if expo:
-            out.append(f"   sn-monitor /metrics render of one snapshot (render_text, no "
+            out.append(f"   sn-monitor /metrics render of one snapshot (TextRenderer, no "
                        f"HTTP): CPU median {fmt(expo['cpu_ms']['median'])} ms")
             lines = ", ".join(f"{k}* {v}" for k, v in expo["sample_lines_by_prefix"].items())
             out.append(f"     sample lines by family: {lines}")
@@ -550,14 +619,28 @@ def render(results: dict[str, Any]) -> str:
                    f"{fmt(ratios['scrape_ratio'], 3)}     goal <= {GOALS['scrape_ratio']:g}")
         out.append(f"   fair ratio (net+ib collect CPU + our scrape) / node_exporter scrape: "
                    f"{fmt(ratios['fair_ratio'], 3)}")
-        out.append("     (our /metrics formats a cached snapshot; node_exporter reads /sys "
+        out.append("     (each of our scrapes formats a fresh snapshot; node_exporter reads /sys "
                    "on every scrape, so the fair ratio adds our read cost)")
+    side = results.get("side_by_side", {})
+    if "ratio" in side:
+        out.append("")
+        out.append(f"5. side by side, both processes on one tree, one scrape a second for "
+                   f"{side['seconds']} s (our agent samples net+ib every second: each scrape "
+                   f"is fresh)")
+        for name in ("sn-monitor", "node_exporter"):
+            out.append(f"   {name:14s} CPU per scrape {fmt(side[name]['cpu_ms_per_scrape'])} ms "
+                       f"({side[name]['scrapes_ok']} scrapes)")
+        out.append(f"   ratio sn-monitor / node_exporter: {fmt(side['ratio'], 3)}     goal <= "
+                   f"{GOALS['side_by_side_ratio']:g}")
+    elif "skipped" in side:
+        out.append(f"5. side by side: skipped ({side['skipped']})")
     return "\n".join(out)
 
 
 def problems(results: dict[str, Any]) -> list[str]:
     """What could not be measured (see :func:`bench.common.finish`); a missed goal is not."""
-    out = [f"{part}: {results[part]['error']}" for part in ("sample", "profile", "scrape", "rss")
+    out = [f"{part}: {results[part]['error']}"
+           for part in ("sample", "profile", "scrape", "rss", "side_by_side")
            if "error" in results.get(part, {})]
     for label, data in results.get("sample", {}).get("sets", {}).items():
         if not data["cpu_ms"]["n"]:
@@ -582,8 +665,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop_on_sigterm()
     out_path = results_path(args, "agent.json")
 
-    warmup, cycles, scrapes, rss_s, prof_n = (
-        (5, 30, 30, 2, 20) if args.quick else (20, 300, 300, 10, 200)
+    warmup, cycles, scrapes, rss_s, prof_n, side_s = (
+        (5, 30, 30, 2, 20, 3) if args.quick else (20, 300, 300, 10, 200, 60)
     )
     results: dict[str, Any] = {
         "meta": {
@@ -605,6 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("sample", lambda: bench_sample(node, settings, warmup, cycles)),
             ("scrape", lambda: bench_scrapes(node, settings, min(20, warmup), scrapes, tmp)),
             ("rss", lambda: bench_rss(rss_s, tmp)),
+            ("side_by_side", lambda: bench_side_by_side(node.root, side_s, tmp)),
         ]
         if not args.no_profile:
             parts.insert(1, ("profile", lambda: profile_samples(node, settings, prof_n)))

@@ -79,6 +79,7 @@ class FleetServer:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
             timeout = 300.0
+            disable_nagle_algorithm = True  # two writes a reply (see agent/server.py)
 
             def do_GET(self) -> None:
                 parts = urlsplit(self.path)
