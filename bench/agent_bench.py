@@ -704,9 +704,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["ratios"] = {"scrape_ratio": ours / theirs,
                              "fair_ratio": (net_ib + ours) / theirs}
     results["meta"]["load1_end"] = round(os.getloadavg()[0], 2)
-    failures = problems(results)
-    print(render(results))
-    return finish(results, out_path, failures)
+    return finish(results, out_path, problems(results), render)
 
 
 if __name__ == "__main__":

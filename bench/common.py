@@ -13,7 +13,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,15 +109,24 @@ def machine() -> dict[str, Any]:
             "cpus": os.cpu_count(), "python": platform.python_version()}
 
 
-def finish(results: dict[str, Any], out: Path, failures: Sequence[str]) -> int:
-    """Write ``results`` (with ``failures``, the parts that could not measure) and return
-    the exit status: 1 when anything could not be measured, else 0.
+def finish(results: dict[str, Any], out: Path, failures: Sequence[str],
+           render: Callable[[dict[str, Any]], str] | None = None) -> int:
+    """Print the figures (``render``: a part that did not print them as it went), write
+    ``results`` (with ``failures``, the parts that could not measure) and return the exit
+    status: 1 when anything could not be measured, else 0.
 
     A figure that misses its goal is a result, not a failure; a crash, an exception, a
     process that never became healthy or a measurement without samples is a failure, and
-    it says so on stderr after the figures, so that a summary cannot hide it.
+    it says so on stderr after the figures, so that a summary cannot hide it. A render
+    that breaks is one more failure: the results are written all the same.
     """
-    results["failures"] = list(failures)
+    failures = list(failures)
+    try:
+        if render is not None:
+            print(render(results))
+    except Exception as err:  # noqa: BLE001 - the results are still written
+        failures.append(f"render: {type(err).__name__}: {err}")
+    results["failures"] = failures
     results.setdefault("meta", {})["machine_end"] = machine()
     write_results(out, results)
     if failures:

@@ -1478,12 +1478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except Exception as err:  # noqa: BLE001 - one part failing must not hide the rest
                 results[name] = {"error": f"{type(err).__name__}: {err}"}
     results["meta"]["load1_end"] = round(os.getloadavg()[0], 2)
-    failures = problems(results)
-    try:
-        print(render(results))
-    except Exception as err:  # noqa: BLE001 - the results are still written
-        failures.append(f"render: {type(err).__name__}: {err}")
-    return finish(results, out_path, failures)
+    return finish(results, out_path, problems(results), render)
 
 
 if __name__ == "__main__":

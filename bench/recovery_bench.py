@@ -260,12 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             {"skipped": "--quick"} if args.quick
             else _attempt(lambda: latency_pass(tmp / "lat3", faults, 3.0, spacing)))
         results["mttr"] = _attempt(lambda: mttr_pass(tmp / "mttr", mttr_faults, job_nodes))
-    failures = problems(results)
-    try:
-        print(render(results))
-    except Exception as err:  # noqa: BLE001 - the results are still written
-        failures.append(f"render: {type(err).__name__}: {err}")
-    return finish(results, out_path, failures)
+    return finish(results, out_path, problems(results), render)
 
 
 if __name__ == "__main__":

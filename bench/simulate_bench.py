@@ -348,12 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             level["held"] = held(level)
             results["levels"].append(level)
     results["meta"]["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    failures = problems(results)
-    try:
-        print(render(results))
-    except Exception as err:  # noqa: BLE001 - the results are still written
-        failures.append(f"render: {type(err).__name__}: {err}")
-    return finish(results, out_path, failures)
+    return finish(results, out_path, problems(results), render)
 
 
 if __name__ == "__main__":

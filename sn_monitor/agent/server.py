@@ -1,7 +1,7 @@
 """The agent's HTTP endpoint: /metrics for Prometheus, /healthz for supervisors.
 
 HTTP/1.1 with keep-alive (Prometheus keeps its scrape connections open: a connection a
-scrape is a handshake and a thread each time), a thread per connection, and the
+scrape is a handshake and a thread each time; see :mod:`sn_monitor.serving`), and the
 /metrics body gzipped when the scraper accepts it (from :class:`ExpositionCache`, once
 per snapshot).
 """
@@ -10,27 +10,18 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from sn_monitor.agent.exposition import CONTENT_TYPE, ExpositionCache
 from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.clock import Clock
+from sn_monitor.serving import QuietHandler, ThreadedServer
 
 log = logging.getLogger(__name__)
 
 PostHandler = Callable[[bytes], tuple[int, dict[str, Any]]]
 MAX_POST_BYTES = 64 * 1024
-#: An idle keep-alive connection is closed after this long (Prometheus scrapes at most
-#: every few minutes; a thread per idle client must not stay forever).
-IDLE_TIMEOUT_SECONDS = 300.0
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
 
 
 def accepts_gzip(header: str | None) -> bool:
@@ -81,8 +72,7 @@ class AgentHttpServer:
         self._clock = clock
         self._max_age = max_age
         self._posts: dict[str, PostHandler] = {}
-        self._server = _Server((host, port), self._handler_class())
-        self._thread: threading.Thread | None = None
+        self._server = ThreadedServer(host, port, self._handler_class(), "agent-http")
 
     def add_post_route(self, path: str, handler: PostHandler) -> None:
         """Serve ``POST path`` with ``handler(body) -> (status, json document)``."""
@@ -91,33 +81,26 @@ class AgentHttpServer:
     @property
     def port(self) -> int:
         """The bound port (useful when asked for port 0)."""
-        return int(self._server.server_address[1])
+        return self._server.port
 
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+    def _handler_class(self) -> type[QuietHandler]:
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            timeout = IDLE_TIMEOUT_SECONDS
-            # The headers and the body go out in two writes: with Nagle's algorithm the
-            # body's last segment waits for the client's delayed ACK (40 ms) on a
-            # connection kept alive.
-            disable_nagle_algorithm = True
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
                     gzipped = accepts_gzip(self.headers.get("Accept-Encoding"))
                     data = server._exposition.body(want_gzip=gzipped)
                     extra = [("Content-Encoding", "gzip")] if gzipped else []
-                    self._answer(200, CONTENT_TYPE, data, [*extra, ("Vary", "Accept-Encoding")])
+                    self.answer(200, CONTENT_TYPE, data, [*extra, ("Vary", "Accept-Encoding")])
                 elif path == "/healthz":
                     code, body = health(server._latest(), server._clock.time(), server._max_age)
-                    self._answer(code, "application/json", json.dumps(body).encode())
+                    self.answer(code, "application/json", json.dumps(body).encode())
                 elif path == "/":
-                    self._answer(200, "text/plain", b"sn-monitor agent: /metrics /healthz\n")
+                    self.answer(200, "text/plain", b"sn-monitor agent: /metrics /healthz\n")
                 else:
-                    self._answer(404, "text/plain", b"not found\n")
+                    self.answer(404, "text/plain", b"not found\n")
 
             def do_POST(self) -> None:
                 handler = server._posts.get(self.path.split("?", 1)[0])
@@ -127,7 +110,7 @@ class AgentHttpServer:
                     length = -1
                 if handler is None:
                     self.close_connection = True
-                    self._answer(404, "text/plain", b"not found\n")
+                    self.answer(404, "text/plain", b"not found\n")
                     return
                 if length < 0 or length > MAX_POST_BYTES:
                     self.close_connection = True  # the body is left unread
@@ -135,32 +118,14 @@ class AgentHttpServer:
                         400, {"error": "Content-Length: not a length"})
                 else:
                     code, doc = handler(self.rfile.read(length))
-                self._answer(code, "application/json", json.dumps(doc).encode())
-
-            def _answer(self, code: int, media: str, data: bytes,
-                        headers: list[tuple[str, str]] | None = None) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", media)
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in headers or ():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                log.debug("http: " + format, *args)
+                self.answer(code, "application/json", json.dumps(doc).encode())
 
         return Handler
 
     def start(self) -> None:
         """Serve in a background thread."""
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        name="agent-http", daemon=True)
-        self._thread.start()
+        self._server.start()
 
     def stop(self) -> None:
         """Stop serving and release the port."""
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._server.stop()

@@ -16,22 +16,15 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from sn_monitor.fleet.view import FleetView, node_states
+from sn_monitor.serving import QuietHandler, ThreadedServer
 
 log = logging.getLogger(__name__)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
 
 
 class FleetMetrics:
@@ -66,28 +59,23 @@ class FleetServer:
         self._token = token
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(FleetMetrics(view))
-        self._server = _Server((host, port), self._handler_class())
-        self._thread: threading.Thread | None = None
+        self._server = ThreadedServer(host, port, self._handler_class(), "fleet-http")
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._server.port
 
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+    def _handler_class(self) -> type[QuietHandler]:
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            timeout = 300.0
-            disable_nagle_algorithm = True  # two writes a reply (see agent/server.py)
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 parts = urlsplit(self.path)
                 query = parse_qs(parts.query)
                 if parts.path == "/healthz":
                     self._json(200, {"status": "ok"})
                 elif parts.path == "/metrics":
-                    self._answer(200, "text/plain; version=0.0.4; charset=utf-8",
+                    self.answer(200, "text/plain; version=0.0.4; charset=utf-8",
                                  generate_latest(outer._registry))
                 elif not parts.path.startswith("/api/v1/"):
                     self._json(404, {"error": "Not Found"})
@@ -109,18 +97,8 @@ class FleetServer:
                 else:
                     self._json(404, {"error": "Not Found"})
 
-            def _json(self, code: int, doc: Any) -> None:
-                self._answer(code, "application/json", json.dumps(doc).encode())
-
-            def _answer(self, code: int, media: str, data: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", media)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                log.debug("http: " + format, *args)
+            def _json(self, code: int, doc: object) -> None:
+                self.answer(code, "application/json", json.dumps(doc).encode())
 
         return Handler
 
@@ -131,12 +109,7 @@ class FleetServer:
         return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), self._token)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        name="fleet-http", daemon=True)
-        self._thread.start()
+        self._server.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._server.stop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -17,9 +16,9 @@ import requests
 import yaml
 
 from tests.integration.test_simulate import (
-    ROOT,
     Controller,
     _free_port,
+    running,
     running_controller,
 )
 
@@ -46,22 +45,6 @@ def _wait(probe: Any, what: str, log: Path | None = None) -> Any:
         time.sleep(0.25)
 
 
-@contextlib.contextmanager
-def _process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=ROOT)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
 class FleetWorld:
     def __init__(self, controllers: list[Controller], url: str, token: str, log: Path) -> None:
         self.controllers = controllers
@@ -82,7 +65,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetWorld]:
                        for k in range(SUPERNODES)]
         for k, ctl in enumerate(controllers):
             # the k-th supernode of 256 nodes, its first NODES: sim-0256.. for sn01
-            stack.enter_context(_process(
+            stack.enter_context(running(
                 [sys.executable, "-m", "sn_monitor.cli", "simulate", "--controller", ctl.url,
                  "--first", str(256 * k), "--nodes", str(NODES), "--interval", "2s",
                  "--connections", "2", "--token-file", str(ctl.agent_token_file),
@@ -101,7 +84,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetWorld]:
             "token_file": str(root / "fleet.token")}))
         port = _free_port()
         log = root / "fleet.log"
-        stack.enter_context(_process(
+        stack.enter_context(running(
             [sys.executable, "-m", "sn_monitor.cli", "fleet", "--config",
              str(root / "fleet.yaml"), "--listen", f"127.0.0.1:{port}"], log))
         world = FleetWorld(controllers, f"http://127.0.0.1:{port}", token, log)

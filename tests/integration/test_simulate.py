@@ -45,6 +45,23 @@ class Controller:
 
 
 @contextlib.contextmanager
+def running(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A process with its output in ``log``, stopped (SIGTERM, then SIGKILL) at the end."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+@contextlib.contextmanager
 def running_controller(root: Path) -> Iterator[Controller]:
     """A controller with the default rules, agent tokens for sim-*, actions not rate-limited."""
     root.mkdir(parents=True, exist_ok=True)
@@ -61,15 +78,12 @@ def running_controller(root: Path) -> Iterator[Controller]:
         "policy": {"rate_limit": {"actions": 10000, "window": "1m"}}}))
     port = _free_port()
     log = root / "controller.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sn_monitor.cli", "controller",
-             "--config", str(root / "controller.yaml"), "--listen", f"127.0.0.1:{port}",
-             "--state-dir", str(root / "state"), "--rules", str(ROOT / "sn_monitor" / "rules"),
-             "--token-file", str(root / "tokens.yaml")],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
-    ctl = Controller(f"http://127.0.0.1:{port}", admin, root / "agent.token", proc, log)
-    try:
+    with running([sys.executable, "-m", "sn_monitor.cli", "controller",
+                  "--config", str(root / "controller.yaml"), "--listen", f"127.0.0.1:{port}",
+                  "--state-dir", str(root / "state"),
+                  "--rules", str(ROOT / "sn_monitor" / "rules"),
+                  "--token-file", str(root / "tokens.yaml")], log) as proc:
+        ctl = Controller(f"http://127.0.0.1:{port}", admin, root / "agent.token", proc, log)
         deadline = time.monotonic() + 30
         while True:
             assert proc.poll() is None, log.read_text()
@@ -81,13 +95,6 @@ def running_controller(root: Path) -> Iterator[Controller]:
             assert time.monotonic() < deadline, f"controller never healthy\n{log.read_text()}"
             time.sleep(0.1)
         yield ctl
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
 
 
 @pytest.fixture
