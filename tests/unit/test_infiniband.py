@@ -367,3 +367,18 @@ def test_past_the_open_file_budget_files_are_opened_at_each_read(sysfs: Path) ->
         kept.close()
         frugal.close()
     assert len(os.listdir("/proc/self/fd")) < 200  # close() let go of every file
+
+
+def test_the_open_file_budget_is_a_quarter_of_the_limit_at_most() -> None:
+    import resource
+
+    from sn_monitor.agent.collectors.infiniband import MAX_OPEN_FILES, open_file_budget
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+        assert open_file_budget() == 256
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(65536, hard), hard))
+        assert open_file_budget() == min(MAX_OPEN_FILES, min(65536, hard) // 4)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -14,6 +14,7 @@ import errno
 import logging
 import os
 import re
+import resource
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final, TypeVar
@@ -122,8 +123,17 @@ def _inode(path: str) -> int | None:
 
 
 #: Open counter files the collector keeps at most (the rest are opened at each read):
-#: a node with many RoCE ports must not run the agent out of file descriptors.
+#: a node with many RoCE ports must not run the agent out of file descriptors. Never
+#: more than a quarter of the process's limit (1024 is systemd's default soft limit).
 MAX_OPEN_FILES: Final = 1024
+
+
+def open_file_budget() -> int:
+    """:data:`MAX_OPEN_FILES`, or a quarter of ``RLIMIT_NOFILE``'s soft limit if less."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_OPEN_FILES
+    return max(0, min(MAX_OPEN_FILES, soft // 4))
 #: A kept file that fails with one of these belongs to a device that went away.
 _GONE: Final = frozenset({errno.ENODEV, errno.ENXIO, errno.ESTALE, errno.ENOENT})
 #: Cycles between two re-reads of every port's layout (a counter file that appeared).
@@ -271,9 +281,9 @@ class InfinibandCollector:
 
     name = "infiniband"
 
-    def __init__(self, sysfs: Path, max_open_files: int = MAX_OPEN_FILES) -> None:
+    def __init__(self, sysfs: Path, max_open_files: int | None = None) -> None:
         self._root = str(Path(sysfs) / "class" / "infiniband")
-        self._max_open = max_open_files
+        self._max_open = open_file_budget() if max_open_files is None else max_open_files
         self._ports: dict[tuple[str, int], _Port] = {}
         self._devices: list[str] | None = None
         self._cycles = 0
