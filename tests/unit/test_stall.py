@@ -86,3 +86,62 @@ def test_the_ingest_lag_is_the_most_the_loop_ran_late_since_the_last_read() -> N
     watch.loop_ticked()  # caught up
     assert watch.ingest_lag() == pytest.approx(0.1)
     assert watch.ingest_lag() == 0.0
+
+
+class Cpu:
+    """The process's CPU time, moved by the test."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self) -> float:
+        return self.seconds
+
+
+def _sweeps(watch: StallWatch, clock: ManualClock, cpu: Cpu, seconds: float,
+            busy: float, interval: float = 0.5) -> None:
+    """Sweeps every ``interval`` for ``seconds``, the process using ``busy`` of a core."""
+    for _ in range(round(seconds / interval)):
+        clock.advance(interval)
+        cpu.seconds += busy * interval
+        watch.sweep_started()
+        watch.sweep_finished()
+
+
+def test_a_saturated_controller_does_not_take_its_backlog_for_silence() -> None:
+    clock, cpu = ManualClock(), Cpu()
+    seen: list[tuple[str, float]] = []
+    watch = StallWatch(clock, 0.5, on_stall=lambda where, s: seen.append((where, s)),
+                       cpu_seconds=cpu)
+    _sweeps(watch, clock, cpu, 5.0, busy=0.4)  # working, with room to spare
+    assert not watch.saturated
+    assert not watch.reports_behind()
+    received = watch.monotonic()  # a node's last report, as the registry dates it
+    _sweeps(watch, clock, cpu, 20.0, busy=1.0)  # a whole core: reports wait unread
+    assert watch.saturated
+    assert watch.reports_behind()  # heartbeats are not judged meanwhile
+    silence = watch.monotonic() - received
+    assert silence < 2.5  # 20 s of saturation: a few seconds at most, not 20
+    before = watch.monotonic()
+    _sweeps(watch, clock, cpu, 5.0, busy=0.3)  # caught up
+    assert not watch.saturated
+    assert not watch.reports_behind()
+    assert watch.monotonic() - before == pytest.approx(5.0, abs=2.0)  # time runs again
+    assert [where for where, _ in seen] == ["saturated"]
+    assert seen[0][1] >= 15.0
+
+
+def test_the_progress_clock_never_goes_back() -> None:
+    clock, cpu = ManualClock(), Cpu()
+    watch = StallWatch(clock, 0.5, cpu_seconds=cpu)
+    _sweeps(watch, clock, cpu, 4.0, busy=1.0)
+    assert watch.saturated
+    readings = []
+    for _ in range(10):
+        clock.advance(0.3)
+        cpu.seconds += 0.3
+        readings.append(watch.monotonic())  # a report between two sweeps
+        watch.sweep_started()
+        watch.sweep_finished()
+        readings.append(watch.monotonic())
+    assert readings == sorted(readings)
