@@ -43,10 +43,11 @@ Both processes share a 2-core machine with this script (which only reads /proc t
 second), so the load average is printed at the start and the end: other load on the
 machine shows there. "held?" = accepted >= 98 % of due, detection p99 <= interval +
 0.1 s, and the controller at most 50 % of its core (issue 16: room for a loaded box or a
-fault burst); ``--interval`` for another interval (the default is 1 s). Nothing fails on a figure (a level not held is a result); the exit status is 1
-when something could not be measured: a level raised (controller never healthy, simulate
-failed), no report was accepted, or no injected fault was detected, so there is no
-detection latency to give (listed on stderr at the end).
+fault burst); ``--interval`` for another interval (the default is 1 s). Nothing fails on
+a figure (a level not held is a result); the exit status is 1 when something could not be
+measured: a level raised (controller never healthy, simulate failed), no report was
+accepted, or no injected fault was detected, so there is no detection latency to give
+(listed on stderr at the end).
 """
 
 from __future__ import annotations
