@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -169,22 +168,22 @@ class FleetView:
 
     def _one(self, supernode: SupernodeSettings, path: str, key: str,
              params: Mapping[str, str]) -> SupernodeAnswer:
-        started = time.monotonic()
+        started = self._clock.monotonic()
         try:
             controller, doc = self._fetch(supernode, path, params)
         except SupernodeUnreachable as err:
             log.warning("supernode %s: %s", supernode.name, err)
             return SupernodeAnswer(supernode.name, error=str(err),
-                                   seconds=time.monotonic() - started)
+                                   seconds=self._clock.monotonic() - started)
         items = doc.get(key) if isinstance(doc, dict) else None
         if not isinstance(items, list):
             return SupernodeAnswer(supernode.name, controller=controller,
                                    error=f"{controller}: no {key!r} list in the answer",
-                                   seconds=time.monotonic() - started)
+                                   seconds=self._clock.monotonic() - started)
         tagged = tuple({**item, "supernode": supernode.name} for item in items
                        if isinstance(item, dict))
         return SupernodeAnswer(supernode.name, tagged, controller,
-                               seconds=time.monotonic() - started)
+                               seconds=self._clock.monotonic() - started)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -382,3 +382,15 @@ def test_the_open_file_budget_is_a_quarter_of_the_limit_at_most() -> None:
         assert open_file_budget() == min(MAX_OPEN_FILES, min(65536, hard) // 4)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_port_that_trains_again_slower_is_seen_at_the_next_cycle(sysfs: Path) -> None:
+    collector = InfinibandCollector(sysfs)
+    rate = sysfs / "class/infiniband/mlx5_0/ports/1/rate"
+    try:
+        before = {s.device: s for s in collector.collect().infiniband}["mlx5_0"]
+        rate.write_text("200 Gb/sec (2X NDR)\n")
+        after = {s.device: s for s in collector.collect().infiniband}["mlx5_0"]
+    finally:
+        collector.close()
+    assert (before.rate_bytes_per_second, after.rate_bytes_per_second) == (50e9, 25e9)

@@ -205,7 +205,6 @@ class _Port:
         self.port = port
         self.base = base
         self.inode = _inode(base)
-        self.rate = _parse_or_none(parse_rate, read_attribute(os.path.join(base, "rate")))
         self.link_layer = read_attribute(os.path.join(base, "link_layer")) or None
 
         def file(path: str) -> _File:
@@ -216,6 +215,7 @@ class _Port:
 
         self.state = file(os.path.join(base, "state"))
         self.phys_state = file(os.path.join(base, "phys_state"))
+        self.rate = file(os.path.join(base, "rate"))  # a link may train again slower
         # counters/ first: it wins should a name (or stem) ever appear in both.
         stems: dict[str, tuple[_File, int]] = {}
         for sub in ("counters", "hw_counters"):
@@ -249,7 +249,7 @@ class _Port:
             port=self.port,
             state=_parse_or_none(parse_port_state, self._text(self.state)),
             phys_state=_parse_or_none(parse_port_state, self._text(self.phys_state)),
-            rate_bytes_per_second=self.rate,
+            rate_bytes_per_second=_parse_or_none(parse_rate, self._text(self.rate)),
             link_layer=self.link_layer,
             counters=tuple(counters),
         )
@@ -266,7 +266,7 @@ class _Port:
         return None if data is None else data.decode("ascii", errors="replace").strip()
 
     def close(self) -> None:
-        for f in (self.state, self.phys_state, *(f for _, f, _ in self.counters)):
+        for f in (self.state, self.phys_state, self.rate, *(f for _, f, _ in self.counters)):
             f.close()
 
 
@@ -276,7 +276,7 @@ class InfinibandCollector:
     The ports' layout (which files, which stems) is listed once and their files kept
     open; a port is listed again when its directory changed (a device that went away and
     came back), when one of its files could not be read, and every
-    :data:`RELIST_EVERY` cycles. ``rate`` and ``link_layer`` are read with the layout.
+    :data:`RELIST_EVERY` cycles. ``link_layer`` is read with the layout.
     """
 
     name = "infiniband"
