@@ -17,10 +17,8 @@ a new temporary directory, so that a smoke run never replaces the figures of a r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, stop_on_sigterm
+from bench.common import RESULTS_DIR, loadavg_text, stop_on_sigterm, stop_session
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The parts, in the order they run, and the file each writes its results to.
@@ -45,32 +43,15 @@ PARTS: dict[str, str] = {
 GRACE_S = 30.0
 
 
-def _loadavg() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM a part still running (it stops its own processes), then SIGKILL whatever
-    is left in its process group (its own session: what it forked, too)."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=GRACE_S)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
 def run_part(name: str, out: Path, quick: bool, timeout: float | None) -> dict[str, Any]:
     """Run ``python -m bench.NAME``; what the summary says of it."""
     command = [sys.executable, "-m", f"bench.{name}", *(["--quick"] if quick else []),
                "--out", str(out)]
     print(f"\n==== bench.{name} ({time.strftime('%Y-%m-%d %H:%M:%S')}, load average "
-          f"{_loadavg()}): {' '.join(command[1:])}", flush=True)
+          f"{loadavg_text()}): {' '.join(command[1:])}", flush=True)
     if out.exists():
         out.unlink()  # a file left from before must not pass for this run's
-    before, started = _loadavg(), time.monotonic()
+    before, started = loadavg_text(), time.monotonic()
     proc = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     status = None
@@ -78,9 +59,9 @@ def run_part(name: str, out: Path, quick: bool, timeout: float | None) -> dict[s
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         status = f"FAILED (no end within {timeout:g} s: stopped)"
-        _stop(proc)
+        stop_session(proc, GRACE_S)
     except BaseException:  # Ctrl-C, SIGTERM: the part stops what it started
-        _stop(proc)
+        stop_session(proc, GRACE_S)
         raise
     seconds = time.monotonic() - started
     code = proc.returncode
@@ -92,7 +73,7 @@ def run_part(name: str, out: Path, quick: bool, timeout: float | None) -> dict[s
         else:
             status = "ok"
     return {"part": name, "status": status, "ok": status == "ok", "exit": code,
-            "seconds": round(seconds, 1), "loadavg_before": before, "loadavg_after": _loadavg(),
+            "seconds": round(seconds, 1), "loadavg_before": before, "loadavg_after": loadavg_text(),
             "results": str(out) if out.exists() else None}
 
 
@@ -116,12 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     timeout = args.timeout or (600.0 if args.quick else None)
     names = [n.removeprefix("bench.") for n in args.only] if args.only else list(PARTS)
-    started, load_start = time.strftime("%Y-%m-%dT%H:%M:%S%z"), _loadavg()
+    started, load_start = time.strftime("%Y-%m-%dT%H:%M:%S%z"), loadavg_text()
     rows = [run_part(name, out_dir / PARTS.get(name, f"{name}.json"), args.quick, timeout)
             for name in names]
     failed = [r["part"] for r in rows if not r["ok"]]
     summary = {"started": started, "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               "cpus": os.cpu_count(), "loadavg_start": load_start, "loadavg_end": _loadavg(),
+               "cpus": os.cpu_count(), "loadavg_start": load_start, "loadavg_end": loadavg_text(),
                "quick": args.quick, "parts": rows, "failed": failed}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"\n==== summary ({'quick' if args.quick else 'full'} run): {summary['ended']}, "

@@ -42,6 +42,7 @@ from bench.common import (
     proc_cpu_seconds,
     proc_status_kb,
     results_path,
+    sn_monitor_command,
     stop_on_sigterm,
     summary,
 )
@@ -401,10 +402,9 @@ def bench_side_by_side(tree_root: Path, seconds: int, tmp: Path) -> dict[str, An
         "collectors: {nvml: {enabled: false}, host: {enabled: false}, "
         "kmsg: {enabled: false}, net: {enabled: true}, infiniband: {enabled: true}}\n"
         "guard: {mode: 'off'}\nlog_level: warning\n")
-    exe = Path(sys.prefix) / "bin" / "sn-monitor"
-    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "sn_monitor.cli"]
     with (tmp / "side-agent.log").open("wb") as log:
-        ours = subprocess.Popen([*base, "agent", "--config", str(config)], stdout=log,
+        ours = subprocess.Popen([*sn_monitor_command(), "agent", "--config", str(config)],
+                                stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     theirs = start_node_exporter(tree_root, theirs_port, tmp / "side-node-exporter.log")
     urls = {"sn-monitor": f"http://127.0.0.1:{ours_port}/metrics",
@@ -447,9 +447,7 @@ def bench_side_by_side(tree_root: Path, seconds: int, tmp: Path) -> dict[str, An
 
 
 def agent_command(port: int, duration: float) -> list[str]:
-    exe = Path(sys.prefix) / "bin" / "sn-monitor"
-    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "sn_monitor.cli"]
-    return [*base, "agent", "--simulate", "8", "--listen", f"127.0.0.1:{port}",
+    return [*sn_monitor_command(), "agent", "--simulate", "8", "--listen", f"127.0.0.1:{port}",
             "--duration", str(duration), "--log-level", "warning"]
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import platform
+import shlex
 import signal
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -100,6 +103,34 @@ def results_path(args: argparse.Namespace, name: str) -> Path:
     if args.quick:
         return Path(tempfile.mkdtemp(prefix="sn-bench-quick-")) / name
     return RESULTS_DIR / name
+
+
+def sn_monitor_command(program: str | None = None) -> list[str]:
+    """How to run ``sn-monitor``: ``program`` (a command line, e.g. another checkout's
+    ``/opt/old/bin/sn-monitor``), else this environment's."""
+    if program:
+        return shlex.split(program)
+    exe = Path(sys.prefix) / "bin" / "sn-monitor"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "sn_monitor.cli"]
+
+
+def loadavg_text() -> str:
+    """The machine's load averages (1, 5, 15 min), as printed beside the figures."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def stop_session(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM a benchmark process still running (it stops what it started), then, after
+    ``grace`` seconds, SIGKILL whatever is left in its session (started with
+    ``start_new_session``: what it forked, too)."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
 
 
 def machine() -> dict[str, Any]:

@@ -46,7 +46,6 @@ import platform
 import pstats
 import queue
 import selectors
-import shlex
 import shutil
 import signal
 import socket
@@ -71,6 +70,7 @@ from bench.common import (
     proc_cpu_seconds,
     proc_status_kb,
     results_path,
+    sn_monitor_command,
     stop_on_sigterm,
     summary,
 )
@@ -209,15 +209,6 @@ def build_templates(nodes: int, instance: str, reports: list[Report]) -> Templat
 
 
 # ---------------------------------------------------------------- the controller
-
-
-def sn_monitor_command(program: str | None = None) -> list[str]:
-    """How to run ``sn-monitor``: ``program`` (a command line, e.g. another checkout's
-    ``/opt/old/bin/sn-monitor``), else this environment's."""
-    if program:
-        return shlex.split(program)
-    exe = Path(sys.prefix) / "bin" / "sn-monitor"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "sn_monitor.cli"]
 
 
 class ControllerProcess:

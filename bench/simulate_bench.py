@@ -71,10 +71,12 @@ from bench.common import (
     add_output_args,
     finish,
     fmt,
+    loadavg_text,
     pct,
     proc_cpu_seconds,
     proc_status_kb,
     results_path,
+    sn_monitor_command,
     stop_on_sigterm,
 )
 from bench.controller_bench import (
@@ -84,7 +86,6 @@ from bench.controller_bench import (
     histogram_delta,
     pick_cores,
     schedstat_ns,
-    sn_monitor_command,
 )
 from sn_monitor import __version__
 from sn_monitor.sim.fleet import node_name
@@ -341,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "version": __version__, "mode": "quick" if args.quick else "full",
         "python": platform.python_version(), "cpus": os.cpu_count(), "pinning": pinning
         + (f"; simulate pinned to core {sim_core}" if sim_core is not None else ""),
-        "loadavg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "loadavg_start": loadavg_text(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "jitter": args.jitter,
         "interval_s": args.interval,
         "duration_s": duration, "controller_config": CONTROLLER_CONFIG,
@@ -360,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             level["bench_cpu_s"] = (proc_cpu_seconds(os.getpid()) or 0.0) - (cpu0 or 0.0)
             level["held"] = held(level)
             results["levels"].append(level)
-    results["meta"]["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    results["meta"]["loadavg_end"] = loadavg_text()
     return finish(results, out_path, problems(results), render)
 
 

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import write_results
+from bench.common import sn_monitor_command, write_results
 from bench.controller_bench import ControllerProcess, pick_cores
 from sn_monitor import __version__
 from sn_monitor.sim.fleet import node_name
@@ -112,9 +112,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             controller.start()
             before = controller.metrics()
-            exe = Path(sys.prefix) / "bin" / "sn-monitor"
             pin = ["taskset", "-c", str(sim_core)] if sim_core is not None else []
-            command = [*pin, str(exe), "simulate", "--controller",
+            command = [*pin, *sn_monitor_command(), "simulate", "--controller",
                        f"http://127.0.0.1:{controller.port}", "--nodes", str(args.nodes),
                        "--interval", f"{args.interval:g}s", "--scenario", str(scenario_path),
                        "--speed", "1", "--duration", f"{seconds:g}s", "--jitter", "0",

@@ -451,7 +451,7 @@ def run_breaker(args: argparse.Namespace) -> int:
     """``sn-monitor breaker``: the controller's circuit breaker, through its API."""
     import requests
 
-    from sn_monitor.transport import TokenError, read_token, redact_url
+    from sn_monitor.transport import TokenError, is_standby, read_token, redact_url
 
     if args.what != "status" and not (args.reason or "").strip():
         print(f"sn-monitor breaker: {args.what} needs --reason (it goes in the audit trail)",
@@ -478,8 +478,7 @@ def run_breaker(args: argparse.Namespace) -> int:
         except requests.RequestException as err:
             failures.append(f"{redact_url(url)}: {type(err).__name__}")
             continue
-        if reply.status_code == 503 and reply.headers.get(
-                "X-SN-Controller-Role", "").lower() == "standby":
+        if is_standby(reply.status_code, reply.headers):
             failures.append(f"{redact_url(url)}: a standby")
             continue
         if reply.status_code != 200:

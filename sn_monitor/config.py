@@ -207,6 +207,12 @@ def listen_address(value: str) -> None:
         raise ValueError(f"expected HOST:PORT with a port 1-65535, got {value!r}")
 
 
+def parse_listen(value: str) -> tuple[str, int]:
+    """``0.0.0.0:9847`` -> (``0.0.0.0``, 9847); ``[::1]:9847`` -> (``::1``, 9847)."""
+    host, _, port = value.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 def setting(*, key: str | None = None, check: Check | None = None, **kwargs: Any) -> Any:
     """A dataclass field with a YAML name (``key``, e.g. ``for``) and a validator.
 

@@ -4,13 +4,15 @@ The agent's reporter, the controller's drivers, its lease clients and the comman
 all name URLs in log lines, metric labels and error messages; none of them may print a
 credential that a URL carries. So a URL is shown as :func:`redact_url` makes it, checked
 in settings by :func:`check_http_url`, and a server's ``Retry-After`` read by
-:func:`parse_retry_after`. A bearer token comes from a file, by :func:`read_token`.
+:func:`parse_retry_after`. A bearer token comes from a file, by :func:`read_token`. A
+standby controller's answer is told by :func:`is_standby`: the client asks the next one.
 """
 
 from __future__ import annotations
 
 import email.utils
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
@@ -20,6 +22,16 @@ from sn_monitor.errors import SnMonitorError
 #: The header a standby controller answers with (``standby``): a client moves on to the
 #: next controller of the pair (HTTP headers are case-insensitive).
 ROLE_HEADER: Final = "X-SN-Controller-Role"
+
+
+def is_standby(status: int, headers: Mapping[str, str]) -> bool:
+    """Whether an answer is a standby controller's: 503 with :data:`ROLE_HEADER` ``standby``.
+
+    Every client of an HA pair (agents, training jobs, ``sn-monitor breaker``, the fleet
+    view) then asks the next controller at once. ``headers`` is case-insensitive
+    (``requests``' response headers).
+    """
+    return status == 503 and headers.get(ROLE_HEADER, "").lower() == "standby"
 
 
 def redact_url(url: str, *, secret_path: bool = False) -> str:

@@ -30,10 +30,11 @@ from sn_monitor.agent.registry import build_collectors
 from sn_monitor.agent.reporter import Reporter
 from sn_monitor.agent.sampler import Sampler
 from sn_monitor.agent.server import AgentHttpServer
-from sn_monitor.agent.settings import AgentSettings, parse_listen
+from sn_monitor.agent.settings import AgentSettings
 from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import Clock
+from sn_monitor.config import parse_listen
 from sn_monitor.model import Event
 from sn_monitor.notify import SystemdNotifier
 from sn_monitor.transport import read_token, redact_url

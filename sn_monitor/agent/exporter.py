@@ -181,16 +181,16 @@ class SnapshotCollector:
         if not status.controller_configured:
             return
         yield counter("sn_agent_reports", "Reports the controller accepted.",
-                                  value=status.reports_total)
+                      value=status.reports_total)
         yield counter("sn_agent_report_failures",
-                                  "Reports that failed (controller unreachable or refusing).",
-                                  value=status.report_failures_total)
+                      "Reports that failed (controller unreachable or refusing).",
+                      value=status.report_failures_total)
         yield gauge("sn_agent_spool_events",
-                                "Events kept on disk until the controller stores them.",
-                                value=status.spool_pending)
+                    "Events kept on disk until the controller stores them.",
+                    value=status.spool_pending)
         yield counter("sn_agent_spool_dropped_events",
-                                  "Events dropped because the spool was full.",
-                                  value=status.spool_dropped_total)
+                      "Events dropped because the spool was full.",
+                      value=status.spool_dropped_total)
         in_use = gauge(
             "sn_agent_controller_in_use",
             "1 for the controller that accepted the latest accepted report, 0 for the others.",
@@ -209,10 +209,10 @@ class SnapshotCollector:
     @staticmethod
     def _collectors(snapshot: NodeSnapshot) -> Iterator[Family]:
         ok = gauge("sn_agent_collector_success",
-                               "1 when the collector's last run succeeded.",
-                               labels=["collector"])
+                   "1 when the collector's last run succeeded.",
+                   labels=["collector"])
         took = gauge("sn_agent_collector_duration_seconds",
-                                 "How long the collector's last run took.", labels=["collector"])
+                     "How long the collector's last run took.", labels=["collector"])
         for status in snapshot.collectors:
             ok.add_metric([status.name], 1.0 if status.success else 0.0)
             took.add_metric([status.name], status.duration_seconds)
@@ -229,8 +229,8 @@ class SnapshotCollector:
                     "vbios_version"],
         )
         lost = gauge("sn_gpu_lost",
-                                 "1 when NVML reports the GPU lost or fallen off the bus.",
-                                 labels=GPU_LABELS)
+                     "1 when NVML reports the GPU lost or fallen off the bus.",
+                     labels=GPU_LABELS)
         for g in gpus:
             info.add_metric([str(g.index), g.uuid, g.name, g.pci_bus_id, g.driver_version or "",
                              g.serial or "", g.vbios_version or ""], 1.0)
@@ -300,7 +300,7 @@ class SnapshotCollector:
             return
         labels = ["device", "port"]
         info = gauge("sn_infiniband_port_info", "Link layer of each port.",
-                                 labels=[*labels, "link_layer"])
+                     labels=[*labels, "link_layer"])
         for p in ports:
             info.add_metric([p.device, str(p.port), p.link_layer or ""], 1.0)
         yield info
@@ -334,7 +334,7 @@ class SnapshotCollector:
             return
         if host.cpu_seconds_total:
             cpu = counter("sn_host_cpu_seconds", "CPU time spent in each mode.",
-                                      labels=["mode"])
+                          labels=["mode"])
             for mode, seconds in host.cpu_seconds_total:
                 cpu.add_metric([mode], seconds)
             yield cpu
@@ -359,9 +359,9 @@ class SnapshotCollector:
 
 def _gpu_clocks(gpus: Iterable[GpuSample]) -> Iterator[Family]:
     current = gauge("sn_gpu_clock_hertz", "Current clock frequency.",
-                                labels=[*GPU_LABELS, "clock"])
+                    labels=[*GPU_LABELS, "clock"])
     highest = gauge("sn_gpu_max_clock_hertz", "Highest clock frequency.",
-                                labels=[*GPU_LABELS, "clock"])
+                    labels=[*GPU_LABELS, "clock"])
     for g in gpus:
         for family, clock, value in (
             (current, "sm", g.sm_clock_hertz),

@@ -161,11 +161,6 @@ class TextRenderer:
         return f"{name}{{{body}}} "
 
 
-def render_text(families: Iterable[Family]) -> bytes:
-    """The families in the text format (a renderer of its own: nothing is remembered)."""
-    return TextRenderer().render(families)
-
-
 FamilySource = Callable[[], Iterable[Family]]
 
 

@@ -47,7 +47,7 @@ from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import Clock
 from sn_monitor.model import MAX_EVENTS, Command, CommandResult, Event, EventRecord
-from sn_monitor.transport import ROLE_HEADER, parse_retry_after, redact_url
+from sn_monitor.transport import is_standby, parse_retry_after, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +297,7 @@ class Reporter:
                             fail_over=True)
         status = response.status_code
         retry_after = parse_retry_after(response.headers.get("Retry-After"))
-        if status == 503 and response.headers.get(ROLE_HEADER, "").lower() == "standby":
+        if is_standby(status, response.headers):
             return _Failure("controller is a standby", retry_after=retry_after, fail_over=True)
         if status == 429 or status >= 500:
             return _Failure(f"controller answered {status}: {_error_text(response)}",

@@ -9,7 +9,6 @@ per snapshot).
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -17,8 +16,6 @@ from sn_monitor.agent.exposition import CONTENT_TYPE, ExpositionCache
 from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.clock import Clock
 from sn_monitor.serving import QuietHandler, ThreadedServer
-
-log = logging.getLogger(__name__)
 
 PostHandler = Callable[[bytes], tuple[int, dict[str, Any]]]
 MAX_POST_BYTES = 64 * 1024

@@ -195,8 +195,4 @@ def load_agent_settings(path: str | Path | None) -> AgentSettings:
     return agent_settings_from(load_yaml(path))
 
 
-def parse_listen(value: str) -> tuple[str, int]:
-    """``0.0.0.0:9847`` -> (``0.0.0.0``, 9847); ``[::1]:9847`` -> (``::1``, 9847)."""
-    host, _, port = value.rpartition(":")
-    return host.strip("[]"), int(port)
 

@@ -152,11 +152,6 @@ class StallWatch:
         return saturated or (tick is not None
                              and self._clock.monotonic() - tick > LOOP_LAG_SECONDS)
 
-    @property
-    def saturated(self) -> bool:
-        with self._lock:
-            return self._saturated_since is not None
-
     def _note_cpu(self, now: float) -> bool:
         """Sample the process's CPU time; whether the controller is saturated now."""
         cpu = self._cpu_seconds()

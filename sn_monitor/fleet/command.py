@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_fleet(args: argparse.Namespace) -> int:
     from sn_monitor.clock import SystemClock
-    from sn_monitor.config import ConfigError, listen_address
+    from sn_monitor.config import ConfigError, listen_address, parse_listen
     from sn_monitor.fleet.server import FleetServer
     from sn_monitor.fleet.settings import load_fleet_settings
     from sn_monitor.fleet.view import FleetView
@@ -49,9 +49,9 @@ def run_fleet(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     configure_logging(args.log_format or settings.log_format,
                       args.log_level or settings.log_level)
-    host, _, port = listen.rpartition(":")
+    host, port = parse_listen(listen)
     try:
-        server = FleetServer(view, host.strip("[]"), int(port), token)
+        server = FleetServer(view, host, port, token)
     except OSError as err:
         view.close()
         print(f"sn-monitor fleet: cannot listen on {listen}: {err}", file=sys.stderr)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import logging
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -23,8 +22,6 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from sn_monitor.fleet.view import FleetView, node_states
 from sn_monitor.serving import QuietHandler, ThreadedServer
-
-log = logging.getLogger(__name__)
 
 
 class FleetMetrics:

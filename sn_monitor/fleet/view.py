@@ -22,7 +22,7 @@ import requests
 
 from sn_monitor.clock import Clock
 from sn_monitor.fleet.settings import FleetSettings, SupernodeSettings
-from sn_monitor.transport import ROLE_HEADER, read_token, redact_url
+from sn_monitor.transport import is_standby, read_token, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,7 @@ class Controllers:
             except requests.RequestException as err:
                 reasons.append(f"{shown}: unreachable ({type(err).__name__})")
                 continue
-            if reply.status_code == 503 and \
-                    reply.headers.get(ROLE_HEADER, "").lower() == "standby":
+            if is_standby(reply.status_code, reply.headers):
                 reasons.append(f"{shown}: standby")
                 continue
             if reply.status_code != 200:

@@ -9,11 +9,9 @@ failure recorded): never a figure, which on a shared machine says nothing.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
-import signal
 import socketserver
 import subprocess
 import sys
@@ -24,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from bench.common import stop_session
 from bench.controller_bench import LoadSpec, Templates, _sender
 from tests.postgres import find_bindir
 
@@ -37,7 +36,7 @@ STOP_GRACE_S = 30
 
 #: Part -> the top-level keys its results file has after a quick run.
 PARTS: dict[str, set[str]] = {
-    "agent_bench": {"meta", "sample", "profile", "scrape", "rss", "failures"},
+    "agent_bench": {"meta", "sample", "profile", "scrape", "rss", "side_by_side", "failures"},
     "controller_bench": {"meta", "throughput", "rate_small", "rate_large", "rss", "memory",
                          "profile", "failures"},
     "recovery_bench": {"meta", "latency", "mttr", "failures"},
@@ -45,17 +44,6 @@ PARTS: dict[str, set[str]] = {
     "ha_bench": {"meta", "lease_duration", "retry_period", "SIGTERM", "SIGKILL", "failures"},
     "ingest_bench": {"meta", "runs", "median_us", "failures"},
 }
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (the bench stops what it started), then SIGKILL its whole session."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=STOP_GRACE_S)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 def run(module: str, *args: str, log: Path) -> tuple[int, str]:
@@ -69,7 +57,7 @@ def run(module: str, *args: str, log: Path) -> tuple[int, str]:
         except subprocess.TimeoutExpired:
             code = None
         finally:
-            _stop(proc)
+            stop_session(proc, STOP_GRACE_S)
     output = log.read_text(errors="replace")
     if code is None:
         pytest.fail(f"{module} {' '.join(args)}: no end within {RUN_TIMEOUT_S} s\n"

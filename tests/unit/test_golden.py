@@ -126,7 +126,7 @@ def test_golden_passes_promtool_lint():
 
 
 def test_fast_renderer_writes_what_client_python_writes():
-    """render_text must be byte-identical to generate_latest on a full node, at the first
+    """The renderer must be byte-identical to generate_latest on a full node, at the first
     render and at the next ones (which reuse the series' formatted labels)."""
     from sn_monitor.agent.exposition import TextRenderer
 
@@ -150,7 +150,7 @@ def test_fast_renderer_writes_what_client_python_writes():
 
 
 def test_escaping_matches_client_python():
-    from sn_monitor.agent.exposition import gauge, render_text, to_metric
+    from sn_monitor.agent.exposition import TextRenderer, gauge, to_metric
 
     family = gauge("sn_x", 'help with \\ and\nnewline', labels=["b", "a"])
     family.add_metric(['quote " back \\ nl \n', "ü"], 1e20)
@@ -163,7 +163,7 @@ def test_escaping_matches_client_python():
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(One())
-    assert render_text([family]) == generate_latest(registry)
+    assert TextRenderer().render([family]) == generate_latest(registry)
 
 
 @given(st.one_of(st.floats(), st.integers(min_value=0, max_value=2**64)))

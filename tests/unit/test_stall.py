@@ -114,17 +114,14 @@ def test_a_saturated_controller_does_not_take_its_backlog_for_silence() -> None:
     watch = StallWatch(clock, 0.5, on_stall=lambda where, s: seen.append((where, s)),
                        cpu_seconds=cpu)
     _sweeps(watch, clock, cpu, 5.0, busy=0.4)  # working, with room to spare
-    assert not watch.saturated
     assert not watch.reports_behind()
     received = watch.monotonic()  # a node's last report, as the registry dates it
     _sweeps(watch, clock, cpu, 20.0, busy=1.0)  # a whole core: reports wait unread
-    assert watch.saturated
-    assert watch.reports_behind()  # heartbeats are not judged meanwhile
+    assert watch.reports_behind()  # saturated: heartbeats are not judged meanwhile
     silence = watch.monotonic() - received
     assert silence < 2.5  # 20 s of saturation: a few seconds at most, not 20
     before = watch.monotonic()
     _sweeps(watch, clock, cpu, 5.0, busy=0.3)  # caught up
-    assert not watch.saturated
     assert not watch.reports_behind()
     assert watch.monotonic() - before == pytest.approx(5.0, abs=2.0)  # time runs again
     assert [where for where, _ in seen] == ["saturated"]
@@ -135,7 +132,7 @@ def test_the_progress_clock_never_goes_back() -> None:
     clock, cpu = ManualClock(), Cpu()
     watch = StallWatch(clock, 0.5, cpu_seconds=cpu)
     _sweeps(watch, clock, cpu, 4.0, busy=1.0)
-    assert watch.saturated
+    assert watch.reports_behind()  # saturated (the loop never ticked here)
     readings = []
     for _ in range(10):
         clock.advance(0.3)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from sn_monitor.agent.collectors.base import CollectorError, SourceMissing
-from sn_monitor.agent.collectors.sysfs import read_attribute
+from sn_monitor.agent.collectors.sysfs import read_attribute, read_raw
 from sn_monitor.agent.snapshot import Collected, IbPortSample
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,8 @@ def open_file_budget() -> int:
     if soft == resource.RLIM_INFINITY:
         return MAX_OPEN_FILES
     return max(0, min(MAX_OPEN_FILES, soft // 4))
+
+
 #: A kept file that fails with one of these belongs to a device that went away.
 _GONE: Final = frozenset({errno.ENODEV, errno.ENXIO, errno.ESTALE, errno.ENOENT})
 #: Cycles between two re-reads of every port's layout (a counter file that appeared).
@@ -167,18 +169,7 @@ class _File:
         port is listed again).
         """
         if self.fd is None:
-            try:
-                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError as exc:
-                log.debug("cannot open %s: %s", self.path, exc)
-                return None
-            try:
-                return os.read(fd, 4096)
-            except OSError as exc:
-                log.debug("cannot read %s: %s", self.path, exc)
-                return None
-            finally:
-                os.close(fd)
+            return read_raw(self.path)
         try:
             return os.pread(self.fd, 4096, 0)
         except OSError as exc:
@@ -197,25 +188,31 @@ class _File:
         self.close()
 
 
+class _OpenBudget:
+    """The files a layout may still keep open; past it, :class:`_File` opens at each read."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def file(self, path: str) -> _File:
+        f = _File(path, keep_open=self.left > 0)
+        if f.fd is not None:
+            self.left -= 1
+        return f
+
+
 class _Port:
     """What one port's directory holds, listed once: its files, each counter's stem."""
 
-    def __init__(self, device: str, port: int, base: str, budget: list[int]) -> None:
+    def __init__(self, device: str, port: int, base: str, budget: _OpenBudget) -> None:
         self.device = device
         self.port = port
         self.base = base
         self.inode = _inode(base)
         self.link_layer = read_attribute(os.path.join(base, "link_layer")) or None
-
-        def file(path: str) -> _File:
-            f = _File(path, budget[0] > 0)
-            if f.fd is not None:
-                budget[0] -= 1
-            return f
-
-        self.state = file(os.path.join(base, "state"))
-        self.phys_state = file(os.path.join(base, "phys_state"))
-        self.rate = file(os.path.join(base, "rate"))  # a link may train again slower
+        self.state = budget.file(os.path.join(base, "state"))
+        self.phys_state = budget.file(os.path.join(base, "phys_state"))
+        self.rate = budget.file(os.path.join(base, "rate"))  # a link may train again slower
         # counters/ first: it wins should a name (or stem) ever appear in both.
         stems: dict[str, tuple[_File, int]] = {}
         for sub in ("counters", "hw_counters"):
@@ -224,7 +221,7 @@ class _Port:
                 stem = None if name in NOT_COUNTERS else counter_stem(name)
                 if stem is None or stem in stems:
                     continue
-                stems[stem] = (file(os.path.join(directory, name)),
+                stems[stem] = (budget.file(os.path.join(directory, name)),
                                4 if name in _WORD_COUNTERS else 1)
         self.counters = sorted((stem, f, scale) for stem, (f, scale) in stems.items())
         self.failed = False
@@ -307,7 +304,7 @@ class InfinibandCollector:
 
     def _relist(self, devices: list[str]) -> None:
         self.close()
-        budget = [self._max_open]
+        budget = _OpenBudget(self._max_open)
         for device in devices:
             ports_dir = os.path.join(self._root, device, "ports")
             numbers = sorted(int(n) for n in _listing(ports_dir) if n.isdigit())

@@ -14,6 +14,12 @@ log = logging.getLogger(__name__)
 
 def read_attribute(path: str) -> str | None:
     """The attribute's text, stripped; None when it is absent or the kernel refuses it."""
+    data = read_raw(path)
+    return None if data is None else data.decode("ascii", errors="replace").strip()
+
+
+def read_raw(path: str) -> bytes | None:
+    """The attribute's bytes (at most 4 KiB, a sysfs page); None as :func:`read_attribute`."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
@@ -26,4 +32,4 @@ def read_attribute(path: str) -> str | None:
         return None
     finally:
         os.close(fd)
-    return data.decode("ascii", errors="replace").strip()
+    return data
