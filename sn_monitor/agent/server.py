@@ -22,19 +22,23 @@ MAX_POST_BYTES = 64 * 1024
 
 
 def accepts_gzip(header: str | None) -> bool:
-    """Whether an ``Accept-Encoding`` value accepts gzip (``gzip;q=0`` refuses it)."""
+    """Whether an ``Accept-Encoding`` value accepts gzip (RFC 9110, 12.5.3).
+
+    An explicit ``gzip`` entry decides over ``*``; a quality of 0 (or one that is not a
+    number) refuses.
+    """
+    qualities: dict[str, float] = {}
     for part in (header or "").split(","):
         coding, _, params = part.strip().partition(";")
-        if coding.strip().lower() not in ("gzip", "*"):
-            continue
-        quality = params.strip().lower()
-        if quality.startswith("q="):
+        quality = 1.0
+        params = params.strip().lower()
+        if params.startswith("q="):
             try:
-                return float(quality[2:]) > 0
+                quality = float(params[2:])
             except ValueError:
-                return False
-        return True
-    return False
+                quality = 0.0
+        qualities.setdefault(coding.strip().lower(), quality)
+    return qualities.get("gzip", qualities.get("*", 0.0)) > 0
 
 
 def health(snapshot: NodeSnapshot | None, now: float, max_age: float) -> tuple[int, dict[str, Any]]:

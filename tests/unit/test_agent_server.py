@@ -68,7 +68,8 @@ def test_scrapes_share_one_connection(served) -> None:
 @pytest.mark.parametrize(("header", "gzipped"), [
     ("gzip", True), ("deflate, gzip;q=1.0, *;q=0.5", True), ("GZIP", True), ("*", True),
     ("gzip;q=0", False), ("identity", False), ("", False), (None, False),
-    ("gzip;q=zero", False)])
+    ("gzip;q=zero", False), ("*;q=0, gzip", True), ("gzip;q=0, *", False),
+    ("br, *;q=0.1", True)])
 def test_gzip_when_the_scraper_accepts_it(served, header: str | None, gzipped: bool) -> None:
     assert accepts_gzip(header) is gzipped
     server = served[0]
