@@ -113,3 +113,13 @@ def test_a_post_within_the_limit_reaches_its_handler(served) -> None:
     finally:
         conn.close()
     assert posted == [b'{"a": 1}']
+
+
+def test_a_post_without_a_length_is_refused_unread(served) -> None:
+    server, _, posted = served
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /commands HTTP/1.1\r\nHost: x\r\nContent-Length: lots\r\n\r\n{}")
+        reply = sock.makefile("rb").read()  # answered, then closed
+    assert reply.startswith(b"HTTP/1.1 400")
+    assert b"Content-Length: not a length" in reply
+    assert posted == []

@@ -3,7 +3,11 @@ tests/integration/test_fleet.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import http.server
+import logging
+import socket
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +16,7 @@ import pytest
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import ConfigError
 from sn_monitor.fleet.settings import FleetSettings, SupernodeSettings, load_fleet_settings
-from sn_monitor.fleet.view import FleetView, SupernodeUnreachable, node_states
+from sn_monitor.fleet.view import Controllers, FleetView, SupernodeUnreachable, node_states
 
 
 def _settings(*names: str) -> FleetSettings:
@@ -108,3 +112,122 @@ def test_a_bad_fleet_file_names_the_file_the_key_and_the_line(
     assert message.startswith(str(path))
     assert ":" in message.split(str(path), 1)[1][:4]  # file:line
     assert fragment in message
+
+
+# ---------------------------------------------------------------- asking over HTTP
+
+
+class _Controller(http.server.BaseHTTPRequestHandler):
+    """A controller on loopback that answers as ``self.server.answer`` says."""
+
+    def do_GET(self) -> None:
+        status, headers, body = self.server.answer  # type: ignore[attr-defined]
+        self.server.seen.append((self.path, self.headers.get("Authorization")))  # type: ignore[attr-defined]
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def controllers() -> Iterator[list[http.server.ThreadingHTTPServer]]:
+    servers = []
+    threads = []
+    for answer in [(503, {"X-SN-Controller-Role": "standby"}, b"{}"),
+                   (500, {}, b"oops"),
+                   (200, {}, b"not json"),
+                   (200, {"Content-Type": "application/json"}, b'{"nodes": [{"name": "a"}]}')]:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Controller)
+        server.answer = answer  # type: ignore[attr-defined]
+        server.seen = []  # type: ignore[attr-defined]
+        thread = threading.Thread(target=server.serve_forever, name="fleet-test-controller")
+        thread.start()
+        servers.append(server)
+        threads.append(thread)
+    try:
+        yield servers
+    finally:
+        for server, thread in zip(servers, threads, strict=True):
+            server.shutdown()
+            thread.join(timeout=10)
+            server.server_close()
+
+
+def _url(server: http.server.ThreadingHTTPServer) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def test_a_standby_a_failing_controller_and_a_garbled_answer_pass_to_the_next(
+        controllers: list[http.server.ThreadingHTTPServer]) -> None:
+    active = controllers[-1]
+    supernode = SupernodeSettings(name="sn0", controllers=[_url(s) for s in controllers])
+    asking = Controllers(5.0, {"sn0": "secret"})
+    try:
+        answered_by, doc = asking.get(supernode, "/api/v1/nodes", {"status": "open"})
+    finally:
+        asking.close()
+    assert answered_by == _url(active)
+    assert doc == {"nodes": [{"name": "a"}]}
+    for server in controllers:  # each asked once, in order, with the supernode's token
+        assert server.seen == [("/api/v1/nodes?status=open", "Bearer secret")]  # type: ignore[attr-defined]
+
+
+def test_when_no_controller_answers_each_reason_is_said(
+        controllers: list[http.server.ThreadingHTTPServer]) -> None:
+    standby, failing, garbled, _ = controllers
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{unused.getsockname()[1]}"  # nothing listens there
+    supernode = SupernodeSettings(
+        name="sn0", controllers=[_url(standby), _url(failing), _url(garbled), gone])
+    asking = Controllers(5.0, {})
+    try:
+        with pytest.raises(SupernodeUnreachable) as info:
+            asking.get(supernode, "/api/v1/nodes", {})
+    finally:
+        asking.close()
+    assert str(info.value) == "; ".join([
+        f"{_url(standby)}: standby", f"{_url(failing)}: answered 500",
+        f"{_url(garbled)}: the answer is not JSON", f"{gone}: unreachable (ConnectionError)"])
+    assert standby.seen == [("/api/v1/nodes", None)]  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- the command's failures
+
+
+def test_the_command_refuses_a_bad_file_a_token_it_cannot_read_and_a_busy_port(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sn_monitor.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("supernodes:\n- name: sn0\n  controllers: [ftp://a]\n")
+    assert main(["fleet", "--config", str(bad)]) == 2
+    assert f"{bad}:3:" in capsys.readouterr().err
+
+    no_token = tmp_path / "no-token.yaml"
+    no_token.write_text("supernodes:\n- name: sn0\n  controllers: [http://127.0.0.1:1]\n"
+                        f"  token_file: {tmp_path / 'missing.token'}\n")
+    assert main(["fleet", "--config", str(no_token)]) == 2
+    err = capsys.readouterr().err
+    assert "missing.token" in err
+    assert "Traceback" not in err
+
+    good = tmp_path / "fleet.yaml"
+    good.write_text("supernodes:\n- name: sn0\n  controllers: [http://127.0.0.1:1]\n")
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level  # the command sets up logging: put back
+    try:
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            port = busy.getsockname()[1]
+            assert main(["fleet", "--config", str(good), "--listen", f"127.0.0.1:{port}"]) == 1
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err

@@ -173,3 +173,12 @@ def test_values_are_written_as_client_python_writes_them(value: float) -> None:
     from sn_monitor.agent.exposition import go_float
 
     assert go_float(value) == floatToGoString(value)
+
+
+def test_a_series_with_the_wrong_number_of_label_values_is_refused() -> None:
+    from sn_monitor.agent.exposition import TextRenderer, gauge
+
+    family = gauge("sn_x", "help", labels=["gpu", "uuid"])
+    family.add_metric(["0"], 1.0)
+    with pytest.raises(ValueError, match="sn_x: 1 label values for 2 names"):
+        TextRenderer().render([family])

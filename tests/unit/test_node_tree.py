@@ -300,3 +300,10 @@ def test_concurrent_reader_never_sees_a_partial_file(tmp_path: Path) -> None:
     assert not thread.is_alive()
     assert reads > 0
     assert bad == []
+
+
+def test_a_sys_file_removed_behind_its_back_is_created_again(tree: SimulatedNodeTree) -> None:
+    counter = tree.sysfs / "class/infiniband/mlx5_0/ports/1/counters/port_rcv_data"
+    counter.unlink()
+    tree.advance(1.0, 0.5)
+    assert int(counter.read_text()) > 0
