@@ -3,10 +3,9 @@ tests/integration/test_fleet.py)."""
 
 from __future__ import annotations
 
-import http.server
+import contextlib
 import logging
 import socket
-import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from sn_monitor.clock import ManualClock
 from sn_monitor.config import ConfigError
 from sn_monitor.fleet.settings import FleetSettings, SupernodeSettings, load_fleet_settings
 from sn_monitor.fleet.view import Controllers, FleetView, SupernodeUnreachable, node_states
+from tests.drivers.servers import RecordingHTTPServer, Reply
 
 
 def _settings(*names: str) -> FleetSettings:
@@ -117,74 +117,41 @@ def test_a_bad_fleet_file_names_the_file_the_key_and_the_line(
 # ---------------------------------------------------------------- asking over HTTP
 
 
-class _Controller(http.server.BaseHTTPRequestHandler):
-    """A controller on loopback that answers as ``self.server.answer`` says."""
-
-    def do_GET(self) -> None:
-        status, headers, body = self.server.answer  # type: ignore[attr-defined]
-        self.server.seen.append((self.path, self.headers.get("Authorization")))  # type: ignore[attr-defined]
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def controllers() -> Iterator[list[http.server.ThreadingHTTPServer]]:
-    servers = []
-    threads = []
-    for answer in [(503, {"X-SN-Controller-Role": "standby"}, b"{}"),
-                   (500, {}, b"oops"),
-                   (200, {}, b"not json"),
-                   (200, {"Content-Type": "application/json"}, b'{"nodes": [{"name": "a"}]}')]:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Controller)
-        server.answer = answer  # type: ignore[attr-defined]
-        server.seen = []  # type: ignore[attr-defined]
-        thread = threading.Thread(target=server.serve_forever, name="fleet-test-controller")
-        thread.start()
-        servers.append(server)
-        threads.append(thread)
-    try:
-        yield servers
-    finally:
-        for server, thread in zip(servers, threads, strict=True):
-            server.shutdown()
-            thread.join(timeout=10)
-            server.server_close()
-
-
-def _url(server: http.server.ThreadingHTTPServer) -> str:
-    return f"http://127.0.0.1:{server.server_address[1]}"
+def controllers() -> Iterator[list[RecordingHTTPServer]]:
+    """A standby, a failing controller, a garbled answer and an active controller."""
+    replies = [Reply(503, b"{}", {"X-SN-Controller-Role": "standby"}), Reply(500, b"oops"),
+               Reply(200, b"not json"),
+               Reply(200, b'{"nodes": [{"name": "a"}]}', {"Content-Type": "application/json"})]
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(RecordingHTTPServer(reply)) for reply in replies]
 
 
 def test_a_standby_a_failing_controller_and_a_garbled_answer_pass_to_the_next(
-        controllers: list[http.server.ThreadingHTTPServer]) -> None:
+        controllers: list[RecordingHTTPServer]) -> None:
     active = controllers[-1]
-    supernode = SupernodeSettings(name="sn0", controllers=[_url(s) for s in controllers])
+    supernode = SupernodeSettings(name="sn0", controllers=[s.url for s in controllers])
     asking = Controllers(5.0, {"sn0": "secret"})
     try:
         answered_by, doc = asking.get(supernode, "/api/v1/nodes", {"status": "open"})
     finally:
         asking.close()
-    assert answered_by == _url(active)
+    assert answered_by == active.url
     assert doc == {"nodes": [{"name": "a"}]}
-    for server in controllers:  # each asked once, in order, with the supernode's token
-        assert server.seen == [("/api/v1/nodes?status=open", "Bearer secret")]  # type: ignore[attr-defined]
+    for server in controllers:  # each asked once, with the supernode's token
+        [call] = server.requests
+        assert (call.path, call.query) == ("/api/v1/nodes", {"status": ["open"]})
+        assert call.header("Authorization") == "Bearer secret"
 
 
 def test_when_no_controller_answers_each_reason_is_said(
-        controllers: list[http.server.ThreadingHTTPServer]) -> None:
+        controllers: list[RecordingHTTPServer]) -> None:
     standby, failing, garbled, _ = controllers
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         gone = f"http://127.0.0.1:{unused.getsockname()[1]}"  # nothing listens there
     supernode = SupernodeSettings(
-        name="sn0", controllers=[_url(standby), _url(failing), _url(garbled), gone])
+        name="sn0", controllers=[standby.url, failing.url, garbled.url, gone])
     asking = Controllers(5.0, {})
     try:
         with pytest.raises(SupernodeUnreachable) as info:
@@ -192,9 +159,9 @@ def test_when_no_controller_answers_each_reason_is_said(
     finally:
         asking.close()
     assert str(info.value) == "; ".join([
-        f"{_url(standby)}: standby", f"{_url(failing)}: answered 500",
-        f"{_url(garbled)}: the answer is not JSON", f"{gone}: unreachable (ConnectionError)"])
-    assert standby.seen == [("/api/v1/nodes", None)]  # type: ignore[attr-defined]
+        f"{standby.url}: standby", f"{failing.url}: answered 500",
+        f"{garbled.url}: the answer is not JSON", f"{gone}: unreachable (ConnectionError)"])
+    assert standby.requests[0].header("Authorization") is None  # no token configured
 
 
 # ---------------------------------------------------------------- the command's failures
