@@ -75,8 +75,8 @@ from bench.common import (
     summary,
 )
 from sn_monitor import __version__
-from sn_monitor.controller.rules.spec import load_rules
 from sn_monitor.model import CommandResult, EventRecord, Report, ReportReply
+from sn_monitor.rules.spec import load_rules
 
 REPO = Path(__file__).resolve().parent.parent
 RULES_DIR = REPO / "sn_monitor" / "rules"

@@ -72,12 +72,12 @@ def measure(nodes: int, rounds: int, interval: float) -> dict[str, float]:
     from sn_monitor.controller.actions.routing import build_drivers
     from sn_monitor.controller.auth import OPEN_ACCESS
     from sn_monitor.controller.ingest import decode_report
-    from sn_monitor.controller.rules.engine import RuleEngine
-    from sn_monitor.controller.rules.spec import load_rules
     from sn_monitor.controller.service import Controller
     from sn_monitor.controller.settings import ControllerSettings
-    from sn_monitor.controller.state import NodeView
     from sn_monitor.controller.store import Store
+    from sn_monitor.rules.engine import RuleEngine
+    from sn_monitor.rules.spec import load_rules
+    from sn_monitor.rules.view import NodeView
 
     templates = _bodies(nodes)
     variants = len(templates)

@@ -245,8 +245,8 @@ _AGENT_KEYS = frozenset({"node", "labels", "interval", "controller", "paths", "c
 def check_file(path: Path) -> str:
     """Validate one config file of any kind; return what it was. Raises ConfigError."""
     from sn_monitor.controller.auth import TokenBook
-    from sn_monitor.controller.rules.spec import load_rules
     from sn_monitor.controller.settings import ControllerSettings
+    from sn_monitor.rules.spec import load_rules
 
     doc = load_yaml(path)
     if isinstance(doc.data, dict) and doc.data.get("kind") == "Scenario":
@@ -517,7 +517,7 @@ def _print_breaker(doc: dict[str, object]) -> None:
 
 def run_demo_command(args: argparse.Namespace) -> int:
     """``sn-monitor demo``: a simulated supernode, a scenario, a live view, a summary."""
-    from sn_monitor.controller.rules.spec import load_rules
+    from sn_monitor.rules.spec import load_rules
     from sn_monitor.sim.demo import DemoOptions, run_demo
     from sn_monitor.sim.scenario import find_scenario
 

@@ -15,6 +15,11 @@ import msgspec
 
 EventKind = Literal["xid", "sxid", "gpu_lost", "gpu_fallen_off_bus", "link_down", "guard"]
 EventSource = Literal["nvml", "kmsg", "agent"]
+#: What a rule may ask the controller to do (the rule files' ``actions``).
+ActionName = Literal[
+    "alert", "throttle", "release", "cordon", "uncordon", "evict",
+    "checkpoint", "restore", "failover",
+]
 
 
 @dataclass(frozen=True, slots=True)

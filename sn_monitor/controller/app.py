@@ -51,7 +51,6 @@ from sn_monitor.controller.peer_identity import (
     ClientCertificate,
     report_identity,
 )
-from sn_monitor.controller.rules.alerts import webhook_schema_types
 from sn_monitor.model import (
     NODE_NAME_MAX_LENGTH,
     NODE_NAME_PATTERN,
@@ -60,6 +59,7 @@ from sn_monitor.model import (
     Report,
     ReportReply,
 )
+from sn_monitor.rules.alerts import webhook_schema_types
 
 log = logging.getLogger(__name__)
 

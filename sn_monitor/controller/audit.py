@@ -15,10 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final, Literal
 
-ActionName = Literal[
-    "alert", "throttle", "release", "cordon", "uncordon", "evict",
-    "checkpoint", "restore", "failover",
-]
+from sn_monitor.model import ActionName
 
 #: Actions that take capacity away or change hardware: they go through the safety policy.
 DISRUPTIVE: frozenset[str] = frozenset(

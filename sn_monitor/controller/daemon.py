@@ -26,7 +26,6 @@ from sn_monitor.controller.ha.lease import HaSettings, Lease
 from sn_monitor.controller.ha.standby import StandbyApp, StandbyStatus
 from sn_monitor.controller.ha.store_lease import StoreLease
 from sn_monitor.controller.report_lane import report_lane
-from sn_monitor.controller.rules.spec import Rule, default_rule_paths, load_rules
 from sn_monitor.controller.runtime import STOP_DEADLINE_SECONDS, Runtime, Worker, every
 from sn_monitor.controller.service import Controller
 from sn_monitor.controller.settings import STORE_DSN_ENV, ControllerSettings
@@ -39,6 +38,7 @@ from sn_monitor.controller.tls import (
     uvicorn_options,
 )
 from sn_monitor.notify import SystemdNotifier
+from sn_monitor.rules.spec import Rule, default_rule_paths, load_rules
 
 if TYPE_CHECKING:
     from sn_monitor.controller.ha.k8s_role import PodRoleLabel

@@ -37,8 +37,8 @@ import msgspec
 
 from sn_monitor.clock import Clock
 from sn_monitor.controller.errors import Invalid, Malformed
-from sn_monitor.controller.state import NodeState, NodeView
 from sn_monitor.model import MAX_COUNTER_NAME, EventRecord, IbPortReport, Report
+from sn_monitor.rules.view import NodeState, NodeView
 
 #: A report's sample time this far behind the controller's clock, or more, is not taken
 #: as it is: the agent's clock is wrong, or the report is very late; either way the

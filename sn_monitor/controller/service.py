@@ -29,7 +29,7 @@ from sn_monitor.config import ConfigError
 from sn_monitor.controller.actions.policy import ClusterSummary, SafetyPolicy
 from sn_monitor.controller.actions.routing import Drivers, NoDriver
 from sn_monitor.controller.actions.runner import ActionRunner, ActionStateError
-from sn_monitor.controller.audit import ActionName, ActionRecord, ActionRequest
+from sn_monitor.controller.audit import ActionRecord, ActionRequest
 from sn_monitor.controller.auth import Identity
 from sn_monitor.controller.breaker import BreakerKeeper, breaker_doc
 from sn_monitor.controller.errors import (
@@ -47,22 +47,23 @@ from sn_monitor.controller.jobs.settings import JobError, UnknownJob, UnknownRec
 from sn_monitor.controller.jobs.spec import JobControl, job_from_json, load_jobs
 from sn_monitor.controller.jobs.views import HangFinding
 from sn_monitor.controller.metrics import ControllerMetrics, ControllerState
-from sn_monitor.controller.rules.alerts import WebhookRejected, decode_webhook
-from sn_monitor.controller.rules.engine import Finding, RuleEngine
-from sn_monitor.controller.rules.spec import AlertRule, EventRule, Rule
 from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.stall import StallWatch
-from sn_monitor.controller.state import NodeState, NodeView
 from sn_monitor.controller.store import Incident, Store, StoreError, StoreUnavailable
 from sn_monitor.controller.store_health import StoreHealth
 from sn_monitor.controller.writer import StoreWriter
 from sn_monitor.model import (
+    ActionName,
     CheckpointBody,
     CommandResult,
     EventRecord,
     ProgressBody,
     ReportReply,
 )
+from sn_monitor.rules.alerts import WebhookRejected, decode_webhook
+from sn_monitor.rules.engine import Finding, RuleEngine
+from sn_monitor.rules.spec import AlertRule, EventRule, Rule
+from sn_monitor.rules.view import NodeState, NodeView
 
 log = logging.getLogger(__name__)
 

@@ -43,13 +43,13 @@ from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.auth import OPEN_ACCESS
 from sn_monitor.controller.errors import ControllerError
 from sn_monitor.controller.jobs.settings import JobError
-from sn_monitor.controller.rules.spec import Rule
 from sn_monitor.controller.service import Controller
 from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.store import Store
 from sn_monitor.goodput.trace import Fault, Trace
 from sn_monitor.goodput.world import JobWorld, SavedCheckpoint, Timeline, WorldSettings
 from sn_monitor.model import EventRecord, GpuReport, IbPortReport, Report
+from sn_monitor.rules.spec import Rule
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sn_monitor.controller.rules.spec import Rule, load_rules, packaged_rules
 from sn_monitor.goodput.baselines import BASELINES, BaselineReplay
 from sn_monitor.goodput.controlled import Cadence, ControlledReplay, warning_checkpoints
 from sn_monitor.goodput.results import POLICIES, PolicyResult, result_of
 from sn_monitor.goodput.trace import Trace, retarget
 from sn_monitor.goodput.world import WorldSettings
+from sn_monitor.rules.spec import Rule, load_rules, packaged_rules
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ import requests
 import yaml
 
 from sn_monitor.config import parse_duration
-from sn_monitor.controller.rules.spec import packaged_rules
 from sn_monitor.errors import SnMonitorError
+from sn_monitor.rules.spec import packaged_rules
 from sn_monitor.sim import launcher
 from sn_monitor.sim.fleet import node_name
 

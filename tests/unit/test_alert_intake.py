@@ -21,7 +21,7 @@ from sn_monitor.controller.actions.drivers.alertmanager import rfc3339
 from sn_monitor.controller.actions.policy import BreakerSettings, PolicySettings
 from sn_monitor.controller.app import build_app, openapi_document
 from sn_monitor.controller.auth import TokenBook
-from sn_monitor.controller.rules.alerts import (
+from sn_monitor.rules.alerts import (
     WebhookAlert,
     decode_webhook,
     fingerprint_of,
@@ -29,9 +29,9 @@ from sn_monitor.controller.rules.alerts import (
     node_of,
     subject_of,
 )
-from sn_monitor.controller.rules.engine import RuleEngine
-from sn_monitor.controller.rules.spec import AlertRule, parse_rules
-from sn_monitor.controller.state import NodeView
+from sn_monitor.rules.engine import RuleEngine
+from sn_monitor.rules.spec import AlertRule, parse_rules
+from sn_monitor.rules.view import NodeView
 from tests.unit.test_controller_api import (
     ADMIN,
     AGENT,

@@ -25,11 +25,11 @@ from sn_monitor.controller.actions.policy import BreakerSettings, PolicySettings
 from sn_monitor.controller.actions.routing import Drivers, build_drivers
 from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.auth import OPEN_ACCESS, Identity
-from sn_monitor.controller.rules.spec import Rule, load_rules, parse_rules
 from sn_monitor.controller.service import Controller
 from sn_monitor.controller.settings import ControllerSettings, DriverSettings
 from sn_monitor.controller.store import Store
 from sn_monitor.model import ReportReply
+from sn_monitor.rules.spec import Rule, load_rules, parse_rules
 from tests.conftest import ROOT
 
 T0 = 1_700_000_000.0

@@ -14,7 +14,6 @@ import pytest
 
 from sn_monitor.config import ConfigError, Duration
 from sn_monitor.controller.jobs.advisor import young
-from sn_monitor.controller.rules.spec import load_rules, packaged_rules
 from sn_monitor.goodput.controlled import ControlledReplay
 from sn_monitor.goodput.replay import ReplayOptions, job_nodes, refine, replay
 from sn_monitor.goodput.results import PolicyResult, to_json
@@ -27,6 +26,7 @@ from sn_monitor.goodput.trace import (
     parse_trace_text,
 )
 from sn_monitor.goodput.world import WorldSettings
+from sn_monitor.rules.spec import load_rules, packaged_rules
 
 #: Small enough to compute by hand: 4 nodes, one spare, 10 s steps, a 2 s pause per
 #: checkpoint that is complete 8 s later, relaunch 20 s, load 10 s, one hour.

@@ -9,11 +9,11 @@ import pytest
 
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import parse_yaml
-from sn_monitor.controller.rules.engine import Finding, RuleEngine
-from sn_monitor.controller.rules.peers import PASS_SLICE
-from sn_monitor.controller.rules.spec import Rule, load_rules, parse_rules
-from sn_monitor.controller.state import NodeView
 from sn_monitor.model import EventRecord, GpuReport, IbPortReport, NetReport, Report
+from sn_monitor.rules.engine import Finding, RuleEngine
+from sn_monitor.rules.peers import PASS_SLICE
+from sn_monitor.rules.spec import Rule, load_rules, parse_rules
+from sn_monitor.rules.view import NodeView
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,10 +19,6 @@ from hypothesis import strategies as st
 
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import parse_yaml
-from sn_monitor.controller.rules.alerts import WebhookAlert
-from sn_monitor.controller.rules.engine import RuleEngine
-from sn_monitor.controller.rules.spec import load_rules, parse_rules
-from sn_monitor.controller.state import NodeView
 from sn_monitor.model import (
     INT64_MAX,
     MEASURE_MAX,
@@ -32,6 +28,10 @@ from sn_monitor.model import (
     NetReport,
     Report,
 )
+from sn_monitor.rules.alerts import WebhookAlert
+from sn_monitor.rules.engine import RuleEngine
+from sn_monitor.rules.spec import load_rules, parse_rules
+from sn_monitor.rules.view import NodeView
 from tests.fuzzing import examples
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """The ingest fast paths find what the straightforward paths find.
 
-- The threshold screen (:class:`~sn_monitor.controller.rules.threshold.ThresholdScreen`)
+- The threshold screen (:class:`~sn_monitor.rules.threshold.ThresholdScreen`)
   passes over plain threshold rules that a report leaves untouched: an engine with it and
   one without (``screen=False``, every rule reads every report) give the same findings,
   in the same order, on any sequence of reports, sweeps and reloads.
@@ -26,10 +26,10 @@ from sn_monitor.controller import ingest
 from sn_monitor.controller.app import status_of
 from sn_monitor.controller.errors import ControllerError
 from sn_monitor.controller.ingest import decode_report
-from sn_monitor.controller.rules.engine import RuleEngine
-from sn_monitor.controller.rules.spec import load_rules, parse_rules
-from sn_monitor.controller.state import NodeView
 from sn_monitor.model import MAX_COUNTER_NAME, GpuReport, IbPortReport, NetReport, Report
+from sn_monitor.rules.engine import RuleEngine
+from sn_monitor.rules.spec import load_rules, parse_rules
+from sn_monitor.rules.view import NodeView
 from tests.fuzzing import examples
 
 ROOT = Path(__file__).resolve().parents[2]

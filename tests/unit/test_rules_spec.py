@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from sn_monitor.config import ConfigError, parse_yaml
-from sn_monitor.controller.rules.series import compile_accessor, series_of
-from sn_monitor.controller.rules.spec import (
+from sn_monitor.model import GpuReport, IbPortReport, NetReport, Report
+from sn_monitor.rules.series import compile_accessor, series_of
+from sn_monitor.rules.spec import (
     BaselineRule,
     EventRule,
     HeartbeatRule,
@@ -17,7 +18,6 @@ from sn_monitor.controller.rules.spec import (
     load_rules,
     parse_rules,
 )
-from sn_monitor.model import GpuReport, IbPortReport, NetReport, Report
 from tests.conftest import expected_messages
 
 ROOT = Path(__file__).resolve().parents[2]

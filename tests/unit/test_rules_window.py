@@ -6,7 +6,7 @@ import bisect
 import random
 from array import array
 
-from sn_monitor.controller.rules.threshold import BUCKETS, MAX_SAMPLES, slide
+from sn_monitor.rules.threshold import BUCKETS, MAX_SAMPLES, slide
 
 
 def _reference(times: list[float], values: list[float], t: float) -> int:

@@ -55,10 +55,10 @@ from sn_monitor.config import Duration, at_least_one, positive, setting
 from sn_monitor.controller.audit import (
     DISRUPTIVE,
     TAKES_NODE_OUT,
-    ActionName,
     ActionRequest,
     Refusal,
 )
+from sn_monitor.model import ActionName
 
 #: Actions the open circuit breaker refuses.
 FROZEN_BY_BREAKER: Final[frozenset[str]] = frozenset({"cordon", "evict", "failover", "restore"})

@@ -33,8 +33,9 @@ from sn_monitor.controller.actions.drivers.slack import SlackDriver, SlackSettin
 from sn_monitor.controller.actions.drivers.slurm import SlurmDriver, SlurmSettings
 from sn_monitor.controller.actions.drivers.slurm_jobs import SlurmJobControl
 from sn_monitor.controller.actions.drivers.webhook import WebhookDriver, WebhookSettings
-from sn_monitor.controller.audit import ActionName, ActionRequest
+from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.k8s.settings import KubernetesSettings
+from sn_monitor.model import ActionName
 
 log = logging.getLogger(__name__)
 

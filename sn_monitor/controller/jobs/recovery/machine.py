@@ -39,7 +39,7 @@ from typing import Any, Final
 from msgspec.structs import replace
 
 from sn_monitor.clock import Clock
-from sn_monitor.controller.audit import ActionName, ActionRecord, ActionRequest
+from sn_monitor.controller.audit import ActionRecord, ActionRequest
 from sn_monitor.controller.jobs.checkpoints import Checkpoint
 from sn_monitor.controller.jobs.ports import JobActions
 from sn_monitor.controller.jobs.recovery.model import (
@@ -55,6 +55,7 @@ from sn_monitor.controller.jobs.schedule import REQUESTER, CheckpointSchedule
 from sn_monitor.controller.jobs.settings import JobSettings
 from sn_monitor.controller.jobs.views import JOB_FAILED_RULE, RECOVERY_RULE
 from sn_monitor.controller.store import Store
+from sn_monitor.model import ActionName
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from math import expm1
 
-from sn_monitor.controller.rules.base import (
+from sn_monitor.rules.base import (
     Finding,
     Held,
     HoldingEvaluator,
@@ -24,9 +24,9 @@ from sn_monitor.controller.rules.base import (
     format_duration,
     format_number,
 )
-from sn_monitor.controller.rules.series import Subject, compile_reader, describe, frame_of
-from sn_monitor.controller.rules.spec import BaselineRule
-from sn_monitor.controller.state import NodeView
+from sn_monitor.rules.series import Subject, compile_reader, describe, frame_of
+from sn_monitor.rules.spec import BaselineRule
+from sn_monitor.rules.view import NodeView
 
 
 class _Series(Held):

@@ -44,9 +44,8 @@ from sn_monitor.config import (
     positive,
     setting,
 )
-from sn_monitor.controller.audit import ActionName
-from sn_monitor.controller.rules.series import FAMILY_LABELS, check_metric, metric_family
-from sn_monitor.model import EventKind
+from sn_monitor.model import ActionName, EventKind
+from sn_monitor.rules.series import FAMILY_LABELS, check_metric, metric_family
 
 Severity = Literal["info", "warning", "critical"]
 Direction = Literal["above", "below", "both"]
@@ -367,7 +366,7 @@ SYSTEM_RULES: Final = Path("/etc/sn-monitor/rules")
 
 def packaged_rules() -> Path:
     """The default rules that ship inside the package (``sn_monitor/rules/``)."""
-    return Path(__file__).resolve().parents[2] / "rules"
+    return Path(__file__).resolve().parent
 
 
 def default_rule_paths() -> tuple[list[Path], str]:

@@ -2,7 +2,7 @@
 
 Alertmanager posts its notifications (webhook payload version 4) to
 ``POST /api/v1/alertmanager``. Each alert is matched against every alert rule
-(:class:`~sn_monitor.controller.rules.spec.AlertRule`); each rule that matches makes
+(:class:`~sn_monitor.rules.spec.AlertRule`); each rule that matches makes
 findings like any other rule, so the incident and its actions go through the same
 safety policy as a report's.
 
@@ -38,10 +38,10 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from sn_monitor.controller.rules.base import Evaluator, Finding, Now
-from sn_monitor.controller.rules.spec import REGEX_MATCH, AlertRule
 from sn_monitor.errors import SnMonitorError
 from sn_monitor.model import MAX_GPUS, is_node_name
+from sn_monitor.rules.base import Evaluator, Finding, Now
+from sn_monitor.rules.spec import REGEX_MATCH, AlertRule
 
 #: The only webhook payload version Alertmanager has sent so far (0.x), and we read.
 WEBHOOK_VERSION: Final = "4"

@@ -35,7 +35,8 @@ from itertools import repeat
 from operator import attrgetter, contains, gt, lt, sub, truediv
 from typing import Any, Final, TypeGuard, cast
 
-from sn_monitor.controller.rules.base import (
+from sn_monitor.model import GpuReport
+from sn_monitor.rules.base import (
     Finding,
     Held,
     HoldingEvaluator,
@@ -43,7 +44,7 @@ from sn_monitor.controller.rules.base import (
     format_duration,
     format_number,
 )
-from sn_monitor.controller.rules.series import (
+from sn_monitor.rules.series import (
     DERIVED_GPU_METRICS,
     DERIVED_GPU_PARTS,
     Frame,
@@ -54,9 +55,8 @@ from sn_monitor.controller.rules.series import (
     frame_of,
     metric_family,
 )
-from sn_monitor.controller.rules.spec import ThresholdRule
-from sn_monitor.controller.state import NodeView
-from sn_monitor.model import GpuReport
+from sn_monitor.rules.spec import ThresholdRule
+from sn_monitor.rules.view import NodeView
 
 BUCKETS: Final = 32
 """Buckets a rate / increase window is cut into: the resolution of its start."""

@@ -17,19 +17,19 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sn_monitor.clock import Clock
-from sn_monitor.controller.rules.alerts import (
+from sn_monitor.rules.alerts import (
     AlertEvaluator,
     AlertIntake,
     WebhookAlert,
     receive_alerts,
 )
-from sn_monitor.controller.rules.base import Evaluator, Finding, Now
-from sn_monitor.controller.rules.baseline import BaselineEvaluator
-from sn_monitor.controller.rules.event import EventEvaluator
-from sn_monitor.controller.rules.heartbeat import HeartbeatEvaluator
-from sn_monitor.controller.rules.peers import PeersEvaluator
-from sn_monitor.controller.rules.series import frame_of
-from sn_monitor.controller.rules.spec import (
+from sn_monitor.rules.base import Evaluator, Finding, Now
+from sn_monitor.rules.baseline import BaselineEvaluator
+from sn_monitor.rules.event import EventEvaluator
+from sn_monitor.rules.heartbeat import HeartbeatEvaluator
+from sn_monitor.rules.peers import PeersEvaluator
+from sn_monitor.rules.series import frame_of
+from sn_monitor.rules.spec import (
     AlertRule,
     BaselineRule,
     EventRule,
@@ -38,8 +38,8 @@ from sn_monitor.controller.rules.spec import (
     Rule,
     ThresholdRule,
 )
-from sn_monitor.controller.rules.threshold import ThresholdEvaluator, ThresholdScreen
-from sn_monitor.controller.state import NodeView
+from sn_monitor.rules.threshold import ThresholdEvaluator, ThresholdScreen
+from sn_monitor.rules.view import NodeView
 
 __all__ = ["Finding", "RuleEngine", "evaluator_for"]
 

@@ -15,9 +15,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Generic, Literal, TypeVar
 
-from sn_monitor.controller.rules.series import Subject
-from sn_monitor.controller.rules.spec import Rule
-from sn_monitor.controller.state import NodeView
+from sn_monitor.rules.series import Subject
+from sn_monitor.rules.spec import Rule
+from sn_monitor.rules.view import NodeView
 
 Status = Literal["firing", "resolved"]
 

@@ -12,10 +12,10 @@ import math
 from collections.abc import Mapping
 from typing import Final
 
-from sn_monitor.controller.rules.base import Evaluator, Finding, Now, format_duration
-from sn_monitor.controller.rules.series import NODE
-from sn_monitor.controller.rules.spec import HeartbeatRule
-from sn_monitor.controller.state import NodeView
+from sn_monitor.rules.base import Evaluator, Finding, Now, format_duration
+from sn_monitor.rules.series import NODE
+from sn_monitor.rules.spec import HeartbeatRule
+from sn_monitor.rules.view import NodeView
 
 UNREPORTED_GRACE_SECONDS: Final = 12.0
 """Extra time for a node not heard from since the controller started: while the

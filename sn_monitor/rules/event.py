@@ -16,11 +16,11 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Final
 
-from sn_monitor.controller.rules.base import Evaluator, Finding, Now, format_duration
-from sn_monitor.controller.rules.series import Subject, event_subject
-from sn_monitor.controller.rules.spec import EventRule
-from sn_monitor.controller.state import NodeView
 from sn_monitor.model import EventRecord
+from sn_monitor.rules.base import Evaluator, Finding, Now, format_duration
+from sn_monitor.rules.series import Subject, event_subject
+from sn_monitor.rules.spec import EventRule
+from sn_monitor.rules.view import NodeView
 
 _KIND_WORDS: Final = {
     "xid": "XID", "sxid": "SXid", "gpu_lost": "GPU lost",

@@ -25,7 +25,8 @@ import statistics
 from collections.abc import Mapping
 from typing import Final
 
-from sn_monitor.controller.rules.base import (
+from sn_monitor.model import Report
+from sn_monitor.rules.base import (
     Finding,
     Held,
     HoldingEvaluator,
@@ -33,10 +34,9 @@ from sn_monitor.controller.rules.base import (
     format_duration,
     format_number,
 )
-from sn_monitor.controller.rules.series import NODE, compile_accessor, describe
-from sn_monitor.controller.rules.spec import PeersRule
-from sn_monitor.controller.state import NodeView
-from sn_monitor.model import Report
+from sn_monitor.rules.series import NODE, compile_accessor, describe
+from sn_monitor.rules.spec import PeersRule
+from sn_monitor.rules.view import NodeView
 
 PEERS_EVERY: Final = 5.0
 """Seconds between two comparisons of the fleet at most (see the module docstring)."""
