@@ -146,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--first", type=int, default=0, metavar="N",
                           help="index of the first node (default 0): --first 256 --nodes 256 "
                                "is sim-0256.. in supernode sn01, beside another simulate")
+    simulate.add_argument("--full-reports", action="store_true",
+                          help="send full reports throughout, as agents before node-local "
+                               "rules do (default: evaluate the rules the controller sends and "
+                               "send trimmed reports with the findings)")
     simulate.add_argument("--interval", type=_duration, default=1.0, metavar="S",
                           help="report interval of each node: 1s, 500ms, 2 (default 1s)")
     simulate.add_argument("--scenario", metavar="F",
@@ -413,7 +417,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                            interval=args.interval, duration=duration, speed=args.speed,
                            gpus=args.gpus, connections=args.connections, jitter=args.jitter,
                            seed=args.seed, token=token, ca_file=args.ca_file,
-                           first=args.first)
+                           first=args.first, full_reports=args.full_reports)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

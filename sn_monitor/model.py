@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -225,12 +225,38 @@ class CommandResult(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkn
     dry_run: bool = False
 
 
+MAX_FINDINGS = 512
+RulesVersion = Annotated[str, msgspec.Meta(max_length=64)]
+
+
+class EdgeFinding(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                  gc=False):
+    """A node-local rule firing on the agent that evaluated it (see :class:`Report`).
+
+    ``observed_seconds``: the agent's wall time when it first saw the condition.
+    """
+
+    rule: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    observed_seconds: float
+    subject: Annotated[str, msgspec.Meta(max_length=160)] = ""
+    gpu: Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS)] | None = None
+    value: Measure | None = None
+    message: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+
+
 class Report(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
                 gc=False):
     """What an agent sends after each sample.
 
     ``instance`` is random per agent start: with ``sequence`` it tells a restarted agent
     (sequence back at 1) from a replayed or reordered report.
+
+    ``rules_version`` set: the agent evaluated the controller's node-local rules of that
+    version (:class:`EdgeRules`) on this sample itself; ``findings`` lists every one of
+    them firing now, and the values carry only what the controller's own rules read.
+    Empty (an agent before edge rules, or one that has not got them yet): the controller
+    evaluates every rule on the full report. ``takes_rules``: the agent can evaluate
+    rules (the controller offers them in its reply).
     """
 
     node: NodeName
@@ -247,14 +273,36 @@ class Report(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
     network: Annotated[list[NetReport], msgspec.Meta(max_length=MAX_PORTS)] = []
     events: Annotated[list[EventRecord], msgspec.Meta(max_length=MAX_EVENTS)] = []
     command_results: Annotated[list[CommandResult], msgspec.Meta(max_length=MAX_EVENTS)] = []
+    rules_version: RulesVersion = ""
+    findings: Annotated[list[EdgeFinding], msgspec.Meta(max_length=MAX_FINDINGS)] = []
+    takes_rules: bool = False
+
+
+class EdgeRules(msgspec.Struct, frozen=True, gc=False):
+    """The node-local rules an agent is to evaluate, as rule file items, and their version.
+
+    ``keep``: the metrics the controller's own rules read, which trimmed reports carry
+    once every ``keep_every`` seconds (0: in every report); a trimmed report without
+    values leaves the controller with the ones before.
+    """
+
+    version: RulesVersion
+    rules: list[dict[str, Any]]
+    keep: list[str] = []
+    keep_every: float = 0.0
 
 
 class ReportReply(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
-    """The controller's answer: which events it has stored, and commands to run."""
+    """The controller's answer: which events it has stored, and commands to run.
+
+    ``edge_rules``: present when the report's agent takes rules and its
+    ``rules_version`` is not the one the controller wants that node to evaluate.
+    """
 
     sequence: int
     events_stored_through: int = -1
     commands: list[Command] = []
+    edge_rules: EdgeRules | None = None
 
 
 # --------------------------------------------------------------------------- training jobs

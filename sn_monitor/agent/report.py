@@ -226,6 +226,7 @@ def build_report(
     guard_throttled: set[int] | frozenset[int],
     agent_version: str = __version__,
     metrics_port: int | None = None,
+    takes_rules: bool = False,
 ) -> Report:
     """The report for one cycle. ``events`` are already numbered (the spool's records).
 
@@ -240,6 +241,7 @@ def build_report(
         agent_version=agent_version[:_MAX_KEY],
         interval_seconds=min(3600.0, interval),
         metrics_port=metrics_port,
+        takes_rules=takes_rules,
         labels=_labels(labels),
         gpus=[
             gpu_report(g, guard_throttled=g.index in guard_throttled)

@@ -27,6 +27,13 @@ the active controller, a refusal, a redirect) backs off on that controller as wi
 The reply is decoded leniently: a command this agent does not understand (a newer
 controller) is answered with a failed result instead of making the whole reply, and
 with it the event acknowledgement, undecodable.
+
+A reply may carry the node-local rules the controller wants this node to evaluate
+(:mod:`sn_monitor.rules.edge`): from the next report on, the agent runs them on each
+sample (:class:`~sn_monitor.agent.rules.NodeRules`) and sends their findings with only
+the values the controller's own rules read. Rules this agent cannot take (a newer
+controller's) are logged once and the reports stay full: the controller then evaluates
+them itself, as it does for an agent of an earlier version.
 """
 
 from __future__ import annotations
@@ -43,10 +50,12 @@ import requests
 
 from sn_monitor import __version__
 from sn_monitor.agent.report import build_report
+from sn_monitor.agent.rules import NodeRules
 from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import Clock
-from sn_monitor.model import MAX_EVENTS, Command, CommandResult, Event, EventRecord
+from sn_monitor.config import ConfigError
+from sn_monitor.model import MAX_EVENTS, Command, CommandResult, EdgeRules, Event, EventRecord
 from sn_monitor.transport import is_standby, parse_retry_after, redact_url
 
 log = logging.getLogger(__name__)
@@ -65,11 +74,12 @@ _MAX_ERROR_TEXT = 500
 
 
 class _Reply(msgspec.Struct, frozen=True):
-    """:class:`ReportReply` with the commands left raw, to decode one by one."""
+    """:class:`ReportReply` with the commands and rules left raw, to decode one by one."""
 
     sequence: int
     events_stored_through: int = -1
     commands: list[msgspec.Raw] = []
+    edge_rules: msgspec.Raw = msgspec.Raw(b"")  # absent: empty
 
 
 class _CommandId(msgspec.Struct):
@@ -147,6 +157,9 @@ class Reporter:
         self._streak = 0
         self._logged: set[str] = set()
         self._highest_sent = -1
+        #: The node-local rules this agent evaluates (None: the controller evaluates all).
+        self.rules: NodeRules | None = None
+        self._refused_rules: str | None = None
         #: Random per process start: with ``sequence`` it tells a restart from a replay.
         self.instance = uuid.uuid4().hex
         #: The sequence number of the last report built (the first is 1).
@@ -238,9 +251,12 @@ class Reporter:
             guard_throttled=guard_throttled,
             agent_version=self._agent_version,
             metrics_port=self._metrics_port,
+            takes_rules=True,
         )
         if events:
             self._highest_sent = max(self._highest_sent, events[-1].id)
+        if self.rules is not None:
+            report = self.rules.evaluate(report)
         reply = self._post(self._encoder.encode(report))
         if reply is None:
             return []
@@ -351,7 +367,26 @@ class Reporter:
             except OSError as err:
                 log.error("cannot record event acknowledgement: %s (events will be resent)",
                           err)
+        if len(reply.edge_rules):
+            self._take_rules(reply.edge_rules)
         return self._commands(reply.commands)
+
+    def _take_rules(self, raw: msgspec.Raw) -> None:
+        """Evaluate the node-local rules of ``raw`` from the next sample on, if this can."""
+        try:
+            edge = msgspec.json.decode(raw, type=EdgeRules)
+            if edge.version == self._refused_rules:
+                return
+            self.rules = NodeRules(edge, self._node, self._labels, self._clock)
+        except (msgspec.DecodeError, ConfigError) as err:
+            version = getattr(locals().get("edge"), "version", None)
+            self._refused_rules = version
+            self.rules = None
+            log.error("cannot evaluate the controller's node-local rules (%s); sending full "
+                      "reports for the controller to evaluate", err, extra={"node": self._node})
+            return
+        log.info("evaluating %d node-local rules of the controller (version %s)",
+                 len(edge.rules), edge.version, extra={"node": self._node})
 
     def _commands(self, raw: Sequence[msgspec.Raw]) -> list[Command]:
         commands: list[Command] = []

@@ -21,6 +21,15 @@ when the connection is made (the TLS handshake is complete by then) and goes to 
 with every report on it; a request that takes the ASGI path carries it in its scope's
 ``extensions`` (:data:`~sn_monitor.controller.peer_identity.SCOPE_EXTENSION`).
 
+Most reports never reach httptools either: a read that begins, at a message boundary,
+with ``POST /api/v1/reports HTTP/1.1`` and holds the whole request, with plain headers (no
+folding, no header twice, a Content-Length within the limit, no Transfer-Encoding,
+Expect or Upgrade), is read by :func:`_plain_request` (a split of the head and one pass
+over its lines) and answered at once; anything else, or the rest of a read after it, goes
+to httptools as before. The keep-alive timer is not re-armed per request on that path:
+it checks, when it fires, whether the connection was used since
+(:meth:`ReportLaneProtocol.timeout_keep_alive_handler`).
+
 It leans on uvicorn's ``HttpToolsProtocol`` internals (parser callbacks, ``cycle``,
 ``on_response_complete``); ``tests/unit/test_report_lane.py`` drives it over a socket
 so that a uvicorn upgrade that breaks it fails there.
@@ -43,6 +52,10 @@ from sn_monitor.controller.peer_identity import (
 )
 
 _PATH = REPORTS_PATH.encode()
+_PLAIN_LINE = b"POST " + _PATH + b" HTTP/1.1\r\n"
+#: Headers that make a request one for httptools (and uvicorn's checks) to read.
+_NOT_PLAIN = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
+_BLANK = frozenset(b" \t")
 #: How long a connection refused for its body's size still takes (and drops) what the
 #: client sends after the answer, before it is closed. Closing with the client's data
 #: unread would send a TCP reset, which can destroy the answer before the client reads
@@ -80,6 +93,10 @@ class ReportLaneProtocol(HttpToolsProtocol):
         self._body_size = 0
         #: Set once the connection is closing (see _close_lingering): the timer.
         self._closing: asyncio.TimerHandle | None = None
+        #: httptools is between two messages (nothing of a next one fed to it yet).
+        self._boundary = True
+        #: The event loop's time of the last request answered without httptools.
+        self._used_at = 0.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -92,8 +109,58 @@ class ReportLaneProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._closing is None:  # else the rest of a refused body: dropped unparsed
-            super().data_received(data)
+        if self._closing is not None:
+            return  # the rest of a refused body: dropped unparsed
+        if (self._boundary and data.startswith(_PLAIN_LINE)
+                and (self.cycle is None or self.cycle.response_complete)):
+            data = self._answer_plain(data)
+            if not data or self._closing is not None or self.transport.is_closing():
+                return
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        self._boundary = False
+        super().on_message_begin()
+
+    def _answer_plain(self, data: bytes) -> bytes:
+        """Answer the whole plain report requests ``data`` begins with; the rest of it."""
+        gate = self.gate
+        while data.startswith(_PLAIN_LINE):
+            end = data.find(b"\r\n\r\n")
+            headers = _plain_request(data, end, gate.max_body_bytes) if end > 0 else None
+            if headers is None:
+                break
+            total = end + 4 + int(headers[b"content-length"])
+            if len(data) < total:
+                break  # the body comes in later reads: httptools collects it
+            self.server_state.total_requests += 1
+            keep_alive = headers.get(b"connection", b"").lower() != b"close"
+            try:
+                identity = gate.admit(headers, self._certificate)
+            except ControllerError as err:
+                status, body = status_of(err), gate.error_body(err.message)
+            else:
+                peer = self.client[0] if self.client else None
+                status, body = gate.answer(identity, data[end + 4:total], peer)
+            self._write_answer(status, body, keep_alive)
+            data = data[total:]
+            if not keep_alive:
+                self.transport.close()
+                return b""
+            self._used_at = self.loop.time()
+            if self.timeout_keep_alive_task is None:
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler)
+        return data
+
+    def timeout_keep_alive_handler(self) -> None:
+        """Close an idle kept-alive connection; one used since the timer was set waits on."""
+        left = self._used_at + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                left, self.timeout_keep_alive_handler)
+            return
+        super().timeout_keep_alive_handler()
 
     def on_headers_complete(self) -> None:
         if self._closing is not None:
@@ -154,6 +221,7 @@ class ReportLaneProtocol(HttpToolsProtocol):
             self._close_lingering()  # the answer to a body over the limit went out
 
     def on_message_complete(self) -> None:
+        self._boundary = True
         if self._closing is not None:
             return
         lane = self._lane
@@ -177,14 +245,9 @@ class ReportLaneProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _write_answer(self, status: int, body: bytes, keep_alive: bool) -> None:
-        head = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:
-            head += [name, b": ", value, b"\r\n"]
-        head.append(b"content-type: application/json\r\ncontent-length: ")
-        head.append(str(len(body)).encode())
-        head.append(b"\r\n\r\n" if keep_alive else b"\r\nconnection: close\r\n\r\n")
-        head.append(body)
-        self.transport.write(b"".join(head))
+        self.transport.write(b"".join((
+            _head(status, self.server_state.default_headers), str(len(body)).encode(),
+            b"\r\n\r\n" if keep_alive else b"\r\nconnection: close\r\n\r\n", body)))
 
     def _refuse_and_close(self, refusal: ControllerError) -> None:
         """Answer the lane's request now, with the rest of its body unread, and close."""
@@ -210,6 +273,49 @@ class ReportLaneProtocol(HttpToolsProtocol):
             transport.write_eof()
         self.flow.resume_reading()  # so the client's FIN, or its data, is seen
         self._closing = self.loop.call_later(LINGER_SECONDS, transport.close)
+
+
+_heads: dict[int, tuple[object, bytes]] = {}
+
+
+def _head(status: int, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """An answer's head up to its Content-Length value, with uvicorn's default headers.
+
+    uvicorn replaces ``default_headers`` (its Date) once a second; the head is built
+    again only then, not for each of the thousands of answers in between.
+    """
+    kept = _heads.get(status)
+    if kept is not None and kept[0] is default_headers:
+        return kept[1]
+    head = [STATUS_LINE[status]]
+    for name, value in default_headers:
+        head += [name, b": ", value, b"\r\n"]
+    head.append(b"content-type: application/json\r\ncontent-length: ")
+    built = b"".join(head)
+    _heads[status] = (default_headers, built)
+    return built
+
+
+def _plain_request(data: bytes, end: int, limit: int) -> dict[bytes, bytes] | None:
+    """The headers of the request head ``data[:end]`` if it is plain; None if not.
+
+    Plain: every line a ``name: value`` with no folding, no name twice, none of
+    :data:`_NOT_PLAIN`, and a Content-Length of digits within ``limit``. Names are
+    lower-cased, as httptools hands them to the gate.
+    """
+    headers: dict[bytes, bytes] = {}
+    for line in data[len(_PLAIN_LINE):end].split(b"\r\n"):
+        name, colon, value = line.partition(b":")
+        if not colon or not name or name[0] in _BLANK or name[-1] in _BLANK:
+            return None  # not a header line, a folded one, or a name with blanks around
+        name = name.lower()
+        if name in headers or name in _NOT_PLAIN:
+            return None
+        headers[name] = value.strip(b" \t")
+    length = headers.get(b"content-length")
+    if length is None or not length.isdigit() or int(length) > limit:
+        return None
+    return headers
 
 
 def report_lane(gate: ReportGate) -> type[ReportLaneProtocol]:

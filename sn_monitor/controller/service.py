@@ -61,6 +61,7 @@ from sn_monitor.model import (
     ReportReply,
 )
 from sn_monitor.rules.alerts import WebhookRejected, decode_webhook
+from sn_monitor.rules.base import Now
 from sn_monitor.rules.engine import Finding, RuleEngine
 from sn_monitor.rules.spec import AlertRule, EventRule, Rule
 from sn_monitor.rules.view import NodeState, NodeView
@@ -302,13 +303,14 @@ class Controller:
         try:
             report = decode_report(body)
         except Invalid:
-            self.telemetry.reports.labels("invalid").inc()
+            self.telemetry.ingest.report("invalid")
             raise
         if not identity.may_report_for(report.node):
-            self.telemetry.reports.labels("forbidden").inc()
+            self.telemetry.ingest.report("forbidden")
             raise Forbidden(f"{identity.name} may not report for node {report.node}")
         accepted = self.registry.accept(report)
-        now = self.clock.time()
+        view = accepted.view
+        now = view.received_wall if accepted.applied else self.clock.time()
         if accepted.new_node or accepted.labels_changed:
             self.writer.call(partial(self._node_seen, report.node, dict(report.labels), now))
         stored_through = -1
@@ -320,20 +322,28 @@ class Controller:
                                  max(e.id for e in events))
         if peer is not None and report.metrics_port is not None:
             self._peers[report.node] = (peer, report.metrics_port)
+        edge_rules = None
         if accepted.applied:
             self._label_with_job(accepted.view)
             with self._engine_lock:
-                findings = self.engine.observe(accepted.view)
-            self._handle(findings)
+                findings = self.engine.observe(view, Now(view.received_monotonic, now))
+                if report.takes_rules:
+                    edge_rules = self.engine.edge_rules(accepted.view, report.rules_version)
+            if findings:
+                self._handle(findings)
             if report.node in self._lost:
                 self._lost.discard(report.node)
+        elif report.takes_rules:
+            with self._engine_lock:
+                edge_rules = self.engine.edge_rules(accepted.view, report.rules_version)
         if report.command_results:
             self.drivers.queue.complete(report.node, report.command_results)
         commands = self.drivers.queue.take(report.node)
-        self.telemetry.reports.labels("accepted" if accepted.applied else "stale").inc()
-        self.telemetry.ingest_seconds.observe(time.perf_counter() - started)
+        tally = self.telemetry.ingest
+        tally.report("accepted" if accepted.applied else "stale")
+        tally.observe(time.perf_counter() - started)
         return ReportReply(sequence=report.sequence, events_stored_through=stored_through,
-                           commands=commands)
+                           commands=commands, edge_rules=edge_rules)
 
     def _node_seen(self, node: str, labels: dict[str, str], now: float) -> None:
         """A new node, or new labels (the writer): stored, and label selectors may pick it."""
@@ -681,7 +691,7 @@ class Controller:
         suspects |= self._unhealthy
         views = self.registry.views()
         suspects |= views.keys() - self._states.keys()
-        now = self.clock.time()
+        changed: list[tuple[str, NodeState, str]] = []
         for name in suspects:
             view = views.get(name)
             if view is None:
@@ -689,9 +699,12 @@ class Controller:
             state = self._state_of(name)
             if self._states.get(name) != state:
                 reason = ", ".join(sorted(r for r, _ in self._firing.get(name, ()))) or "clear"
-                self.store_health.attempt(self.store.set_node_state, name, state, reason, now)
-                self._set_state(name, state)
+                changed.append((name, state, reason))
             view.state = state
+        if changed:  # one transaction: a fleet's first sweep changes thousands
+            self.store_health.attempt(self.store.set_node_states, changed, self.clock.time())
+            for name, state, _ in changed:
+                self._set_state(name, state)
 
     def _set_state(self, node: str, state: NodeState) -> None:
         """The state recorded for ``node``; the unhealthy ones are kept apart (refresh)."""

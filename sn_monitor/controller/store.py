@@ -514,23 +514,34 @@ class Store:
         An unknown node is created (a node can be cordoned by hand before it reports).
         """
         with self._tx() as db:
-            row = db.one("SELECT state FROM nodes WHERE name = ?", (name,))
-            previous = None if row is None else str(row["state"])
-            if row is None:
-                db.execute(
-                    "INSERT INTO nodes (name, state, state_reason, first_seen, last_seen)"
-                    " VALUES (?, ?, ?, ?, ?)", (name, state, reason, at, at))
-            else:
-                db.execute("UPDATE nodes SET state = ?, state_reason = ? WHERE name = ?",
-                           (state, reason, name))
-            if cordoned_by_us is not None:
-                db.execute("UPDATE nodes SET cordoned_by_us = ? WHERE name = ?",
-                           (int(cordoned_by_us), name))
-            changed = previous != state
-            if changed:
-                db.execute(
-                    "INSERT INTO node_transitions (node, from_state, to_state, reason, at)"
-                    " VALUES (?, ?, ?, ?, ?)", (name, previous, state, reason, at))
+            return self._set_node_state(db, name, state, reason, at, cordoned_by_us)
+
+    def set_node_states(self, states: Sequence[tuple[str, str, str]], at: float) -> None:
+        """(name, state, reason) of many nodes in one transaction (a fleet's first sweep)."""
+        with self._tx() as db:
+            for name, state, reason in states:
+                self._set_node_state(db, name, state, reason, at, None)
+
+    @staticmethod
+    def _set_node_state(db: Transaction, name: str, state: str, reason: str, at: float,
+                        cordoned_by_us: bool | None) -> bool:
+        row = db.one("SELECT state FROM nodes WHERE name = ?", (name,))
+        previous = None if row is None else str(row["state"])
+        if row is None:
+            db.execute(
+                "INSERT INTO nodes (name, state, state_reason, first_seen, last_seen)"
+                " VALUES (?, ?, ?, ?, ?)", (name, state, reason, at, at))
+        else:
+            db.execute("UPDATE nodes SET state = ?, state_reason = ? WHERE name = ?",
+                       (state, reason, name))
+        if cordoned_by_us is not None:
+            db.execute("UPDATE nodes SET cordoned_by_us = ? WHERE name = ?",
+                       (int(cordoned_by_us), name))
+        changed = previous != state
+        if changed:
+            db.execute(
+                "INSERT INTO node_transitions (node, from_state, to_state, reason, at)"
+                " VALUES (?, ?, ?, ?, ?)", (name, previous, state, reason, at))
         return changed
 
     def set_cordoned_by_us(self, name: str, value: bool, at: float) -> None:

@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Generic, Literal, TypeVar
+from typing import ClassVar, Generic, Literal, NamedTuple, TypeVar
 
 from sn_monitor.rules.series import Subject
 from sn_monitor.rules.spec import Rule
@@ -51,9 +51,12 @@ class Finding:
     source: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Now:
-    """The controller's clock read once per engine call, shared by every rule."""
+class Now(NamedTuple):
+    """The controller's clock read once per engine call, shared by every rule.
+
+    A named tuple: one is made per report, and a frozen dataclass costs several times
+    as much to build.
+    """
 
     monotonic: float
     wall: float

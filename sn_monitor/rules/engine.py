@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sn_monitor.clock import Clock
+from sn_monitor.model import EdgeRules, Report
 from sn_monitor.rules.alerts import (
     AlertEvaluator,
     AlertIntake,
@@ -25,6 +26,7 @@ from sn_monitor.rules.alerts import (
 )
 from sn_monitor.rules.base import Evaluator, Finding, Now
 from sn_monitor.rules.baseline import BaselineEvaluator
+from sn_monitor.rules.edge import AgentFindings, EdgeCatalog, is_node_local
 from sn_monitor.rules.event import EventEvaluator
 from sn_monitor.rules.heartbeat import HeartbeatEvaluator
 from sn_monitor.rules.peers import PeersEvaluator
@@ -76,7 +78,12 @@ class RuleEngine:
         self._screen: ThresholdScreen | None = None
         self._sweepers: list[AnyEvaluator] = []
         self._alerting: list[AlertEvaluator] = []
+        #: For reports whose agent evaluated the node-local rules (sn_monitor.rules.edge).
+        self._remote_plan: list[tuple[AnyEvaluator, bool, bool, int]] = []
+        self._local: list[AnyEvaluator] = []
+        self._agents = AgentFindings()
         self._install({rule.name: evaluator_for(rule) for rule in _unique(rules)})
+        self._catalog = EdgeCatalog(self.rules)
 
     @property
     def rules(self) -> list[Rule]:
@@ -96,18 +103,63 @@ class RuleEngine:
         self._plan = [(e, e.scoped, e.events_only, slots.get(id(e), -1))
                       for e in self._observers]
         self._sweepers = [e for e in evaluators.values() if e.sweeps]
+        self._local = [e for e in evaluators.values() if is_node_local(e.rule)]
+        self._remote_plan = [p for p in self._plan if not is_node_local(p[0].rule)]
         self._alerting = [e for e in evaluators.values() if isinstance(e, AlertEvaluator)]
 
     def _now(self) -> Now:
         return Now(self._clock.monotonic(), self._clock.time())
 
-    def observe(self, view: NodeView) -> list[Finding]:
-        """Apply report-driven rules to ``view``'s latest report."""
+    def observe(self, view: NodeView, now: Now | None = None) -> list[Finding]:
+        """Apply report-driven rules to ``view``'s latest report.
+
+        ``now``: the time of the report's receipt, if the caller has it (else the clock
+        is read).
+
+        A report whose agent evaluated the node-local rules (``rules_version`` set) gets
+        the other rules here, and its findings become transitions
+        (:class:`~sn_monitor.rules.edge.AgentFindings`). When a node turns to evaluating
+        itself, what the controller's evaluators had firing for it is handed over, so a
+        fault still firing on the agent opens nothing new and one gone resolves; when it
+        turns back (an agent restarted, or an older one), the evaluators find again what
+        is still there, without opening it twice.
+        """
         out: list[Finding] = []
         report = view.report
         if report is None:
             return out
-        now = self._now()
+        if now is None:
+            now = self._now()
+        if report.rules_version:
+            self._observe_remote(view, report, now, out)
+            return out
+        node = view.name
+        self._observe_all(view, report, now, out)
+        if self._agents.holds(node) or self._agents.evaluates(node):
+            return self._agents.full_report(node, out, now)
+        return out
+
+    def _observe_remote(self, view: NodeView, report: Report, now: Now,
+                        out: list[Finding]) -> None:
+        node = view.name
+        agents = self._agents
+        if not agents.evaluates(node):
+            handed: list[Finding] = []
+            for evaluator in self._local:
+                handed.extend(f for f in evaluator.firing() if f.node == node)
+                evaluator.forget_node(node)
+            agents.take(node, handed)
+        events = bool(report.events)
+        for evaluator, scoped, events_only, _ in self._remote_plan:
+            if events_only and not events:
+                continue
+            if scoped and not evaluator.applies(view):
+                continue
+            evaluator.observe(view, now, out)
+        agents.sync(node, report.findings, self._catalog.local, now, out)
+
+    def _observe_all(self, view: NodeView, report: Report, now: Now,
+                     out: list[Finding]) -> None:
         screen = self._screen
         quiet = screen.quiet(view.name, frame_of(report)) if screen is not None else []
         events = bool(report.events)
@@ -119,7 +171,13 @@ class RuleEngine:
             if scoped and not evaluator.applies(view):
                 continue
             evaluator.observe(view, now, out)
-        return out
+
+    def edge_rules(self, view: NodeView, version: str) -> EdgeRules | None:
+        """The node-local rules to send ``view``'s agent, which has ``version``.
+
+        None: it has them.
+        """
+        return self._catalog.offer(view, version)
 
     def sweep(self, views: Mapping[str, NodeView]) -> list[Finding]:
         """Apply time-driven rules to every node."""
@@ -159,6 +217,12 @@ class RuleEngine:
         """
         now = self._now()
         out: list[Finding] = []
+        new = {rule.name: rule for rule in rules}
+        changed = {name for name, rule in self._catalog.local.items()
+                   if name in new and new[name].detection() != rule.detection()}
+        self._agents.reload({n: r for n, r in new.items() if is_node_local(r)}, changed,
+                            now, out)
+        self._catalog = EdgeCatalog(rules)
         kept: dict[str, AnyEvaluator] = {}
         for rule in _unique(rules):
             old = self._evaluators.get(rule.name)
@@ -179,7 +243,8 @@ class RuleEngine:
 
     def firing(self) -> list[Finding]:
         """Every (rule, node, subject) firing now, as the finding that started it."""
-        return [f for e in self._evaluators.values() for f in e.firing()]
+        return [*(f for e in self._evaluators.values() for f in e.firing()),
+                *self._agents.firing()]
 
     def forgive_silence(self) -> None:
         """The controller itself stood still: give silent nodes a restart's grace.
@@ -195,6 +260,7 @@ class RuleEngine:
 
     def forget_node(self, node: str) -> None:
         """Drop all state about ``node`` (it was removed); emits nothing."""
+        self._agents.forget_node(node)
         for evaluator in self._evaluators.values():
             evaluator.forget_node(node)
 

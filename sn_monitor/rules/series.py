@@ -461,3 +461,53 @@ def describe(metric: str) -> tuple[str, str]:
 
 _UNITS = (("_celsius", "°C"), ("_watts", "W"), ("_bytes", "B"), ("_hertz", "Hz"),
           ("_ratio", ""), ("_total", ""))
+
+
+class Trim:
+    """Cut a report down to the values of some metrics (what the controller's rules read).
+
+    An agent that evaluates its node-local rules itself sends the controller only what
+    the rules left there need (a peers rule's utilization): a GPU keeps its index, its
+    ``lost`` flag and the fields those metrics read (both parts of a derived one); a
+    port or interface keeps its name and the counters or fields read, and is left out
+    when none is. Everything else in the report (labels, events, command results) stays.
+    """
+
+    def __init__(self, metrics: Sequence[str]) -> None:
+        gpu: set[str] = set()
+        ib: set[str] = set()
+        net: set[str] = set()
+        for metric in metrics:
+            family = metric_family(metric)
+            if family == "gpu":
+                parts = DERIVED_GPU_PARTS.get(metric[4:])
+                gpu.update(parts[1:] if parts is not None else (metric[4:],))
+            elif family == "infiniband":
+                stem = metric[16:]
+                ib.update((stem, stem[:-6]) if stem.endswith("_total") else (stem,))
+            else:
+                net.add(metric[8:])
+        self.metrics = tuple(sorted(set(metrics)))
+        self._gpu = tuple(sorted(gpu))
+        self._ib_state = "state" in ib
+        self._ib = frozenset(ib - {"state"})
+        self._net = tuple(sorted(net))
+
+    def __call__(self, report: Report) -> Report:
+        gpus = [GpuReport(index=g.index, lost=g.lost,
+                          **{name: getattr(g, name) for name in self._gpu})
+                for g in report.gpus] if self._gpu else []
+        ports = []
+        if self._ib or self._ib_state:
+            for port in report.infiniband:
+                counters = {k: v for k, v in port.counters.items() if k in self._ib}
+                state = port.state if self._ib_state else None
+                if counters or state is not None:
+                    ports.append(IbPortReport(device=port.device, port=port.port,
+                                              state=state, counters=counters))
+        nets = []
+        for net in report.network if self._net else ():
+            values = {name: getattr(net, name) for name in self._net}
+            if any(v is not None for v in values.values()):
+                nets.append(NetReport(device=net.device, **values))
+        return msgspec.structs.replace(report, gpus=gpus, infiniband=ports, network=nets)

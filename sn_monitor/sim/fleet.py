@@ -24,6 +24,12 @@ fake NVML, the collectors) and keeps what the controller sees: the reports.
   model cools it; ``release`` restores the limit) and their results go out with the
   node's next report. There is no local thermal guard: the controller's throttle is
   what cools a simulated GPU.
+- **Node-local rules.** Like an agent, each node says it takes rules; once the reply to
+  one of its reports carries the controller's node-local rules, it evaluates them itself
+  (:class:`~sn_monitor.agent.rules.NodeRules`, on faulted nodes; a healthy node's values
+  fire none, which the templates check) and sends trimmed reports with its findings,
+  pre-encoded per rules version as the full ones are. ``--full-reports`` sends full
+  reports throughout, as agents before edge rules do, for the controller to evaluate.
 - **Sending.** One thread, a few keep-alive connections (``selectors``, raw HTTP/1.1),
   each node reporting every ``interval`` with jitter, the first reports spread over the
   first interval so the load is even. A report due while every connection is busy
@@ -59,10 +65,14 @@ from sn_monitor import __version__
 from sn_monitor.agent.collectors.infiniband import counter_stem
 from sn_monitor.agent.nvml import THROTTLE_REASONS
 from sn_monitor.agent.report import is_reported_ib_counter
+from sn_monitor.agent.rules import NodeRules
+from sn_monitor.clock import SystemClock
+from sn_monitor.config import ConfigError
 from sn_monitor.model import (
     MAX_EVENTS,
     Command,
     CommandResult,
+    EdgeRules,
     EventRecord,
     GpuReport,
     IbPortReport,
@@ -108,6 +118,8 @@ class FleetOptions:
     #: 256 nodes (``sim-0256`` .., labels ``supernode: sn01``), for one fleet of several
     #: controllers (a ``simulate`` each).
     first: int = 0
+    #: Send full reports throughout (agents of a version before node-local rules).
+    full_reports: bool = False
 
 
 def node_name(index: int, nodes: int) -> str:
@@ -327,7 +339,8 @@ class _Node:
     """One simulated agent: its sequence, events, command results and faults."""
 
     __slots__ = ("events", "faults", "head", "in_flight", "index", "labels", "lost", "name",
-                 "next_event_id", "results", "results_in_flight", "sequence")
+                 "next_event_id", "results", "results_in_flight", "rules", "rules_version",
+                 "sequence")
 
     def __init__(self, index: int, name: str, head: bytes, labels: bytes,
                  first_event_id: int) -> None:
@@ -343,6 +356,10 @@ class _Node:
         self.next_event_id = first_event_id
         self.results: list[CommandResult] = []
         self.results_in_flight = 0
+        #: The version of the node-local rules it evaluates ("": none yet), and their
+        #: evaluator once the node had to evaluate them (a fault, an event).
+        self.rules_version = ""
+        self.rules: NodeRules | None = None
 
     def event(self, kind: str, message: str, *, gpu: int | None = None,
               code: int | None = None, pci_bus_id: str | None = None) -> None:
@@ -364,6 +381,7 @@ class _Reply(msgspec.Struct):
     sequence: int = 0
     events_stored_through: int = -1
     commands: list[msgspec.Raw] = []
+    edge_rules: EdgeRules | None = None
 
 
 class _CommandId(msgspec.Struct):
@@ -491,11 +509,12 @@ class Fleet:
     # ------------------------------------------------------------ templates
 
     def _build_templates(self) -> None:
-        self.bases = base_reports(self.options.gpus, seed=self.options.seed)
-        self.tails: list[bytes] = []
-        for report in self.bases:
-            full = _encoder.encode(msgspec.structs.replace(report, labels={"x": "y"}))
-            self.tails.append(full[full.index(b',"gpus":'):])
+        takes = not self.options.full_reports
+        self.bases = [msgspec.structs.replace(r, takes_rules=takes)
+                      for r in base_reports(self.options.gpus, seed=self.options.seed)]
+        #: The tails of the pre-encoded reports, by rules version ("": full reports).
+        self.tails: dict[str, list[bytes]] = {"": [_tail(r) for r in self.bases]}
+        self.edge: dict[str, EdgeRules] = {}
         sample = msgspec.structs.replace(self.bases[0], interval_seconds=self.interval_field,
                                          labels={"x": "y"})
         full = _encoder.encode(sample)
@@ -521,14 +540,35 @@ class Fleet:
         if msgspec.json.decode(body, type=Report) != expected:
             raise RuntimeError("report template does not round-trip")
 
+    def _take_rules(self, edge: EdgeRules) -> bool:
+        """Templates for nodes evaluating ``edge``; False if a node cannot take it."""
+        if edge.version in self.tails:
+            return True
+        node = self.nodes[0]
+        try:
+            rules = NodeRules(edge, node.name, {}, SystemClock())
+        except ConfigError as err:
+            self.stats.note(f"cannot take the node-local rules: {err}")
+            return False
+        tails = []
+        for report in self.bases * 2:  # a healthy node fires none of them
+            trimmed = rules.evaluate(report)
+            if trimmed.findings:
+                raise RuntimeError(f"a healthy simulated node fires {trimmed.findings[0].rule}")
+            tails.append(_tail(trimmed))
+        self.edge[edge.version] = edge
+        self.tails[edge.version] = tails[:len(self.bases)]
+        return True
+
     @property
     def interval_field(self) -> float:
         return min(3600.0, self.options.interval)
 
     def fast_body(self, node: _Node, sequence: int, now: float) -> bytes:
-        variant = (node.index + sequence) % len(self.tails)
+        tails = self.tails[node.rules_version]
+        variant = (node.index + sequence) % len(tails)
         return b"".join((node.head, str(sequence).encode(), b',"sample_time_seconds":',
-                         repr(now).encode(), self.mid, node.labels, self.tails[variant]))
+                         repr(now).encode(), self.mid, node.labels, tails[variant]))
 
     def slow_body(self, node: _Node, sequence: int, now: float, sim_now: float
                   ) -> tuple[bytes, int, int]:
@@ -545,6 +585,11 @@ class Fleet:
             sample_time_seconds=now, interval_seconds=self.interval_field,
             labels=node_labels(self.options.first + node.index), events=events,
             command_results=results, **parts)
+        if node.rules_version:
+            if node.rules is None or node.rules.version != node.rules_version:
+                node.rules = NodeRules(self.edge[node.rules_version], node.name, {},
+                                       SystemClock())
+            report = node.rules.evaluate(report)
         return _encoder.encode(report), len(events), len(results)
 
     # ------------------------------------------------------------ faults
@@ -716,7 +761,7 @@ class Fleet:
                 if node.results_in_flight:
                     del node.results[:node.results_in_flight]
                     node.results_in_flight = 0
-                if node.events or b"commands" in body:
+                if node.events or b"commands" in body or b"edge_rules" in body:
                     self._reply(node, body, (now - start) * opts.speed)
                 return
             node.results_in_flight = 0
@@ -858,6 +903,8 @@ class Fleet:
             node.events = kept
         if reply.commands:
             self._commands(node, reply.commands, sim_now)
+        if reply.edge_rules is not None and self._take_rules(reply.edge_rules):
+            node.rules_version = reply.edge_rules.version
 
     def _progress_line(self, t: float, rate: float) -> str:
         s = self.stats
@@ -895,6 +942,13 @@ class Fleet:
             "simulator_cpu_seconds": round(self.cpu_seconds, 3),
             "simulator_cpu_percent": round(100 * self.cpu_seconds / seconds, 1),
         }
+
+
+def _tail(report: Report) -> bytes:
+    """What follows the labels in ``report``'s JSON (the part nodes share)."""
+    full = _encoder.encode(msgspec.structs.replace(report, labels={"x": "y"}))
+    mark = b'"labels":{"x":"y"}'
+    return full[full.index(mark) + len(mark):]
 
 
 def _content_length(head: bytes) -> int:

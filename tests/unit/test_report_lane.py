@@ -10,6 +10,7 @@ same requests through Starlette's TestClient (the ASGI handler) must get the sam
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -189,3 +190,74 @@ def test_other_requests_take_the_asgi_path_on_the_same_connection(server: Server
             status, _, body = reader.response()
         assert status == 200
         assert msgspec.json.decode(body)["sequence"] == 3
+
+
+# ----------------------------------------------------------------- plain requests
+# A read holding whole plain report requests is answered without httptools; what is
+# not plain, or not whole, takes httptools. Either way the answers are the same.
+
+
+def _sequences(reader: Reader, n: int) -> list[int]:
+    return [msgspec.json.decode(reader.response()[2])["sequence"] for _ in range(n)]
+
+
+def test_a_request_split_over_reads_is_answered_and_the_next_ones_too(server: Server) -> None:
+    with server.connect() as sock:
+        reader = Reader(sock)
+        whole = request(report_body("gpu-p", temps=[50.0], sequence=1))
+        for part in (whole[:20], whole[20:-30], whole[-30:]):
+            sock.sendall(part)
+            time.sleep(0.05)  # separate reads; an unlucky merge is the plain case
+        second = request(report_body("gpu-p", temps=[50.0], sequence=2))
+        third = request(report_body("gpu-p", temps=[50.0], sequence=3))
+        sock.sendall(second + third[:40])  # one whole request, then part of another
+        time.sleep(0.05)
+        sock.sendall(third[40:])
+        assert _sequences(reader, 3) == [1, 2, 3]
+
+
+def test_a_report_then_another_request_in_one_read_are_answered_in_order(
+        server: Server) -> None:
+    with server.connect() as sock:
+        reader = Reader(sock)
+        sock.sendall(request(report_body("gpu-q", temps=[50.0], sequence=1))
+                     + b"GET /healthz HTTP/1.1\r\nHost: controller\r\n\r\n"
+                     + request(report_body("gpu-q", temps=[50.0], sequence=2)))
+        first = reader.response()
+        health = reader.response()
+        last = reader.response()
+        assert msgspec.json.decode(first[2])["sequence"] == 1
+        assert health[0] == 200
+        assert "store" in msgspec.json.decode(health[2])
+        assert msgspec.json.decode(last[2])["sequence"] == 2
+
+
+@pytest.mark.parametrize("extra", [
+    "X-Folded: a\r\n  b\r\n",                  # obsolete line folding
+    "Content-Type: application/json\r\n",      # a header twice
+    "Bad Name : x\r\n",                        # whitespace before the colon
+], ids=["folded", "twice", "space-before-colon"])
+def test_a_request_that_is_not_plain_gets_httptools_answer(server: Server, app: ControllerApp,
+                                                           extra: str) -> None:
+    body = report_body("gpu-r", temps=[50.0], sequence=1)
+    with server.connect() as sock:
+        sock.sendall(request(body, extra=extra))
+        status, _, _ = Reader(sock).response()
+    assert status in (200, 400)  # httptools' verdict, whatever it is: never a crash
+    if extra.startswith("Content-Type"):
+        assert status == 200
+
+
+def test_the_keep_alive_timer_spares_a_connection_in_use_and_closes_an_idle_one(
+        app: ControllerApp) -> None:
+    server = Server(app, keep_alive=2.0)
+    try:
+        with server.connect() as sock:
+            reader = Reader(sock)
+            for sequence in range(1, 6):  # 2.5 s of use, every 0.5 s: longer than the timer
+                sock.sendall(request(report_body("gpu-s", temps=[50.0], sequence=sequence)))
+                assert _sequences(reader, 1) == [sequence]
+                time.sleep(0.5)
+            assert reader.closed()  # then idle: closed within the timeout (5 s allowed)
+    finally:
+        server.stop()

@@ -560,3 +560,49 @@ def test_the_controller_list_is_checked(tmp_path):
 def test_credentials_in_a_url_stay_out_of_log_lines():
     assert redact_url("https://user:pw@ctl-a:9848/x?token=s") == "https://ctl-a:9848/x"
     assert redact_url("http://ctl-b:9848") == "http://ctl-b:9848"
+
+
+# ----------------------------------------------------------------- node-local rules
+
+HOT_RULES = {"version": "v1", "keep": ["gpu_utilization_ratio"], "rules": [
+    {"name": "gpu-overheat", "metric": "gpu_temperature_celsius", "above": 65}]}
+
+
+def test_rules_in_a_reply_are_evaluated_on_the_next_samples_and_reports_are_trimmed(
+        controller, tmp_path):
+    clock = ManualClock()
+    reporter = make_reporter(controller.url, tmp_path, clock)
+    report = msgspec.json.decode
+    controller.script.append((200, {"sequence": 1, "edge_rules": HOT_RULES}, {}))
+    reporter.report(snapshot(clock))
+    reporter.report(snapshot(clock, xid(1)))
+    first, second = controller.reports()
+    assert first.takes_rules
+    assert first.rules_version == ""
+    assert first.gpus[0].uuid == "GPU-0"
+    assert second.rules_version == "v1"
+    assert second.gpus == [type(second.gpus[0])(index=0)]  # no utilization sampled: nothing kept
+    assert [(f.rule, f.subject, f.gpu, f.value) for f in second.findings] == [
+        ("gpu-overheat", "gpu=0", 0, 70.0)]
+    assert [e.message for e in second.events] == ["Xid 13 #1"]  # events still travel
+    assert report(controller.requests[1][2])["labels"] == {"supernode": "sn0"}
+    reporter.close()
+
+
+def test_rules_the_agent_cannot_take_leave_the_reports_full_and_are_logged_once(
+        controller, tmp_path, caplog):
+    clock = ManualClock()
+    reporter = make_reporter(controller.url, tmp_path, clock)
+    newer = {"version": "v2", "rules": [{"name": "x", "metric": "gpu_from_the_future",
+                                         "above": 1}]}
+    for n in range(3):
+        controller.script.append((200, {"sequence": n + 1, "edge_rules": newer}, {}))
+        reporter.report(snapshot(clock))
+    reporter.report(snapshot(clock))
+    assert [r.rules_version for r in controller.reports()] == ["", "", "", ""]
+    assert all(r.gpus[0].uuid == "GPU-0" for r in controller.reports())
+    logged = [r for r in caplog.records if "node-local rules" in r.getMessage()]
+    assert len(logged) == 1
+    assert "gpu_from_the_future" in logged[0].getMessage()
+    assert reporter.failures_total == 0
+    reporter.close()

@@ -113,14 +113,15 @@ class Server:
     """The controller's app on uvicorn, as the daemon serves it (with the reports' lane,
     and TLS when ``tls`` is given), in a thread."""
 
-    def __init__(self, app: ControllerApp, tls: TlsSettings | None = None) -> None:
+    def __init__(self, app: ControllerApp, tls: TlsSettings | None = None,
+                 keep_alive: float = 5.0) -> None:
         # A deadline on the graceful stop, as the daemon has: without one, stop() waits on
         # any keep-alive connection a client leaves open (until the garbage collector
         # happens to close it), and the server's thread outlives the test.
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                 access_log=False, lifespan="off", http=report_lane(app.gate),
                                 proxy_headers=False, timeout_graceful_shutdown=2,
-                                **uvicorn_options(tls))
+                                timeout_keep_alive=keep_alive, **uvicorn_options(tls))
         config.load()
         self.reloader: CertificateReloader | None = None
         if tls is not None:
