@@ -12,6 +12,11 @@ of them ``fatal-xid`` codes) every half second on a different node, from the thi
 second until four seconds before the end. XIDs are events: their rule has no ``for``
 hold, so the incident opens on the first report that carries the event.
 
+simulate's nodes take the controller's node-local rules, as agents do: their first
+report is full, the rest are trimmed, with the findings their nodes evaluated
+(``sn_monitor/rules/edge.py``). ``--full-reports`` measures agents of an earlier version,
+whose every report is full and judged on every rule by the controller.
+
 What is measured, per level:
 
 - **due/s, accepted/s, refused, failed, not sent, client p50/p99**: simulate's
@@ -133,7 +138,7 @@ def _at(samples: list[tuple[float, float, int]], t: float) -> tuple[float, float
 def run_level(tmp: Path, nodes: int, duration: float, jitter: float,
               controller_core: int | None, sim_core: int | None,
               program: Sequence[str] | None = None,
-              interval: float = INTERVAL_S) -> dict[str, Any]:
+              interval: float = INTERVAL_S, full_reports: bool = False) -> dict[str, Any]:
     level_dir = tmp / f"n{nodes}"
     program = list(program) if program else sn_monitor_command()
     controller = ControllerProcess(tmp, f"n{nodes}", controller_core, program)
@@ -151,7 +156,8 @@ def run_level(tmp: Path, nodes: int, duration: float, jitter: float,
                    f"http://127.0.0.1:{controller.port}", "--nodes", str(nodes),
                    "--interval", f"{interval:g}s", "--scenario", str(scenario_path),
                    "--speed", "1", "--duration", f"{duration:g}s", "--jitter", f"{jitter:g}",
-                   "--json", "--log-level", "warning"]
+                   "--json", "--log-level", "warning",
+                   *(["--full-reports"] if full_reports else [])]
         out["simulate_command"] = " ".join(command)
         stdout: list[tuple[float, str]] = []
         stderr: list[tuple[float, str]] = []
@@ -243,7 +249,7 @@ def render(results: dict[str, Any]) -> str:
            f"{m['cpus']} CPUs; controller {m['pinning']}",
            f"load average at start {m['loadavg_start']}, at end {m['loadavg_end']}",
            f"every node reports every {m['interval_s']:g} s (simulate --jitter "
-           f"{m['jitter']:g}), "
+           f"{m['jitter']:g}), reports {m.get('reports', 'trimmed')}, "
            f"{m['duration_s']:g} s per level; one fatal XID every 0.5 s on another node",
            f"held? = accepted >= {HELD_SHARE:.0%} of due, detection p99 <= "
            f"{m['interval_s'] + DETECTION_SLACK_S:g} s and controller CPU <= "
@@ -324,6 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jitter", type=float, default=0.0,
                         help="simulate --jitter (default 0: fixed interval, as an agent)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin with taskset")
+    parser.add_argument("--full-reports", action="store_true",
+                        help="simulate --full-reports: every report full, every rule judged "
+                             "by the controller (agents before node-local rules)")
     parser.add_argument("--sn-monitor", metavar="COMMAND",
                         help="the sn-monitor command line to run the controller and simulate "
                              "with (default: this environment's)")
@@ -345,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "loadavg_start": loadavg_text(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "jitter": args.jitter,
         "interval_s": args.interval,
+        "reports": "full" if args.full_reports else "trimmed (node-local rules on the agents)",
         "duration_s": duration, "controller_config": CONTROLLER_CONFIG,
         "sn_monitor_command": program,
         "bench_rss_kb": proc_status_kb(os.getpid(), "VmRSS"),
@@ -355,7 +365,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             cpu0 = proc_cpu_seconds(os.getpid())
             try:
                 level = run_level(Path(tmpdir), nodes, duration, args.jitter,
-                                  controller_core, sim_core, program, args.interval)
+                                  controller_core, sim_core, program, args.interval,
+                                  args.full_reports)
             except Exception as err:  # noqa: BLE001 - one level failing must not hide the rest
                 level = {"nodes": nodes, "error": f"{type(err).__name__}: {err}"}
             level["bench_cpu_s"] = (proc_cpu_seconds(os.getpid()) or 0.0) - (cpu0 or 0.0)

@@ -39,6 +39,7 @@ them itself, as it does for an agent of an earlier version.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import uuid
 from collections.abc import Mapping, Sequence
@@ -68,6 +69,9 @@ MAX_BACKOFF_SECONDS = 10.0
 #: Events in one report take at most this many bytes: the controller refuses bodies over
 #: 1 MiB (413), and a report refused for its size would be refused forever.
 MAX_EVENT_BYTES_PER_REPORT = 512 * 1024
+#: Seconds an agent that could not take the controller's node-local rules sends full
+#: reports before it asks for them again (a report that asks is not judged on them).
+RULES_RETRY_SECONDS = 600.0
 _JITTER = 0.2
 _MAX_LOGGED_MESSAGES = 64
 _MAX_ERROR_TEXT = 500
@@ -160,6 +164,9 @@ class Reporter:
         #: The node-local rules this agent evaluates (None: the controller evaluates all).
         self.rules: NodeRules | None = None
         self._refused_rules: str | None = None
+        #: After rules it could not take, the agent sends full reports for the controller
+        #: to evaluate until this monotonic time, then asks again.
+        self._full_until = -math.inf
         #: Random per process start: with ``sequence`` it tells a restart from a replay.
         self.instance = uuid.uuid4().hex
         #: The sequence number of the last report built (the first is 1).
@@ -251,7 +258,7 @@ class Reporter:
             guard_throttled=guard_throttled,
             agent_version=self._agent_version,
             metrics_port=self._metrics_port,
-            takes_rules=True,
+            takes_rules=self._takes_rules(),
         )
         if events:
             self._highest_sent = max(self._highest_sent, events[-1].id)
@@ -371,19 +378,26 @@ class Reporter:
             self._take_rules(reply.edge_rules)
         return self._commands(reply.commands)
 
+    def _takes_rules(self) -> bool:
+        """Whether to ask for node-local rules (and leave them to this agent) now."""
+        return self.rules is not None or self._clock.monotonic() >= self._full_until
+
     def _take_rules(self, raw: msgspec.Raw) -> None:
         """Evaluate the node-local rules of ``raw`` from the next sample on, if this can."""
         try:
             edge = msgspec.json.decode(raw, type=EdgeRules)
             if edge.version == self._refused_rules:
+                self._full_until = self._clock.monotonic() + RULES_RETRY_SECONDS
                 return
             self.rules = NodeRules(edge, self._node, self._labels, self._clock)
         except (msgspec.DecodeError, ConfigError) as err:
             version = getattr(locals().get("edge"), "version", None)
             self._refused_rules = version
             self.rules = None
+            self._full_until = self._clock.monotonic() + RULES_RETRY_SECONDS
             log.error("cannot evaluate the controller's node-local rules (%s); sending full "
-                      "reports for the controller to evaluate", err, extra={"node": self._node})
+                      "reports for the controller to evaluate, asking again in %.0f s", err,
+                      RULES_RETRY_SECONDS, extra={"node": self._node})
             return
         log.info("evaluating %d node-local rules of the controller (version %s)",
                  len(edge.rules), edge.version, extra={"node": self._node})

@@ -38,6 +38,8 @@ class NodeRules:
 
     def evaluate(self, report: Report) -> Report:
         """``report`` trimmed, with this version and every finding firing after it."""
+        if report.takes_rules:  # as the controller judges a full report: every rule
+            report = msgspec.structs.replace(report, takes_rules=False)
         view = self._view
         view.report = report
         engine = self._engine
@@ -55,7 +57,7 @@ class NodeRules:
             else:
                 self._kept_at = now
         return msgspec.structs.replace(trim(report), rules_version=self.version,
-                                       findings=findings)
+                                       findings=findings, takes_rules=True)
 
 
 def _measure(value: float | None) -> float | None:

@@ -192,6 +192,8 @@ def controller_times(report: Report, now: float) -> Report:
     sample = report.sample_time_seconds
     moves = not 0.0 <= now - sample < MAX_REPORT_LAG_SECONDS
     events = report.events
+    if not moves and not events:
+        return report  # the common case
     oldest = now - MAX_EVENT_AGE_SECONDS
     if not moves and all(oldest <= e.time_seconds <= now for e in events) and (
             len(events) < 2 or len({e.id for e in events}) == len(events)):

@@ -116,8 +116,9 @@ class RuleEngine:
         ``now``: the time of the report's receipt, if the caller has it (else the clock
         is read).
 
-        A report whose agent evaluated the node-local rules (``rules_version`` set) gets
-        the other rules here, and its findings become transitions
+        A report whose agent evaluated the node-local rules (``rules_version`` set), or
+        will from its next sample on (the first of an agent that ``takes_rules``: the
+        reply carries the rules), gets the other rules here, and its findings become transitions
         (:class:`~sn_monitor.rules.edge.AgentFindings`). When a node turns to evaluating
         itself, what the controller's evaluators had firing for it is handed over, so a
         fault still firing on the agent opens nothing new and one gone resolves; when it
@@ -132,6 +133,13 @@ class RuleEngine:
             now = self._now()
         if report.rules_version:
             self._observe_remote(view, report, now, out)
+            return out
+        if report.takes_rules and report.sequence == 1:
+            # A starting agent evaluates the node-local rules from its next sample on (the
+            # reply carries them): the others only, and neither side's firing set moves.
+            # A later report without rules (their reply was lost, or refused) is judged
+            # on all of them.
+            self._observe_plan(self._remote_plan, view, report, now, out)
             return out
         node = view.name
         self._observe_all(view, report, now, out)
@@ -149,14 +157,19 @@ class RuleEngine:
                 handed.extend(f for f in evaluator.firing() if f.node == node)
                 evaluator.forget_node(node)
             agents.take(node, handed)
+        self._observe_plan(self._remote_plan, view, report, now, out)
+        agents.sync(node, report.findings, self._catalog.local, now, out)
+
+    @staticmethod
+    def _observe_plan(plan: list[tuple[AnyEvaluator, bool, bool, int]], view: NodeView,
+                      report: Report, now: Now, out: list[Finding]) -> None:
         events = bool(report.events)
-        for evaluator, scoped, events_only, _ in self._remote_plan:
+        for evaluator, scoped, events_only, _ in plan:
             if events_only and not events:
                 continue
             if scoped and not evaluator.applies(view):
                 continue
             evaluator.observe(view, now, out)
-        agents.sync(node, report.findings, self._catalog.local, now, out)
 
     def _observe_all(self, view: NodeView, report: Report, now: Now,
                      out: list[Finding]) -> None:

@@ -79,6 +79,7 @@ from sn_monitor.model import (
     NetReport,
     Report,
 )
+from sn_monitor.rules.series import Trim
 from sn_monitor.sim.gpu_model import H100_SXM, GpuProfile, SimulatedGpu, make_gpus
 from sn_monitor.sim.node import FAULTS, FaultError, SimulatedNode
 from sn_monitor.sim.node_tree import DEFAULT_IB_DEVICES, IB_COUNTER_FILES, IB_HW_COUNTER_FILES
@@ -512,8 +513,11 @@ class Fleet:
         takes = not self.options.full_reports
         self.bases = [msgspec.structs.replace(r, takes_rules=takes)
                       for r in base_reports(self.options.gpus, seed=self.options.seed)]
-        #: The tails of the pre-encoded reports, by rules version ("": full reports).
-        self.tails: dict[str, list[bytes]] = {"": [_tail(r) for r in self.bases]}
+        #: The tails of the pre-encoded reports by rules version ("": full reports): with
+        #: the values the controller's rules read, without them, and one report in how
+        #: many carries them (EdgeRules.keep_every).
+        whole = [_tail(r) for r in self.bases]
+        self.tails: dict[str, tuple[list[bytes], list[bytes], int]] = {"": (whole, whole, 1)}
         self.edge: dict[str, EdgeRules] = {}
         sample = msgspec.structs.replace(self.bases[0], interval_seconds=self.interval_field,
                                          labels={"x": "y"})
@@ -550,14 +554,17 @@ class Fleet:
         except ConfigError as err:
             self.stats.note(f"cannot take the node-local rules: {err}")
             return False
-        tails = []
-        for report in self.bases * 2:  # a healthy node fires none of them
-            trimmed = rules.evaluate(report)
-            if trimmed.findings:
-                raise RuntimeError(f"a healthy simulated node fires {trimmed.findings[0].rule}")
-            tails.append(_tail(trimmed))
+        for report in self.bases:  # a healthy node fires none of them
+            fired = rules.evaluate(report).findings
+            if fired:
+                raise RuntimeError(f"a healthy simulated node fires {fired[0].rule}")
+        head = {"rules_version": edge.version, "takes_rules": True}
+        values, bare = Trim(edge.keep), Trim(())
+        every = max(1, round(edge.keep_every / self.options.interval))
         self.edge[edge.version] = edge
-        self.tails[edge.version] = tails[:len(self.bases)]
+        self.tails[edge.version] = (
+            [_tail(msgspec.structs.replace(values(r), **head)) for r in self.bases],
+            [_tail(msgspec.structs.replace(bare(r), **head)) for r in self.bases], every)
         return True
 
     @property
@@ -565,7 +572,8 @@ class Fleet:
         return min(3600.0, self.options.interval)
 
     def fast_body(self, node: _Node, sequence: int, now: float) -> bytes:
-        tails = self.tails[node.rules_version]
+        values, bare, every = self.tails[node.rules_version]
+        tails = values if (node.index + sequence) % every == 0 else bare
         variant = (node.index + sequence) % len(tails)
         return b"".join((node.head, str(sequence).encode(), b',"sample_time_seconds":',
                          repr(now).encode(), self.mid, node.labels, tails[variant]))

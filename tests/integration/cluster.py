@@ -133,6 +133,17 @@ class Agent(Process):
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
 
+    def lost_its_port(self) -> bool:
+        """It exited because another process took its port between free_port() and bind."""
+        return not self.running and "Address already in use" in self.tail(3)
+
+    def rebind(self) -> None:
+        """Take another free port (the next start listens there)."""
+        at = self.argv.index("--listen") + 1
+        self.port = free_port()
+        self.argv[at] = f"127.0.0.1:{self.port}"
+        self.url = f"http://127.0.0.1:{self.port}"
+
     def fault(self, fault: str, gpu: int | None = None, **params: Any) -> dict[str, Any]:
         body: dict[str, Any] = {"fault": fault, **params}
         if gpu is not None:
@@ -313,7 +324,7 @@ class Cluster:
         for agent in self.agents.values():
             agent.start()
         for agent in self.agents.values():
-            self.wait_for(lambda a=agent: self._healthy(a), timeout,  # type: ignore[misc]
+            self.wait_for(lambda a=agent: self._started(a), timeout,  # type: ignore[misc]
                           f"agent {agent.name} healthy on {agent.url}")
         self.wait_reporting(list(self.agents), timeout)
         return self
@@ -355,6 +366,16 @@ class Cluster:
                                 verify=self.verify).status_code == 200
         except requests.RequestException:
             return False
+
+    def _started(self, agent: Agent, attempts: int = 3) -> bool:
+        """Healthy; an agent whose port was taken before it bound it starts on another."""
+        for _ in range(attempts):
+            if not agent.lost_its_port():
+                break
+            agent.rebind()
+            agent.start()
+            time.sleep(0.2)
+        return self._healthy(agent)
 
     def _healthy(self, proc: Process, path: str = "/healthz") -> bool:
         url = self.url_of(proc)

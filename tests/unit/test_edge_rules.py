@@ -356,3 +356,39 @@ def test_values_the_controller_reads_travel_every_few_seconds_and_are_kept_betwe
     with_values = [i for i, r in enumerate(sent) if r.gpus]
     assert with_values == [0, 5, 10]
     assert view.report.gpus[0].utilization_ratio == 0.6  # sent at second 10
+
+
+def test_a_first_report_of_an_agent_that_takes_rules_is_judged_on_the_others_only():
+    pair = Pair()
+    engine, view, clock = pair.split, pair.split_view, pair.clock
+    version = engine.edge_rules(view, "").version  # type: ignore[union-attr]
+    view.report = Report(node="n1", instance="a", sequence=1, sample_time_seconds=clock.time(),
+                         rules_version=version, findings=[EdgeFinding(
+                             rule="gpu-overheat", subject="gpu=0", gpu=0,
+                             observed_seconds=clock.time())])
+    assert keys(engine.observe(view)) == [("gpu-overheat", "gpu=0", "firing")]
+    # the agent restarts: its first report is full, hot, with an XID; it takes rules
+    from sn_monitor.model import EventRecord
+    xid = EventRecord(id=1, kind="xid", source="kmsg", time_seconds=clock.time(),
+                      message="Xid 79", gpu=0, code=79)
+    view.report = Report(node="n1", instance="b", sequence=1, sample_time_seconds=clock.time(),
+                         gpus=[gpu(0, 99, ecc=50)], events=[xid], takes_rules=True)
+    assert keys(engine.observe(view)) == [("xid", "gpu=0", "firing")]  # events still judged
+    # the agent's open finding stays open, and its next report (with rules) keeps it
+    view.report = Report(node="n1", instance="b", sequence=2, sample_time_seconds=clock.time(),
+                         rules_version=version, findings=[EdgeFinding(
+                             rule="gpu-overheat", subject="gpu=0", gpu=0,
+                             observed_seconds=clock.time())])
+    assert engine.observe(view) == []
+
+
+def test_a_later_report_without_rules_is_judged_on_all_of_them():
+    pair = Pair(labels={"rack": "b"})
+    engine, view, clock = pair.split, pair.split_view, pair.clock
+    view.report = Report(node="n1", instance="a", sequence=1, sample_time_seconds=clock.time(),
+                         gpus=[gpu(0, 60, power=650)], takes_rules=True)
+    assert engine.observe(view) == []  # the first: the agent judges from its next sample
+    # the reply with the rules was lost: the next report is judged here, all of it
+    view.report = Report(node="n1", instance="a", sequence=2, sample_time_seconds=clock.time(),
+                         gpus=[gpu(0, 60, power=650)], takes_rules=True)
+    assert keys(engine.observe(view)) == [("only-rack-b", "gpu=0", "firing")]

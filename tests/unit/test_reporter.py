@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from sn_monitor.agent.reporter import REPORTS_PATH, Reporter
+from sn_monitor.agent.reporter import REPORTS_PATH, RULES_RETRY_SECONDS, Reporter
 from sn_monitor.agent.snapshot import GpuSample, NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import ManualClock
@@ -600,6 +600,11 @@ def test_rules_the_agent_cannot_take_leave_the_reports_full_and_are_logged_once(
         reporter.report(snapshot(clock))
     reporter.report(snapshot(clock))
     assert [r.rules_version for r in controller.reports()] == ["", "", "", ""]
+    # after the refusal it leaves every rule to the controller, until it asks again
+    assert [r.takes_rules for r in controller.reports()] == [True, False, False, False]
+    clock.advance(RULES_RETRY_SECONDS)
+    reporter.report(snapshot(clock))
+    assert controller.reports()[-1].takes_rules
     assert all(r.gpus[0].uuid == "GPU-0" for r in controller.reports())
     logged = [r for r in caplog.records if "node-local rules" in r.getMessage()]
     assert len(logged) == 1

@@ -238,3 +238,31 @@ def test_node_lost_and_back_and_network_faults():
     assert all(g.utilization_ratio == 0.2 for g in msgspec.json.decode(body, type=Report).gpus)
     fleet.apply(fleet.plan[4], 1.0)
     assert not fleet.nodes[0].lost
+
+
+def test_with_the_controller_s_node_local_rules_reports_are_trimmed_and_carry_values_at_times():
+    from sn_monitor.model import EdgeRules
+    from sn_monitor.rules.edge import EdgeCatalog
+    from sn_monitor.rules.spec import load_rules, packaged_rules
+    from sn_monitor.rules.view import NodeView
+
+    fleet = _fleet(nodes=4, scenario=_parse(
+        "kind: Scenario\nfaults:\n  - {at: 0s, node: 1, gpu: 2, fault: row-remap-failure}\n"))
+    edge = EdgeCatalog(load_rules([packaged_rules()])).for_node(NodeView(name="x"))
+    assert edge.keep_every == 5.0
+    assert fleet._take_rules(msgspec.json.decode(msgspec.json.encode(edge), type=EdgeRules))
+    node = fleet.nodes[1]
+    node.rules_version = edge.version
+    sent = [msgspec.json.decode(fleet.fast_body(node, s, 100.0 + s), type=Report)
+            for s in range(1, 11)]
+    assert all(r.rules_version == edge.version and r.takes_rules for r in sent)
+    assert all(r.findings == [] and r.infiniband == [] and r.network == [] for r in sent)
+    assert [s for s, r in zip(range(1, 11), sent, strict=True) if r.gpus] == [4, 9]
+    assert {g.utilization_ratio is not None and g.temperature_celsius is None
+            for g in sent[3].gpus} == {True}
+    # a node with a fault evaluates the rules on its full values
+    fleet.apply(fleet.plan[0], 0.0)
+    body, _, _ = fleet.slow_body(node, 11, 111.0, 1.0)
+    report = msgspec.json.decode(body, type=Report)
+    assert report.rules_version == edge.version
+    assert ("row-remap-failed", "gpu=2") in {(f.rule, f.subject) for f in report.findings}
