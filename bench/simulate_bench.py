@@ -38,6 +38,11 @@ What is measured, per level:
   thread was runnable but waiting for core 0 (/proc/PID/schedstat): other tenants on
   the core, or the controller's own other threads. CPU % (the whole process, pinned to
   one core) near 100 means the core was the limit.
+- **floor**: after each level, :mod:`bench.floor_server` (a bare HTTP responder that
+  reads nothing but Content-Length) on the same core under the same simulate load, CPU
+  over the same kind of window. The machine's speed moves from hour to hour (the floor
+  at 8,192 reports/s has been 14 % and 24 % of the core on one day); the controller's
+  CPU beside it says how much is the controller's own. ``--no-floor`` skips it.
 
 simulate runs with ``--jitter 0`` unless told otherwise: a real agent reports on a fixed
 interval (its reporter jitters only its back-off), and with simulate's default jitter of
@@ -76,6 +81,7 @@ from bench.common import (
     add_output_args,
     finish,
     fmt,
+    free_port,
     loadavg_text,
     pct,
     proc_cpu_seconds,
@@ -107,6 +113,8 @@ HELD_SHARE = 0.98
 DETECTION_SLACK_S = 0.1
 #: Seconds after simulate starts sending before the CPU window opens.
 WARMUP_S = 2.5
+#: Seconds of the floor measurement (a bare responder under the same load) per level.
+FLOOR_SECONDS = 12.0
 
 
 def scenario_text(nodes: int, duration: float) -> tuple[str, list[dict[str, Any]]]:
@@ -232,6 +240,40 @@ def run_level(tmp: Path, nodes: int, duration: float, jitter: float,
     return out
 
 
+def floor_cpu(nodes: int, interval: float, jitter: float, core: int | None,
+              sim_core: int | None, program: Sequence[str], full_reports: bool,
+              seconds: float = FLOOR_SECONDS) -> float:
+    """CPU % of :mod:`bench.floor_server` under the same simulate load, on the same core."""
+    port = free_port()
+    pin = ["taskset", "-c", str(core)] if core is not None else []
+    server = subprocess.Popen([*pin, sys.executable, "-m", "bench.floor_server", str(port)],
+                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    sim: subprocess.Popen[bytes] | None = None
+    try:
+        assert server.stdout is not None
+        if server.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"the floor server did not start (exit {server.poll()})")
+        sim_pin = ["taskset", "-c", str(sim_core)] if sim_core is not None else []
+        sim = subprocess.Popen(
+            [*sim_pin, *program, "simulate", "--controller", f"http://127.0.0.1:{port}",
+             "--nodes", str(nodes), "--interval", f"{interval:g}s", "--duration",
+             f"{seconds:g}s", "--jitter", f"{jitter:g}", "--log-level", "warning",
+             *(["--full-reports"] if full_reports else [])],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        time.sleep(WARMUP_S + 1.0)
+        t0, cpu0 = time.monotonic(), proc_cpu_seconds(server.pid)
+        time.sleep(max(1.0, seconds - WARMUP_S - 2.0))
+        t1, cpu1 = time.monotonic(), proc_cpu_seconds(server.pid)
+        if cpu0 is None or cpu1 is None:
+            raise RuntimeError("the floor server's CPU could not be read")
+        return 100 * (cpu1 - cpu0) / (t1 - t0)
+    finally:
+        for proc in (sim, server):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
 def held(level: dict[str, Any]) -> bool | None:
     s = level.get("simulate")
     if not s:
@@ -258,7 +300,7 @@ def render(results: dict[str, Any]) -> str:
     head = (f"{'nodes':>6} {'due/s':>7} {'acc/s':>7} {'refused':>7} {'failed':>6} "
             f"{'notsent':>7} {'cli p50':>7} {'cli p99':>7} {'ing p99':>7} "
             f"{'det p50':>7} {'det p99':>7} {'det max':>7} {'(n)':>5} {'hist99':>6} "
-            f"{'CPU %':>6} {'wait%':>5} {'RSS MB':>7} {'held?':>5}")
+            f"{'CPU %':>6} {'floor':>5} {'wait%':>5} {'RSS MB':>7} {'held?':>5}")
     out += [head, f"{'':>6} {'':>7} {'':>7} {'':>7} {'':>6} {'':>7} {'ms':>7} {'ms':>7} "
                   f"{'ms':>7} {'s':>7} {'s':>7} {'s':>7} {'':>5} {'s':>6}"]
     for level in results["levels"]:
@@ -279,6 +321,7 @@ def render(results: dict[str, Any]) -> str:
             f"{fmt(det['p50'], 3):>7} {fmt(det['p99'], 3):>7} {fmt(det['max'], 3):>7} "
             f"{det['n']:>5} {fmt(h.get('p99_ms', math.nan) / 1000, 2):>6} "
             f"{fmt(level['controller_cpu_percent'], 0):>6} "
+            f"{fmt(level.get('floor_cpu_percent', math.nan), 0):>5} "
             f"{fmt(level['loop_waiting_percent'], 0):>5} {fmt(level['rss_mb_end'], 0):>7} "
             f"{'yes' if ok else 'NO':>5}")
     out.append("")
@@ -313,6 +356,8 @@ def problems(results: dict[str, Any]) -> list[str]:
             continue
         if not level["simulate"]["accepted"]:
             out.append(f"{name}: the controller accepted no report")
+        if "floor_error" in level:
+            out.append(f"{name}: the floor could not be measured: {level['floor_error']}")
         if level["faults"] and not level["detection_s"]["n"]:
             out.append(f"{name}: none of the {level['faults']} injected faults was detected: "
                        "no detection latency to measure")
@@ -330,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jitter", type=float, default=0.0,
                         help="simulate --jitter (default 0: fixed interval, as an agent)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin with taskset")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="skip the floor: a bare responder's CPU under the same load")
     parser.add_argument("--full-reports", action="store_true",
                         help="simulate --full-reports: every report full, every rule judged "
                              "by the controller (agents before node-local rules)")
@@ -370,6 +417,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             except Exception as err:  # noqa: BLE001 - one level failing must not hide the rest
                 level = {"nodes": nodes, "error": f"{type(err).__name__}: {err}"}
             level["bench_cpu_s"] = (proc_cpu_seconds(os.getpid()) or 0.0) - (cpu0 or 0.0)
+            if "error" not in level and not args.no_floor:
+                try:
+                    level["floor_cpu_percent"] = floor_cpu(
+                        nodes, args.interval, args.jitter, controller_core, sim_core,
+                        program, args.full_reports,
+                        seconds=6.0 if args.quick else FLOOR_SECONDS)
+                except (RuntimeError, OSError) as err:
+                    level["floor_error"] = f"{type(err).__name__}: {err}"
             level["held"] = held(level)
             results["levels"].append(level)
     results["meta"]["loadavg_end"] = loadavg_text()
