@@ -44,20 +44,22 @@ import random
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import requests
 
 from sn_monitor import __version__
 from sn_monitor.agent.report import build_report
-from sn_monitor.agent.rules import NodeRules
 from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import Clock
 from sn_monitor.config import ConfigError
 from sn_monitor.model import MAX_EVENTS, Command, CommandResult, EdgeRules, Event, EventRecord
 from sn_monitor.transport import is_standby, parse_retry_after, redact_url
+
+if TYPE_CHECKING:
+    from sn_monitor.agent.rules import NodeRules
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +164,7 @@ class Reporter:
         self._logged: set[str] = set()
         self._highest_sent = -1
         #: The node-local rules this agent evaluates (None: the controller evaluates all).
-        self.rules: NodeRules | None = None
+        self.rules: NodeRules | None = None  # imported with the first rules (2.5 MB)
         self._refused_rules: str | None = None
         #: After rules it could not take, the agent sends full reports for the controller
         #: to evaluate until this monotonic time, then asks again.
@@ -384,6 +386,8 @@ class Reporter:
 
     def _take_rules(self, raw: msgspec.Raw) -> None:
         """Evaluate the node-local rules of ``raw`` from the next sample on, if this can."""
+        from sn_monitor.agent.rules import NodeRules  # the rule engine: only once needed
+
         try:
             edge = msgspec.json.decode(raw, type=EdgeRules)
             if edge.version == self._refused_rules:
