@@ -158,7 +158,11 @@ class RuleEngine:
                 evaluator.forget_node(node)
             agents.take(node, handed)
         self._observe_plan(self._remote_plan, view, report, now, out)
-        agents.sync(node, report.findings, self._catalog.local, now, out)
+        if report.rules_version == self._catalog.for_node(view).version:
+            agents.sync(node, report.findings, self._catalog.local, now, out)
+        # else its agent judged by rules since changed (a reload, new labels): what it
+        # found means nothing under the new ones, and what it had stays as it was until
+        # its next report, judged by the rules this reply carries
 
     @staticmethod
     def _observe_plan(plan: list[tuple[AnyEvaluator, bool, bool, int]], view: NodeView,

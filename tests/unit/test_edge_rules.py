@@ -300,11 +300,33 @@ def test_what_an_older_agent_never_finds_again_resolves_after_a_while():
 def test_a_finding_for_a_rule_the_controller_does_not_have_is_not_taken():
     pair = Pair()
     engine, view, clock = pair.split, pair.split_view, pair.clock
+    version = engine.edge_rules(view, "").version  # type: ignore[union-attr]
     view.report = Report(node="n1", instance="b", sequence=1, sample_time_seconds=clock.time(),
-                         rules_version="0123456789abcdef", findings=[
+                         rules_version=version, findings=[
                              EdgeFinding(rule="gone", observed_seconds=clock.time()),
                              EdgeFinding(rule="xid", observed_seconds=clock.time())])
     assert engine.observe(view) == []  # neither unknown nor a kind the controller evaluates
+
+
+def test_findings_by_rules_since_changed_wait_for_the_agent_s_next_report():
+    pair = Pair()
+    engine, view, clock = pair.split, pair.split_view, pair.clock
+    old = engine.edge_rules(view, "").version  # type: ignore[union-attr]
+    hot = EdgeFinding(rule="gpu-overheat", subject="gpu=0", observed_seconds=clock.time())
+    view.report = Report(node="n1", instance="b", sequence=1, sample_time_seconds=clock.time(),
+                         rules_version=old, findings=[hot])
+    assert keys(engine.observe(view)) == [("gpu-overheat", "gpu=0", "firing")]
+    engine.reload(rules(RULES.replace("min_delta: 5", "min_delta: 6")))  # another rule
+    new = engine.edge_rules(view, old).version  # type: ignore[union-attr]
+    assert new != old
+    # a report judged by the old rules: neither what it found nor what it no longer finds
+    view.report = Report(node="n1", instance="b", sequence=2, sample_time_seconds=clock.time(),
+                         rules_version=old, findings=[EdgeFinding(
+                             rule="ecc", subject="gpu=1", observed_seconds=clock.time())])
+    assert engine.observe(view) == []
+    view.report = Report(node="n1", instance="b", sequence=3, sample_time_seconds=clock.time(),
+                         rules_version=new, findings=[hot])
+    assert engine.observe(view) == []  # still the same fault, still open once
 
 
 def test_reloading_a_changed_rule_resolves_what_the_agents_had_firing_for_it():
