@@ -390,21 +390,28 @@ class Reporter:
 
         try:
             edge = msgspec.json.decode(raw, type=EdgeRules)
-            if edge.version == self._refused_rules:
-                self._full_until = self._clock.monotonic() + RULES_RETRY_SECONDS
-                return
-            self.rules = NodeRules(edge, self._node, self._labels, self._clock)
-        except (msgspec.DecodeError, ConfigError) as err:
-            version = getattr(locals().get("edge"), "version", None)
-            self._refused_rules = version
-            self.rules = None
+        except msgspec.DecodeError as err:
+            self._refuse_rules(None, str(err))
+            return
+        if edge.version == self._refused_rules:
             self._full_until = self._clock.monotonic() + RULES_RETRY_SECONDS
-            log.error("cannot evaluate the controller's node-local rules (%s); sending full "
-                      "reports for the controller to evaluate, asking again in %.0f s", err,
-                      RULES_RETRY_SECONDS, extra={"node": self._node})
+            return
+        try:
+            self.rules = NodeRules(edge, self._node, self._labels, self._clock)
+        except ConfigError as err:
+            self._refuse_rules(edge.version, str(err))
             return
         log.info("evaluating %d node-local rules of the controller (version %s)",
                  len(edge.rules), edge.version, extra={"node": self._node})
+
+    def _refuse_rules(self, version: str | None, why: str) -> None:
+        """Leave every rule to the controller (full reports) for a while; log it once."""
+        self._refused_rules = version
+        self.rules = None
+        self._full_until = self._clock.monotonic() + RULES_RETRY_SECONDS
+        log.error("cannot evaluate the controller's node-local rules (%s); sending full "
+                  "reports for the controller to evaluate, asking again in %.0f s", why,
+                  RULES_RETRY_SECONDS, extra={"node": self._node})
 
     def _commands(self, raw: Sequence[msgspec.Raw]) -> list[Command]:
         commands: list[Command] = []

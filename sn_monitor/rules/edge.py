@@ -237,7 +237,8 @@ class AgentFindings:
 
 
 def _resolved(f: Finding, why: str, now: Now) -> Finding:
+    """``f`` resolved now, saying ``why``."""
+    where = f"{f.node} {f.subject}" if f.subject else f.node
     return dataclasses.replace(f, status="resolved", value=None,
-                               message=f"{f.rule} on {f.node} {f.subject or ''} resolved: "
-                                       f"{why}".replace("  ", " "),
+                               message=f"{f.rule} on {where} resolved: {why}",
                                observed_wall=now.wall, detected_wall=now.wall)
