@@ -18,7 +18,10 @@ of ``--nodes`` reports, divided by the number of reports:
 
 - ``ingest``: ``Controller.ingest`` (decode, registry, rules, reply);
 - ``decode``: :func:`~sn_monitor.controller.ingest.decode_report` alone;
-- ``rules``: ``RuleEngine.observe`` alone, on views whose report changes every round.
+- ``rules``: ``RuleEngine.observe`` alone, on views whose report changes every round;
+- ``trimmed``: ``Controller.ingest`` of the reports an agent sends once it evaluates the
+  controller's node-local rules itself (``sn_monitor/rules/edge.py``): no values but the
+  ones peers rules read, every fifth report, and no findings (a healthy fleet).
 
 The figure of a repetition is the median of its rounds; the result is the median of the
 repetitions. Nothing fails on a figure; the exit status is 1 when the measurement
@@ -43,7 +46,7 @@ from typing import Any
 import msgspec
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ("ingest", "decode", "rules")
+PARTS = ("ingest", "decode", "rules", "trimmed")
 
 
 def _bodies(nodes: int) -> list[list[bytes]]:
@@ -62,6 +65,30 @@ def _bodies(nodes: int) -> list[list[bytes]]:
             head, tail = full.split(b'"sequence":0,"sample_time_seconds":0.0', 1)
             per_node.append(head + b'"sequence":%d,"sample_time_seconds":%r' + tail)
         out.append(per_node)
+    return out
+
+
+def _trimmed_bodies(nodes: int, rules: list[Any]) -> tuple[list[list[bytes]], list[list[bytes]]]:
+    """Per variant, per node: trimmed bodies with the values peers read, and without."""
+    from sn_monitor.rules.edge import EdgeCatalog
+    from sn_monitor.rules.series import Trim
+    from sn_monitor.rules.view import NodeView
+    from sn_monitor.sim.fleet import base_reports, node_labels, node_name
+
+    edge = EdgeCatalog(rules).for_node(NodeView(name="x"))
+    encoder = msgspec.json.Encoder()
+    out: tuple[list[list[bytes]], list[list[bytes]]] = ([], [])
+    for trim, sink in ((Trim(edge.keep), out[0]), (Trim(()), out[1])):
+        for report in base_reports(8):
+            per_node = []
+            for i in range(nodes):
+                full = encoder.encode(msgspec.structs.replace(
+                    trim(report), node=node_name(i, nodes), instance="bench", sequence=0,
+                    sample_time_seconds=0.0, labels=node_labels(i),
+                    rules_version=edge.version, takes_rules=True))
+                head, tail = full.split(b'"sequence":0,"sample_time_seconds":0.0', 1)
+                per_node.append(head + b'"sequence":%d,"sample_time_seconds":%r' + tail)
+            sink.append(per_node)
     return out
 
 
@@ -114,6 +141,19 @@ def measure(nodes: int, rounds: int, interval: float) -> dict[str, float]:
             for i in range(nodes):  # register every node (a store write each): not timed
                 controller.ingest(body(i, 0), OPEN_ACCESS, "127.0.0.1")
             out["ingest"] = timed(lambda b: controller.ingest(b, OPEN_ACCESS, "127.0.0.1"))
+            with_values, bare = _trimmed_bodies(nodes, rules)
+            per_round = []
+            for r in range(1 + rounds):  # the first round hands each node over: not timed
+                sequence += 1
+                clock.advance(interval)
+                batch = [(with_values if (i + r) % 5 == 0 else bare)[(i + r) % variants][i]
+                         % (sequence, clock.time()) for i in range(nodes)]
+                t0 = time.process_time_ns()
+                for b in batch:
+                    controller.ingest(b, OPEN_ACCESS, "127.0.0.1")
+                if r:
+                    per_round.append((time.process_time_ns() - t0) / 1e3 / nodes)
+            out["trimmed"] = statistics.median(per_round)
         finally:
             controller.close()
             store.close()
@@ -156,11 +196,11 @@ def _compare(args: argparse.Namespace, results: dict[str, Any]) -> None:
     for k in range(args.repeat):
         base.append(_child(args, str(Path(args.compare).resolve())))
         new.append(_child(args, str(REPO)))
-        print(f"rep {k + 1}: base " + " ".join(f"{p} {base[-1][p]:.1f}" for p in PARTS)
-              + " | new " + " ".join(f"{p} {new[-1][p]:.1f}" for p in PARTS), flush=True)
+        print(f"rep {k + 1}: base " + " ".join(f"{p} {v:.1f}" for p, v in base[-1].items())
+              + " | new " + " ".join(f"{p} {v:.1f}" for p, v in new[-1].items()), flush=True)
     print(f"\nper-report CPU us, median of {args.repeat} alternating runs "
           f"({args.nodes} nodes x {args.rounds} rounds each):")
-    for p in PARTS:
+    for p in [p for p in PARTS if p in base[0]]:  # an older checkout measures fewer
         b = statistics.median(r[p] for r in base)
         n = statistics.median(r[p] for r in new)
         ratios = sorted(y[p] / x[p] for x, y in zip(base, new, strict=True))
