@@ -110,6 +110,20 @@ class Pair:
                 self.split.sweep({"n1": self.split_view}))
 
 
+def found(clock: ManualClock, rule: str, subject: str = "", gpu: int | None = None
+          ) -> EdgeFinding:
+    """A finding an agent reports firing, first seen now."""
+    return EdgeFinding(rule=rule, subject=subject, gpu=gpu, observed_seconds=clock.time())
+
+
+def sent(clock: ManualClock, sequence: int, version: str, *findings: EdgeFinding,
+         instance: str = "b") -> Report:
+    """A trimmed report of node n1 whose agent judged by ``version`` and finds ``findings``."""
+    return Report(node="n1", instance=instance, sequence=sequence,
+                  sample_time_seconds=clock.time(), rules_version=version,
+                  findings=list(findings))
+
+
 def keys(findings: list[Finding]) -> list[tuple[str, str, str]]:
     return sorted((f.rule, f.subject, f.status) for f in findings)
 
@@ -245,13 +259,11 @@ def test_a_node_that_turns_to_evaluating_itself_keeps_its_open_fault_open_once()
     finding = EdgeFinding(rule="gpu-overheat", subject="gpu=0", gpu=0,
                           observed_seconds=clock.time() - 6)
     # upgraded: it reports the same fault firing: nothing new
-    view.report = Report(node="n1", instance="b", sequence=1, sample_time_seconds=clock.time(),
-                         rules_version=version, findings=[finding])
+    view.report = sent(clock, 1, version, finding)
     assert engine.observe(view) == []
     assert keys(engine.firing()) == [("gpu-overheat", "gpu=0", "firing")]
     # and when it no longer does, the controller resolves it
-    view.report = Report(node="n1", instance="b", sequence=2, sample_time_seconds=clock.time(),
-                         rules_version=version)
+    view.report = sent(clock, 2, version)
     assert keys(engine.observe(view)) == [("gpu-overheat", "gpu=0", "resolved")]
     assert engine.firing() == []
 
@@ -262,8 +274,7 @@ def test_a_node_that_turns_back_to_full_reports_is_not_opened_twice():
     version = engine.edge_rules(view, "").version  # type: ignore[union-attr]
     finding = EdgeFinding(rule="gpu-overheat", subject="gpu=0", gpu=0,
                           observed_seconds=clock.time())
-    view.report = Report(node="n1", instance="b", sequence=1, sample_time_seconds=clock.time(),
-                         rules_version=version, findings=[finding])
+    view.report = sent(clock, 1, version, finding)
     assert keys(engine.observe(view)) == [("gpu-overheat", "gpu=0", "firing")]
     # the agent restarts (its first report is full): the fault is still there
     out: list[Finding] = []
@@ -283,9 +294,7 @@ def test_what_an_older_agent_never_finds_again_resolves_after_a_while():
     pair = Pair()
     engine, view, clock = pair.split, pair.split_view, pair.clock
     version = engine.edge_rules(view, "").version  # type: ignore[union-attr]
-    view.report = Report(node="n1", instance="b", sequence=1, sample_time_seconds=clock.time(),
-                         rules_version=version, findings=[EdgeFinding(
-                             rule="ecc", subject="gpu=2", gpu=2, observed_seconds=clock.time())])
+    view.report = sent(clock, 1, version, found(clock, "ecc", "gpu=2", gpu=2))
     assert keys(engine.observe(view)) == [("ecc", "gpu=2", "firing")]
     out: list[Finding] = []
     for s in range(400):
@@ -301,10 +310,7 @@ def test_a_finding_for_a_rule_the_controller_does_not_have_is_not_taken():
     pair = Pair()
     engine, view, clock = pair.split, pair.split_view, pair.clock
     version = engine.edge_rules(view, "").version  # type: ignore[union-attr]
-    view.report = Report(node="n1", instance="b", sequence=1, sample_time_seconds=clock.time(),
-                         rules_version=version, findings=[
-                             EdgeFinding(rule="gone", observed_seconds=clock.time()),
-                             EdgeFinding(rule="xid", observed_seconds=clock.time())])
+    view.report = sent(clock, 1, version, found(clock, "gone"), found(clock, "xid"))
     assert engine.observe(view) == []  # neither unknown nor a kind the controller evaluates
 
 
@@ -312,20 +318,16 @@ def test_findings_by_rules_since_changed_wait_for_the_agent_s_next_report():
     pair = Pair()
     engine, view, clock = pair.split, pair.split_view, pair.clock
     old = engine.edge_rules(view, "").version  # type: ignore[union-attr]
-    hot = EdgeFinding(rule="gpu-overheat", subject="gpu=0", observed_seconds=clock.time())
-    view.report = Report(node="n1", instance="b", sequence=1, sample_time_seconds=clock.time(),
-                         rules_version=old, findings=[hot])
+    hot = found(clock, "gpu-overheat", "gpu=0")
+    view.report = sent(clock, 1, old, hot)
     assert keys(engine.observe(view)) == [("gpu-overheat", "gpu=0", "firing")]
     engine.reload(rules(RULES.replace("min_delta: 5", "min_delta: 6")))  # another rule
     new = engine.edge_rules(view, old).version  # type: ignore[union-attr]
     assert new != old
     # a report judged by the old rules: neither what it found nor what it no longer finds
-    view.report = Report(node="n1", instance="b", sequence=2, sample_time_seconds=clock.time(),
-                         rules_version=old, findings=[EdgeFinding(
-                             rule="ecc", subject="gpu=1", observed_seconds=clock.time())])
+    view.report = sent(clock, 2, old, found(clock, "ecc", "gpu=1"))
     assert engine.observe(view) == []
-    view.report = Report(node="n1", instance="b", sequence=3, sample_time_seconds=clock.time(),
-                         rules_version=new, findings=[hot])
+    view.report = sent(clock, 3, new, hot)
     assert engine.observe(view) == []  # still the same fault, still open once
 
 
@@ -333,12 +335,8 @@ def test_reloading_a_changed_rule_resolves_what_the_agents_had_firing_for_it():
     pair = Pair()
     engine, view, clock = pair.split, pair.split_view, pair.clock
     version = engine.edge_rules(view, "").version  # type: ignore[union-attr]
-    view.report = Report(node="n1", instance="b", sequence=1, sample_time_seconds=clock.time(),
-                         rules_version=version, findings=[
-                             EdgeFinding(rule="gpu-overheat", subject="gpu=0",
-                                         observed_seconds=clock.time()),
-                             EdgeFinding(rule="ecc", subject="gpu=1",
-                                         observed_seconds=clock.time())])
+    view.report = sent(clock, 1, version, found(clock, "gpu-overheat", "gpu=0"),
+                       found(clock, "ecc", "gpu=1"))
     assert len(engine.observe(view)) == 2
     changed = RULES.replace("above: 85", "above: 87").replace(
         "actions: [alert, evict]", "actions: [alert]")
@@ -384,10 +382,8 @@ def test_a_first_report_of_an_agent_that_takes_rules_is_judged_on_the_others_onl
     pair = Pair()
     engine, view, clock = pair.split, pair.split_view, pair.clock
     version = engine.edge_rules(view, "").version  # type: ignore[union-attr]
-    view.report = Report(node="n1", instance="a", sequence=1, sample_time_seconds=clock.time(),
-                         rules_version=version, findings=[EdgeFinding(
-                             rule="gpu-overheat", subject="gpu=0", gpu=0,
-                             observed_seconds=clock.time())])
+    view.report = sent(clock, 1, version, found(clock, "gpu-overheat", "gpu=0", gpu=0),
+                       instance="a")
     assert keys(engine.observe(view)) == [("gpu-overheat", "gpu=0", "firing")]
     # the agent restarts: its first report is full, hot, with an XID; it takes rules
     from sn_monitor.model import EventRecord
@@ -397,10 +393,7 @@ def test_a_first_report_of_an_agent_that_takes_rules_is_judged_on_the_others_onl
                          gpus=[gpu(0, 99, ecc=50)], events=[xid], takes_rules=True)
     assert keys(engine.observe(view)) == [("xid", "gpu=0", "firing")]  # events still judged
     # the agent's open finding stays open, and its next report (with rules) keeps it
-    view.report = Report(node="n1", instance="b", sequence=2, sample_time_seconds=clock.time(),
-                         rules_version=version, findings=[EdgeFinding(
-                             rule="gpu-overheat", subject="gpu=0", gpu=0,
-                             observed_seconds=clock.time())])
+    view.report = sent(clock, 2, version, found(clock, "gpu-overheat", "gpu=0", gpu=0))
     assert engine.observe(view) == []
 
 

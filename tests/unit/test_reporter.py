@@ -572,7 +572,6 @@ def test_rules_in_a_reply_are_evaluated_on_the_next_samples_and_reports_are_trim
         controller, tmp_path):
     clock = ManualClock()
     reporter = make_reporter(controller.url, tmp_path, clock)
-    report = msgspec.json.decode
     controller.script.append((200, {"sequence": 1, "edge_rules": HOT_RULES}, {}))
     reporter.report(snapshot(clock))
     reporter.report(snapshot(clock, xid(1)))
@@ -585,7 +584,21 @@ def test_rules_in_a_reply_are_evaluated_on_the_next_samples_and_reports_are_trim
     assert [(f.rule, f.subject, f.gpu, f.value) for f in second.findings] == [
         ("gpu-overheat", "gpu=0", 0, 70.0)]
     assert [e.message for e in second.events] == ["Xid 13 #1"]  # events still travel
-    assert report(controller.requests[1][2])["labels"] == {"supernode": "sn0"}
+    assert msgspec.json.decode(controller.requests[1][2])["labels"] == {"supernode": "sn0"}
+    reporter.close()
+
+
+def test_rules_that_are_not_rules_leave_the_reports_full(controller, tmp_path, caplog):
+    clock = ManualClock()
+    reporter = make_reporter(controller.url, tmp_path, clock)
+    controller.script.append((200, {"sequence": 1, "edge_rules": {"version": 5}}, {}))
+    reporter.report(snapshot(clock))
+    reporter.report(snapshot(clock))
+    assert reporter.rules is None
+    assert [(r.takes_rules, r.rules_version) for r in controller.reports()] == [
+        (True, ""), (False, "")]
+    assert reporter.failures_total == 0  # the reply's acknowledgement still counted
+    assert any("node-local rules" in r.getMessage() for r in caplog.records)
     reporter.close()
 
 
