@@ -6,6 +6,10 @@ simulate load as the controller, its CPU is what the reads, the writes and the e
 loop cost on this machine at that moment (simulate_bench's "floor"): the machine's
 speed varies from hour to hour, and the controller's CPU beside it tells how much is
 the controller's own.
+
+It takes reports' streams (:mod:`sn_monitor.report_stream`) too: it switches protocols
+when asked, reads the frames, and answers those that ask (ACK) with the least answer
+simulate reads (who it answers, how many reports since the last answer).
 """
 
 from __future__ import annotations
@@ -14,20 +18,49 @@ import asyncio
 import sys
 from typing import cast
 
+import msgspec
 import uvloop
 
+from sn_monitor.report_stream import ACK, FrameReader, frame
+
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+SWITCHING = (b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\n"
+             b"upgrade: sn-reports/1\r\n\r\n")
+
+
+class _Head(msgspec.Struct):
+    node: str = ""
+    sequence: int = -1
+
+
+class _Answer(msgspec.Struct, omit_defaults=True):
+    accepted: int
+    node: str
+    sequence: int
+    reply: dict[str, int]
 
 
 class Responder(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.buffer = b""
+        self.stream: FrameReader | None = None
+        self.accepted = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        if self.stream is not None:
+            self._frames(data)
+            return
+        if data.startswith(b"GET "):  # the reports' stream: the upgrade asked, no body
+            end = data.find(b"\r\n\r\n")
+            self.transport.write(SWITCHING)
+            self.stream = FrameReader(1 << 26)
+            self._frames(data[end + 4:])
+            return
         buffer = self.buffer + data
         while (end := buffer.find(b"\r\n\r\n")) >= 0:
             at = buffer.lower().find(b"content-length:", 0, end)
@@ -38,6 +71,24 @@ class Responder(asyncio.Protocol):
             assert self.transport is not None
             self.transport.write(ANSWER)
         self.buffer = buffer
+
+    def _frames(self, data: bytes) -> None:
+        assert self.stream is not None
+        assert self.transport is not None
+        answers = []
+        for flags, payload in self.stream.feed(data):
+            self.accepted += 1
+            if flags & ACK:
+                head = decode_head(payload)
+                answers.append(frame(encode(_Answer(self.accepted, head.node, head.sequence,
+                                                    {"sequence": head.sequence}))))
+                self.accepted = 0
+        if answers:
+            self.transport.write(b"".join(answers))
+
+
+decode_head = msgspec.json.Decoder(_Head).decode
+encode = msgspec.json.Encoder().encode
 
 
 async def serve(port: int) -> None:

@@ -14,8 +14,12 @@ hold, so the incident opens on the first report that carries the event.
 
 simulate's nodes take the controller's node-local rules, as agents do: their first
 report is full, the rest are trimmed, with the findings their nodes evaluated
-(``sn_monitor/rules/edge.py``). ``--full-reports`` measures agents of an earlier version,
-whose every report is full and judged on every rule by the controller.
+(``sn_monitor/rules/edge.py``). Each of simulate's connections is a reports' stream
+(``sn_monitor/report_stream.py``), as an agent's is: the controller answers a report only
+when it asks (a node's first, one with events, one every 5 s) or when the answer carries
+something. ``--full-reports`` measures agents of an earlier version, whose every report is
+full and judged on every rule by the controller; ``--post-reports`` agents that post every
+report and read every answer.
 
 What is measured, per level:
 
@@ -146,7 +150,7 @@ def _at(samples: list[tuple[float, float, int]], t: float) -> tuple[float, float
 def run_level(tmp: Path, nodes: int, duration: float, jitter: float,
               controller_core: int | None, sim_core: int | None,
               program: Sequence[str] | None = None,
-              interval: float = INTERVAL_S, full_reports: bool = False) -> dict[str, Any]:
+              interval: float = INTERVAL_S, agents: Sequence[str] = ()) -> dict[str, Any]:
     level_dir = tmp / f"n{nodes}"
     program = list(program) if program else sn_monitor_command()
     controller = ControllerProcess(tmp, f"n{nodes}", controller_core, program)
@@ -164,8 +168,7 @@ def run_level(tmp: Path, nodes: int, duration: float, jitter: float,
                    f"http://127.0.0.1:{controller.port}", "--nodes", str(nodes),
                    "--interval", f"{interval:g}s", "--scenario", str(scenario_path),
                    "--speed", "1", "--duration", f"{duration:g}s", "--jitter", f"{jitter:g}",
-                   "--json", "--log-level", "warning",
-                   *(["--full-reports"] if full_reports else [])]
+                   "--json", "--log-level", "warning", *agents]
         out["simulate_command"] = " ".join(command)
         stdout: list[tuple[float, str]] = []
         stderr: list[tuple[float, str]] = []
@@ -241,7 +244,7 @@ def run_level(tmp: Path, nodes: int, duration: float, jitter: float,
 
 
 def floor_cpu(nodes: int, interval: float, jitter: float, core: int | None,
-              sim_core: int | None, program: Sequence[str], full_reports: bool,
+              sim_core: int | None, program: Sequence[str], agents: Sequence[str],
               seconds: float = FLOOR_SECONDS) -> float:
     """CPU % of :mod:`bench.floor_server` under the same simulate load, on the same core."""
     port = free_port()
@@ -257,8 +260,7 @@ def floor_cpu(nodes: int, interval: float, jitter: float, core: int | None,
         sim = subprocess.Popen(
             [*sim_pin, *program, "simulate", "--controller", f"http://127.0.0.1:{port}",
              "--nodes", str(nodes), "--interval", f"{interval:g}s", "--duration",
-             f"{seconds:g}s", "--jitter", f"{jitter:g}", "--log-level", "warning",
-             *(["--full-reports"] if full_reports else [])],
+             f"{seconds:g}s", "--jitter", f"{jitter:g}", "--log-level", "warning", *agents],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
         time.sleep(WARMUP_S + 1.0)
         t0, cpu0 = time.monotonic(), proc_cpu_seconds(server.pid)
@@ -380,6 +382,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--full-reports", action="store_true",
                         help="simulate --full-reports: every report full, every rule judged "
                              "by the controller (agents before node-local rules)")
+    parser.add_argument("--post-reports", action="store_true",
+                        help="simulate --post-reports: every report posted and answered "
+                             "(agents before the reports' stream)")
     parser.add_argument("--sn-monitor", metavar="COMMAND",
                         help="the sn-monitor command line to run the controller and simulate "
                              "with (default: this environment's)")
@@ -401,11 +406,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "loadavg_start": loadavg_text(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "jitter": args.jitter,
         "interval_s": args.interval,
-        "reports": "full" if args.full_reports else "trimmed (node-local rules on the agents)",
+        "reports": ("full" if args.full_reports else "trimmed (node-local rules on the agents)")
+        + (", posted" if args.post_reports else ", on streams"),
         "duration_s": duration, "controller_config": CONTROLLER_CONFIG,
         "sn_monitor_command": program,
         "bench_rss_kb": proc_status_kb(os.getpid(), "VmRSS"),
     }, "levels": []}
+    agents = [*(["--full-reports"] if args.full_reports else []),
+              *(["--post-reports"] if args.post_reports else [])]
     with tempfile.TemporaryDirectory(prefix="sn-simbench-") as tmpdir:
         for nodes in levels:
             print(f"... {nodes} nodes", file=sys.stderr, flush=True)
@@ -413,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 level = run_level(Path(tmpdir), nodes, duration, args.jitter,
                                   controller_core, sim_core, program, args.interval,
-                                  args.full_reports)
+                                  agents)
             except Exception as err:  # noqa: BLE001 - one level failing must not hide the rest
                 level = {"nodes": nodes, "error": f"{type(err).__name__}: {err}"}
             level["bench_cpu_s"] = (proc_cpu_seconds(os.getpid()) or 0.0) - (cpu0 or 0.0)
@@ -421,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 try:
                     level["floor_cpu_percent"] = floor_cpu(
                         nodes, args.interval, args.jitter, controller_core, sim_core,
-                        program, args.full_reports,
+                        program, agents,
                         seconds=6.0 if args.quick else FLOOR_SECONDS)
                 except (RuntimeError, OSError) as err:
                     level["floor_error"] = f"{type(err).__name__}: {err}"

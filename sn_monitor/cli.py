@@ -150,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="send full reports throughout, as agents before node-local "
                                "rules do (default: evaluate the rules the controller sends and "
                                "send trimmed reports with the findings)")
+    simulate.add_argument("--post-reports", action="store_true",
+                          help="post every report, one request in flight per connection, as "
+                               "agents before the reports' stream do (default: a stream per "
+                               "connection, answered only when there is something to say)")
     simulate.add_argument("--interval", type=_duration, default=1.0, metavar="S",
                           help="report interval of each node: 1s, 500ms, 2 (default 1s)")
     simulate.add_argument("--scenario", metavar="F",
@@ -417,7 +421,8 @@ def run_simulate(args: argparse.Namespace) -> int:
                            interval=args.interval, duration=duration, speed=args.speed,
                            gpus=args.gpus, connections=args.connections, jitter=args.jitter,
                            seed=args.seed, token=token, ca_file=args.ca_file,
-                           first=args.first, full_reports=args.full_reports)
+                           first=args.first, full_reports=args.full_reports,
+                           post_reports=args.post_reports)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

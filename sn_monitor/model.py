@@ -303,6 +303,26 @@ class ReportReply(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     events_stored_through: int = -1
     commands: list[Command] = []
     edge_rules: EdgeRules | None = None
+    #: The node whose report this answers (a stream carries several nodes' reports).
+    node: str = ""
+
+
+class StreamReply(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+    """An answer on the reports' stream (:mod:`sn_monitor.report_stream`).
+
+    ``status``: what ``POST /api/v1/reports`` would have answered the report ``node`` /
+    ``sequence`` (both left out when its JSON could not be read); ``reply`` when it was
+    accepted, ``error`` (and ``retry_after``, seconds, for a 503) when not. ``accepted``:
+    the reports the stream accepted since the answer before, this one included.
+    """
+
+    status: int = 200
+    accepted: int = 0
+    node: str = ""
+    sequence: int = -1
+    reply: ReportReply | None = None
+    error: str = ""
+    retry_after: float | None = None
 
 
 # --------------------------------------------------------------------------- training jobs

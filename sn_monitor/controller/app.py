@@ -276,6 +276,10 @@ class ReportGate:
             return status_of(err), self.error_body(err.message)
         return 200, _encoder.encode(reply)
 
+    def ingest(self, identity: Identity, body: bytes, peer: str | None) -> ReportReply:
+        """Ingest one report from the reports' stream; ControllerError if refused."""
+        return self._controller.ingest(body, identity, peer)
+
     @staticmethod
     def error_body(message: str) -> bytes:
         return _encoder.encode({"error": message})

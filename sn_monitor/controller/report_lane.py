@@ -30,6 +30,16 @@ to httptools as before. The keep-alive timer is not re-armed per request on that
 it checks, when it fires, whether the connection was used since
 (:meth:`ReportLaneProtocol.timeout_keep_alive_handler`).
 
+**The reports' stream** (:mod:`sn_monitor.report_stream`) opens the same way: a read that
+begins, at a message boundary, with ``GET /api/v1/reports/stream HTTP/1.1`` and holds a
+whole plain head asking to upgrade to :data:`~sn_monitor.report_stream.UPGRADE`, with no
+body, is admitted by the gate (a refusal is answered and the connection closed) and
+answered ``101``; from then on every read goes to the connection's
+:class:`~sn_monitor.controller.stream_lane.ReportStreamSession`, and the keep-alive timer
+closes the stream only after :data:`~sn_monitor.report_stream.IDLE_SECONDS` without a
+frame. Any other request on that path goes to the ASGI router, which knows no such route
+(404): the agent then posts its reports.
+
 It leans on uvicorn's ``HttpToolsProtocol`` internals (parser callbacks, ``cycle``,
 ``on_response_complete``); ``tests/unit/test_report_lane.py`` drives it over a socket
 so that a uvicorn upgrade that breaks it fails there.
@@ -50,9 +60,15 @@ from sn_monitor.controller.peer_identity import (
     ClientCertificate,
     client_certificate,
 )
+from sn_monitor.controller.stream_lane import ReportStreamSession
+from sn_monitor.report_stream import IDLE_SECONDS, STREAM_PATH, UPGRADE
 
 _PATH = REPORTS_PATH.encode()
 _PLAIN_LINE = b"POST " + _PATH + b" HTTP/1.1\r\n"
+_STREAM_LINE = b"GET " + STREAM_PATH.encode() + b" HTTP/1.1\r\n"
+_UPGRADE = UPGRADE.encode()
+_SWITCHING = (b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: "
+              + _UPGRADE + b"\r\n\r\n")
 #: Headers that make a request one for httptools (and uvicorn's checks) to read.
 _NOT_PLAIN = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 _BLANK = frozenset(b" \t")
@@ -97,6 +113,8 @@ class ReportLaneProtocol(HttpToolsProtocol):
         self._boundary = True
         #: The event loop's time of the last request answered without httptools.
         self._used_at = 0.0
+        #: Set once the connection is a reports' stream.
+        self._stream: ReportStreamSession | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -111,10 +129,20 @@ class ReportLaneProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._closing is not None:
             return  # the rest of a refused body: dropped unparsed
-        if (self._boundary and data.startswith(_PLAIN_LINE)
-                and (self.cycle is None or self.cycle.response_complete)):
-            data = self._answer_plain(data)
+        if self._stream is not None:
+            self._used_at = self.loop.time()
+            if not self._stream.feed(data):
+                self._close_lingering()
+            return
+        if self._boundary and (self.cycle is None or self.cycle.response_complete):
+            if data.startswith(_PLAIN_LINE):
+                data = self._answer_plain(data)
+            elif data.startswith(_STREAM_LINE):
+                data = self._open_stream(data)
             if not data or self._closing is not None or self.transport.is_closing():
+                return
+            if self._stream is not None:
+                self.data_received(data)  # frames right behind the upgrade request
                 return
         super().data_received(data)
 
@@ -153,9 +181,40 @@ class ReportLaneProtocol(HttpToolsProtocol):
                     self.timeout_keep_alive, self.timeout_keep_alive_handler)
         return data
 
+    def _open_stream(self, data: bytes) -> bytes:
+        """Upgrade to a reports' stream if ``data`` begins with a plain request for one.
+
+        The rest of ``data``; unchanged (for httptools) when the request is not plain.
+        """
+        end = data.find(b"\r\n\r\n")
+        headers = _plain_headers(data, len(_STREAM_LINE), end) if end > 0 else None
+        if (headers is None or headers.get(b"upgrade", b"").lower() != _UPGRADE
+                or b"upgrade" not in _tokens(headers.get(b"connection", b""))
+                or headers.get(b"content-length", b"0") != b"0"
+                or b"transfer-encoding" in headers):
+            return data
+        self.server_state.total_requests += 1
+        try:
+            identity = self.gate.admit(headers, self._certificate)
+        except ControllerError as err:
+            self._write_answer(status_of(err), self.gate.error_body(err.message),
+                               keep_alive=False)
+            self.transport.close()
+            return b""
+        self.transport.write(_SWITCHING)
+        self._stream = ReportStreamSession(self.gate, identity,
+                                           self.client[0] if self.client else None,
+                                           self.transport.write)
+        self._used_at = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                IDLE_SECONDS, self.timeout_keep_alive_handler)
+        return data[end + 4:]
+
     def timeout_keep_alive_handler(self) -> None:
         """Close an idle kept-alive connection; one used since the timer was set waits on."""
-        left = self._used_at + self.timeout_keep_alive - self.loop.time()
+        idle = IDLE_SECONDS if self._stream is not None else self.timeout_keep_alive
+        left = self._used_at + idle - self.loop.time()
         if left > 0:
             self.timeout_keep_alive_task = self.loop.call_later(
                 left, self.timeout_keep_alive_handler)
@@ -296,22 +355,38 @@ def _head(status: int, default_headers: list[tuple[bytes, bytes]]) -> bytes:
     return built
 
 
-def _plain_request(data: bytes, end: int, limit: int) -> dict[bytes, bytes] | None:
-    """The headers of the request head ``data[:end]`` if it is plain; None if not.
+def _plain_headers(data: bytes, start: int, end: int) -> dict[bytes, bytes] | None:
+    """The header lines ``data[start:end]`` if plain; None if not.
 
-    Plain: every line a ``name: value`` with no folding, no name twice, none of
-    :data:`_NOT_PLAIN`, and a Content-Length of digits within ``limit``. Names are
+    Plain: every line a ``name: value`` with no folding and no name twice. Names are
     lower-cased, as httptools hands them to the gate.
     """
     headers: dict[bytes, bytes] = {}
-    for line in data[len(_PLAIN_LINE):end].split(b"\r\n"):
+    for line in data[start:end].split(b"\r\n"):
         name, colon, value = line.partition(b":")
         if not colon or not name or name[0] in _BLANK or name[-1] in _BLANK:
             return None  # not a header line, a folded one, or a name with blanks around
         name = name.lower()
-        if name in headers or name in _NOT_PLAIN:
+        if name in headers:
             return None
         headers[name] = value.strip(b" \t")
+    return headers
+
+
+def _tokens(value: bytes) -> set[bytes]:
+    """The comma-separated tokens of a header value, lower-cased."""
+    return {token.strip(b" \t").lower() for token in value.split(b",")}
+
+
+def _plain_request(data: bytes, end: int, limit: int) -> dict[bytes, bytes] | None:
+    """The headers of the report request head ``data[:end]`` if it is plain; None if not.
+
+    Plain: plain header lines (:func:`_plain_headers`), none of :data:`_NOT_PLAIN`, and a
+    Content-Length of digits within ``limit``.
+    """
+    headers = _plain_headers(data, len(_PLAIN_LINE), end)
+    if headers is None or not _NOT_PLAIN.isdisjoint(headers):
+        return None
     length = headers.get(b"content-length")
     if length is None or not length.isdigit() or int(length) > limit:
         return None

@@ -343,7 +343,7 @@ class Controller:
         tally.report("accepted" if accepted.applied else "stale")
         tally.observe(time.perf_counter() - started)
         return ReportReply(sequence=report.sequence, events_stored_through=stored_through,
-                           commands=commands, edge_rules=edge_rules)
+                           commands=commands, edge_rules=edge_rules, node=report.node)
 
     def _node_seen(self, node: str, labels: dict[str, str], now: float) -> None:
         """A new node, or new labels (the writer): stored, and label selectors may pick it."""

@@ -30,12 +30,19 @@ fake NVML, the collectors) and keeps what the controller sees: the reports.
   fire none, which the templates check) and sends trimmed reports with its findings,
   pre-encoded per rules version as the full ones are. ``--full-reports`` sends full
   reports throughout, as agents before edge rules do, for the controller to evaluate.
-- **Sending.** One thread, a few keep-alive connections (``selectors``, raw HTTP/1.1),
-  each node reporting every ``interval`` with jitter, the first reports spread over the
-  first interval so the load is even. A report due while every connection is busy
-  waits (that wait is the *schedule lag*); one overdue by more than an interval is not
-  sent and counted (the fleet or the controller cannot keep up). Latency is from
-  sending a request to reading the whole response.
+- **Sending.** One thread, a few connections (``selectors``), each node reporting every
+  ``interval`` with jitter, the first reports spread over the first interval so the
+  load is even. Each connection is a reports' stream (:mod:`sn_monitor.report_stream`),
+  as an agent's is: reports go out as they fall due, and a node asks for an answer as an
+  agent does (its first report, one carrying events or command results, and one every
+  :data:`ACK_EVERY_SECONDS`), so a node waits only for those. ``--post-reports`` (or a
+  controller without streams, which answers the upgrade 404) posts every report as
+  agents of an earlier version do, one request in flight per keep-alive connection: a
+  report due while every connection is busy waits. That wait is the *schedule lag*; a
+  report overdue by more than an interval is not sent and counted (the fleet or the
+  controller cannot keep up). Latency is from sending a report to reading its answer
+  (on a stream, of the reports that asked for one). At the end each stream sends one
+  more report that asks, so that the answers count every report the streams carried.
 
 The scenario (:mod:`sn_monitor.sim.scenario`) plays on the fleet by node index, in
 simulated time: wall time since the start times ``speed``.
@@ -79,6 +86,7 @@ from sn_monitor.model import (
     NetReport,
     Report,
 )
+from sn_monitor.report_stream import ACK, STREAM_PATH, UPGRADE, FrameReader, frame
 from sn_monitor.rules.series import Trim
 from sn_monitor.sim.gpu_model import H100_SXM, GpuProfile, SimulatedGpu, make_gpus
 from sn_monitor.sim.node import FAULTS, FaultError, SimulatedNode
@@ -95,6 +103,11 @@ REQUEST_TIMEOUT_SECONDS = 10.0
 STALE_AFTER_SECONDS = 4.0
 #: Latencies kept for the percentiles (a uniform sample beyond this many).
 MAX_SAMPLES = 200_000
+#: On a stream, a node asks for an answer at least this often, as an agent does
+#: (``sn_monitor.agent.reporter.ACK_EVERY_SECONDS``).
+ACK_EVERY_SECONDS = 5.0
+#: Answers to a stream's opening that mean "no streams here": post the reports instead.
+_NO_STREAM = frozenset({400, 404, 405, 426, 501})
 _STATE_ACTIVE, _STATE_DOWN = 4, 1
 _encoder = msgspec.json.Encoder()
 
@@ -121,6 +134,8 @@ class FleetOptions:
     first: int = 0
     #: Send full reports throughout (agents of a version before node-local rules).
     full_reports: bool = False
+    #: Post every report (agents of a version before the reports' stream).
+    post_reports: bool = False
 
 
 def node_name(index: int, nodes: int) -> str:
@@ -339,9 +354,9 @@ class _FaultState:
 class _Node:
     """One simulated agent: its sequence, events, command results and faults."""
 
-    __slots__ = ("events", "faults", "head", "in_flight", "index", "labels", "lost", "name",
-                 "next_event_id", "results", "results_in_flight", "rules", "rules_version",
-                 "sequence")
+    __slots__ = ("asked_at", "events", "faults", "head", "in_flight", "index", "labels",
+                 "lost", "name", "next_event_id", "results", "results_in_flight", "rules",
+                 "rules_version", "sequence")
 
     def __init__(self, index: int, name: str, head: bytes, labels: bytes,
                  first_event_id: int) -> None:
@@ -361,6 +376,8 @@ class _Node:
         #: evaluator once the node had to evaluate them (a fault, an event).
         self.rules_version = ""
         self.rules: NodeRules | None = None
+        #: Monotonic time it last asked for an answer on a stream.
+        self.asked_at = -math.inf
 
     def event(self, kind: str, message: str, *, gpu: int | None = None,
               code: int | None = None, pci_bus_id: str | None = None) -> None:
@@ -387,6 +404,17 @@ class _Reply(msgspec.Struct):
 
 class _CommandId(msgspec.Struct):
     id: str = ""
+
+
+class _StreamAnswer(msgspec.Struct):
+    """:class:`~sn_monitor.model.StreamReply`, its reply left raw (read as :class:`_Reply`)."""
+
+    status: int = 200
+    accepted: int = 0
+    node: str = ""
+    sequence: int = -1
+    reply: msgspec.Raw = msgspec.Raw(b"")  # absent: empty
+    error: str = ""
 
 
 # ---------------------------------------------------------------- statistics
@@ -455,7 +483,8 @@ class FleetStats:
 
 
 class _Connection:
-    __slots__ = ("buffer", "node", "retry_at", "sent_at", "sent_results", "sock", "used_at")
+    __slots__ = ("buffer", "node", "opening", "retry_at", "sent_at", "sent_results", "sock",
+                 "stream", "used_at", "waiting")
 
     def __init__(self) -> None:
         self.sock: socket.socket | None = None
@@ -465,6 +494,11 @@ class _Connection:
         self.used_at = 0.0
         self.sent_results = 0
         self.retry_at = 0.0
+        #: A stream: upgrade asked, not yet answered; then its frames (None: posting).
+        self.opening = False
+        self.stream: FrameReader | None = None
+        #: A stream's reports that asked for an answer: (node index, sequence) -> when.
+        self.waiting: dict[tuple[int, int], float] = {}
 
 
 class Fleet:
@@ -490,6 +524,10 @@ class Fleet:
         else:
             self.tls = None
         self.path = url.path.rstrip("/") + REPORTS_PATH
+        self.stream_path = url.path.rstrip("/") + STREAM_PATH
+        #: Reports go on streams (False: posted, by choice or because the controller has
+        #: no streams).
+        self.streams = not options.post_reports
         self.progress = progress
         self.rng = random.Random(options.seed)
         self.instance = uuid.uuid4().hex
@@ -534,6 +572,10 @@ class Fleet:
         self.header = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
                        f"Content-Type: application/json\r\nUser-Agent: sn-monitor-simulate/"
                        f"{__version__}\r\n{auth}Content-Length: ").encode()
+        self.upgrade = (f"GET {self.stream_path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                        f"Connection: Upgrade\r\nUpgrade: {UPGRADE}\r\nUser-Agent: "
+                        f"sn-monitor-simulate/{__version__}\r\n{auth}\r\n").encode()
+        self.index_of = {name: i for i, name in enumerate(self.names)}
         # The slices must make exactly the report they stand for.
         body = self.fast_body(self.nodes[-1], 7, 1.5)
         expected = msgspec.structs.replace(
@@ -697,6 +739,7 @@ class Fleet:
         plan = list(self.plan)
         next_progress = start + 10.0
         last_progress = (start, 0)
+        next_timeout_check = start + 1.0
 
         def connect(conn: _Connection, now: float) -> bool:
             try:
@@ -713,7 +756,33 @@ class Fleet:
             conn.buffer = b""
             conn.used_at = now
             sel.register(sock, selectors.EVENT_READ, conn)
-            return True
+            if not self.streams:
+                return True
+            try:
+                sock.sendall(self.upgrade)
+            except OSError as err:
+                self.stats.connection_errors += 1
+                self.stats.note(f"send: {err}")
+                close(conn, now)
+                conn.retry_at = now + 0.5
+                return False
+            conn.opening = True
+            return False  # idle once the controller switched protocols
+
+        def timed_out(now: float) -> None:
+            """Close the streams with a report unanswered for REQUEST_TIMEOUT_SECONDS."""
+            limit = time.perf_counter() - REQUEST_TIMEOUT_SECONDS
+            for conn in conns:
+                if conn.opening and now - conn.used_at > REQUEST_TIMEOUT_SECONDS:
+                    self.stats.timeouts += 1
+                    self.stats.note("stream not opened within "
+                                    f"{REQUEST_TIMEOUT_SECONDS:g} s")
+                    close(conn, now)
+                late = sum(1 for at in conn.waiting.values() if at < limit)
+                if late:
+                    self.stats.timeouts += late
+                    self.stats.note(f"no answer within {REQUEST_TIMEOUT_SECONDS:g} s")
+                    close(conn, now)
 
         def close(conn: _Connection, now: float) -> None:
             if conn.sock is not None:
@@ -724,11 +793,17 @@ class Fleet:
             if conn.node is not None:
                 conn.node.in_flight = False
                 conn.node = None
+            for index, _ in conn.waiting:
+                self.nodes[index].in_flight = False
+                self.nodes[index].results_in_flight = 0
+            conn.waiting.clear()
+            conn.opening = False
+            conn.stream = None
             busy.discard(conn)
             if conn in idle:
                 idle.remove(conn)
 
-        def send(conn: _Connection, node: _Node, now: float) -> None:
+        def send(conn: _Connection, node: _Node, now: float, ask: bool = False) -> None:
             sim_now = (now - start) * opts.speed
             node.sequence += 1
             wall = time.time()
@@ -739,8 +814,14 @@ class Fleet:
             else:
                 body = self.fast_body(node, node.sequence, wall)
             assert conn.sock is not None
+            if conn.stream is not None:
+                ask = (ask or sent_events > 0 or sent_results > 0
+                       or now - node.asked_at >= ACK_EVERY_SECONDS)
+                data = frame(body, ACK if ask else 0)
+            else:
+                data = self.header + str(len(body)).encode() + b"\r\n\r\n" + body
             try:
-                conn.sock.sendall(self.header + str(len(body)).encode() + b"\r\n\r\n" + body)
+                conn.sock.sendall(data)
             except OSError as err:
                 self.stats.connection_errors += 1
                 self.stats.note(f"send: {err}")
@@ -748,11 +829,18 @@ class Fleet:
                 return
             self.stats.sent += 1
             self.stats.events_sent += sent_events
+            if conn.stream is not None:
+                idle.append(conn)  # a stream takes the next report at once
+                if not ask:
+                    return
+                node.asked_at = now
+                conn.waiting[(node.index, node.sequence)] = time.perf_counter()
+            else:
+                conn.node = node
+                conn.sent_at = time.perf_counter()
+                busy.add(conn)
             node.in_flight = True
             node.results_in_flight = sent_results
-            conn.node = node
-            conn.sent_at = time.perf_counter()
-            busy.add(conn)
 
         def answered(conn: _Connection, status: int, body: bytes, now: float) -> None:
             node = conn.node
@@ -779,6 +867,74 @@ class Fleet:
                 self.stats.refused[status] += 1
             self.stats.note(f"{status}: {_error_text(body)}")
 
+        def opened(conn: _Connection, now: float) -> None:
+            """The answer to a stream's opening, once its head is in ``conn.buffer``."""
+            head_end = conn.buffer.find(b"\r\n\r\n")
+            if head_end < 0:
+                return
+            try:
+                status = int(conn.buffer[9:12])
+            except ValueError:
+                status = 0
+            if status == 101:
+                rest = conn.buffer[head_end + 4:]
+                conn.opening, conn.buffer = False, b""
+                conn.stream = FrameReader(1 << 26)
+                conn.used_at = now
+                idle.append(conn)
+                if rest:
+                    answers(conn, rest, now)
+                return
+            length = _content_length(conn.buffer[:head_end].lower())
+            if len(conn.buffer) < head_end + 4 + length:
+                return
+            body = conn.buffer[head_end + 4:head_end + 4 + length]
+            close(conn, now)
+            if status in _NO_STREAM:
+                self.streams = False
+                self.stats.note(f"the controller has no reports' stream ({status}): "
+                                "posting the reports")
+                return
+            conn.retry_at = now + 0.5
+            counted = self.stats.server_errors if status >= 500 else self.stats.refused
+            counted[status] += 1
+            self.stats.note(f"{status}: {_error_text(body)} (opening a stream)")
+
+        def answers(conn: _Connection, data: bytes, now: float) -> None:
+            """A stream's answers: counts, the nodes that waited, what the replies carry."""
+            assert conn.stream is not None
+            for _, payload in conn.stream.feed(data):
+                try:
+                    answer = msgspec.json.decode(payload, type=_StreamAnswer)
+                except msgspec.DecodeError as err:
+                    self.stats.note(f"undecodable stream answer: {err}")
+                    continue
+                self.stats.accepted += answer.accepted
+                index = self.index_of.get(answer.node)
+                node = self.nodes[index] if index is not None else None
+                sent_at = (conn.waiting.pop((index, answer.sequence), None)
+                           if index is not None else None)
+                if node is not None and sent_at is not None:
+                    node.in_flight = False
+                    self.latency.add((time.perf_counter() - sent_at) * 1e3)
+                if answer.status != 200:
+                    if node is not None:
+                        node.results_in_flight = 0
+                    counted = (self.stats.server_errors if answer.status >= 500
+                               else self.stats.refused)
+                    counted[answer.status] += 1
+                    self.stats.note(f"{answer.status}: {answer.error[:200]}")
+                    continue
+                if node is None or not len(answer.reply):
+                    continue
+                if sent_at is not None and node.results_in_flight:
+                    del node.results[:node.results_in_flight]
+                    node.results_in_flight = 0
+                self._reply(node, bytes(answer.reply), (now - start) * opts.speed)
+            if conn.stream.too_large is not None:
+                self.stats.note(f"stream answer: {conn.stream.too_large}")
+                close(conn, now)
+
         def read(conn: _Connection, now: float) -> None:
             sock = conn.sock
             assert sock is not None
@@ -800,11 +956,17 @@ class Fleet:
                 if tls is not None:
                     tls.settimeout(5.0)  # sendall blocks, within a bound
             if not data:
-                if conn.node is not None:
+                if conn.node is not None or conn.waiting or conn.opening:
                     self.stats.connection_errors += 1
                 close(conn, now)
                 return
+            if conn.stream is not None:
+                answers(conn, data, now)
+                return
             conn.buffer += data
+            if conn.opening:
+                opened(conn, now)
+                return
             while True:
                 head_end = conn.buffer.find(b"\r\n\r\n")
                 if head_end < 0:
@@ -832,7 +994,8 @@ class Fleet:
                 sim_now = (now - start) * opts.speed
                 while plan and plan[0].at <= sim_now:
                     self.apply(plan.pop(0), sim_now)
-                for conn in [c for c in idle if now - c.used_at > STALE_AFTER_SECONDS]:
+                for conn in [c for c in idle if c.stream is None
+                             and now - c.used_at > STALE_AFTER_SECONDS]:
                     close(conn, now)  # reconnected just below
                 for conn in conns:
                     if conn.sock is None and conn.retry_at <= now and connect(conn, now):
@@ -843,6 +1006,9 @@ class Fleet:
                         self.stats.note("no response within "
                                         f"{REQUEST_TIMEOUT_SECONDS:g} s")
                         close(conn, now)
+                if now >= next_timeout_check:
+                    next_timeout_check = now + 1.0
+                    timed_out(now)
                 # Reports overdue by more than an interval are not sent: counted.
                 while due and due[0][0] < now - opts.interval:
                     _, i = heapq.heappop(due)
@@ -878,14 +1044,21 @@ class Fleet:
                     self.progress(self._progress_line(now - start, rate))
                     last_progress = (now, self.stats.sent)
                     next_progress += 10.0
-            # Wait briefly for the answers still in flight.
+            # One last report that asks on each stream (its answer counts what the stream
+            # carried), then wait briefly for the answers still in flight.
+            for k, conn in enumerate(c for c in conns if c.stream is not None):
+                node = self.nodes[k % len(self.nodes)]
+                if not node.in_flight and not node.lost:
+                    send(conn, node, time.monotonic(), ask=True)
             drain_until = time.monotonic() + 5.0
-            while busy and time.monotonic() < drain_until:
+            while ((busy or any(c.waiting for c in conns))
+                   and time.monotonic() < drain_until):
                 for key, _ in sel.select(0.1):
                     read(cast(_Connection, key.data), time.monotonic())
-            for conn in list(busy):
-                self.stats.timeouts += 1
-                close(conn, time.monotonic())
+            for conn in conns:
+                if conn in busy or conn.waiting:
+                    self.stats.timeouts += len(conn.waiting) or 1
+                    close(conn, time.monotonic())
         finally:
             self.elapsed = time.monotonic() - start
             self.cpu_seconds = time.process_time() - cpu0

@@ -130,6 +130,22 @@ def test_a_thousand_nodes_every_two_seconds(controller: Controller) -> None:
     assert {n["name"] for n in nodes} == {f"sim-{i:04d}" for i in range(1000)}
 
 
+def test_posted_reports_are_counted_as_streamed_ones_are(controller: Controller) -> None:
+    status, summary, err = simulate("--controller", controller.url, "--nodes", "200",
+                                    "--interval", "1s", "--duration", "3", "--post-reports",
+                                    "--token-file", str(controller.agent_token_file))
+    assert status == 0, err
+    assert 500 <= summary["accepted"] == summary["sent"], summary
+    assert summary["latency_ms"]["n"] == summary["sent"]  # every report answered
+    status, summary, err = simulate("--controller", controller.url, "--nodes", "200",
+                                    "--interval", "1s", "--duration", "3",
+                                    "--token-file", str(controller.agent_token_file))
+    assert status == 0, err
+    assert 500 <= summary["accepted"] == summary["sent"], summary
+    # every report counted, by the answers to the few that asked
+    assert summary["latency_ms"]["n"] < summary["sent"] / 2
+
+
 def test_a_wrong_token_is_refused_and_said_so(controller: Controller, tmp_path: Path) -> None:
     wrong = tmp_path / "wrong.token"
     wrong.write_text("not-a-token\n")
