@@ -28,6 +28,19 @@ The reply is decoded leniently: a command this agent does not understand (a newe
 controller) is answered with a failed result instead of making the whole reply, and
 with it the event acknowledgement, undecodable.
 
+**The reports' stream** (:mod:`sn_monitor.report_stream`, :mod:`sn_monitor.agent.stream`).
+Reports go on a stream to the controller when it has them: one connection, one frame per
+report, and an answer only to a report that asks (one carrying events or command
+results, the first on a new stream, and one every :data:`ACK_EVERY_SECONDS`, which
+tells a controller that has stopped answering) or whose answer carries commands or rules.
+Answers that came on their own (commands) are read before the next report and after a
+report that asked for none, without waiting. A controller that answers the opening 404
+(an earlier version), or whose TLS the stream cannot set up, gets posted reports, and
+the stream is tried again after :data:`STREAM_RETRY_SECONDS`; every other outcome (no
+connection, a timeout, a standby, a refusal) is the same failure as a post's, with the
+same fail-over and backoff. A stream the controller closed is opened again before the
+next report.
+
 A reply may carry the node-local rules the controller wants this node to evaluate
 (:mod:`sn_monitor.rules.edge`): from the next report on, the agent runs them on each
 sample (:class:`~sn_monitor.agent.rules.NodeRules`) and sends their findings with only
@@ -41,10 +54,11 @@ from __future__ import annotations
 import logging
 import math
 import random
+import ssl
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 import requests
@@ -53,10 +67,17 @@ from sn_monitor import __version__
 from sn_monitor.agent.report import build_report
 from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
+from sn_monitor.agent.stream import (
+    ReportStream,
+    StreamAnswer,
+    StreamClosed,
+    StreamRefused,
+    tls_context,
+)
 from sn_monitor.clock import Clock
 from sn_monitor.config import ConfigError
 from sn_monitor.model import MAX_EVENTS, Command, CommandResult, EdgeRules, Event, EventRecord
-from sn_monitor.transport import is_standby, parse_retry_after, redact_url
+from sn_monitor.transport import ROLE_HEADER, is_standby, parse_retry_after, redact_url
 
 if TYPE_CHECKING:
     from sn_monitor.agent.rules import NodeRules
@@ -74,6 +95,14 @@ MAX_EVENT_BYTES_PER_REPORT = 512 * 1024
 #: Seconds an agent that could not take the controller's node-local rules sends full
 #: reports before it asks for them again (a report that asks is not judged on them).
 RULES_RETRY_SECONDS = 600.0
+#: On a stream, a report asks for an answer at least this often: a controller that stopped
+#: answering (hung, or cut off) is noticed within this plus the timeout.
+ACK_EVERY_SECONDS = 5.0
+#: Seconds a controller without streams (or a stream that TLS could not set up) gets
+#: posted reports before the agent tries a stream again.
+STREAM_RETRY_SECONDS = 600.0
+#: Answers to a stream's opening that mean "no streams here".
+_NO_STREAM = frozenset({400, 404, 405, 426, 501})
 _JITTER = 0.2
 _MAX_LOGGED_MESSAGES = 64
 _MAX_ERROR_TEXT = 500
@@ -126,6 +155,7 @@ class Reporter:
         metrics_port: int | None = None,
         verify: bool | str = True,
         cert: tuple[str, str] | None = None,
+        streams: bool = True,
     ) -> None:
         if not 0 < max_events_per_report <= MAX_EVENTS:
             raise ValueError(f"max_events_per_report must be in 1..{MAX_EVENTS}")
@@ -148,6 +178,15 @@ class Reporter:
         # session's ``verify`` (None: the session's and the environment's default).
         self._verify: bool | str | None = None if verify is True else verify
         self._cert = cert
+        self._tls_verify = verify
+        #: Reports go on a stream where the controller has them (False: always posted).
+        self.streams = streams
+        self._stream: ReportStream | None = None
+        #: Per controller URL: monotonic time before which its reports are posted.
+        self._no_stream_until: dict[str, float] = {}
+        self._asked_at = -math.inf
+        #: Commands from the answers read since the last report returned them.
+        self._commands_due: list[Command] = []
         if (verify is not True or cert is not None) and not self.url.startswith("https://"):
             log.warning("controller ca_file / cert_file are set but %s is not https://: "
                         "they are not used", redact_url(self.url))
@@ -205,7 +244,13 @@ class Reporter:
         """Results to send with the next reports until the controller has them."""
         self._results.extend(results)
 
+    @property
+    def streaming(self) -> bool:
+        """Whether reports go on a stream now."""
+        return self._stream is not None
+
     def close(self) -> None:
+        self._close_stream()
         if self._owns_session:
             self._session.close()
 
@@ -266,10 +311,10 @@ class Reporter:
             self._highest_sent = max(self._highest_sent, events[-1].id)
         if self.rules is not None:
             report = self.rules.evaluate(report)
-        reply = self._post(self._encoder.encode(report))
-        if reply is None:
-            return []
-        return self._accepted(reply, len(results))
+        ask = bool(events or results) or now - self._asked_at >= ACK_EVERY_SECONDS
+        self._deliver(self._encoder.encode(report), ask, len(results))
+        commands, self._commands_due = self._commands_due, []
+        return commands
 
     def _within_budget(self, events: list[EventRecord]) -> list[EventRecord]:
         """The oldest events that fit :data:`MAX_EVENT_BYTES_PER_REPORT` (at least one)."""
@@ -280,11 +325,11 @@ class Reporter:
                 return events[:count]
         return events
 
-    def _post(self, body: bytes) -> _Reply | None:
-        """POST ``body`` to the current controller, then the next while they fail over.
+    def _deliver(self, body: bytes, ask: bool, results_sent: int) -> None:
+        """Send ``body`` to the current controller, then the next while they fail over.
 
-        A round ends at a reply, at a failure that is not the controller's absence, or
-        when every controller was tried; without a reply, it backs off.
+        A round ends at a delivery, at a failure that is not the controller's absence,
+        or when every controller was tried; without a delivery, it backs off.
         """
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self._token:
@@ -292,9 +337,12 @@ class Reporter:
         retry_after: float | None = None
         round_failures: list[str] = []
         for attempt in range(1, len(self.urls) + 1):
-            outcome = self._attempt(body, headers)
-            if isinstance(outcome, _Reply):
-                return outcome
+            self.reports_total += 1
+            outcome = self._attempt_stream(body, ask, results_sent)
+            if outcome is None:
+                outcome = self._attempt(body, headers, results_sent)
+            if outcome is True:
+                return
             self.failures_total += 1
             if outcome.retry_after is not None:
                 retry_after = max(retry_after or 0.0, outcome.retry_after)
@@ -307,11 +355,12 @@ class Reporter:
                              retry_after=retry_after)
             else:
                 self._failed(outcome.message, retry_after=retry_after, quiet=outcome.quiet)
-            return None
+            return
         raise AssertionError("unreachable: the last attempt returns")
 
-    def _attempt(self, body: bytes, headers: Mapping[str, str]) -> _Reply | _Failure:
-        self.reports_total += 1
+    def _attempt(self, body: bytes, headers: Mapping[str, str],
+                 results_sent: int) -> Literal[True] | _Failure:
+        """POST the report: True when accepted (its reply taken), else the failure."""
         try:
             response = self._session.post(
                 self.endpoint, data=body, headers=headers, timeout=self._timeout,
@@ -321,24 +370,126 @@ class Reporter:
             return _Failure(f"controller unreachable: {type(err).__name__}: {err}",
                             fail_over=True)
         status = response.status_code
-        retry_after = parse_retry_after(response.headers.get("Retry-After"))
-        if is_standby(status, response.headers):
-            return _Failure("controller is a standby", retry_after=retry_after, fail_over=True)
-        if status == 429 or status >= 500:
-            return _Failure(f"controller answered {status}: {_error_text(response)}",
-                            retry_after=retry_after)
         if not 200 <= status < 300:
-            message = f"controller refused the report ({status}): {_error_text(response)}"
-            if message not in self._logged:
-                if len(self._logged) >= _MAX_LOGGED_MESSAGES:
-                    self._logged.clear()
-                self._logged.add(message)
-                log.error("%s", message, extra={"node": self._node})
-            return _Failure(message, quiet=True)
+            return self._refused(status, _error_text(response),
+                                 parse_retry_after(response.headers.get("Retry-After")),
+                                 standby=is_standby(status, response.headers))
         try:
-            return msgspec.json.decode(response.content, type=_Reply)
+            reply = msgspec.json.decode(response.content, type=_Reply)
         except msgspec.DecodeError as err:
             return _Failure(f"controller reply is not a report reply: {err}")
+        self._accepted(reply, results_sent)
+        return True
+
+    def _refused(self, status: int, text: str, retry_after: float | None, *,
+                 standby: bool) -> _Failure:
+        """The failure an answer other than 2xx is (a refusal is logged once)."""
+        if standby:
+            return _Failure("controller is a standby", retry_after=retry_after, fail_over=True)
+        if status == 429 or status >= 500:
+            return _Failure(f"controller answered {status}: {text}", retry_after=retry_after)
+        message = f"controller refused the report ({status}): {text}"
+        if message not in self._logged:
+            if len(self._logged) >= _MAX_LOGGED_MESSAGES:
+                self._logged.clear()
+            self._logged.add(message)
+            log.error("%s", message, extra={"node": self._node})
+        return _Failure(message, quiet=True)
+
+    # ---------------------------------------------------------------- the stream
+
+    def _attempt_stream(self, body: bytes, ask: bool, results_sent: int
+                        ) -> Literal[True] | _Failure | None:
+        """Send the report on a stream: True when sent (and, if it asked, accepted).
+
+        None: the current controller gets posted reports (no streams there, or not now).
+        """
+        opened = self._open_stream()
+        if opened is None or isinstance(opened, _Failure):
+            return opened
+        fresh, stream = opened
+        ask = ask or fresh
+        try:
+            stream.send(body, self._timeout, ask=ask)
+            answers = stream.wait(self.sequence, self._timeout) if ask else stream.poll()
+        except OSError as err:  # a timeout, the controller gone, an answer not one
+            self._close_stream()
+            return _Failure(f"controller unreachable: stream: {type(err).__name__}: {err}",
+                            fail_over=True)
+        if ask:
+            self._asked_at = self._clock.monotonic()
+        return self._answered(answers, results_sent if ask else 0)
+
+    def _open_stream(self) -> tuple[bool, ReportStream] | _Failure | None:
+        """The stream to the current controller, (opened just now, it); None: post."""
+        url = self.url
+        if not self.streams or self._clock.monotonic() < self._no_stream_until.get(url, -1.0):
+            self._close_stream()
+            return None
+        stream = self._stream
+        if stream is not None and stream.url == url:
+            try:
+                answers = stream.poll()  # answers that came on their own; is it still open?
+            except OSError as err:
+                level = logging.DEBUG if isinstance(err, StreamClosed) else logging.WARNING
+                log.log(level, "stream to %s ended: %s; opening another", redact_url(url),
+                        err, extra={"node": self._node})
+                self._close_stream()
+            else:
+                taken = self._answered(answers, 0)
+                return (False, stream) if taken is True else taken
+        self._close_stream()
+        try:
+            tls = (tls_context(self._tls_verify, self._cert) if url.startswith("https://")
+                   else None)
+            stream = ReportStream.open(url, self._token, self._timeout, tls)
+        except StreamRefused as err:
+            if err.status not in _NO_STREAM:
+                return self._refused(err.status, err.text,
+                                     parse_retry_after(err.headers.get("retry-after")),
+                                     standby=is_standby(err.status, {
+                                         ROLE_HEADER: err.headers.get(ROLE_HEADER.lower(), "")}))
+            self._post_for_now(url, f"it has no reports' stream ({err.status})")
+            return None
+        except ssl.SSLError as err:
+            self._post_for_now(url, f"no TLS for a stream: {err}")
+            return None
+        except OSError as err:
+            return _Failure(f"controller unreachable: {type(err).__name__}: {err}",
+                            fail_over=True)
+        log.debug("reports go on a stream to %s", redact_url(url), extra={"node": self._node})
+        self._stream = stream
+        return True, stream
+
+    def _post_for_now(self, url: str, why: str) -> None:
+        """Post the reports to ``url`` for STREAM_RETRY_SECONDS."""
+        self._no_stream_until[url] = self._clock.monotonic() + STREAM_RETRY_SECONDS
+        log.info("posting reports to %s: %s (a stream is tried again in %.0f s)",
+                 redact_url(url), why, STREAM_RETRY_SECONDS, extra={"node": self._node})
+
+    def _answered(self, answers: list[StreamAnswer], results_sent: int) -> Literal[True] | _Failure:
+        """Take a stream's answers; the failure among them, if any (True: none)."""
+        outcome: Literal[True] | _Failure = True
+        for answer in answers:
+            ours = answer.sequence == self.sequence
+            if answer.status != 200:
+                outcome = self._refused(answer.status, answer.error, answer.retry_after,
+                                        standby=False)
+                continue
+            if not len(answer.reply):
+                continue
+            try:
+                reply = msgspec.json.decode(answer.reply, type=_Reply)
+            except msgspec.DecodeError as err:
+                outcome = _Failure(f"controller reply is not a report reply: {err}")
+                continue
+            self._accepted(reply, results_sent if ours else 0)
+        return outcome
+
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
 
     def _switch(self, why: str, *, last: bool) -> None:
         """Move to the next controller; ``last``: back to where this round began."""
@@ -352,7 +503,7 @@ class Reporter:
         log.log(level, "%s: %s; switching to %s", redact_url(before), why,
                 redact_url(self.url), extra={"node": self._node})
 
-    def _accepted(self, reply: _Reply, results_sent: int) -> list[Command]:
+    def _accepted(self, reply: _Reply, results_sent: int) -> None:
         if self.in_use is not None and self.url != self.in_use:
             self.switches_total += 1
         if self._streak:
@@ -378,7 +529,7 @@ class Reporter:
                           err)
         if len(reply.edge_rules):
             self._take_rules(reply.edge_rules)
-        return self._commands(reply.commands)
+        self._commands_due += self._commands(reply.commands)
 
     def _takes_rules(self) -> bool:
         """Whether to ask for node-local rules (and leave them to this agent) now."""

@@ -132,7 +132,8 @@ def test_report_accepted(api: Api) -> None:
     response = api.report("gpu-1", temps=[50], metrics_port=9847)
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/json"
-    assert response.json() == {"sequence": 1}  # nothing stored, no commands: defaults omitted
+    # nothing stored, no commands: defaults omitted
+    assert response.json() == {"sequence": 1, "node": "gpu-1"}
 
 
 def test_bad_field_is_422_naming_it(api: Api) -> None:

@@ -531,6 +531,10 @@ def test_the_reporter_reports_over_mutual_tls(serve, pki, tmp_path):
         reporter.report(snapshot(clock))
         assert reporter.failures_total == 0
         assert reporter.last_success_wall == T0
+        assert reporter.streaming  # the stream is opened over TLS, the certificate names it
+        clock.advance(1.0)
+        reporter.report(snapshot(clock))
+        assert reporter.failures_total == 0
     finally:
         reporter.close()
 
