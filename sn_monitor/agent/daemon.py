@@ -203,6 +203,7 @@ class Agent:
             controller_in_use=(redact_url(reporter.in_use)
                                if reporter and reporter.in_use else None),
             controller_switches_total=reporter.switches_total if reporter else 0,
+            report_stream=reporter.streaming if reporter else False,
         )
 
     def tick(self) -> NodeSnapshot:

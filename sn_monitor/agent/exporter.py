@@ -37,6 +37,8 @@ class AgentStatus:
     controllers: tuple[str, ...] = ()
     controller_in_use: str | None = None
     controller_switches_total: int = 0
+    #: Reports go on a stream to the controller now (False: they are posted).
+    report_stream: bool = False
 
 
 StatusSource = Callable[[], AgentStatus]
@@ -205,6 +207,10 @@ class SnapshotCollector:
             "(high availability: the active one failed or handed over).",
             value=status.controller_switches_total,
         )
+        yield gauge("sn_agent_report_stream",
+                    "1 while reports go on a stream to the controller, 0 while they are "
+                    "posted (a controller without streams, or none reachable).",
+                    value=1.0 if status.report_stream else 0.0)
 
     @staticmethod
     def _collectors(snapshot: NodeSnapshot) -> Iterator[Family]:

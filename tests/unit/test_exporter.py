@@ -122,7 +122,8 @@ def test_promtool_lint_has_no_warnings():
 def test_which_controller_is_in_use():
     status = AgentStatus(controller_configured=True, reports_total=9,
                          controllers=("https://ctl-a:9848", "https://ctl-b:9848"),
-                         controller_in_use="https://ctl-b:9848", controller_switches_total=1)
+                         controller_in_use="https://ctl-b:9848", controller_switches_total=1,
+                         report_stream=True)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(_snapshot, lambda: status))
     text = generate_latest(registry).decode()
@@ -130,6 +131,7 @@ def test_which_controller_is_in_use():
     assert samples[_k("sn_agent_controller_in_use", url="https://ctl-a:9848")] == 0.0
     assert samples[_k("sn_agent_controller_in_use", url="https://ctl-b:9848")] == 1.0
     assert samples[_k("sn_agent_controller_switches_total")] == 1.0
+    assert samples[_k("sn_agent_report_stream")] == 1.0
     assert_promtool_clean(text)
     without = CollectorRegistry(auto_describe=False)
     without.register(SnapshotCollector(_snapshot, AgentStatus))
