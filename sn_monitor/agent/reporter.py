@@ -61,7 +61,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-import requests
 
 from sn_monitor import __version__
 from sn_monitor.agent.report import build_report
@@ -80,6 +79,8 @@ from sn_monitor.model import MAX_EVENTS, Command, CommandResult, EdgeRules, Even
 from sn_monitor.transport import ROLE_HEADER, is_standby, parse_retry_after, redact_url
 
 if TYPE_CHECKING:
+    import requests
+
     from sn_monitor.agent.rules import NodeRules
 
 log = logging.getLogger(__name__)
@@ -173,7 +174,9 @@ class Reporter:
         self._clock = clock
         self._spool = spool
         self._owns_session = session is None
-        self._session = session or requests.Session()
+        #: Made for the first posted report: an agent whose reports go on a stream never
+        #: imports requests (~16 MB of its RSS).
+        self._session = session
         # Per request, not on the session: requests lets REQUESTS_CA_BUNDLE override a
         # session's ``verify`` (None: the session's and the environment's default).
         self._verify: bool | str | None = None if verify is True else verify
@@ -251,7 +254,7 @@ class Reporter:
 
     def close(self) -> None:
         self._close_stream()
-        if self._owns_session:
+        if self._owns_session and self._session is not None:
             self._session.close()
 
     # ---------------------------------------------------------------- the cycle
@@ -361,6 +364,10 @@ class Reporter:
     def _attempt(self, body: bytes, headers: Mapping[str, str],
                  results_sent: int) -> Literal[True] | _Failure:
         """POST the report: True when accepted (its reply taken), else the failure."""
+        import requests  # only once a controller without streams is met
+
+        if self._session is None:
+            self._session = requests.Session()
         try:
             response = self._session.post(
                 self.endpoint, data=body, headers=headers, timeout=self._timeout,
