@@ -113,6 +113,24 @@ def schedstat_ns(pid: int) -> tuple[int, int] | None:
     return int(on_cpu), int(waiting)
 
 
+def steal_ticks(cpu: int | None) -> int | None:
+    """Clock ticks the hypervisor gave CPU ``cpu`` (None: all of them) to someone else.
+
+    The ``steal`` column of /proc/stat: time a virtual machine's CPU was ready to run and
+    did not, because the host ran another tenant. Over a window, it tells a slow run that
+    was the host's doing from one that was ours.
+    """
+    name = "cpu" if cpu is None else f"cpu{cpu}"
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            fields = line.split()
+            if fields and fields[0] == name and len(fields) > 8:
+                return int(fields[8])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def sleep_until(deadline: float) -> None:
     delay = deadline - time.monotonic()
     if delay > 0:

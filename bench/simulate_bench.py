@@ -41,7 +41,10 @@ What is measured, per level:
   **wait%**: over the same window, the share of wall time the controller's event loop
   thread was runnable but waiting for core 0 (/proc/PID/schedstat): other tenants on
   the core, or the controller's own other threads. CPU % (the whole process, pinned to
-  one core) near 100 means the core was the limit.
+  one core) near 100 means the core was the limit. **steal**: the share of the same
+  window the host ran another tenant on the controller's core instead of this machine
+  (/proc/stat ``steal``, this being a virtual machine): runs with steal are slower for
+  every process on the machine, the floor included.
 - **floor**: after each level, :mod:`bench.floor_server` (a bare HTTP responder that
   reads nothing but Content-Length) on the same core under the same simulate load, CPU
   over the same kind of window. The machine's speed moves from hour to hour (the floor
@@ -101,6 +104,7 @@ from bench.controller_bench import (
     histogram_delta,
     pick_cores,
     schedstat_ns,
+    steal_ticks,
 )
 from sn_monitor import __version__
 from sn_monitor.sim.fleet import node_name
@@ -174,6 +178,7 @@ def run_level(tmp: Path, nodes: int, duration: float, jitter: float,
         stderr: list[tuple[float, str]] = []
         samples: list[tuple[float, float, int]] = []  # (monotonic, controller CPU s, RSS kB)
         sched: list[tuple[float, tuple[int, int] | None]] = []  # event loop thread
+        steal: list[tuple[float, int | None]] = []  # the controller's core
         launched = time.monotonic()
         sim = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                stdin=subprocess.DEVNULL)
@@ -187,6 +192,7 @@ def run_level(tmp: Path, nodes: int, duration: float, jitter: float,
             if cpu is not None and rss is not None:
                 samples.append((time.monotonic(), cpu, rss))
                 sched.append((samples[-1][0], schedstat_ns(controller.pid)))
+                steal.append((samples[-1][0], steal_ticks(controller_core)))
             time.sleep(0.5)
         if sim.poll() is None:
             raise RuntimeError(f"simulate still running after {deadline - launched:.0f} s")
@@ -223,6 +229,15 @@ def run_level(tmp: Path, nodes: int, duration: float, jitter: float,
         s1 = min(sched, key=lambda s: abs(s[0] - w1[0]))
         out["loop_waiting_percent"] = (100 * (s1[1][1] - s0[1][1]) / 1e9 / (s1[0] - s0[0])
                                        if s0[1] and s1[1] and s1[0] > s0[0] else math.nan)
+        # Taken by the host for another tenant (steal), on the controller's core or, not
+        # pinned, across the machine: same window.
+        t0 = min(steal, key=lambda s: abs(s[0] - w0[0]))
+        t1 = min(steal, key=lambda s: abs(s[0] - w1[0]))
+        cores = 1 if controller_core is not None else (os.cpu_count() or 1)
+        out["steal_percent"] = (100 * (t1[1] - t0[1]) / os.sysconf("SC_CLK_TCK")
+                                / (t1[0] - t0[0]) / cores
+                                if t0[1] is not None and t1[1] is not None and t1[0] > t0[0]
+                                else math.nan)
         out["rss_mb_end"] = samples[-1][2] / 1024
         out["rss_mb_max"] = max(s[2] for s in samples) / 1024
         # Incidents: the injected XIDs, and whatever else fired under the load.
@@ -302,7 +317,7 @@ def render(results: dict[str, Any]) -> str:
     head = (f"{'nodes':>6} {'due/s':>7} {'acc/s':>7} {'refused':>7} {'failed':>6} "
             f"{'notsent':>7} {'cli p50':>7} {'cli p99':>7} {'ing p99':>7} "
             f"{'det p50':>7} {'det p99':>7} {'det max':>7} {'(n)':>5} {'hist99':>6} "
-            f"{'CPU %':>6} {'floor':>5} {'wait%':>5} {'RSS MB':>7} {'held?':>5}")
+            f"{'CPU %':>6} {'floor':>5} {'wait%':>5} {'steal':>5} {'RSS MB':>7} {'held?':>5}")
     out += [head, f"{'':>6} {'':>7} {'':>7} {'':>7} {'':>6} {'':>7} {'ms':>7} {'ms':>7} "
                   f"{'ms':>7} {'s':>7} {'s':>7} {'s':>7} {'':>5} {'s':>6}"]
     for level in results["levels"]:
@@ -324,7 +339,8 @@ def render(results: dict[str, Any]) -> str:
             f"{det['n']:>5} {fmt(h.get('p99_ms', math.nan) / 1000, 2):>6} "
             f"{fmt(level['controller_cpu_percent'], 0):>6} "
             f"{fmt(level.get('floor_cpu_percent', math.nan), 0):>5} "
-            f"{fmt(level['loop_waiting_percent'], 0):>5} {fmt(level['rss_mb_end'], 0):>7} "
+            f"{fmt(level['loop_waiting_percent'], 0):>5} "
+            f"{fmt(level.get('steal_percent', math.nan), 0):>5} {fmt(level['rss_mb_end'], 0):>7} "
             f"{'yes' if ok else 'NO':>5}")
     out.append("")
     for level in results["levels"]:
