@@ -44,7 +44,12 @@ What is measured, per level:
   one core) near 100 means the core was the limit. **steal**: the share of the same
   window the host ran another tenant on the controller's core instead of this machine
   (/proc/stat ``steal``, this being a virtual machine): runs with steal are slower for
-  every process on the machine, the floor included.
+  every process on the machine, the floor included. A busy neighbour can slow this
+  machine without steal too: on 2026-12-02 the controller's in-process ingest ran 2x
+  slower while a busy loop ran on the other core in one hour and not at all in the next
+  (the host's placement of the two cores), and the same controller measured 31 % and
+  50-57 % of its core under this benchmark; the floor, run right after each level under
+  the same load, moves with it.
 - **floor**: after each level, :mod:`bench.floor_server` (a bare HTTP responder that
   reads nothing but Content-Length) on the same core under the same simulate load, CPU
   over the same kind of window. The machine's speed moves from hour to hour (the floor
