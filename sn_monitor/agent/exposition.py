@@ -118,11 +118,16 @@ class TextRenderer:
         self._headers: dict[tuple[str, str, str], str] = {}
         #: per label-name tuple: the names in sorted order and where each one sits
         self._orders: dict[tuple[str, ...], tuple[tuple[str, int], ...]] = {}
+        #: Values formatted before: most of a node's values (error counters at 0, limits,
+        #: states) are the same from one sample to the next.
+        self._texts: dict[float, str] = {}
 
     def render(self, families: Iterable[Family]) -> bytes:
         if len(self._prefixes) > MAX_CACHED_SERIES:
             self._prefixes.clear()
-        prefixes = self._prefixes
+        if len(self._texts) > MAX_CACHED_SERIES:
+            self._texts.clear()
+        prefixes, texts = self._prefixes, self._texts
         out: list[str] = []
         append = out.append
         for family in families:
@@ -140,7 +145,12 @@ class TextRenderer:
                 if prefix is None:
                     prefix = prefixes[key] = self._prefix(sample_name, order, values)
                 append(prefix)
-                append(go_float(value))
+                text = texts.get(value)
+                if text is None or (value == 0 and math.copysign(1.0, value) < 0):
+                    text = go_float(value)
+                    if text != "-0.0":  # -0.0 is 0.0 to a dict, not to the format
+                        texts[value] = text
+                append(text)
                 append("\n")
         return "".join(out).encode("utf-8")
 

@@ -175,6 +175,24 @@ def test_values_are_written_as_client_python_writes_them(value: float) -> None:
     assert go_float(value) == floatToGoString(value)
 
 
+@given(st.lists(st.one_of(st.floats(), st.sampled_from([0.0, -0.0, 0, 1, 1.0])),
+                max_size=20))
+def test_a_renderer_used_again_writes_each_value_as_client_python_does(
+        values: list[float]) -> None:
+    from prometheus_client.utils import floatToGoString
+
+    from sn_monitor.agent.exposition import TextRenderer, gauge
+
+    renderer = TextRenderer()  # it remembers values it formatted: -0.0 is 0.0 to a dict
+    for _ in range(2):
+        family = gauge("sn_x", "help", labels=["i"])
+        for i, value in enumerate(values):
+            family.add_metric([str(i)], value)
+        lines = renderer.render([family]).decode().splitlines()[2:]
+        assert [line.rpartition(" ")[2] for line in lines] == [
+            floatToGoString(v) for v in values]
+
+
 def test_a_series_with_the_wrong_number_of_label_values_is_refused() -> None:
     from sn_monitor.agent.exposition import TextRenderer, gauge
 
