@@ -676,6 +676,11 @@ class Fleet:
         if node.faults is None:
             node.faults = _FaultState(node, self.bases[node.index % len(self.bases)],
                                       self.options.gpus, sim_now)
+            if node.rules_version:
+                # A real agent evaluates its rules on every sample; this node has sent
+                # templates until now. Its rules see it once as it is before the fault,
+                # so that a counter's increase (ecc-uncorrectable) has a sample before it.
+                self.slow_body(node, node.sequence, time.time(), sim_now)
         return node.faults
 
     def _commands(self, node: _Node, raw: list[msgspec.Raw], sim_now: float) -> None:

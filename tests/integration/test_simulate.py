@@ -184,3 +184,20 @@ def test_an_overheat_scenario_opens_an_incident_and_is_throttled(
     throttles = [a for a in actions if a["action"] == "throttle" and a["rule"] == "gpu-overheat"]
     assert throttles, actions
     assert throttles[0]["state"] == "succeeded", throttles
+
+
+def test_a_counter_that_rises_on_a_node_judging_its_own_rules_is_caught(
+        controller: Controller, tmp_path: Path) -> None:
+    # The node's rules (ecc-uncorrectable: an increase over 5 minutes) run in simulate
+    # once the node is faulted; they must have seen the counter before the fault, as an
+    # agent evaluating every sample has (the soak missed every such fault otherwise).
+    scenario = tmp_path / "ecc.yaml"
+    scenario.write_text("kind: Scenario\nname: ecc\nfaults:\n"
+                        "  - {at: 3s, node: 5, gpu: 1, fault: ecc-uncorrectable, count: 1}\n")
+    status, summary, err = simulate("--controller", controller.url, "--nodes", "16",
+                                    "--interval", "500ms", "--duration", "6",
+                                    "--scenario", str(scenario),
+                                    "--token-file", str(controller.agent_token_file))
+    assert status == 0, err
+    incidents = controller.get("/api/v1/incidents", node="sim-0005", limit=100)["incidents"]
+    assert any(i["rule"] == "ecc-uncorrectable" and i["gpu"] == 1 for i in incidents), incidents
