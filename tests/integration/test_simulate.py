@@ -194,10 +194,10 @@ def test_a_counter_that_rises_on_a_node_judging_its_own_rules_is_caught(
     scenario = tmp_path / "ecc.yaml"
     scenario.write_text("kind: Scenario\nname: ecc\nfaults:\n"
                         "  - {at: 3s, node: 5, gpu: 1, fault: ecc-uncorrectable, count: 1}\n")
-    status, summary, err = simulate("--controller", controller.url, "--nodes", "16",
-                                    "--interval", "500ms", "--duration", "6",
-                                    "--scenario", str(scenario),
-                                    "--token-file", str(controller.agent_token_file))
+    status, _, err = simulate("--controller", controller.url, "--nodes", "16",
+                              "--interval", "500ms", "--duration", "6",
+                              "--scenario", str(scenario),
+                              "--token-file", str(controller.agent_token_file))
     assert status == 0, err
     incidents = controller.get("/api/v1/incidents", node="sim-0005", limit=100)["incidents"]
     assert any(i["rule"] == "ecc-uncorrectable" and i["gpu"] == 1 for i in incidents), incidents
