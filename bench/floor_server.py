@@ -21,23 +21,10 @@ from typing import cast
 import msgspec
 import uvloop
 
-from sn_monitor.report_stream import ACK, FrameReader, frame
+from sn_monitor.model import ReportReply, StreamReply
+from sn_monitor.report_stream import ACK, SWITCHING, FrameReader, frame, report_head
 
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
-SWITCHING = (b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\n"
-             b"upgrade: sn-reports/1\r\n\r\n")
-
-
-class _Head(msgspec.Struct):
-    node: str = ""
-    sequence: int = -1
-
-
-class _Answer(msgspec.Struct, omit_defaults=True):
-    accepted: int
-    node: str
-    sequence: int
-    reply: dict[str, int]
 
 
 class Responder(asyncio.Protocol):
@@ -79,15 +66,15 @@ class Responder(asyncio.Protocol):
         for flags, payload in self.stream.feed(data):
             self.accepted += 1
             if flags & ACK:
-                head = decode_head(payload)
-                answers.append(frame(encode(_Answer(self.accepted, head.node, head.sequence,
-                                                    {"sequence": head.sequence}))))
+                head = report_head(payload)
+                answers.append(frame(encode(StreamReply(
+                    accepted=self.accepted, node=head.node, sequence=head.sequence,
+                    reply=ReportReply(sequence=head.sequence)))))
                 self.accepted = 0
         if answers:
             self.transport.write(b"".join(answers))
 
 
-decode_head = msgspec.json.Decoder(_Head).decode
 encode = msgspec.json.Encoder().encode
 
 

@@ -87,7 +87,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.common import (
     add_output_args,
@@ -151,8 +151,11 @@ def _reader(stream: Any, sink: list[tuple[float, str]]) -> None:
         sink.append((time.monotonic(), line.decode(errors="replace")))
 
 
-def _at(samples: list[tuple[float, float, int]], t: float) -> tuple[float, float, int]:
-    """The /proc sample closest to monotonic time ``t``."""
+_Sample = TypeVar("_Sample", bound=tuple[Any, ...])
+
+
+def _at(samples: Sequence[_Sample], t: float) -> _Sample:
+    """The /proc sample (its monotonic time first) closest to monotonic time ``t``."""
     return min(samples, key=lambda s: abs(s[0] - t))
 
 
@@ -230,14 +233,12 @@ def run_level(tmp: Path, nodes: int, duration: float, jitter: float,
                                          if w1[0] > w0[0] else math.nan)
         out["cpu_window_s"] = round(w1[0] - w0[0], 2)
         # Runnable but waiting for core 0 (other tenants): event loop thread, same window.
-        s0 = min(sched, key=lambda s: abs(s[0] - w0[0]))
-        s1 = min(sched, key=lambda s: abs(s[0] - w1[0]))
+        s0, s1 = _at(sched, w0[0]), _at(sched, w1[0])
         out["loop_waiting_percent"] = (100 * (s1[1][1] - s0[1][1]) / 1e9 / (s1[0] - s0[0])
                                        if s0[1] and s1[1] and s1[0] > s0[0] else math.nan)
         # Taken by the host for another tenant (steal), on the controller's core or, not
         # pinned, across the machine: same window.
-        t0 = min(steal, key=lambda s: abs(s[0] - w0[0]))
-        t1 = min(steal, key=lambda s: abs(s[0] - w1[0]))
+        t0, t1 = _at(steal, w0[0]), _at(steal, w1[0])
         cores = 1 if controller_core is not None else (os.cpu_count() or 1)
         out["steal_percent"] = (100 * (t1[1] - t0[1]) / os.sysconf("SC_CLK_TCK")
                                 / (t1[0] - t0[0]) / cores

@@ -34,15 +34,54 @@ from __future__ import annotations
 
 from typing import Final
 
+import msgspec
+
 STREAM_PATH: Final = "/api/v1/reports/stream"
 #: The protocol name in the ``Upgrade`` header (its version after the slash).
 UPGRADE: Final = "sn-reports/1"
+#: The controller's answer that opens a stream.
+SWITCHING: Final = (b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: "
+                    + UPGRADE.encode() + b"\r\n\r\n")
+#: Answers to the opening that mean "no streams here" (a controller of an earlier version,
+#: a server that knows no such route or method): the sender posts its reports.
+NO_STREAM_STATUSES: Final = frozenset({400, 404, 405, 426, 501})
 #: Flag: answer this report even if there is nothing to say (events and command results
 #: wait for it; the agent also asks now and then, to know the controller is there).
 ACK: Final = 0x01
+#: A sender asks for an answer at least this often: a controller that stopped answering
+#: (hung, or cut off) is noticed within this plus the sender's timeout.
+ASK_EVERY_SECONDS: Final = 5.0
 HEADER_BYTES: Final = 5
 #: A stream with no frame for this long is closed by the controller.
 IDLE_SECONDS: Final = 600.0
+
+
+def opening(path: str, host: str, port: int, user_agent: str, token: str | None) -> bytes:
+    """The request that opens a stream; ``path`` is the controller URL's own path prefix."""
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    netloc = f"[{host}]" if ":" in host else host
+    return (f"GET {path.rstrip('/')}{STREAM_PATH} HTTP/1.1\r\nHost: {netloc}:{port}\r\n"
+            f"Connection: Upgrade\r\nUpgrade: {UPGRADE}\r\nUser-Agent: {user_agent}\r\n"
+            f"{auth}\r\n").encode()
+
+
+class ReportHead(msgspec.Struct):
+    """Who a report is from and its sequence, read leniently from its JSON."""
+
+    node: str = ""
+    sequence: int = -1
+
+
+_read_head = msgspec.json.Decoder(ReportHead).decode
+
+
+def report_head(payload: bytes) -> ReportHead:
+    """The report's node (at most 256 characters) and sequence; empty when unreadable."""
+    try:
+        head = _read_head(payload)
+    except msgspec.DecodeError:
+        return ReportHead()
+    return ReportHead(node=head.node[:256], sequence=head.sequence)
 
 
 class FrameTooLarge(ValueError):

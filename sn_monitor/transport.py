@@ -3,14 +3,16 @@
 The agent's reporter, the controller's drivers, its lease clients and the command line
 all name URLs in log lines, metric labels and error messages; none of them may print a
 credential that a URL carries. So a URL is shown as :func:`redact_url` makes it, checked
-in settings by :func:`check_http_url`, and a server's ``Retry-After`` read by
-:func:`parse_retry_after`. A bearer token comes from a file, by :func:`read_token`. A
-standby controller's answer is told by :func:`is_standby`: the client asks the next one.
+in settings by :func:`check_http_url`, a server's ``Retry-After`` read by
+:func:`parse_retry_after`, and an error answer's own words by :func:`error_text`. A
+bearer token comes from a file, by :func:`read_token`. A standby controller's answer is
+told by :func:`is_standby`: the client asks the next one.
 """
 
 from __future__ import annotations
 
 import email.utils
+import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,10 +30,30 @@ def is_standby(status: int, headers: Mapping[str, str]) -> bool:
     """Whether an answer is a standby controller's: 503 with :data:`ROLE_HEADER` ``standby``.
 
     Every client of an HA pair (agents, training jobs, ``sn-monitor breaker``, the fleet
-    view) then asks the next controller at once. ``headers`` is case-insensitive
-    (``requests``' response headers).
+    view) then asks the next controller at once. Header names are matched in any case,
+    whatever ``headers`` is (``requests``' headers, or a plain dict of the names as read).
     """
-    return status == 503 and headers.get(ROLE_HEADER, "").lower() == "standby"
+    if status != 503:
+        return False
+    role = ROLE_HEADER.lower()
+    return any(name.lower() == role and value.strip().lower() == "standby"
+               for name, value in headers.items())
+
+
+def error_text(body: bytes, limit: int = 500) -> str:
+    """An error answer's own words, at most ``limit`` characters.
+
+    Its JSON ``error`` (or ``detail``, ``message``), else the JSON, else the body as text.
+    """
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace").strip()[:limit]
+    if isinstance(doc, dict):
+        for key in ("error", "detail", "message"):
+            if key in doc:
+                return str(doc[key])[:limit]
+    return str(doc)[:limit]
 
 
 def redact_url(url: str, *, secret_path: bool = False) -> str:

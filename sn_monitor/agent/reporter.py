@@ -31,10 +31,11 @@ with it the event acknowledgement, undecodable.
 **The reports' stream** (:mod:`sn_monitor.report_stream`, :mod:`sn_monitor.agent.stream`).
 Reports go on a stream to the controller when it has them: one connection, one frame per
 report, and an answer only to a report that asks (one carrying events or command
-results, the first on a new stream, and one every :data:`ACK_EVERY_SECONDS`, which
-tells a controller that has stopped answering) or whose answer carries commands or rules.
-Answers that came on their own (commands) are read before the next report and after a
-report that asked for none, without waiting. A controller that answers the opening 404
+results, the first on a new stream, and one every
+:data:`~sn_monitor.report_stream.ASK_EVERY_SECONDS`, which tells a controller that has
+stopped answering) or whose answer carries commands or rules. Answers that came on their
+own (commands) are read before the next report, without waiting. A controller that
+answers the opening 404
 (an earlier version), or whose TLS the stream cannot set up, gets posted reports, and
 the stream is tried again after :data:`STREAM_RETRY_SECONDS`; every other outcome (no
 connection, a timeout, a standby, a refusal) is the same failure as a post's, with the
@@ -58,7 +59,7 @@ import ssl
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
@@ -76,7 +77,8 @@ from sn_monitor.agent.stream import (
 from sn_monitor.clock import Clock
 from sn_monitor.config import ConfigError
 from sn_monitor.model import MAX_EVENTS, Command, CommandResult, EdgeRules, Event, EventRecord
-from sn_monitor.transport import ROLE_HEADER, is_standby, parse_retry_after, redact_url
+from sn_monitor.report_stream import ASK_EVERY_SECONDS, NO_STREAM_STATUSES
+from sn_monitor.transport import error_text, is_standby, parse_retry_after, redact_url
 
 if TYPE_CHECKING:
     import requests
@@ -96,14 +98,9 @@ MAX_EVENT_BYTES_PER_REPORT = 512 * 1024
 #: Seconds an agent that could not take the controller's node-local rules sends full
 #: reports before it asks for them again (a report that asks is not judged on them).
 RULES_RETRY_SECONDS = 600.0
-#: On a stream, a report asks for an answer at least this often: a controller that stopped
-#: answering (hung, or cut off) is noticed within this plus the timeout.
-ACK_EVERY_SECONDS = 5.0
 #: Seconds a controller without streams (or a stream that TLS could not set up) gets
 #: posted reports before the agent tries a stream again.
 STREAM_RETRY_SECONDS = 600.0
-#: Answers to a stream's opening that mean "no streams here".
-_NO_STREAM = frozenset({400, 404, 405, 426, 501})
 _JITTER = 0.2
 _MAX_LOGGED_MESSAGES = 64
 _MAX_ERROR_TEXT = 500
@@ -181,7 +178,6 @@ class Reporter:
         # session's ``verify`` (None: the session's and the environment's default).
         self._verify: bool | str | None = None if verify is True else verify
         self._cert = cert
-        self._tls_verify = verify
         #: Reports go on a stream where the controller has them (False: always posted).
         self.streams = streams
         self._stream: ReportStream | None = None
@@ -314,7 +310,7 @@ class Reporter:
             self._highest_sent = max(self._highest_sent, events[-1].id)
         if self.rules is not None:
             report = self.rules.evaluate(report)
-        ask = bool(events or results) or now - self._asked_at >= ACK_EVERY_SECONDS
+        ask = bool(events or results) or now - self._asked_at >= ASK_EVERY_SECONDS
         self._deliver(self._encoder.encode(report), ask, len(results))
         commands, self._commands_due = self._commands_due, []
         return commands
@@ -334,16 +330,13 @@ class Reporter:
         A round ends at a delivery, at a failure that is not the controller's absence,
         or when every controller was tried; without a delivery, it backs off.
         """
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
         retry_after: float | None = None
         round_failures: list[str] = []
         for attempt in range(1, len(self.urls) + 1):
             self.reports_total += 1
             outcome = self._attempt_stream(body, ask, results_sent)
             if outcome is None:
-                outcome = self._attempt(body, headers, results_sent)
+                outcome = self._attempt(body, results_sent)
             if outcome is True:
                 return
             self.failures_total += 1
@@ -361,13 +354,15 @@ class Reporter:
             return
         raise AssertionError("unreachable: the last attempt returns")
 
-    def _attempt(self, body: bytes, headers: Mapping[str, str],
-                 results_sent: int) -> Literal[True] | _Failure:
+    def _attempt(self, body: bytes, results_sent: int) -> Literal[True] | _Failure:
         """POST the report: True when accepted (its reply taken), else the failure."""
         import requests  # only once a controller without streams is met
 
         if self._session is None:
             self._session = requests.Session()
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
         try:
             response = self._session.post(
                 self.endpoint, data=body, headers=headers, timeout=self._timeout,
@@ -378,7 +373,9 @@ class Reporter:
                             fail_over=True)
         status = response.status_code
         if not 200 <= status < 300:
-            return self._refused(status, _error_text(response),
+            return self._refused(status,
+                                 error_text(response.content, _MAX_ERROR_TEXT)
+                                 or response.reason or "",
                                  parse_retry_after(response.headers.get("Retry-After")),
                                  standby=is_standby(status, response.headers))
         try:
@@ -418,7 +415,8 @@ class Reporter:
         ask = ask or fresh
         try:
             stream.send(body, self._timeout, ask=ask)
-            answers = stream.wait(self.sequence, self._timeout) if ask else stream.poll()
+            # An answer to a report that did not ask is read before the next report.
+            answers = stream.wait(self.sequence, self._timeout) if ask else []
         except OSError as err:  # a timeout, the controller gone, an answer not one
             self._close_stream()
             return _Failure(f"controller unreachable: stream: {type(err).__name__}: {err}",
@@ -447,15 +445,13 @@ class Reporter:
                 return (False, stream) if taken is True else taken
         self._close_stream()
         try:
-            tls = (tls_context(self._tls_verify, self._cert) if url.startswith("https://")
-                   else None)
+            verify = True if self._verify is None else self._verify
+            tls = tls_context(verify, self._cert) if url.startswith("https://") else None
             stream = ReportStream.open(url, self._token, self._timeout, tls)
         except StreamRefused as err:
-            if err.status not in _NO_STREAM:
-                return self._refused(err.status, err.text,
-                                     parse_retry_after(err.headers.get("retry-after")),
-                                     standby=is_standby(err.status, {
-                                         ROLE_HEADER: err.headers.get(ROLE_HEADER.lower(), "")}))
+            if err.status not in NO_STREAM_STATUSES:
+                return self._refused(err.status, err.text, err.retry_after,
+                                     standby=err.standby)
             self._post_for_now(url, f"it has no reports' stream ({err.status})")
             return None
         except ssl.SSLError as err:
@@ -603,19 +599,6 @@ class Reporter:
         else:
             log.debug("%s (%d in a row); retrying in %.1f s", message, self._streak, delay,
                       extra={"node": self._node})
-
-
-def _error_text(response: requests.Response) -> str:
-    """The controller's own words: a JSON ``error``/``detail``/``message``, else the body."""
-    try:
-        doc: Any = response.json()
-    except ValueError:
-        return response.text.strip()[:_MAX_ERROR_TEXT] or response.reason or ""
-    if isinstance(doc, dict):
-        for key in ("error", "detail", "message"):
-            if key in doc:
-                return str(doc[key])[:_MAX_ERROR_TEXT]
-    return str(doc)[:_MAX_ERROR_TEXT]
 
 
 def _command_id(raw: msgspec.Raw) -> str | None:

@@ -2,10 +2,10 @@
 
 A :class:`ReportStream` is one connection to one controller, opened with the upgrade
 request and then written frame by frame. The reporter reads answers in two ways: what
-has arrived by now, without waiting (:meth:`ReportStream.poll`, before each report and
-after one that asked for nothing), and up to the answer to the report that asked
-(:meth:`ReportStream.wait`). A plain socket (TLS from :mod:`ssl` over ``https://``): one
-connection for the life of the stream, its answers a few hundred bytes.
+has arrived by now, without waiting (:meth:`ReportStream.poll`, before each report), and
+up to the answer to the report that asked (:meth:`ReportStream.wait`). A plain socket
+(TLS from :mod:`ssl` over ``https://``): one connection for the life of the stream, its
+answers a few hundred bytes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 import msgspec
 
 from sn_monitor import __version__
-from sn_monitor.report_stream import ACK, STREAM_PATH, UPGRADE, FrameReader, frame
+from sn_monitor.report_stream import ACK, UPGRADE, FrameReader, frame, opening
+from sn_monitor.transport import error_text, is_standby, parse_retry_after
 
 #: The most an opening's answer (head and body) may take, and an answer frame.
 _MAX_HEAD = 64 * 1024
@@ -46,9 +47,9 @@ class StreamRefused(Exception):
     def __init__(self, status: int, headers: dict[str, str], text: str) -> None:
         super().__init__(f"{status}: {text}")
         self.status = status
-        #: Header names lower-cased.
-        self.headers = headers
         self.text = text
+        self.standby = is_standby(status, headers)
+        self.retry_after = parse_retry_after(headers.get("retry-after"))
 
 
 class StreamClosed(ConnectionError):
@@ -94,12 +95,8 @@ class ReportStream:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if tls is not None:
                 sock = tls.wrap_socket(sock, server_hostname=host)
-            auth = f"Authorization: Bearer {token}\r\n" if token else ""
-            netloc = f"[{host}]" if ":" in host else host
-            sock.sendall((f"GET {parts.path.rstrip('/')}{STREAM_PATH} HTTP/1.1\r\n"
-                          f"Host: {netloc}:{port}\r\nConnection: Upgrade\r\n"
-                          f"Upgrade: {UPGRADE}\r\nUser-Agent: sn-monitor-agent/{__version__}"
-                          f"\r\n{auth}\r\n").encode())
+            sock.sendall(opening(parts.path, host, port, f"sn-monitor-agent/{__version__}",
+                                 token))
             data = b""
             while b"\r\n\r\n" not in data:
                 data += _recv(sock, deadline, len(data))
@@ -118,7 +115,7 @@ class ReportStream:
                 except StreamClosed:
                     break
             sock.close()
-            raise StreamRefused(status, headers, _text(rest[:length]))
+            raise StreamRefused(status, headers, error_text(rest[:length]))
         except BaseException:
             sock.close()
             raise
@@ -183,14 +180,3 @@ def _recv(sock: socket.socket, deadline: float, have: int) -> bytes:
 
 def _whole(text: str) -> int:
     return int(text) if text.isascii() and text.isdigit() else 0
-
-
-def _text(body: bytes) -> str:
-    """The controller's own words: a JSON ``error``, else the body."""
-    try:
-        doc = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return body.decode("utf-8", "replace").strip()[:500]
-    if isinstance(doc, dict) and isinstance(doc.get("error"), str):
-        return str(doc["error"])[:500]
-    return body.decode("utf-8", "replace").strip()[:500]

@@ -129,10 +129,16 @@ def status_of(err: ControllerError) -> int:
     return 500
 
 
+def retry_after_of(err: ControllerError) -> float | None:
+    """Seconds after which asking again may succeed: an Unavailable's, if it says."""
+    return err.retry_after if isinstance(err, Unavailable) else None
+
+
 def error_headers(err: ControllerError) -> dict[str, str]:
     """Headers an error answer carries: when to ask again, for an Unavailable."""
-    if isinstance(err, Unavailable) and err.retry_after is not None:
-        return {"retry-after": str(max(1, round(err.retry_after)))}
+    retry_after = retry_after_of(err)
+    if retry_after is not None:
+        return {"retry-after": str(max(1, round(retry_after)))}
     return {}
 
 
@@ -271,13 +277,13 @@ class ReportGate:
     def answer(self, identity: Identity, body: bytes, peer: str | None) -> tuple[int, bytes]:
         """Ingest one report: (HTTP status, JSON body)."""
         try:
-            reply = self._controller.ingest(body, identity, peer)
+            reply = self.ingest(identity, body, peer)
         except ControllerError as err:
             return status_of(err), self.error_body(err.message)
         return 200, _encoder.encode(reply)
 
     def ingest(self, identity: Identity, body: bytes, peer: str | None) -> ReportReply:
-        """Ingest one report from the reports' stream; ControllerError if refused."""
+        """Ingest one report; ControllerError if refused (the stream answers it itself)."""
         return self._controller.ingest(body, identity, peer)
 
     @staticmethod

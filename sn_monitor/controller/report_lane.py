@@ -61,14 +61,12 @@ from sn_monitor.controller.peer_identity import (
     client_certificate,
 )
 from sn_monitor.controller.stream_lane import ReportStreamSession
-from sn_monitor.report_stream import IDLE_SECONDS, STREAM_PATH, UPGRADE
+from sn_monitor.report_stream import IDLE_SECONDS, STREAM_PATH, SWITCHING, UPGRADE
 
 _PATH = REPORTS_PATH.encode()
 _PLAIN_LINE = b"POST " + _PATH + b" HTTP/1.1\r\n"
 _STREAM_LINE = b"GET " + STREAM_PATH.encode() + b" HTTP/1.1\r\n"
 _UPGRADE = UPGRADE.encode()
-_SWITCHING = (b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: "
-              + _UPGRADE + b"\r\n\r\n")
 #: Headers that make a request one for httptools (and uvicorn's checks) to read.
 _NOT_PLAIN = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 _BLANK = frozenset(b" \t")
@@ -201,7 +199,7 @@ class ReportLaneProtocol(HttpToolsProtocol):
                                keep_alive=False)
             self.transport.close()
             return b""
-        self.transport.write(_SWITCHING)
+        self.transport.write(SWITCHING)
         self._stream = ReportStreamSession(self.gate, identity,
                                            self.client[0] if self.client else None,
                                            self.transport.write)

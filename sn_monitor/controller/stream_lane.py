@@ -14,28 +14,13 @@ from collections.abc import Callable
 
 import msgspec
 
-from sn_monitor.controller.app import ReportGate, status_of
+from sn_monitor.controller.app import ReportGate, retry_after_of, status_of
 from sn_monitor.controller.auth import Identity
-from sn_monitor.controller.errors import ControllerError, Unavailable
+from sn_monitor.controller.errors import ControllerError
 from sn_monitor.model import StreamReply
-from sn_monitor.report_stream import ACK, FrameReader, frame
+from sn_monitor.report_stream import ACK, FrameReader, frame, report_head
 
 _encoder = msgspec.json.Encoder()
-
-
-class _ReportHead(msgspec.Struct):
-    """Read leniently from a refused report, to name it in the answer."""
-
-    node: str = ""
-    sequence: int = -1
-
-
-def _head(payload: bytes) -> _ReportHead:
-    try:
-        head = msgspec.json.decode(payload, type=_ReportHead)
-    except msgspec.DecodeError:
-        return _ReportHead()
-    return _ReportHead(node=head.node[:256], sequence=head.sequence)
 
 
 class ReportStreamSession:
@@ -64,11 +49,10 @@ class ReportStreamSession:
             try:
                 reply = gate.ingest(identity, payload, peer)
             except ControllerError as err:
-                head = _head(payload)
+                head = report_head(payload)  # to name the refused report in the answer
                 answers.append(StreamReply(
                     status=status_of(err), accepted=self._accepted, node=head.node,
-                    sequence=head.sequence, error=err.message,
-                    retry_after=err.retry_after if isinstance(err, Unavailable) else None))
+                    sequence=head.sequence, error=err.message, retry_after=retry_after_of(err)))
                 self._accepted = 0
                 continue
             self._accepted += 1

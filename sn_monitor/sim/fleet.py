@@ -35,14 +35,15 @@ fake NVML, the collectors) and keeps what the controller sees: the reports.
   load is even. Each connection is a reports' stream (:mod:`sn_monitor.report_stream`),
   as an agent's is: reports go out as they fall due, and a node asks for an answer as an
   agent does (its first report, one carrying events or command results, and one every
-  :data:`ACK_EVERY_SECONDS`), so a node waits only for those. ``--post-reports`` (or a
-  controller without streams, which answers the upgrade 404) posts every report as
-  agents of an earlier version do, one request in flight per keep-alive connection: a
-  report due while every connection is busy waits. That wait is the *schedule lag*; a
-  report overdue by more than an interval is not sent and counted (the fleet or the
-  controller cannot keep up). Latency is from sending a report to reading its answer
-  (on a stream, of the reports that asked for one). At the end each stream sends one
-  more report that asks, so that the answers count every report the streams carried.
+  :data:`~sn_monitor.report_stream.ASK_EVERY_SECONDS`), so a node waits only for those.
+  ``--post-reports`` (or a controller without streams, which answers the upgrade 404)
+  posts every report as agents of an earlier version do, one request in flight per
+  keep-alive connection: a report due while every connection is busy waits. That wait
+  is the *schedule lag*; a report overdue by more than an interval is not sent and
+  counted (the fleet or the controller cannot keep up). Latency is from sending a report
+  to reading its answer (on a stream, of the reports that asked for one). At the end
+  each stream sends one more report that asks, so that the answers count every report
+  the streams carried.
 
 The scenario (:mod:`sn_monitor.sim.scenario`) plays on the fleet by node index, in
 simulated time: wall time since the start times ``speed``.
@@ -51,7 +52,6 @@ simulated time: wall time since the start times ``speed``.
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import random
 import selectors
@@ -73,6 +73,7 @@ from sn_monitor.agent.collectors.infiniband import counter_stem
 from sn_monitor.agent.nvml import THROTTLE_REASONS
 from sn_monitor.agent.report import is_reported_ib_counter
 from sn_monitor.agent.rules import NodeRules
+from sn_monitor.agent.stream import StreamAnswer
 from sn_monitor.clock import SystemClock
 from sn_monitor.config import ConfigError
 from sn_monitor.model import (
@@ -86,12 +87,20 @@ from sn_monitor.model import (
     NetReport,
     Report,
 )
-from sn_monitor.report_stream import ACK, STREAM_PATH, UPGRADE, FrameReader, frame
+from sn_monitor.report_stream import (
+    ACK,
+    ASK_EVERY_SECONDS,
+    NO_STREAM_STATUSES,
+    FrameReader,
+    frame,
+    opening,
+)
 from sn_monitor.rules.series import Trim
 from sn_monitor.sim.gpu_model import H100_SXM, GpuProfile, SimulatedGpu, make_gpus
 from sn_monitor.sim.node import FAULTS, FaultError, SimulatedNode
 from sn_monitor.sim.node_tree import DEFAULT_IB_DEVICES, IB_COUNTER_FILES, IB_HW_COUNTER_FILES
 from sn_monitor.sim.scenario import NETDEVS, PlannedFault, Scenario, format_seconds
+from sn_monitor.transport import error_text
 
 REPORTS_PATH = "/api/v1/reports"
 #: Distinct base reports the healthy nodes step through.
@@ -103,11 +112,6 @@ REQUEST_TIMEOUT_SECONDS = 10.0
 STALE_AFTER_SECONDS = 4.0
 #: Latencies kept for the percentiles (a uniform sample beyond this many).
 MAX_SAMPLES = 200_000
-#: On a stream, a node asks for an answer at least this often, as an agent does
-#: (``sn_monitor.agent.reporter.ACK_EVERY_SECONDS``).
-ACK_EVERY_SECONDS = 5.0
-#: Answers to a stream's opening that mean "no streams here": post the reports instead.
-_NO_STREAM = frozenset({400, 404, 405, 426, 501})
 _STATE_ACTIVE, _STATE_DOWN = 4, 1
 _encoder = msgspec.json.Encoder()
 
@@ -406,17 +410,6 @@ class _CommandId(msgspec.Struct):
     id: str = ""
 
 
-class _StreamAnswer(msgspec.Struct):
-    """:class:`~sn_monitor.model.StreamReply`, its reply left raw (read as :class:`_Reply`)."""
-
-    status: int = 200
-    accepted: int = 0
-    node: str = ""
-    sequence: int = -1
-    reply: msgspec.Raw = msgspec.Raw(b"")  # absent: empty
-    error: str = ""
-
-
 # ---------------------------------------------------------------- statistics
 
 
@@ -523,8 +516,9 @@ class Fleet:
                 raise ValueError(f"--ca-file {options.ca_file}: {err}") from None
         else:
             self.tls = None
-        self.path = url.path.rstrip("/") + REPORTS_PATH
-        self.stream_path = url.path.rstrip("/") + STREAM_PATH
+        #: The controller URL's own path, before the API's paths.
+        self.prefix = url.path.rstrip("/")
+        self.path = self.prefix + REPORTS_PATH
         #: Reports go on streams (False: posted, by choice or because the controller has
         #: no streams).
         self.streams = not options.post_reports
@@ -572,9 +566,8 @@ class Fleet:
         self.header = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
                        f"Content-Type: application/json\r\nUser-Agent: sn-monitor-simulate/"
                        f"{__version__}\r\n{auth}Content-Length: ").encode()
-        self.upgrade = (f"GET {self.stream_path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                        f"Connection: Upgrade\r\nUpgrade: {UPGRADE}\r\nUser-Agent: "
-                        f"sn-monitor-simulate/{__version__}\r\n{auth}\r\n").encode()
+        self.upgrade = opening(self.prefix, self.host, self.port,
+                               f"sn-monitor-simulate/{__version__}", self.options.token)
         self.index_of = {name: i for i, name in enumerate(self.names)}
         # The slices must make exactly the report they stand for.
         body = self.fast_body(self.nodes[-1], 7, 1.5)
@@ -821,7 +814,7 @@ class Fleet:
             assert conn.sock is not None
             if conn.stream is not None:
                 ask = (ask or sent_events > 0 or sent_results > 0
-                       or now - node.asked_at >= ACK_EVERY_SECONDS)
+                       or now - node.asked_at >= ASK_EVERY_SECONDS)
                 data = frame(body, ACK if ask else 0)
             else:
                 data = self.header + str(len(body)).encode() + b"\r\n\r\n" + body
@@ -870,7 +863,7 @@ class Fleet:
                 self.stats.server_errors[status] += 1
             else:
                 self.stats.refused[status] += 1
-            self.stats.note(f"{status}: {_error_text(body)}")
+            self.stats.note(f"{status}: {error_text(body, 200)}")
 
         def opened(conn: _Connection, now: float) -> None:
             """The answer to a stream's opening, once its head is in ``conn.buffer``."""
@@ -895,7 +888,7 @@ class Fleet:
                 return
             body = conn.buffer[head_end + 4:head_end + 4 + length]
             close(conn, now)
-            if status in _NO_STREAM:
+            if status in NO_STREAM_STATUSES:
                 self.streams = False
                 self.stats.note(f"the controller has no reports' stream ({status}): "
                                 "posting the reports")
@@ -903,14 +896,14 @@ class Fleet:
             conn.retry_at = now + 0.5
             counted = self.stats.server_errors if status >= 500 else self.stats.refused
             counted[status] += 1
-            self.stats.note(f"{status}: {_error_text(body)} (opening a stream)")
+            self.stats.note(f"{status}: {error_text(body, 200)} (opening a stream)")
 
         def answers(conn: _Connection, data: bytes, now: float) -> None:
             """A stream's answers: counts, the nodes that waited, what the replies carry."""
             assert conn.stream is not None
             for _, payload in conn.stream.feed(data):
                 try:
-                    answer = msgspec.json.decode(payload, type=_StreamAnswer)
+                    answer = msgspec.json.decode(payload, type=StreamAnswer)
                 except msgspec.DecodeError as err:
                     self.stats.note(f"undecodable stream answer: {err}")
                     continue
@@ -1147,16 +1140,6 @@ def _content_length(head: bytes) -> int:
         return int(head[at + 15:line_end if line_end >= 0 else None])
     except ValueError:
         return 0
-
-
-def _error_text(body: bytes) -> str:
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return body[:200].decode("utf-8", "replace")
-    if isinstance(doc, dict) and isinstance(doc.get("error"), str):
-        return str(doc["error"])[:200]
-    return body[:200].decode("utf-8", "replace")
 
 
 def render_summary(summary: dict[str, Any]) -> str:

@@ -166,15 +166,21 @@ def test_no_controller_is_a_failure_not_a_quiet_success() -> None:
     assert "accepted no report" in err
 
 
+def play(controller: Controller, tmp_path: Path, fault: str,
+         *args: str) -> tuple[int, dict[str, Any], str]:
+    """``simulate`` of 16 nodes every 500 ms with a one-fault scenario, as an agent."""
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(f"kind: Scenario\nname: one-fault\nfaults:\n  - {fault}\n")
+    return simulate("--controller", controller.url, "--nodes", "16", "--interval", "500ms",
+                    "--scenario", str(scenario), "--token-file",
+                    str(controller.agent_token_file), *args)
+
+
 def test_an_overheat_scenario_opens_an_incident_and_is_throttled(
         controller: Controller, tmp_path: Path) -> None:
-    scenario = tmp_path / "hot.yaml"
-    scenario.write_text("kind: Scenario\nname: hot\nfaults:\n"
-                        "  - {at: 10s, node: 2, gpu: 3, fault: overheat, factor: 2.0}\n")
-    status, summary, err = simulate("--controller", controller.url, "--nodes", "16",
-                                    "--interval", "500ms", "--speed", "10",
-                                    "--duration", "10", "--scenario", str(scenario),
-                                    "--token-file", str(controller.agent_token_file))
+    status, summary, err = play(controller, tmp_path,
+                                "{at: 10s, node: 2, gpu: 3, fault: overheat, factor: 2.0}",
+                                "--speed", "10", "--duration", "10")
     assert status == 0, err
     assert summary["faults_played"] == ["t=10s: overheat factor=2.0 on sim-0002 GPU 3"]
     incidents = controller.get("/api/v1/incidents", node="sim-0002", limit=100)["incidents"]
@@ -191,13 +197,9 @@ def test_a_counter_that_rises_on_a_node_judging_its_own_rules_is_caught(
     # The node's rules (ecc-uncorrectable: an increase over 5 minutes) run in simulate
     # once the node is faulted; they must have seen the counter before the fault, as an
     # agent evaluating every sample has (the soak missed every such fault otherwise).
-    scenario = tmp_path / "ecc.yaml"
-    scenario.write_text("kind: Scenario\nname: ecc\nfaults:\n"
-                        "  - {at: 3s, node: 5, gpu: 1, fault: ecc-uncorrectable, count: 1}\n")
-    status, _, err = simulate("--controller", controller.url, "--nodes", "16",
-                              "--interval", "500ms", "--duration", "6",
-                              "--scenario", str(scenario),
-                              "--token-file", str(controller.agent_token_file))
+    status, _, err = play(controller, tmp_path,
+                          "{at: 3s, node: 5, gpu: 1, fault: ecc-uncorrectable, count: 1}",
+                          "--duration", "6")
     assert status == 0, err
     incidents = controller.get("/api/v1/incidents", node="sim-0005", limit=100)["incidents"]
     assert any(i["rule"] == "ecc-uncorrectable" and i["gpu"] == 1 for i in incidents), incidents

@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from sn_monitor.controller.app import ControllerApp, build_app
+from sn_monitor.controller.auth import TokenBook
 from sn_monitor.controller.store import Store, StoreError
-from tests.unit.test_controller_api import Api, make_api
+from tests.unit.test_controller_api import Api, make_api, write_tokens
 from tests.unit.test_controller_service import HOT_RULE, Harness, make_harness, rules_from
+from tests.unit.test_report_lane import MAX_BODY
+from tests.unit.test_tls import Server
 
 
 @pytest.fixture
@@ -24,6 +28,23 @@ def api(tmp_path: Path) -> Iterator[Api]:
         yield client
     h.controller.close()
     h.store.close()
+
+
+@pytest.fixture
+def app(harness: Harness, tmp_path: Path) -> ControllerApp:
+    """The controller's app around ``harness``, tokens of every role, a MAX_BODY limit.
+
+    A module that means another app defines its own ``app``.
+    """
+    return build_app(harness.controller, TokenBook.load(write_tokens(tmp_path)), MAX_BODY)
+
+
+@pytest.fixture
+def lane_server(app: ControllerApp) -> Iterator[Server]:
+    """``app`` served by uvicorn with the reports' lane, in a thread, on 127.0.0.1."""
+    s = Server(app)
+    yield s
+    s.stop()
 
 
 @pytest.fixture

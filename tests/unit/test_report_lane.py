@@ -11,35 +11,22 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import msgspec
 import pytest
 from starlette.testclient import TestClient
 
-from sn_monitor.controller.app import ControllerApp, build_app
-from sn_monitor.controller.auth import TokenBook
-from tests.unit.test_controller_api import AGENT, JSON, READ, write_tokens
+from sn_monitor.controller.app import ControllerApp
+from tests.unit.test_controller_api import AGENT, JSON, READ
 from tests.unit.test_controller_service import (
     Harness,
     report_body,
 )
 from tests.unit.test_tls import Server
 
+#: The body limit of the ``app`` fixture (conftest.py): small, so tests cross it cheaply.
 MAX_BODY = 64 * 1024
 
-
-@pytest.fixture
-def app(harness: Harness, tmp_path: Path) -> ControllerApp:
-    return build_app(harness.controller, TokenBook.load(write_tokens(tmp_path)), MAX_BODY)
-
-
-@pytest.fixture
-def server(app: ControllerApp) -> Iterator[Server]:
-    s = Server(app)
-    yield s
-    s.stop()
 
 
 def request(body: bytes, *, token: str | None = AGENT, version: str = "1.1",
@@ -84,8 +71,8 @@ class Reader:
         return self.buffer == b"" and not self._fill()
 
 
-def test_reports_on_one_kept_alive_connection(server: Server, harness: Harness) -> None:
-    with server.connect() as sock:
+def test_reports_on_one_kept_alive_connection(lane_server: Server, harness: Harness) -> None:
+    with lane_server.connect() as sock:
         reader = Reader(sock)
         for sequence in (1, 2, 3):
             sock.sendall(request(report_body("gpu-a", temps=[60.0], sequence=sequence)))
@@ -114,9 +101,9 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_lane_answers_as_the_asgi_handler(case: str, app: ControllerApp,
-                                              server: Server) -> None:
+                                              lane_server: Server) -> None:
     body, token = CASES[case]
-    with server.connect() as sock:
+    with lane_server.connect() as sock:
         sock.sendall(request(body, token=token))
         lane_status, _, lane_body = Reader(sock).response()
     # The same request through ASGI (the report was applied once: send a later sequence).
@@ -135,9 +122,9 @@ def test_the_lane_answers_as_the_asgi_handler(case: str, app: ControllerApp,
         assert lane["error"]
 
 
-def test_an_oversized_chunked_body_is_refused_and_the_connection_closed(server: Server
+def test_an_oversized_chunked_body_is_refused_and_the_connection_closed(lane_server: Server
                                                                          ) -> None:
-    with server.connect() as sock:
+    with lane_server.connect() as sock:
         reader = Reader(sock)
         # a report behind it, in the same write: never read, as nothing after the limit is
         sock.sendall(request(b"x" * (MAX_BODY + 10), chunked=True)
@@ -146,13 +133,13 @@ def test_an_oversized_chunked_body_is_refused_and_the_connection_closed(server: 
         assert status == 413, body
         assert headers["connection"] == "close"
         assert reader.closed()
-    with server.connect() as sock:
+    with lane_server.connect() as sock:
         sock.sendall(request(report_body("gpu-c", temps=[50.0]), chunked=True))
         assert Reader(sock).response()[0] == 200
 
 
-def test_http_1_0_is_answered_and_closed(server: Server) -> None:
-    with server.connect() as sock:
+def test_http_1_0_is_answered_and_closed(lane_server: Server) -> None:
+    with lane_server.connect() as sock:
         sock.sendall(request(report_body("gpu-d", temps=[50.0]), version="1.0"))
         reader = Reader(sock)
         status, headers, _ = reader.response()
@@ -161,8 +148,8 @@ def test_http_1_0_is_answered_and_closed(server: Server) -> None:
         assert reader.closed()
 
 
-def test_pipelined_requests_are_answered_in_order(server: Server) -> None:
-    with server.connect() as sock:
+def test_pipelined_requests_are_answered_in_order(lane_server: Server) -> None:
+    with lane_server.connect() as sock:
         sock.sendall(b"".join(request(report_body("gpu-e", temps=[50.0], sequence=s))
                               for s in (1, 2, 3)))
         reader = Reader(sock)
@@ -170,8 +157,8 @@ def test_pipelined_requests_are_answered_in_order(server: Server) -> None:
                 for _ in range(3)] == [1, 2, 3]
 
 
-def test_other_requests_take_the_asgi_path_on_the_same_connection(server: Server) -> None:
-    with server.connect() as sock:
+def test_other_requests_take_the_asgi_path_on_the_same_connection(lane_server: Server) -> None:
+    with lane_server.connect() as sock:
         reader = Reader(sock)
         sock.sendall(request(report_body("gpu-f", temps=[50.0], sequence=1)))
         assert reader.response()[0] == 200
@@ -201,8 +188,8 @@ def _sequences(reader: Reader, n: int) -> list[int]:
     return [msgspec.json.decode(reader.response()[2])["sequence"] for _ in range(n)]
 
 
-def test_a_request_split_over_reads_is_answered_and_the_next_ones_too(server: Server) -> None:
-    with server.connect() as sock:
+def test_a_request_split_over_reads_is_answered_and_the_next_ones_too(lane_server: Server) -> None:
+    with lane_server.connect() as sock:
         reader = Reader(sock)
         whole = request(report_body("gpu-p", temps=[50.0], sequence=1))
         for part in (whole[:20], whole[20:-30], whole[-30:]):
@@ -217,8 +204,8 @@ def test_a_request_split_over_reads_is_answered_and_the_next_ones_too(server: Se
 
 
 def test_a_report_then_another_request_in_one_read_are_answered_in_order(
-        server: Server) -> None:
-    with server.connect() as sock:
+        lane_server: Server) -> None:
+    with lane_server.connect() as sock:
         reader = Reader(sock)
         sock.sendall(request(report_body("gpu-q", temps=[50.0], sequence=1))
                      + b"GET /healthz HTTP/1.1\r\nHost: controller\r\n\r\n"
@@ -237,10 +224,10 @@ def test_a_report_then_another_request_in_one_read_are_answered_in_order(
     ("Content-Type: application/json\r\n", 200),      # a header twice
     ("Bad Name : x\r\n", 400),                         # whitespace before the colon
 ], ids=["folded", "twice", "space-before-colon"])
-def test_a_request_that_is_not_plain_gets_httptools_answer(server: Server, extra: str,
+def test_a_request_that_is_not_plain_gets_httptools_answer(lane_server: Server, extra: str,
                                                            expected: int) -> None:
     body = report_body("gpu-r", temps=[50.0], sequence=1)
-    with server.connect() as sock:
+    with lane_server.connect() as sock:
         sock.sendall(request(body, extra=extra))
         status, _, _ = Reader(sock).response()
     assert status == expected  # httptools' verdict, as before the plain path existed

@@ -7,23 +7,15 @@ around a real controller); the stream is opened and fed as raw bytes.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
-from pathlib import Path
 
 import msgspec
-import pytest
 
-from sn_monitor.controller.app import ControllerApp, build_app
-from sn_monitor.controller.auth import TokenBook
 from sn_monitor.model import Command, StreamReply
 from sn_monitor.report_stream import ACK, STREAM_PATH, UPGRADE, FrameReader, frame
-from tests.unit.test_controller_api import AGENT, READ, write_tokens
+from tests.unit.test_controller_api import AGENT, READ
 from tests.unit.test_controller_service import Harness, report_body
-from tests.unit.test_report_lane import Reader
+from tests.unit.test_report_lane import MAX_BODY, Reader
 from tests.unit.test_tls import Server
-
-MAX_BODY = 64 * 1024
-
 
 # ------------------------------------------------------------------ frames
 
@@ -51,18 +43,6 @@ def test_a_frame_over_the_limit_stops_the_reading_after_the_frames_before_it() -
 
 
 # ------------------------------------------------------------------ the controller's end
-
-
-@pytest.fixture
-def app(harness: Harness, tmp_path: Path) -> ControllerApp:
-    return build_app(harness.controller, TokenBook.load(write_tokens(tmp_path)), MAX_BODY)
-
-
-@pytest.fixture
-def server(app: ControllerApp) -> Iterator[Server]:
-    s = Server(app)
-    yield s
-    s.stop()
 
 
 def opening(token: str | None = AGENT, upgrade: str = UPGRADE) -> bytes:
@@ -119,8 +99,8 @@ def open_stream(sock: socket.socket, token: str | None = AGENT) -> Stream:
 
 
 def test_reports_on_a_stream_are_taken_and_only_those_that_ask_are_answered(
-        server: Server, harness: Harness) -> None:
-    with server.connect() as sock:
+        lane_server: Server, harness: Harness) -> None:
+    with lane_server.connect() as sock:
         stream = open_stream(sock)
         for sequence in (1, 2, 3):
             stream.send(report_body("gpu-a", temps=[60.0], sequence=sequence))
@@ -138,8 +118,8 @@ def test_reports_on_a_stream_are_taken_and_only_those_that_ask_are_answered(
 
 
 def test_a_refused_report_is_answered_with_its_status_and_the_stream_goes_on(
-        server: Server, harness: Harness) -> None:
-    with server.connect() as sock:
+        lane_server: Server, harness: Harness) -> None:
+    with lane_server.connect() as sock:
         stream = open_stream(sock)
         stream.send(report_body("gpu-a", temps=[60.0], sequence=1))
         stream.send(report_body("cpu-1", temps=[60.0], sequence=7))  # not this agent's
@@ -155,9 +135,9 @@ def test_a_refused_report_is_answered_with_its_status_and_the_stream_goes_on(
                 ) == (200, True)
 
 
-def test_commands_go_out_at_once_without_being_asked_for(server: Server,
+def test_commands_go_out_at_once_without_being_asked_for(lane_server: Server,
                                                        harness: Harness) -> None:
-    with server.connect() as sock:
+    with lane_server.connect() as sock:
         stream = open_stream(sock)
         stream.send(report_body("gpu-a", temps=[60.0], sequence=1), ACK)
         assert stream.answer().reply is not None
@@ -170,9 +150,9 @@ def test_commands_go_out_at_once_without_being_asked_for(server: Server,
         assert answer.sequence == 2
 
 
-def test_frames_in_the_same_read_as_the_opening_are_taken(server: Server,
+def test_frames_in_the_same_read_as_the_opening_are_taken(lane_server: Server,
                                                           harness: Harness) -> None:
-    with server.connect() as sock:
+    with lane_server.connect() as sock:
         sock.sendall(opening() + frame(report_body("gpu-a", temps=[60.0], sequence=5), ACK))
         reader = Reader(sock)
         while b"\r\n\r\n" not in reader.buffer:
@@ -183,8 +163,8 @@ def test_frames_in_the_same_read_as_the_opening_are_taken(server: Server,
         assert (answer.status, answer.sequence) == (200, 5)
 
 
-def test_an_opening_without_a_token_is_refused_and_closed(server: Server) -> None:
-    with server.connect() as sock:
+def test_an_opening_without_a_token_is_refused_and_closed(lane_server: Server) -> None:
+    with lane_server.connect() as sock:
         sock.sendall(opening(None))
         reader = Reader(sock)
         status, _, body = reader.response()
@@ -193,24 +173,24 @@ def test_an_opening_without_a_token_is_refused_and_closed(server: Server) -> Non
 
 
 def test_a_token_that_may_not_report_gets_each_report_refused_as_a_post_would(
-        server: Server) -> None:
-    with server.connect() as sock:
+        lane_server: Server) -> None:
+    with lane_server.connect() as sock:
         stream = open_stream(sock, READ)
         stream.send(report_body("gpu-a", temps=[60.0], sequence=1))
         answer = stream.answer()
         assert (answer.status, answer.node, answer.accepted) == (403, "gpu-a", 0)
 
 
-def test_an_opening_for_another_protocol_is_not_a_stream(server: Server) -> None:
-    with server.connect() as sock:
+def test_an_opening_for_another_protocol_is_not_a_stream(lane_server: Server) -> None:
+    with lane_server.connect() as sock:
         sock.sendall(opening(upgrade="sn-reports/9"))
         status, _, _ = Reader(sock).response()
         assert status == 404  # as a controller before streams answers: the agent posts
 
 
 def test_a_frame_over_the_limit_is_answered_413_and_the_stream_closed(
-        server: Server) -> None:
-    with server.connect() as sock:
+        lane_server: Server) -> None:
+    with lane_server.connect() as sock:
         stream = open_stream(sock)
         stream.send(report_body("gpu-a", temps=[60.0], sequence=1))
         sock.sendall((MAX_BODY + 1).to_bytes(4, "big") + b"\x00" + b" " * 1000)

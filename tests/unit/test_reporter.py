@@ -20,7 +20,7 @@ from sn_monitor.agent.snapshot import GpuSample, NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import ManualClock
 from sn_monitor.model import CommandResult, Event, Report
-from sn_monitor.transport import TokenError, read_token, redact_url
+from sn_monitor.transport import TokenError, error_text, is_standby, read_token, redact_url
 
 TOKEN = "s3cret-token-value"
 
@@ -560,6 +560,31 @@ def test_the_controller_list_is_checked(tmp_path):
 def test_credentials_in_a_url_stay_out_of_log_lines():
     assert redact_url("https://user:pw@ctl-a:9848/x?token=s") == "https://ctl-a:9848/x"
     assert redact_url("http://ctl-b:9848") == "http://ctl-b:9848"
+
+
+@pytest.mark.parametrize(("status", "headers", "standby"), [
+    (503, {"X-SN-Controller-Role": "standby"}, True),
+    (503, {"x-sn-controller-role": "Standby "}, True),  # names as read off the wire
+    (503, {"x-sn-controller-role": "active"}, False),
+    (503, {}, False),
+    (500, {"x-sn-controller-role": "standby"}, False),
+])
+def test_a_standby_answer_is_told_whatever_the_case_of_its_header(
+        status: int, headers: dict[str, str], standby: bool) -> None:
+    assert is_standby(status, headers) is standby
+
+
+@pytest.mark.parametrize(("body", "text"), [
+    (b'{"error": "missing or unknown bearer token"}', "missing or unknown bearer token"),
+    (b'{"detail": "Not Found"}', "Not Found"),
+    (b'["a", 1]', "['a', 1]"),
+    (b"<html>bad gateway</html>\n", "<html>bad gateway</html>"),
+    (b"\xff\xfe not utf-8", "\ufffd\ufffd not utf-8"),
+    (b"", ""),
+])
+def test_an_error_answer_is_told_in_its_own_words(body: bytes, text: str) -> None:
+    assert error_text(body) == text
+    assert error_text(b'{"error": "' + b"x" * 50 + b'"}', limit=10) == "x" * 10
 
 
 # ----------------------------------------------------------------- node-local rules

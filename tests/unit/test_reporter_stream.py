@@ -2,44 +2,34 @@
 
 test_reporter drives the reporter against a tiny HTTP server that has no stream (it
 answers the opening 501), so everything there is the posted path; here the controller
-is the real one (test_report_lane's server, the harness of test_controller_service).
+is the real one (conftest's ``lane_server``, the harness of test_controller_service), or a raw
+socket server that answers the opening as a standby or a hung controller would.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sn_monitor.agent.reporter import ACK_EVERY_SECONDS, STREAM_RETRY_SECONDS, Reporter
+from sn_monitor.agent.reporter import STREAM_RETRY_SECONDS, Reporter
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import ManualClock
-from sn_monitor.controller.app import ControllerApp, build_app
-from sn_monitor.controller.auth import TokenBook
+from sn_monitor.controller.app import ControllerApp
 from sn_monitor.model import Command
-from tests.unit.test_controller_api import AGENT, write_tokens
+from sn_monitor.report_stream import ASK_EVERY_SECONDS, SWITCHING
+from tests.drivers.servers import wait_until
+from tests.unit.test_controller_api import AGENT
 from tests.unit.test_controller_service import T0, Harness
 from tests.unit.test_reporter import Controller as PostOnlyController
 from tests.unit.test_reporter import snapshot, xid
 from tests.unit.test_tls import Server
 
 NODE = "gpu-node-017"
-
-
-@pytest.fixture
-def app(harness: Harness, tmp_path: Path) -> ControllerApp:
-    return build_app(harness.controller, TokenBook.load(write_tokens(tmp_path)), 1 << 20)
-
-
-@pytest.fixture
-def server(app: ControllerApp) -> Iterator[Server]:
-    s = Server(app)
-    yield s
-    s.stop()
 
 
 def make_reporter(urls: str | list[str], tmp_path: Path, clock: ManualClock,
@@ -59,10 +49,10 @@ def reported_sequence(harness: Harness) -> int | None:
     return view.report.sequence if view is not None and view.report is not None else None
 
 
-def test_reports_go_on_one_stream_and_reach_the_controller(server: Server, harness: Harness,
+def test_reports_go_on_one_stream_and_reach_the_controller(lane_server: Server, harness: Harness,
                                                            clock: ManualClock,
                                                            tmp_path: Path) -> None:
-    reporter = make_reporter(server.url, tmp_path, clock)
+    reporter = make_reporter(lane_server.url, tmp_path, clock)
     try:
         for _ in range(6):
             reporter.report(snapshot(clock))
@@ -70,29 +60,25 @@ def test_reports_go_on_one_stream_and_reach_the_controller(server: Server, harne
         assert reporter.streaming
         assert reporter.failures_total == 0
         # the last report asked for nothing: the controller has it all the same
-        for _ in range(100):
-            if reported_sequence(harness) == 6:
-                break
-            threading.Event().wait(0.05)
-        assert reported_sequence(harness) == 6
+        assert wait_until(lambda: reported_sequence(harness) == 6)
     finally:
         reporter.close()
 
 
 def test_events_on_a_stream_are_acknowledged_and_leave_the_spool(
-        server: Server, harness: Harness, clock: ManualClock, tmp_path: Path) -> None:
-    reporter = make_reporter(server.url, tmp_path, clock)
+        lane_server: Server, harness: Harness, clock: ManualClock, tmp_path: Path) -> None:
+    reporter = make_reporter(lane_server.url, tmp_path, clock)
     try:
         reporter.report(snapshot(clock))  # the stream opens
         clock.advance(1.0)
-        for _ in range(20):  # the writer stores them off the event loop: a few reports
-            if reporter.spool.pending_count == 0 and reporter.sequence > 1:
-                break
-            reporter.report(snapshot(clock, xid(1)) if reporter.sequence == 1
-                            else snapshot(clock))
+        reporter.report(snapshot(clock, xid(1)))
+
+        def acknowledged() -> bool:  # the writer stores them off the event loop
             clock.advance(1.0)
-            threading.Event().wait(0.05)
-        assert reporter.spool.pending_count == 0
+            reporter.report(snapshot(clock))
+            return reporter.spool.pending_count == 0
+
+        assert wait_until(acknowledged, step=0.05)
         assert reporter.streaming
         assert [e["message"] for e in harness.store.list_events(NODE)] == ["Xid 13 #1"]
     finally:
@@ -100,20 +86,21 @@ def test_events_on_a_stream_are_acknowledged_and_leave_the_spool(
 
 
 def test_a_command_comes_with_the_next_report_without_being_asked_for(
-        server: Server, harness: Harness, clock: ManualClock, tmp_path: Path) -> None:
-    reporter = make_reporter(server.url, tmp_path, clock)
+        lane_server: Server, harness: Harness, clock: ManualClock, tmp_path: Path) -> None:
+    reporter = make_reporter(lane_server.url, tmp_path, clock)
     try:
         assert reporter.report(snapshot(clock)) == []
         clock.advance(1.0)
         harness.drivers.queue.put(NODE, Command(id="c-1", kind="throttle", gpu=0,
                                                 power_watts=500.0))
         commands = reporter.report(snapshot(clock))  # asks for nothing
-        for _ in range(50):  # its answer comes on its own; read before the next report
-            if commands:
-                break
-            threading.Event().wait(0.05)
+
+        def received() -> bool:  # its answer comes on its own; read before the next report
             clock.advance(1.0)
-            commands = reporter.report(snapshot(clock))
+            commands.extend(reporter.report(snapshot(clock)))
+            return bool(commands)
+
+        assert commands or wait_until(received, step=0.05)
         assert [c.id for c in commands] == ["c-1"]
         assert reporter.streaming
     finally:
@@ -140,10 +127,15 @@ def test_a_controller_without_streams_gets_posted_reports_and_is_asked_again_lat
         old.close()
 
 
-class SilentController:
-    """Opens streams and then never answers (a controller that hangs)."""
+class RawController:
+    """Answers every stream opening with ``answer``, then reads and says nothing more.
 
-    def __init__(self) -> None:
+    :data:`~sn_monitor.report_stream.SWITCHING`: a controller that hangs once its stream
+    is open; an HTTP answer: whatever that answer stands for.
+    """
+
+    def __init__(self, answer: bytes = SWITCHING) -> None:
+        self.answer = answer
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.sock.settimeout(0.05)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -161,8 +153,7 @@ class SilentController:
             self.conns.append(conn)
             conn.settimeout(5)
             conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\n"
-                         b"Upgrade: sn-reports/1\r\n\r\n")
+            conn.sendall(self.answer)
 
     def close(self) -> None:
         self.stop.set()
@@ -173,25 +164,25 @@ class SilentController:
 
 
 def test_a_controller_that_stops_answering_is_left_for_the_next(
-        server: Server, harness: Harness, clock: ManualClock, tmp_path: Path) -> None:
-    silent = SilentController()
-    reporter = make_reporter([silent.url, server.url], tmp_path, clock, timeout=0.5)
+        lane_server: Server, harness: Harness, clock: ManualClock, tmp_path: Path) -> None:
+    silent = RawController()
+    reporter = make_reporter([silent.url, lane_server.url], tmp_path, clock, timeout=0.5)
     try:
         reporter.report(snapshot(clock))  # the first report on a stream asks: no answer
         assert reporter.failures_total == 1
-        assert reporter.in_use == server.url
+        assert reporter.in_use == lane_server.url
         assert reporter.streaming
         for _ in range(3):
-            clock.advance(ACK_EVERY_SECONDS)
+            clock.advance(ASK_EVERY_SECONDS)
             reporter.report(snapshot(clock))
         assert reporter.failures_total == 1
-        assert reporter.in_use == server.url
+        assert reporter.in_use == lane_server.url
     finally:
         reporter.close()
         silent.close()
 
 
-def test_a_stream_the_controller_closed_is_opened_again_for_the_next_report(
+def test_a_stream_the_controller_closed_is_dropped_and_a_gone_controller_is_a_failure(
         app: ControllerApp, harness: Harness, clock: ManualClock, tmp_path: Path) -> None:
     first = Server(app)
     reporter = make_reporter(first.url, tmp_path, clock)
@@ -203,5 +194,46 @@ def test_a_stream_the_controller_closed_is_opened_again_for_the_next_report(
         reporter.report(snapshot(clock))  # nothing listens: a failure, and backoff
         assert reporter.failures_total == 1
         assert not reporter.streaming
+    finally:
+        reporter.close()
+
+
+STANDBY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+           b"X-SN-Controller-Role: standby\r\nRetry-After: 30\r\nContent-Length: 21\r\n"
+           b"\r\n{\"error\": \"standby\"}")
+
+
+def test_a_standby_answering_the_opening_sends_the_report_on_to_the_next_at_once(
+        lane_server: Server, harness: Harness, clock: ManualClock, tmp_path: Path) -> None:
+    standby = RawController(STANDBY)
+    reporter = make_reporter([standby.url, lane_server.url], tmp_path, clock)
+    try:
+        reporter.report(snapshot(clock))
+        assert reporter.in_use == lane_server.url
+        assert reporter.backoff_until is None  # no backoff, whatever its Retry-After
+        assert reporter.streaming
+        assert reported_sequence(harness) == 1
+    finally:
+        reporter.close()
+        standby.close()
+
+
+def test_an_opening_refused_for_its_token_is_a_refusal_logged_once_not_a_post(
+        lane_server: Server, clock: ManualClock, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    spool = EventSpool(tmp_path / "spool", clock=clock)
+    reporter = Reporter(lane_server.url, "not-a-token", NODE, {}, clock, spool,
+                        rng=random.Random(0))
+    try:
+        with caplog.at_level(logging.ERROR, logger="sn_monitor.agent.reporter"):
+            for _ in range(3):
+                reporter.report(snapshot(clock))
+                clock.advance(60.0)  # past any backoff
+        assert reporter.failures_total == 3
+        assert not reporter.streaming
+        assert reporter._session is None  # never fell back to posting
+        refusals = [r.getMessage() for r in caplog.records]
+        assert refusals == ["controller refused the report (401): missing or unknown "
+                            "bearer token"]
     finally:
         reporter.close()
