@@ -31,6 +31,7 @@ from sn_monitor.controller.actions.routing import Drivers, NoDriver
 from sn_monitor.controller.actions.runner import ActionRunner, ActionStateError
 from sn_monitor.controller.audit import ActionRecord, ActionRequest
 from sn_monitor.controller.auth import Identity
+from sn_monitor.controller.blast_radius import BlastRadius
 from sn_monitor.controller.breaker import BreakerKeeper, breaker_doc
 from sn_monitor.controller.errors import (
     Conflict,
@@ -40,6 +41,7 @@ from sn_monitor.controller.errors import (
     NotFound,
     Unavailable,
 )
+from sn_monitor.controller.escalation import Escalation
 from sn_monitor.controller.ingest import NodeRegistry, controller_times, decode_report
 from sn_monitor.controller.job_actions import RunnerJobActions
 from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
@@ -142,6 +144,11 @@ class Controller:
             self._labels_of, settings.recovery)
         drivers.queue.on_result = lambda node, result: self.writer.call(
             partial(self._command_result, node, result))
+        #: Findings on many nodes at once that belong to their job or rack.
+        self.blast = BlastRadius(self.engine.rule, self._job_of, self._labels_of,
+                                 self.progress)
+        #: Repeat offenders climb one rung (read in the writer, from the store).
+        self.escalation = Escalation(self.engine.rule, store)
         self._lock = threading.RLock()
         # The engine is not thread-safe; ingest (the HTTP loop) and the sweep (the
         # scheduler's thread) call it concurrently in the daemon. Held for engine calls only.
@@ -382,7 +389,15 @@ class Controller:
     # ------------------------------------------------------------------ findings
 
     def _handle(self, findings: Sequence[Finding]) -> None:
-        """Findings: noted in memory now, recorded and acted on by the writer, in order."""
+        """Findings: noted in memory now, recorded and acted on by the writer, in order.
+
+        The blast radius sees them first: a fault on many nodes of one job (or rack) at
+        once becomes one incident of the job (or rack).
+        """
+        self._take(self.blast.screen(findings))
+
+    def _take(self, findings: Sequence[Finding]) -> None:
+        """Findings past the blast radius: noted now, recorded and acted on by the writer."""
         for finding in findings:
             if finding.status == "firing":
                 self._note_fired(finding)
@@ -403,7 +418,16 @@ class Controller:
                     extra={"node": f.node, "rule": f.rule, "gpu": f.gpu})
 
     def _record_fired(self, f: Finding) -> int | None:
-        """Record the incident and start its actions (the writer); its id (None: not)."""
+        """Record the incident and start its actions (the writer); its id (None: not).
+
+        A repeat offender's incident takes its rule's next rung (escalation) first.
+        """
+        escalated = self.store_health.attempt(self.escalation.escalate, f)
+        if escalated is not None and escalated is not f:
+            f = escalated
+            if _means_broken(f):
+                with self._lock:
+                    self._fatal.setdefault(f.node, {})[(f.rule, f.subject)] = f.detected_wall
         incident_id = self.store_health.attempt(
             self.store.open_incident, f.rule, f.node, f.subject, severity=f.severity,
             message=f.message, observed_at=f.observed_wall, detected_at=f.detected_wall,
@@ -607,13 +631,12 @@ class Controller:
             self._submit("release", f, incident_id, "resolved")
 
     def _submit(self, action: ActionName, f: Finding, incident_id: int, status: str) -> None:
-        view = self.registry.get(f.node)
         suffix = ":resolved" if status == "resolved" and action == "alert" else ""
         request = ActionRequest(
             id=uuid.uuid4().hex, key=f"incident:{incident_id}:{action}{suffix}",
             action=action, node=f.node, reason=f.message, rule=f.rule,
             incident_id=incident_id, gpu=f.gpu, severity=f.severity,
-            labels=dict(view.labels) if view else {},
+            labels=self._finding_labels(f),
             params={"status": status, "subject": f.subject, "value": f.value,
                     "observed_at": f.observed_wall, "detected_at": f.detected_wall},
             requested_by=f"rule:{f.rule}" + (f" via {f.source}" if f.source else ""),
@@ -652,6 +675,7 @@ class Controller:
             with self._engine_lock:
                 findings = self.engine.sweep(self.registry.views())
             self._handle(findings)
+            self._take(self.blast.sweep())
         self._close_inherited()
         self._submit_settled()
         self.jobs.observe_fleet(len(self.registry))
@@ -805,6 +829,19 @@ class Controller:
     def _labels_of(self, node: str) -> dict[str, str] | None:
         view = self.registry.get(node)
         return dict(view.labels) if view is not None else None
+
+    def _job_of(self, node: str) -> str | None:
+        jobs = self.jobs.jobs_of_node(node)
+        return jobs[0] if jobs else None
+
+    def _finding_labels(self, f: Finding) -> dict[str, str]:
+        """An action's labels: its node's, or for a job's incident the job's (its owner)."""
+        if f.node.startswith("job:"):
+            job = f.node[len("job:"):]
+            spec = self.jobs.spec(job)
+            return {**(spec.metadata.labels if spec is not None else {}), "job": job}
+        view = self.registry.get(f.node)
+        return dict(view.labels) if view else {}
 
     def cluster(self) -> ClusterSummary:
         """The numbers the safety policy needs."""

@@ -650,6 +650,13 @@ class Store:
         rows = self._query(sql + " ORDER BY id DESC LIMIT ?", (*args, limit))
         return [self._incident(r) for r in rows]
 
+    def count_closed_incidents(self, rule: str, node: str, subject: str, since: float) -> int:
+        """How many closed incidents of (rule, node, subject) were detected since ``since``."""
+        return int(self._query(
+            "SELECT COUNT(*) AS n FROM incidents WHERE node = ? AND detected_at >= ?"
+            " AND rule = ? AND subject = ? AND status = 'closed'",
+            (node, since, rule, subject))[0]["n"])
+
     def open_incident_count(self) -> int:
         """How many incidents are open (``sn_incidents_open``)."""
         return int(self._query(
@@ -790,6 +797,12 @@ class Store:
                            f" {self.db.insertion_order} DESC LIMIT ?",
                            (*args, limit))
         return [self._action(r) for r in rows]
+
+    def count_evictions(self, node: str, since: float) -> int:
+        """How many times ``node`` was taken out of service (an eviction that ran) since then."""
+        return int(self._query(
+            "SELECT COUNT(*) AS n FROM actions WHERE node = ? AND action = 'evict'"
+            " AND state = 'succeeded' AND created_at >= ?", (node, since))[0]["n"])
 
     def actions_in_states(self, states: Iterable[str]) -> list[ActionRecord]:
         """Every action in one of ``states``, oldest first (resume after a restart)."""

@@ -194,14 +194,17 @@ def format_number(value: float) -> str:
 
 
 def format_duration(seconds: float) -> str:
-    """``5s``, ``2m``, ``1h30m``: for messages."""
+    """``5s``, ``2m``, ``1h30m``, ``7d``: for messages."""
     if seconds < 60:
         return f"{format_number(seconds)}s"
     if seconds < 3600:
         minutes, rest = divmod(seconds, 60)
         return f"{int(minutes)}m" + (f"{format_number(rest)}s" if rest else "")
-    hours, rest = divmod(seconds, 3600)
-    return f"{int(hours)}h" + (f"{int(rest // 60)}m" if rest >= 60 else "")
+    if seconds < 2 * 86400:
+        hours, rest = divmod(seconds, 3600)
+        return f"{int(hours)}h" + (f"{int(rest // 60)}m" if rest >= 60 else "")
+    days, rest = divmod(seconds, 86400)
+    return f"{int(days)}d" + (f"{int(rest // 3600)}h" if rest >= 3600 else "")
 
 
 class Held:

@@ -38,7 +38,8 @@ NODE_LOCAL_KINDS: Final = (ThresholdRule, BaselineRule)
 #: Seconds a node may send full reports before what its agent had firing, and the
 #: controller has not found again, resolves (an agent replaced by an older version).
 RETIRE_SECONDS: Final = 300.0
-_ITEM_SKIPS: Final = frozenset({"severity", "actions", "dry_run", "description", "scope"})
+_ITEM_SKIPS: Final = frozenset({"severity", "actions", "dry_run", "description", "scope",
+                                 "escalate", "job_wide", "domain"})
 
 
 def is_node_local(rule: Rule) -> bool:
@@ -50,7 +51,8 @@ def rule_item(rule: Rule) -> dict[str, Any]:
     """What ``rule`` detects, as a rule file item (``parse_rules`` reads it back).
 
     Severity, actions, dry-run and description stay on the controller, which decides;
-    scope too: the controller picks the rules that apply to each node.
+    scope too: the controller picks the rules that apply to each node; and the context
+    (escalation, job-wide and domain grouping), which needs the fleet.
     """
     return {"name": rule.name, **{k: v for k, v in _items(rule) if k not in _ITEM_SKIPS}}
 

@@ -90,6 +90,11 @@ class RuleEngine:
         """The rules in force, in the order given."""
         return [e.rule for e in self._evaluators.values()]
 
+    def rule(self, name: str) -> Rule | None:
+        """The rule in force named ``name``, or None."""
+        evaluator = self._evaluators.get(name)
+        return evaluator.rule if evaluator is not None else None
+
     def _install(self, evaluators: dict[str, AnyEvaluator]) -> None:
         self._evaluators = evaluators
         self._observers = [e for e in evaluators.values() if e.observes]

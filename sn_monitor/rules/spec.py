@@ -21,6 +21,21 @@ Every rule also takes ``name`` (unique across all files), ``severity``, ``action
 ``dry_run``, ``description`` and ``scope`` (node labels to regular expressions: the rule
 applies to matching nodes only). An alert rule's ``severity`` defaults to the alert's
 own ``severity`` label.
+
+Three keys put a finding in its context (the controller reads them, not the rule):
+
+``escalate: {to, repeats, within, node_recoveries, recoveries_within}``
+    A repeat offender climbs one rung: the ``repeats``-th incident of this rule on one
+    subject within ``within``, or an incident on a node recovered ``node_recoveries``
+    times within ``recoveries_within``, takes rule ``to``'s actions and severity.
+``job_wide: {nodes, within}``
+    The rule firing on ``nodes`` or more nodes of one job within ``within`` is the job's
+    fault (its application), not the nodes': one incident for the job, an alert, no node
+    action. Node findings wait ``within`` to see whether they are part of one.
+``domain: {label, nodes, within}``
+    The rule firing on ``nodes`` or more nodes sharing one value of node label ``label``
+    (a rack, an NVLink domain) within ``within`` is one incident of that domain; its
+    nodes' own alerts are folded into the domain's.
 """
 
 from __future__ import annotations
@@ -79,6 +94,39 @@ def _fraction(value: float) -> None:
         raise ValueError(f"must be a fraction of the median between 0 and 1, got {value}")
 
 
+def _at_least_two(value: int) -> None:
+    if value < 2:
+        raise ValueError(f"must be at least 2 (one is not a pattern), got {value}")
+
+
+@dataclass(frozen=True)
+class EscalationSpec:
+    """``escalate:``: when a repeat offender takes another rule's actions (one rung up)."""
+
+    to: str = setting(check=_check_name)
+    repeats: int | None = setting(default=None, check=_at_least_two)
+    within: Duration = setting(default=Duration(3600), check=positive)
+    node_recoveries: int | None = setting(default=None, check=at_least_one)
+    recoveries_within: Duration = setting(default=Duration(7 * 86400), check=positive)
+
+
+@dataclass(frozen=True)
+class JobWideSpec:
+    """``job_wide:``: how many of a job's nodes at once make a fault the job's own."""
+
+    nodes: int = setting(default=3, check=_at_least_two)
+    within: Duration = setting(default=Duration(30), check=positive)
+
+
+@dataclass(frozen=True)
+class DomainSpec:
+    """``domain:``: how many nodes of one rack (or other label) at once are one fault."""
+
+    label: str = setting(default="rack", check=_label_name)
+    nodes: int = setting(default=3, check=_at_least_two)
+    within: Duration = setting(default=Duration(60), check=positive)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RuleBase:
     """What every rule has: who it is, how bad, what to do about it, where it applies."""
@@ -89,12 +137,22 @@ class RuleBase:
     dry_run: bool = False
     description: str = ""
     scope: dict[str, str] = field(default_factory=dict)
+    escalate: EscalationSpec | None = None
+    job_wide: JobWideSpec | None = None
+    domain: DomainSpec | None = None
 
     kind: ClassVar[str] = "rule"
 
     def problems(self) -> Iterator[tuple[str, str]]:
         """(key, message) for what single keys cannot check; empty when the rule is sound."""
         yield from _regex_problems("scope", self.scope)
+        escalate = self.escalate
+        if escalate is not None:
+            if escalate.repeats is None and escalate.node_recoveries is None:
+                yield "escalate", ("say when: repeats (incidents of this rule within "
+                                   "`within`) and/or node_recoveries")
+            if escalate.to == self.name:
+                yield "escalate.to", "a rule cannot escalate to itself"
         seen: set[str] = set()
         for action in self.actions:
             if action in seen:
@@ -104,7 +162,7 @@ class RuleBase:
     def detection(self) -> RuleBase:
         """The rule without what changes only its findings, not its detection (for reload)."""
         return dataclasses.replace(self, severity="warning", actions=[], dry_run=False,
-                                   description="")
+                                   description="", escalate=None, job_wide=None, domain=None)
 
 
 @dataclass(frozen=True)
@@ -393,11 +451,14 @@ def load_rules(paths: list[Path]) -> list[Rule]:
             files.append(path)
     rules: list[Rule] = []
     first: dict[str, tuple[str, int | None]] = {}
+    escalations: list[tuple[Rule, str, int, int | None]] = []
     for file in files:
         doc = load_yaml(file)
         parsed = parse_rules(doc)
         for index, rule in enumerate(parsed):
             line = doc.line((index, "name"))
+            if rule.escalate is not None:
+                escalations.append((rule, doc.path, index, doc.line((index, "escalate", "to"))))
             if rule.name in first:
                 first_file, first_line = first[rule.name]
                 where = (f"line {first_line}" if first_file == doc.path
@@ -406,4 +467,9 @@ def load_rules(paths: list[Path]) -> list[Rule]:
                                   f"duplicate rule name {rule.name!r} (first defined at {where})")
             first[rule.name] = (doc.path, line)
         rules.extend(parsed)
+    for rule, file_name, index, line in escalations:
+        assert rule.escalate is not None
+        if rule.escalate.to not in first:
+            raise ConfigError(file_name, f"rules[{index}].escalate.to", line,
+                              f"no rule named {rule.escalate.to!r} to escalate to")
     return rules
