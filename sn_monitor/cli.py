@@ -222,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_fleet_arguments(fleet)
     _log_options(fleet)
 
-    check = sub.add_parser("check-config", help="validate config files; exit 2 on any error")
+    check = sub.add_parser("check-config", help="validate config files (agent, controller, rule, "
+                           "job, scenario, token, fleet, XID catalogue); exit 2 on any error")
     check.add_argument("files", nargs="+", type=Path)
 
     sub.add_parser("version", help="print the version")
@@ -245,16 +246,22 @@ def _log_options(parser: argparse.ArgumentParser, default_level: str = "info") -
 #: Keys only a controller config has: how check-config tells the two apart.
 _CONTROLLER_KEYS = frozenset({"state_dir", "rules", "token_file", "max_body_bytes",
                               "sweep_interval", "policy", "runner", "drivers", "routes",
-                              "jobs", "recovery", "settle", "tls", "store", "ha"})
+                              "jobs", "recovery", "settle", "tls", "store", "ha",
+                              "xid_catalog"})
 _AGENT_KEYS = frozenset({"node", "labels", "interval", "controller", "paths", "collectors",
                          "guard"})
 
 
 def check_file(path: Path) -> str:
-    """Validate one config file of any kind; return what it was. Raises ConfigError."""
+    """Validate one config file of any kind; return what it was. Raises ConfigError.
+
+    An XID catalogue is told by its ``kind: XidCatalog``, or by an ``entries:`` list
+    where the kind was left out (so that the error says the kind is missing).
+    """
     from sn_monitor.controller.auth import TokenBook
     from sn_monitor.controller.settings import ControllerSettings
     from sn_monitor.rules.spec import load_rules
+    from sn_monitor.rules.xid_catalog import is_catalog_document, parse_catalog
 
     doc = load_yaml(path)
     if isinstance(doc.data, dict) and doc.data.get("kind") == "Scenario":
@@ -262,6 +269,10 @@ def check_file(path: Path) -> str:
 
         parse_scenario(doc)
         return "scenario file"
+    if isinstance(doc.data, dict) and (is_catalog_document(doc.data) or (
+            "entries" in doc.data and "kind" not in doc.data)):
+        parse_catalog(doc)
+        return "xid catalog"
     if isinstance(doc.data, dict) and doc.data.get("kind") == "DistributedJob":
         from sn_monitor.controller.jobs.spec import parse_job
 

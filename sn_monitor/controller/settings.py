@@ -13,6 +13,7 @@ from sn_monitor.config import (
     listen_address,
     load_yaml,
     non_negative,
+    optional,
     positive,
     setting,
 )
@@ -22,6 +23,7 @@ from sn_monitor.controller.actions.runner import RunnerSettings
 from sn_monitor.controller.ha.lease import HaSettings
 from sn_monitor.controller.jobs.settings import JobSettings
 from sn_monitor.controller.tls import TlsSettings
+from sn_monitor.rules.xid_catalog import check_catalog_file
 
 #: Where a PostgreSQL store's connection string may come from instead of ``dsn_file``.
 STORE_DSN_ENV = "SN_STORE_DSN"
@@ -62,6 +64,9 @@ class ControllerSettings:
     #: Rule files or directories; unset: ``/etc/sn-monitor/rules`` when it exists, else
     #: the rules packaged with sn-monitor.
     rules: list[str] | None = None
+    #: NVIDIA's Xid catalogue (each XID code's name and immediate action) as a file; unset:
+    #: the catalogue packaged with sn-monitor. The file must load when the config does.
+    xid_catalog: str | None = setting(default=None, check=optional(check_catalog_file))
     token_file: str | None = None
     #: Serve HTTPS (and verify agents' client certificates); unset: plain HTTP.
     tls: TlsSettings | None = None

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Final, Literal
@@ -61,6 +61,7 @@ from sn_monitor.config import (
 )
 from sn_monitor.model import ActionName, EventKind
 from sn_monitor.rules.series import FAMILY_LABELS, check_metric, metric_family
+from sn_monitor.rules.xid_catalog import is_catalog_document
 
 Severity = Literal["info", "warning", "critical"]
 Direction = Literal["above", "below", "both"]
@@ -438,22 +439,32 @@ def default_rule_paths() -> tuple[list[Path], str]:
                                 f"configured and no {SYSTEM_RULES})")
 
 
+def rule_documents(paths: Sequence[Path]) -> list[Document]:
+    """The rule files of ``paths``, parsed: a directory means each ``*.yaml`` in it, sorted.
+
+    An XID catalogue in a directory (``kind: XidCatalog``; the packaged rules directory
+    holds one, and an operator may keep an edited copy beside the rules) is not a rule
+    file and is passed over; a file named on its own is always read as rules.
+    """
+    docs: list[Document] = []
+    for path in paths:
+        if path.is_dir():
+            docs.extend(doc for doc in map(load_yaml, sorted(path.glob("*.yaml")))
+                        if not is_catalog_document(doc.data))
+        else:
+            docs.append(load_yaml(path))
+    return docs
+
+
 def load_rules(paths: list[Path]) -> list[Rule]:
-    """Every rule in ``paths`` (a directory means each ``*.yaml`` in it, sorted).
+    """Every rule in ``paths`` (a directory means each rule file in it, sorted).
 
     Raise ConfigError naming file, key path and line; a name defined twice names both.
     """
-    files: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            files.extend(sorted(path.glob("*.yaml")))
-        else:
-            files.append(path)
     rules: list[Rule] = []
     first: dict[str, tuple[str, int | None]] = {}
     escalations: list[tuple[Rule, str, int, int | None]] = []
-    for file in files:
-        doc = load_yaml(file)
+    for doc in rule_documents(paths):
         parsed = parse_rules(doc)
         for index, rule in enumerate(parsed):
             line = doc.line((index, "name"))

@@ -37,7 +37,7 @@ import yaml
 
 from sn_monitor.config import parse_duration
 from sn_monitor.errors import SnMonitorError
-from sn_monitor.rules.spec import packaged_rules
+from sn_monitor.rules.spec import packaged_rules, rule_documents
 from sn_monitor.sim import launcher
 from sn_monitor.sim.fleet import node_name
 
@@ -126,12 +126,9 @@ def scaled_rules(sources: Sequence[Path], speed: float) -> list[dict[str, Any]]:
     hold would outlast it; the agents still report once a wall second, and on a busy
     machine a few seconds of silence is load, not a lost node.
     """
-    files = [f for source in sources
-             for f in (sorted(source.glob("*.yaml")) if source.is_dir() else [source])]
     rules: list[dict[str, Any]] = []
-    for path in files:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or []
-        for rule in data:
+    for doc in rule_documents(sources):
+        for rule in doc.data or []:
             rule = dict(rule)
             for key, floor in (("for", 1.0), ("heartbeat_timeout", HEARTBEAT_FLOOR_SECONDS)):
                 if key in rule:
