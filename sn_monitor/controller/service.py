@@ -67,6 +67,7 @@ from sn_monitor.rules.base import Now
 from sn_monitor.rules.engine import Finding, RuleEngine
 from sn_monitor.rules.spec import AlertRule, EventRule, Rule
 from sn_monitor.rules.view import NodeState, NodeView
+from sn_monitor.rules.xid_catalog import load_catalog
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,8 @@ class Controller:
         #: Silence and holds are measured on the controller's own progress (stall.py):
         #: the registry's receive times and the rules' clock are this one's.
         self.progress: Clock = self.stalls if self.stalls is not None else clock
-        self.engine = RuleEngine(rules, self.progress)
+        self.engine = RuleEngine(rules, self.progress, catalog=load_catalog(
+            Path(settings.xid_catalog) if settings.xid_catalog else None))
         self.registry = NodeRegistry(self.progress)
         self.policy = SafetyPolicy(settings.policy, clock)
         #: A controller-wide job control may run jobs this controller does not know:

@@ -42,14 +42,15 @@ from sn_monitor.rules.spec import (
 )
 from sn_monitor.rules.threshold import ThresholdEvaluator, ThresholdScreen
 from sn_monitor.rules.view import NodeView
+from sn_monitor.rules.xid_catalog import XidCatalog
 
 __all__ = ["Finding", "RuleEngine", "evaluator_for"]
 
 AnyEvaluator = Evaluator[Any]
 
 
-def evaluator_for(rule: Rule) -> AnyEvaluator:
-    """A fresh evaluator (no state) for ``rule``."""
+def evaluator_for(rule: Rule, catalog: XidCatalog | None = None) -> AnyEvaluator:
+    """A fresh evaluator (no state) for ``rule``; ``catalog`` for XID rules (None: packaged)."""
     if isinstance(rule, ThresholdRule):
         return ThresholdEvaluator(rule)
     if isinstance(rule, BaselineRule):
@@ -57,7 +58,7 @@ def evaluator_for(rule: Rule) -> AnyEvaluator:
     if isinstance(rule, PeersRule):
         return PeersEvaluator(rule)
     if isinstance(rule, EventRule):
-        return EventEvaluator(rule)
+        return EventEvaluator(rule, catalog)
     if isinstance(rule, HeartbeatRule):
         return HeartbeatEvaluator(rule)
     if isinstance(rule, AlertRule):
@@ -68,8 +69,14 @@ def evaluator_for(rule: Rule) -> AnyEvaluator:
 class RuleEngine:
     """Applies rules to nodes and reports transitions. Not thread-safe: one caller at a time."""
 
-    def __init__(self, rules: Sequence[Rule], clock: Clock, *, screen: bool = True) -> None:
-        """``screen`` False: every rule reads every report (tests compare the two ways)."""
+    def __init__(self, rules: Sequence[Rule], clock: Clock, *, screen: bool = True,
+                 catalog: XidCatalog | None = None) -> None:
+        """``screen`` False: every rule reads every report (tests compare the two ways).
+
+        ``catalog``: NVIDIA's Xid catalogue for XID rules' ``resolutions`` (None: the
+        packaged one).
+        """
+        self._catalog_of_xids = catalog
         self._clock = clock
         self._screening = screen
         self._evaluators: dict[str, AnyEvaluator] = {}
@@ -82,7 +89,7 @@ class RuleEngine:
         self._remote_plan: list[tuple[AnyEvaluator, bool, bool, int]] = []
         self._local: list[AnyEvaluator] = []
         self._agents = AgentFindings()
-        self._install({rule.name: evaluator_for(rule) for rule in _unique(rules)})
+        self._install({rule.name: evaluator_for(rule, catalog) for rule in _unique(rules)})
         self._catalog = EdgeCatalog(self.rules)
 
     @property
@@ -255,7 +262,7 @@ class RuleEngine:
                 old.set_rule(rule)
                 kept[rule.name] = old
             else:
-                kept[rule.name] = evaluator_for(rule)
+                kept[rule.name] = evaluator_for(rule, self._catalog_of_xids)
         for name, old in self._evaluators.items():
             if kept.get(name) is not old:
                 reason = "rule changed" if name in kept else "rule removed"

@@ -6,6 +6,9 @@ are counted in the finding, but emit nothing new: a GPU spewing XID 79 is one in
 With ``count: N`` and ``window``, N matching events on one subject within the window
 (measured on the events' own timestamps, which come from one agent clock) are needed.
 
+An XID incident's message says what NVIDIA's Xid catalogue makes of its code (the
+resolution and why), so the person paged knows whether the GPU or the job is at fault.
+
 Agents retry events until the controller acknowledges them, so one event can arrive in
 two reports; events are told apart by their per-agent-instance ids and counted once.
 """
@@ -21,6 +24,7 @@ from sn_monitor.rules.base import Evaluator, Finding, Now, format_duration
 from sn_monitor.rules.series import Subject, event_subject
 from sn_monitor.rules.spec import EventRule
 from sn_monitor.rules.view import NodeView
+from sn_monitor.rules.xid_catalog import XidCatalog, load_catalog
 
 _KIND_WORDS: Final = {
     "xid": "XID", "sxid": "SXid", "gpu_lost": "GPU lost",
@@ -47,10 +51,12 @@ class EventEvaluator(Evaluator[EventRule]):
     sweeps = True
     events_only = True
 
-    def __init__(self, rule: EventRule) -> None:
+    def __init__(self, rule: EventRule, catalog: XidCatalog | None = None) -> None:
         super().__init__(rule)
         self._kind = rule.event
-        self._codes = frozenset(rule.codes)
+        self._catalog = catalog if catalog is not None else load_catalog()
+        self._codes = frozenset(rule.codes) | self._catalog.codes(rule.resolutions)
+        self._any_code = not rule.codes and not rule.resolutions
         self._count = rule.count
         self._window = float(rule.window) if rule.window is not None else None
         self._clear_after = float(rule.clear_after)
@@ -70,7 +76,8 @@ class EventEvaluator(Evaluator[EventRule]):
             if event.id <= highest:
                 continue  # a retried event this rule has already counted
             newest = max(newest, event.id)
-            if event.kind != self._kind or (self._codes and event.code not in self._codes):
+            if event.kind != self._kind or (not self._any_code
+                                            and event.code not in self._codes):
                 continue
             self._match(node, event, now, out)
         self._seen[node] = (report.instance, newest)
@@ -108,6 +115,8 @@ class EventEvaluator(Evaluator[EventRule]):
             what = f"{what} {event.code}"
         where = "" if not subject.text else f" on {subject.human}"
         detail = f": {event.message}" if event.message else ""
+        if event.kind == "xid" and event.code is not None:
+            detail += f". {self._catalog.describe(event.code)}"
         if count > 1 and self._window is not None:
             return (f"{count} {what} events{where} within {format_duration(self._window)}"
                     f" (latest{detail or ' without a message'})")

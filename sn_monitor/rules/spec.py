@@ -7,7 +7,8 @@ threshold     ``metric`` + ``above`` or ``below`` (optionally on its ``rate`` or
               ``increase`` over a window), ``for``, ``clear_below`` / ``clear_above``
 baseline      ``metric`` + ``baseline: {window, sigmas, min_delta, warmup, direction}``
 peers         ``metric`` + ``peers: {group, below_median_by | above_median_by, min_group}``
-event         ``event`` + ``codes``, ``count`` within ``window``, ``clear_after``
+event         ``event`` + ``codes`` and/or ``resolutions`` (NVIDIA's Xid catalogue:
+              RESTART_APP, RESET_GPU, ...), ``count`` within ``window``, ``clear_after``
 heartbeat     ``heartbeat_timeout``
 alert         ``alert: {label: value | "=~regex", ...}`` [+ ``node_label``]: acts on
               Alertmanager's alerts (``POST /api/v1/alertmanager``), not on reports
@@ -61,7 +62,7 @@ from sn_monitor.config import (
 )
 from sn_monitor.model import ActionName, EventKind
 from sn_monitor.rules.series import FAMILY_LABELS, check_metric, metric_family
-from sn_monitor.rules.xid_catalog import is_catalog_document
+from sn_monitor.rules.xid_catalog import RESOLUTIONS, is_catalog_document
 
 Severity = Literal["info", "warning", "critical"]
 Direction = Literal["above", "below", "both"]
@@ -288,12 +289,17 @@ class PeersRule(RuleBase):
 
 @dataclass(frozen=True, kw_only=True)
 class EventRule(RuleBase):
-    """Fires on events (XIDs, a GPU lost): on each one, or ``count`` within ``window``."""
+    """Fires on events (XIDs, a GPU lost): on each one, or ``count`` within ``window``.
+
+    An XID rule matches ``codes``, and the codes whose resolution in NVIDIA's Xid
+    catalogue is one of ``resolutions`` (RESET_GPU, ...); neither: every code.
+    """
 
     kind: ClassVar[str] = "event"
 
     event: EventKind
     codes: list[int] = field(default_factory=list)
+    resolutions: list[str] = field(default_factory=list)
     count: int = setting(default=1, check=at_least_one)
     window: Duration | None = setting(default=None, check=positive)
     clear_after: Duration = setting(default=Duration(600), check=positive)
@@ -304,6 +310,13 @@ class EventRule(RuleBase):
             yield "count", f"{self.count} events need a window to count in (window: 10m)"
         if self.codes and self.event not in ("xid", "sxid"):
             yield "codes", f"only xid and sxid events have codes, not {self.event}"
+        if self.resolutions and self.event != "xid":
+            yield "resolutions", f"NVIDIA's Xid catalogue resolves xid events, not {self.event}"
+        unknown = [name for name in self.resolutions if name not in RESOLUTIONS]
+        if unknown:
+            yield "resolutions", (f"not a resolution of NVIDIA's Xid catalogue: "
+                                  f"{', '.join(map(repr, unknown))} "
+                                  f"(known: {', '.join(sorted(RESOLUTIONS))})")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -131,12 +131,14 @@ def make_harness(tmp_path: Path, rules: Sequence[Rule], *, settle: float = 0.0,
                  policy: PolicySettings | None = None, store: Store | None = None,
                  drivers: DriverSettings | None = None,
                  fake: Sequence[str] = ("alert", "cordon", "uncordon", "evict", "failover",
-                                        "checkpoint", "restore")) -> Harness:
+                                        "checkpoint", "restore"),
+                 xid_catalog: str | None = None) -> Harness:
     """A started controller; the actions in ``fake`` go to :class:`FakeDriver` s."""
     clock = ManualClock(T0)
     settings = ControllerSettings(
         state_dir=str(tmp_path), settle=Duration(settle),
         policy=policy or PolicySettings(), drivers=drivers or DriverSettings(),
+        xid_catalog=xid_catalog,
     )
     built = build_drivers(settings.drivers, settings.routes, clock)
     fakes = {action: FakeDriver(f"fake-{action}") for action in fake}

@@ -252,3 +252,63 @@ def test_an_unsound_escalation_names_file_key_and_line(
     err = caught.value
     assert (err.key, err.line) == (key, 3)
     assert words in str(err)
+
+
+# --------------------------------------------------------------------------- the catalogue
+
+
+def default_rules() -> str:
+    return (Path(__file__).resolve().parents[2] / "sn_monitor" / "rules"
+            / "default.yaml").read_text()
+
+
+@pytest.mark.parametrize(("code", "rule", "resolution"), [
+    (13, "app-xid", "RESTART_APP"),
+    (31, "app-xid", "RESTART_APP"),
+    (95, "fatal-xid", "RESET_GPU"),
+    (79, "fatal-xid", "RESTART_BM"),
+    (48, "fatal-xid", "WORKFLOW_XID_48"),
+    (54, "hardware-xid", "CHECK_MECHANICALS"),
+    (154, "review-xid", "XID_154"),
+    (43, None, "IGNORE"),  # the application stopped; the GPU is fine: no incident
+    (45, None, "WORKFLOW_XID_45"),  # follow the other XID, if any: no incident alone
+])
+def test_the_default_rules_act_on_the_catalogues_resolution(
+        make: Any, code: int, rule: str | None, resolution: str) -> None:
+    h = make(default_rules())
+    event_on(h, "n1", code, 0)
+    h.settle()
+    incidents = h.controller.list_incidents(None, "n1", 10)
+    if rule is None:
+        assert incidents == []
+        return
+    (incident,) = incidents
+    assert incident["rule"] == rule
+    assert f"NVIDIA's resolution {resolution}" in incident["message"]
+
+
+def test_an_edited_catalogue_moves_a_code_to_another_rule(make: Any, tmp_path: Path) -> None:
+    from sn_monitor.rules.xid_catalog import PACKAGED_CATALOG
+
+    text = PACKAGED_CATALOG.read_text()
+    entry = text.index("  - code: 13\n")
+    end = text.index("  - code: 14\n")
+    edited = tmp_path / "xids.yaml"
+    edited.write_text(text[:entry] + text[entry:end].replace("RESTART_APP", "RESET_GPU")
+                      + text[end:])
+    h = make(default_rules(), xid_catalog=str(edited))
+    event_on(h, "n1", 13, 0)
+    h.settle()
+    (incident,) = h.controller.list_incidents(None, "n1", 10)
+    assert incident["rule"] == "fatal-xid"
+    assert "NVIDIA's resolution RESET_GPU" in incident["message"]
+
+
+def test_a_resolution_the_catalogue_does_not_have_names_file_key_and_line(
+        tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("- name: a\n  event: xid\n  resolutions: [RESET_GPU, REBOOT]\n")
+    with pytest.raises(ConfigError) as caught:
+        load_rules([path])
+    assert (caught.value.key, caught.value.line) == ("rules[0].resolutions", 3)
+    assert "'REBOOT'" in str(caught.value)
