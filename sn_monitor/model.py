@@ -13,7 +13,11 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
-EventKind = Literal["xid", "sxid", "gpu_lost", "gpu_fallen_off_bus", "link_down", "guard"]
+#: ``collector_stuck``: one of the agent's collectors has not returned by its deadline (a
+#: driver call that hangs); the agent itself is alive and goes on without it.
+EventKind = Literal[
+    "xid", "sxid", "gpu_lost", "gpu_fallen_off_bus", "link_down", "guard", "collector_stuck",
+]
 EventSource = Literal["nvml", "kmsg", "agent"]
 #: What a rule may ask the controller to do (the rule files' ``actions``).
 ActionName = Literal[

@@ -2,10 +2,13 @@
 
 Each cycle (:class:`SamplingLoop`: never overlapping, missed slots skipped) samples, lets the
 :class:`ThermalGuard` act on the fresh snapshot, spools the cycle's events and hands the
-snapshot to the report thread. Reporting runs on its own thread so a slow or hanging
-controller never delays sampling or the guard; events are spooled on the sampling
-thread first, so a report skipped in between loses none. SIGTERM or SIGINT starts an
-orderly stop with a hard deadline well below systemd's default ``TimeoutStopSec``.
+snapshot to the report thread. Each collector runs on its own thread with a deadline
+(:mod:`sn_monitor.agent.watchdog`), so a driver call that hangs costs one cycle its
+deadline once, never the loop: the cycle goes on without that collector. Reporting runs
+on its own thread so a slow or hanging controller never delays sampling or the guard;
+events are spooled on the sampling thread first, so a report skipped in between loses
+none. SIGTERM or SIGINT starts an orderly stop with a hard deadline well below
+systemd's default ``TimeoutStopSec``.
 """
 
 from __future__ import annotations
@@ -166,7 +169,8 @@ class Agent:
         #: Simulated seconds per real second (demos): the loop sleeps interval / time_scale.
         self.time_scale = time_scale
         self._clock = clock
-        self.sampler = Sampler(settings.node, collectors, clock)
+        self.sampler = Sampler(settings.node, collectors, clock,
+                               deadlines=settings.collectors.deadlines(), time_scale=time_scale)
         self.protection = protection
         self.exporter = SnapshotCollector(lambda: self.sampler.latest, self.status)
         self.exposition = ExpositionCache(self.exporter.families, lambda: self.sampler.latest)
@@ -224,9 +228,10 @@ class Agent:
         assert self.protection is not None
         guard = self.protection.guard
         events: list[Event] = []
-        if not self._recovered:
+        if not self._recovered and NvmlCollector.name not in self.sampler.stuck():
             # NVML is initialised by the first sample: now the guard can put back limits
-            # that an earlier run (crashed, killed) left capped.
+            # that an earlier run (crashed, killed) left capped. Not while NVML hangs: the
+            # setter would hang this thread too; the first cycle it answers does it.
             events += guard.recover()
             self._recovered = True
         events += guard.observe(snapshot)

@@ -218,12 +218,19 @@ class SnapshotCollector:
                    "1 when the collector's last run succeeded.",
                    labels=["collector"])
         took = gauge("sn_agent_collector_duration_seconds",
-                     "How long the collector's last run took.", labels=["collector"])
+                     "How long the collector's last run took (a stuck one: how long its "
+                     "run has been going).", labels=["collector"])
+        stuck = gauge("sn_agent_collector_stuck",
+                      "1 while the collector's run has not returned by its deadline (a hung "
+                      "driver call): the agent goes on without its values.",
+                      labels=["collector"])
         for status in snapshot.collectors:
             ok.add_metric([status.name], 1.0 if status.success else 0.0)
             took.add_metric([status.name], status.duration_seconds)
+            stuck.add_metric([status.name], 1.0 if status.stuck else 0.0)
         yield ok
         yield took
+        yield stuck
 
     @staticmethod
     def _gpus(gpus: Sequence[GpuSample]) -> Iterator[Family]:

@@ -40,6 +40,20 @@ is the worse outcome.
 **Failures.** A setter error (:class:`NvmlError`: no permission, GPU lost) is logged with
 the GPU and retried every cycle; it never escapes :meth:`observe`.
 
+**Fresh readings only; a hung NVML.** The guard decides only on the GPUs of the snapshot
+in hand, read this cycle. A GPU missing from it (its collector failed or is stuck, see
+:mod:`sn_monitor.agent.watchdog`) has its hold timers reset: "hot for ``hold`` seconds
+without a break" cannot be vouched for across readings that were never taken, so the
+guard neither caps nor releases it on the strength of older temperatures; once readings
+come back, the hold starts again from the first of them. When the ``nvml`` collector
+itself is stuck the driver is wedged and the setter would hang too (on the sampling
+thread, stopping every later cycle), so the guard calls it not at all: caps and
+restores wanted meanwhile (its own, the controller's, ``restore_all`` at stop) fail at
+once with "NVML is not answering" and are retried every cycle as any setter error is;
+the saved original limits stay in ``guard.json``, so an agent stopped meanwhile puts them
+back when it next starts (:meth:`recover`). The GPUs cannot be protected from here while
+NVML hangs; the ``collector_stuck`` event and ``sn_agent_collector_stuck`` tell a person.
+
 Every action is an :class:`Event` (``kind="guard"``, ``source="agent"``) for the reporter
 to spool, so the controller learns what the node did on its own.
 """
@@ -54,9 +68,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from sn_monitor.agent.collectors.gpu import NvmlCollector
 from sn_monitor.agent.nvml import NvmlError
 from sn_monitor.agent.settings import GuardSettings
-from sn_monitor.agent.snapshot import GpuSample, NodeSnapshot
+from sn_monitor.agent.snapshot import CollectorStatus, GpuSample, NodeSnapshot
 from sn_monitor.agent.spool import write_atomically
 from sn_monitor.clock import Clock
 from sn_monitor.model import Event
@@ -157,6 +172,8 @@ class ThermalGuard:
         self._originals: dict[int, float] = {}
         self._outbox: list[Event] = []
         self._persist_failing = False
+        # The nvml collector's status while it is stuck (None: NVML answers).
+        self._nvml_stuck: CollectorStatus | None = None
 
     @property
     def mode(self) -> str:
@@ -203,6 +220,12 @@ class ThermalGuard:
         """
         with self._lock:
             now = self._clock.monotonic()
+            self._nvml_stuck = next((c for c in snapshot.collectors
+                                     if c.name == NvmlCollector.name and c.stuck), None)
+            fresh = {sample.index for sample in snapshot.gpus}
+            for index, state in self._gpus.items():
+                if index not in fresh:  # no reading this cycle: no evidence either way
+                    state.above_since = state.below_since = None
             for sample in snapshot.gpus:
                 state = self._remember(sample)
                 if self._settings.mode != "off":
@@ -443,17 +466,24 @@ class ThermalGuard:
         return True
 
     def _call(self, state: _GpuState, watts: float, what: str) -> bool:
-        try:
-            self._set(state.index, watts)
-        except NvmlError as err:
-            state.last_error = str(err)
+        error: str | None = None
+        if self._nvml_stuck is not None:  # the call would hang this thread too
+            error = (f"NVML is not answering (the nvml collector has been stuck for "
+                     f"{self._nvml_stuck.duration_seconds:.0f} s): not calling it")
+        else:
+            try:
+                self._set(state.index, watts)
+            except NvmlError as err:
+                error = str(err)
+        if error is not None:
+            state.last_error = error
             if not state.failing:
                 state.failing = True
                 log.error("guard cannot %s on GPU %d: %s (retrying every cycle)", what,
-                          state.index, err, extra={"gpu": state.index})
-                self._event(state, f"guard cannot {what} on GPU {state.index}: {err}")
+                          state.index, error, extra={"gpu": state.index})
+                self._event(state, f"guard cannot {what} on GPU {state.index}: {error}")
             else:
-                log.debug("guard still cannot %s on GPU %d: %s", what, state.index, err,
+                log.debug("guard still cannot %s on GPU %d: %s", what, state.index, error,
                           extra={"gpu": state.index})
             return False
         state.last_error = None

@@ -4,18 +4,28 @@ A failing collector never blanks the others: its status says so and the rest of 
 snapshot is served. Events from NVML and from the kernel log are joined here: the
 kernel log's PCI address is mapped to the GPU index, and one XID seen by both sources
 is counted once.
+
+Every collector runs on its own thread (:mod:`sn_monitor.agent.watchdog`) and has a
+deadline. One that has not returned by then is *stuck*: the cycle goes on without it,
+as without a failed collector (none of its values are served, not even its last good
+ones), and its status says ``stuck``. The cycle in which it becomes stuck carries one
+``collector_stuck`` event. It gets no new call while the stuck one hangs; when that call
+returns, its values are dropped as stale (its events, facts with their own times, are
+kept) and the next cycle calls it again as usual.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from sn_monitor.agent.collectors.base import Collector, CollectorError, SourceMissing
 from sn_monitor.agent.pci import canonical_bus_id
+from sn_monitor.agent.settings import DEFAULT_DEADLINE_SECONDS
 from sn_monitor.agent.snapshot import (
     Collected,
     CollectorStatus,
@@ -23,6 +33,7 @@ from sn_monitor.agent.snapshot import (
     NodeSnapshot,
     XidCount,
 )
+from sn_monitor.agent.watchdog import CallOutcome, CollectorWorker
 from sn_monitor.clock import Clock
 from sn_monitor.model import Event
 
@@ -114,16 +125,40 @@ def map_events_to_gpus(events: Sequence[Event], gpus: Sequence[GpuSample]) -> li
 
 
 class Sampler:
-    """Runs the collectors once per cycle and holds the latest :class:`NodeSnapshot`."""
+    """Runs the collectors once per cycle and holds the latest :class:`NodeSnapshot`.
 
-    def __init__(self, node: str, collectors: Sequence[Collector], clock: Clock) -> None:
+    ``deadlines`` maps collector names to seconds on ``clock``
+    (:data:`~sn_monitor.agent.settings.DEFAULT_DEADLINE_SECONDS` for the others); the
+    waits are real, ``deadline / time_scale`` seconds (a simulation run faster than the
+    wall scales its clock the same way). :meth:`close` stops the collectors' threads.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        collectors: Sequence[Collector],
+        clock: Clock,
+        deadlines: Mapping[str, float] | None = None,
+        time_scale: float = 1.0,
+    ) -> None:
+        if time_scale <= 0:
+            raise ValueError(f"time_scale must be positive, got {time_scale}")
         self.node = node
         self._collectors = list(collectors)
+        self._workers = [CollectorWorker(c, clock) for c in self._collectors]
+        given = dict(deadlines or {})
+        self._deadlines = {c.name: float(given.get(c.name, DEFAULT_DEADLINE_SECONDS))
+                           for c in self._collectors}
+        for name, seconds in self._deadlines.items():
+            if seconds <= 0:
+                raise ValueError(f"collector {name}: the deadline must be positive")
+        self._time_scale = time_scale
         self._clock = clock
         self._ledger = XidLedger(clock)
         self._latest: NodeSnapshot | None = None
         self._lock = threading.Lock()
         self._missing: set[str] = set()
+        self._stuck: set[str] = set()
         self._known_gpus: tuple[GpuSample, ...] = ()
         self._event_counts: dict[str, int] = {}
 
@@ -132,26 +167,51 @@ class Sampler:
         """The snapshot of the last finished cycle (None before the first)."""
         return self._latest
 
+    def stuck(self) -> frozenset[str]:
+        """The collectors stuck at the end of the last cycle."""
+        return frozenset(self._stuck)
+
     def sample(self) -> NodeSnapshot:
-        """Run one cycle. Thread-safe: overlapping calls run one after the other."""
+        """Run one cycle. Thread-safe: overlapping calls run one after the other.
+
+        It takes at most the longest deadline of the collectors it calls (real seconds,
+        over the time scale), whatever they do.
+        """
         with self._lock:
             snapshot = self._sample()
             self._latest = snapshot
             return snapshot
 
     def _sample(self) -> NodeSnapshot:
+        extra_events: list[Event] = []
+        called: list[CollectorWorker] = []
+        for worker in self._workers:
+            if worker.busy:
+                continue  # stuck since an earlier cycle: no second call into it
+            late = worker.take()
+            if late is not None:  # a stuck call that has returned since the last cycle
+                extra_events += self._returned_late(worker.name, late)
+            worker.start_call()
+            called.append(worker)
+        began = time.monotonic()
+        for worker in called:
+            allowed = self._deadlines[worker.name] / self._time_scale
+            worker.wait(allowed - (time.monotonic() - began))
         statuses: list[CollectorStatus] = []
         parts: list[Collected] = []
-        for collector in self._collectors:
-            started = self._clock.monotonic()
-            ok = self._run(collector, parts)
-            statuses.append(
-                CollectorStatus(collector.name, ok, max(0.0, self._clock.monotonic() - started))
-            )
+        for worker in self._workers:
+            if worker.busy:
+                statuses.append(self._stuck_status(worker, extra_events))
+                continue
+            outcome = worker.take()
+            assert outcome is not None  # called this cycle and returned
+            ok = self._account(worker.name, outcome, parts)
+            statuses.append(CollectorStatus(worker.name, ok, outcome.duration_seconds))
         gpus = tuple(g for p in parts for g in p.gpus)
         if gpus:
             self._known_gpus = gpus
-        events = map_events_to_gpus([e for p in parts for e in p.events], self._known_gpus)
+        events = map_events_to_gpus([*extra_events, *(e for p in parts for e in p.events)],
+                                    self._known_gpus)
         host = next((p.host for p in parts if p.host is not None), None)
         admitted = tuple(self._ledger.admit(events))
         for event in admitted:
@@ -169,30 +229,80 @@ class Sampler:
             collectors=tuple(statuses),
         )
 
-    def _run(self, collector: Collector, parts: list[Collected]) -> bool:
-        name = collector.name
-        try:
-            parts.append(collector.collect())
-        except SourceMissing as err:
+    def _stuck_status(self, worker: CollectorWorker, events: list[Event]) -> CollectorStatus:
+        """The status of a collector whose call is still running past its deadline."""
+        name = worker.name
+        started = worker.started
+        hung = 0.0 if started is None else max(0.0, self._clock.monotonic() - started)
+        if name not in self._stuck:
+            self._stuck.add(name)
+            deadline = self._deadlines[name]
+            message = (f"collector {name} has not returned for {max(hung, deadline):.3g} s "
+                       f"(deadline {deadline:g} s): the agent goes on without it, and "
+                       "without its values, until the call returns")
+            log.error("%s", message, extra={"collector": name, "node": self.node})
+            events.append(Event(kind="collector_stuck", source="agent",
+                                time_seconds=self._clock.time(), message=message))
+        return CollectorStatus(name, False, hung, stuck=True)
+
+    def _returned_late(self, name: str, late: CallOutcome) -> list[Event]:
+        """A stuck call returned: the collector is un-stuck; keep only its events."""
+        self._stuck.discard(name)
+        kept = list(late.collected.events) if late.collected is not None else []
+        how = "failed" if late.error is not None else "returned"
+        log.warning("collector %s %s after %.1f s, past its deadline: its values are "
+                    "dropped as stale (%d events kept); it is called again from now on",
+                    name, how, late.duration_seconds, len(kept),
+                    extra={"collector": name, "node": self.node})
+        return kept
+
+    def _account(self, name: str, outcome: CallOutcome, parts: list[Collected]) -> bool:
+        """Log a call's failure as the kind it is; keep its values when it succeeded."""
+        err = outcome.error
+        if isinstance(err, SourceMissing):
             if name not in self._missing:
                 log.debug("no data: %s", err, extra={"collector": name, "node": self.node})
                 self._missing.add(name)
             return False
-        except CollectorError as err:
+        if isinstance(err, CollectorError):
             log.error("collector failed: %s", err, extra={"collector": name, "node": self.node})
             return False
-        except Exception:
-            log.exception("collector crashed", extra={"collector": name, "node": self.node})
+        if err is not None:
+            log.error("collector crashed", exc_info=err,
+                      extra={"collector": name, "node": self.node})
             return False
+        assert outcome.collected is not None
+        parts.append(outcome.collected)
         if name in self._missing:
             self._missing.discard(name)
             log.info("source is back", extra={"collector": name, "node": self.node})
         return True
 
-    def close(self) -> None:
-        """Close every collector."""
-        for collector in self._collectors:
-            try:
-                collector.close()
-            except OSError as err:
-                log.warning("close failed: %s", err, extra={"collector": collector.name})
+    def settle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` real seconds for the calls still running to return.
+
+        True when none is left running: the next cycle then finds the stuck ones un-stuck.
+        """
+        end = time.monotonic() + timeout
+        return all(worker.wait(end - time.monotonic()) or not worker.busy
+                   for worker in self._workers if worker.busy)
+
+    def __enter__(self) -> Sampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop every collector's thread and close the collector (``timeout`` for all).
+
+        A stuck collector cannot be closed under its hung call: its thread is left to
+        close it if the call ever returns, and that is logged.
+        """
+        end = time.monotonic() + timeout
+        for worker in self._workers:
+            wait = 0.0 if worker.busy and worker.name in self._stuck else end - time.monotonic()
+            if not worker.close(wait):
+                log.error("collector %s is still stuck at close: its thread is left to "
+                          "close it if the call ever returns", worker.name,
+                          extra={"collector": worker.name, "node": self.node})

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from sn_monitor.config import (
     Document,
@@ -122,18 +122,34 @@ class PathSettings:
     kmsg: str = "/dev/kmsg"
 
 
+#: How long one collector's run may take before it counts as stuck (see
+#: :mod:`sn_monitor.agent.watchdog`): far above a normal NVML sweep of eight GPUs (tens of
+#: milliseconds, a second on a bad day), far below the agent's stop deadline.
+DEFAULT_DEADLINE_SECONDS = 5.0
+
+
+def _deadline() -> Any:
+    return setting(default=Duration(DEFAULT_DEADLINE_SECONDS), check=positive)
+
+
 @dataclass(frozen=True)
 class CollectorSwitch:
-    """A collector with no options of its own."""
+    """A collector with no options of its own but its switch and its ``deadline``.
+
+    A run that has not returned by ``deadline`` makes the collector *stuck*: the cycle
+    goes on without it until the run returns (:mod:`sn_monitor.agent.watchdog`).
+    """
 
     enabled: bool = True
+    deadline: Duration = _deadline()
 
 
 @dataclass(frozen=True)
 class NetCollectorSettings:
-    """The net collector: which interfaces to read."""
+    """The net collector: which interfaces to read, and its ``deadline``."""
 
     enabled: bool = True
+    deadline: Duration = _deadline()
     include: str | None = setting(default=None, check=_regex)
     exclude: str | None = setting(default=r"^(lo|docker.*|veth.*)$", check=_regex)
 
@@ -147,6 +163,10 @@ class CollectorSettings:
     infiniband: CollectorSwitch = field(default_factory=CollectorSwitch)
     host: CollectorSwitch = field(default_factory=CollectorSwitch)
     kmsg: CollectorSwitch = field(default_factory=CollectorSwitch)
+
+    def deadlines(self) -> dict[str, float]:
+        """Every collector's deadline in seconds, by name."""
+        return {f.name: float(getattr(self, f.name).deadline) for f in fields(self)}
 
 
 @dataclass(frozen=True)

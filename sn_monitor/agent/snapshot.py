@@ -142,11 +142,16 @@ class Collected:
 
 @dataclass(frozen=True, slots=True)
 class CollectorStatus:
-    """How one collector fared in one cycle."""
+    """How one collector fared in one cycle.
+
+    ``stuck``: its call has not returned by its deadline (never a success);
+    ``duration_seconds`` is then how long the call has been running.
+    """
 
     name: str
     success: bool
     duration_seconds: float
+    stuck: bool = False
 
 
 @dataclass(frozen=True, slots=True)

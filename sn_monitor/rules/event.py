@@ -1,4 +1,4 @@
-"""Event rules: XIDs, lost GPUs, link-down and guard events.
+"""Event rules: XIDs, lost GPUs, link-down, guard and stuck-collector events.
 
 An event has no natural end, so an event incident resolves after ``clear_after`` without
 another matching event. While it fires, further matching events extend that timer and
@@ -29,7 +29,7 @@ from sn_monitor.rules.xid_catalog import XidCatalog, load_catalog
 _KIND_WORDS: Final = {
     "xid": "XID", "sxid": "SXid", "gpu_lost": "GPU lost",
     "gpu_fallen_off_bus": "GPU fallen off the bus", "link_down": "link down",
-    "guard": "guard action",
+    "guard": "guard action", "collector_stuck": "collector stuck",
 }
 
 

@@ -13,7 +13,14 @@ moves time: the simulation driver calls ``gpu.step(dt)``.
 
 Test and simulator API: :func:`configure`, :func:`configure_missing_library`,
 :func:`configure_driver_not_loaded`, :func:`reset`, :func:`simulated_gpus`,
-:func:`call_counts`, :func:`call_count`, :func:`inject_error`, :func:`clear_errors`.
+:func:`call_counts`, :func:`call_count`, :func:`inject_error`, :func:`clear_errors`,
+:func:`inject_hang`, :func:`release_hangs`.
+
+A hang (:func:`inject_hang`) is what a wedged driver does: the call never returns. The
+calling thread blocks on a :class:`threading.Event` (outside the module lock, so other
+threads' calls go on) until the hang is released: :meth:`Hang.release`,
+:func:`release_hangs`, :func:`configure` or :func:`reset`. A test that injects one
+releases it in its teardown, or the blocked thread outlives the test.
 """
 
 from __future__ import annotations
@@ -292,6 +299,59 @@ class _InjectedError:
     remaining: int | None  # calls left to fail; None: until cleared
 
 
+class Hang:
+    """An injected hang: matching calls block until :meth:`release` (see :func:`inject_hang`).
+
+    ``entered`` is set once a call has blocked on it, so a test can wait for the hang to
+    be reached without sleeping; :attr:`waiting` counts the calls blocked now.
+    """
+
+    def __init__(self, gpu: int | None, function: str | None) -> None:
+        self.gpu = gpu
+        self.function = function
+        self.entered = threading.Event()
+        self._released = threading.Event()
+        self._count_lock = threading.Lock()
+        self._waiting = 0
+
+    def __repr__(self) -> str:
+        where = "every GPU" if self.gpu is None else f"GPU {self.gpu}"
+        return f"<fake NVML hang: {self.function or 'every function'} on {where}>"
+
+    @property
+    def released(self) -> bool:
+        return self._released.is_set()
+
+    @property
+    def waiting(self) -> int:
+        """Calls blocked on this hang now."""
+        with self._count_lock:
+            return self._waiting
+
+    def matches(self, gpu: int, function: str) -> bool:
+        """Whether a call of ``function`` about GPU ``gpu`` (-1: none) blocks here."""
+        return ((self.gpu is None or self.gpu == gpu)
+                and (self.function is None or self.function == function))
+
+    def release(self) -> None:
+        """Let every blocked call go on (and later ones through): the driver is back."""
+        with _lock:
+            if self in _state.hangs:
+                _state.hangs.remove(self)
+        self._released.set()
+
+    def block(self) -> None:
+        """Block the calling thread until the hang is released."""
+        with self._count_lock:
+            self._waiting += 1
+        self.entered.set()
+        try:
+            self._released.wait()
+        finally:
+            with self._count_lock:
+                self._waiting -= 1
+
+
 @dataclass(slots=True)
 class _State:
     gpus: list[SimulatedGpu] = field(default_factory=list)
@@ -304,6 +364,8 @@ class _State:
     calls: Counter[str] = field(default_factory=Counter)
     # (gpu or -1, function) -> the injected error; see inject_error.
     errors: dict[tuple[int, str], _InjectedError] = field(default_factory=dict)
+    # Injected hangs, oldest first; see inject_hang.
+    hangs: list[Hang] = field(default_factory=list)
 
 
 _lock = threading.RLock()
@@ -326,6 +388,7 @@ def configure(
     """Install simulated GPUs (NVML index = list position) and start uninitialized.
 
     ``missing_functions`` raise NVMLError_FunctionNotFound, as on an older driver.
+    Injected errors are dropped and injected hangs released.
     """
     with _lock:
         gpu_list = list(gpus)
@@ -338,6 +401,9 @@ def configure(
         _state.refcount = 0
         _state.calls.clear()
         _state.errors.clear()
+        hangs, _state.hangs = _state.hangs, []
+    for hang in hangs:
+        hang.release()
 
 
 def configure_missing_library() -> None:
@@ -355,7 +421,7 @@ def configure_driver_not_loaded() -> None:
 
 
 def reset() -> None:
-    """Back to an empty, uninitialized NVML with no GPUs and no injected errors."""
+    """Back to an empty, uninitialized NVML with no GPUs, no injected errors or hangs."""
     configure([])
 
 
@@ -390,6 +456,37 @@ def clear_errors(gpu: int | None = None, function: str | None = None) -> None:
         for key in list(_state.errors):
             if (gpu is None or key[0] == gpu) and (function is None or key[1] == function):
                 del _state.errors[key]
+
+
+def inject_hang(gpu: int | None = None, function: str | None = None) -> Hang:
+    """Make calls hang, as NVML does while the driver is wedged, until released.
+
+    ``gpu`` None hangs calls about any GPU and calls tied to none (the whole driver);
+    a device index hangs only calls about that GPU (as :func:`inject_error` tells them).
+    ``function`` None hangs every function, else only that one. A matching call is
+    counted in :func:`call_counts`, then blocks before doing anything else; released, it
+    goes on as if it had never stopped (against whatever state the fake has by then).
+    Release with :meth:`Hang.release` or :func:`release_hangs` (``configure`` and
+    ``reset`` release every hang too).
+    """
+    if function is not None and (
+            not callable(globals().get(function)) or not function.startswith("nvml")):
+        raise ValueError(f"the fake has no NVML function {function!r}")
+    if gpu is not None and gpu < -1:
+        raise ValueError("gpu must be a device index, -1 for calls tied to no GPU, "
+                         "or None for every call")
+    hang = Hang(gpu, function)
+    with _lock:
+        _state.hangs.append(hang)
+    return hang
+
+
+def release_hangs() -> None:
+    """Release every injected hang: blocked calls go on."""
+    with _lock:
+        hangs = list(_state.hangs)
+    for hang in hangs:
+        hang.release()
 
 
 def simulated_gpus() -> list[SimulatedGpu]:
@@ -440,10 +537,19 @@ def _raise_injected(name: str, args: tuple[Any, ...]) -> None:
     raise NVMLError(injected.code)
 
 
+def _hang_for(name: str, args: tuple[Any, ...]) -> Hang | None:
+    """The oldest hang this call blocks on, if any (the caller holds the lock)."""
+    if not _state.hangs:
+        return None
+    gpu = _target_gpu(name, args)
+    return next((h for h in _state.hangs if h.matches(gpu, name)), None)
+
+
 def _nvml_function(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """Count the call, then fail the way NVML would before reaching the device.
 
-    In order: function missing from this driver, an error injected for this call (see
+    In order: a hang injected for this call (see :func:`inject_hang`: it blocks outside
+    the lock), function missing from this driver, an error injected for this call (see
     :func:`inject_error`), not initialized, and (when the first argument is a device
     handle) GPU lost, function not supported on this GPU.
     """
@@ -453,6 +559,10 @@ def _nvml_function(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         with _lock:
             _state.calls[name] += 1
+            hang = _hang_for(name, args)
+        if hang is not None:
+            hang.block()
+        with _lock:
             if name in _state.missing_functions:
                 raise NVMLError_FunctionNotFound()
             _raise_injected(name, args)

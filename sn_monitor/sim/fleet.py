@@ -287,6 +287,8 @@ class _FaultState:
         self.tree = _Tree()
         self.gpus = _Gpus(self)
         self.sim_time = sim_now
+        #: NVML wedged (``nvml-hang``): the node reports no GPU values, as its agent would.
+        self.nvml_hung = False
 
     def gpu(self, index: int) -> SimulatedGpu:
         if not 0 <= index < self.gpu_count:
@@ -310,6 +312,15 @@ class _FaultState:
     def fall_off_bus(self, gpu: int) -> None:
         self.gpu(gpu).fall_off_bus()  # queues XID 79; the next report says the rest
 
+    def hang_nvml(self) -> None:
+        if not self.nvml_hung:
+            self.nvml_hung = True
+            self._node.event("collector_stuck", "collector nvml has not returned for 5 s "
+                             "(deadline 5 s): simulated nvml-hang", source="agent")
+
+    def release_nvml(self) -> None:
+        self.nvml_hung = False
+
     def advance(self, sim_now: float) -> None:
         """Step the faulted GPUs to ``sim_now``; turn what they logged into events."""
         dt = max(0.0, sim_now - self.sim_time)
@@ -329,8 +340,9 @@ class _FaultState:
 
     def report_parts(self, base: Report) -> dict[str, Any]:
         """The gpus / infiniband / network lists of this node's report."""
-        gpus = [gpu_values(self.models[g.index]) if g.index in self.models else g
-                for g in base.gpus]
+        gpus = [] if self.nvml_hung else [
+            gpu_values(self.models[g.index]) if g.index in self.models else g
+            for g in base.gpus]
         tree = self.tree
         infiniband = base.infiniband
         if tree.ib_down or tree.link_downed or tree.symbol_errors:
@@ -384,9 +396,10 @@ class _Node:
         self.asked_at = -math.inf
 
     def event(self, kind: str, message: str, *, gpu: int | None = None,
-              code: int | None = None, pci_bus_id: str | None = None) -> None:
+              code: int | None = None, pci_bus_id: str | None = None,
+              source: str = "kmsg") -> None:
         self.events.append(EventRecord(
-            id=self.next_event_id, kind=kind, source="kmsg",  # type: ignore[arg-type]
+            id=self.next_event_id, kind=kind, source=source,  # type: ignore[arg-type]
             time_seconds=time.time(), message=message, gpu=gpu, code=code,
             pci_bus_id=pci_bus_id))
         self.next_event_id += 1

@@ -40,6 +40,7 @@ class SimulatedNode:
         self.kmsg_path.parent.mkdir(parents=True, exist_ok=True)
         self.kmsg_path.write_text("")
         self.uptime_seconds = 3600.0
+        self._hang: fake_nvml.Hang | None = None
 
     @property
     def nvml(self) -> ModuleType:
@@ -97,6 +98,17 @@ class SimulatedNode:
         except (TypeError, ValueError, KeyError) as err:
             raise FaultError(f"{fault}: bad parameters {params}: {err}") from None
         return f"{fault} injected" + (f" on GPU {gpu}" if gpu is not None else "")
+
+    def hang_nvml(self) -> None:
+        """The driver wedges: every NVML call blocks until :meth:`release_nvml`."""
+        if self._hang is None or self._hang.released:
+            self._hang = fake_nvml.inject_hang()
+
+    def release_nvml(self) -> None:
+        """The driver answers again: the hung calls return."""
+        if self._hang is not None:
+            self._hang.release()
+            self._hang = None
 
     def fall_off_bus(self, gpu: int) -> None:
         """The GPU vanishes: NVML answers GpuIsLost, the driver logs Xid 79."""
@@ -156,6 +168,8 @@ FAULTS: dict[str, FaultKind] = {
         str(p["device"]), int(p.get("count", 100))), needs_gpu=False),
     "carrier-flap": FaultKind(lambda n, g, p: n.tree.flap_carrier(str(p["device"])),
                               needs_gpu=False),
+    "nvml-hang": FaultKind(lambda n, g, p: n.hang_nvml(), needs_gpu=False),
+    "nvml-release": FaultKind(lambda n, g, p: n.release_nvml(), needs_gpu=False),
 }
 
 

@@ -24,6 +24,10 @@ is the number of nodes; a fault's own ``count`` parameter (``ecc-uncorrectable``
 ``ib-symbol-errors``) then goes under ``params:``. Parameters left out take the
 defaults listed in :data:`FAULT_SPECS`.
 
+``nvml-hang`` wedges the node's NVML (every call blocks, as with a hung driver) until
+``nvml-release``: the agent's nvml collector goes stuck past its deadline, the node
+reports without GPU values and sends one ``collector_stuck`` event.
+
 The node faults are those of :data:`sn_monitor.sim.node.FAULTS` (what ``POST /sim/fault``
 takes on a simulated agent); ``node-lost``, ``node-back`` and ``straggler`` only the
 fleet simulator (``sn-monitor simulate``) can play, because they act on a whole agent.
@@ -144,6 +148,11 @@ FAULT_SPECS: dict[str, FaultSpec] = {
         "device": FaultParam("choice", default=NETDEVS[0], choices=NETDEVS,
                              doc="the network interface")},
         doc="an interface loses carrier and gets it back"),
+    "nvml-hang": FaultSpec(FAULTS["nvml-hang"].needs_gpu,
+                           doc="the driver wedges: every NVML call hangs (the agent's nvml "
+                               "collector becomes stuck) until nvml-release"),
+    "nvml-release": FaultSpec(FAULTS["nvml-release"].needs_gpu,
+                              doc="the wedged driver answers again: the hung calls return"),
     # Fleet-level faults: they act on the whole (simulated) agent.
     "node-lost": FaultSpec(False, fleet_only=True,
                            doc="the node stops reporting (server, agent or network gone)"),

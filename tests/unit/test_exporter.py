@@ -49,7 +49,8 @@ def _snapshot(**kwargs):
                         memory_bandwidth=(MemoryBandwidthSample("mon_L3_00", 99),)),
         xid_counts=(XidCount(gpu=0, xid=79, count=2), XidCount(gpu=None, xid=13, count=1)),
         event_counts=(("xid", 3),),
-        collectors=(CollectorStatus("nvml", True, 0.002), CollectorStatus("kmsg", False, 0.0)),
+        collectors=(CollectorStatus("nvml", True, 0.002), CollectorStatus("kmsg", False, 0.0),
+                    CollectorStatus("host", False, 12.5, stuck=True)),
     )
     base.update(kwargs)
     return NodeSnapshot(**base)
@@ -85,6 +86,10 @@ def test_values_and_units():
     assert samples[_k("sn_gpu_xid_errors_total", gpu="", uuid="", xid="13")] == 1
     assert samples[_k("sn_infiniband_port_received_bytes_total", device="mlx5_0", port="1")] == 400
     assert samples[_k("sn_agent_collector_success", collector="kmsg")] == 0.0
+    assert samples[_k("sn_agent_collector_stuck", collector="kmsg")] == 0.0
+    assert samples[_k("sn_agent_collector_stuck", collector="host")] == 1.0
+    assert samples[_k("sn_agent_collector_success", collector="host")] == 0.0
+    assert samples[_k("sn_agent_collector_duration_seconds", collector="host")] == 12.5
     assert samples[_k("sn_agent_last_sample_timestamp_seconds")] == 1_700_000_000.0
     assert samples[_k("sn_gpu_row_remap_pending", **g0)] == 0.0
     assert samples[_k("sn_agent_events_total", kind="xid")] == 3

@@ -288,3 +288,85 @@ def test_nvlink_down_counts_one_recovery_like_real_hardware():
         handle, [fake_nvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL]
     )
     assert total.value.ullVal == 1
+
+
+def _call_in_thread(fn, *args):
+    """Run ``fn(*args)`` on a thread; returns the thread and a dict with its outcome."""
+    import threading
+
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn(*args)
+        except fake_nvml.NVMLError as err:
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, name="fake-nvml-caller", daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_hung_call_blocks_until_released_and_other_calls_go_on():
+    start(make_gpus(2))
+    hang = fake_nvml.inject_hang(gpu=1, function="nvmlDeviceGetTemperature")
+    handles = [fake_nvml.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
+    thread, outcome = _call_in_thread(fake_nvml.nvmlDeviceGetTemperature, handles[1],
+                                      fake_nvml.NVML_TEMPERATURE_GPU)
+    try:
+        assert hang.entered.wait(10)
+        assert hang.waiting == 1
+        assert outcome == {}
+        # The module lock is free: GPU 0, and other functions on GPU 1, answer.
+        assert fake_nvml.nvmlDeviceGetTemperature(handles[0], fake_nvml.NVML_TEMPERATURE_GPU)
+        assert fake_nvml.nvmlDeviceGetPowerUsage(handles[1]) > 0
+        assert fake_nvml.call_count("nvmlDeviceGetTemperature") == 2
+    finally:
+        hang.release()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert isinstance(outcome["value"], int)
+    assert hang.released
+    assert hang.waiting == 0
+    # Released for good: the next call returns at once.
+    assert fake_nvml.nvmlDeviceGetTemperature(handles[1], fake_nvml.NVML_TEMPERATURE_GPU)
+
+
+def test_a_global_hang_wedges_every_call_and_reset_releases_it():
+    start(make_gpus(1))
+    hang = fake_nvml.inject_hang()
+    assert hang.matches(-1, "nvmlShutdown")
+    assert hang.matches(0, "nvmlDeviceGetCount")
+    thread, outcome = _call_in_thread(fake_nvml.nvmlSystemGetDriverVersion)
+    try:
+        assert hang.entered.wait(10)
+    finally:
+        fake_nvml.reset()  # releases every hang; the call then meets an empty NVML
+        thread.join(10)
+    assert not thread.is_alive()
+    assert isinstance(outcome["error"], fake_nvml.NVMLError_Uninitialized)
+    assert hang.released
+
+
+def test_release_hangs_lets_every_blocked_call_go_on():
+    start(make_gpus(2))
+    hangs = [fake_nvml.inject_hang(gpu=i) for i in range(2)]
+    callers = [_call_in_thread(fake_nvml.nvmlDeviceGetHandleByIndex, i) for i in range(2)]
+    try:
+        for hang in hangs:
+            assert hang.entered.wait(10)
+    finally:
+        fake_nvml.release_hangs()
+        for thread, _ in callers:
+            thread.join(10)
+    assert [repr(outcome["value"]) for _, outcome in callers] == [
+        "<fake nvmlDevice_t 0>", "<fake nvmlDevice_t 1>"]
+
+
+@pytest.mark.parametrize(("gpu", "function", "message"), [
+    (None, "nvmlNoSuchCall", "no NVML function"),
+    (-2, None, "gpu must be"),
+])
+def test_bad_hangs_are_refused(gpu, function, message):
+    with pytest.raises(ValueError, match=message):
+        fake_nvml.inject_hang(gpu, function)

@@ -9,6 +9,7 @@ real captured kernel logs. Regenerate after an intended change with
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -105,7 +106,8 @@ def test_golden_covers_every_design_family():
         "sn_infiniband_port_transmitted_bytes_total", "sn_infiniband_port_symbol_errors_total",
         "sn_infiniband_port_link_downed_total", "sn_infiniband_port_state",
         "sn_host_memory_bandwidth_bytes_total", "sn_agent_collector_success",
-        "sn_agent_collector_duration_seconds", "sn_agent_last_sample_timestamp_seconds",
+        "sn_agent_collector_duration_seconds", "sn_agent_collector_stuck",
+        "sn_agent_last_sample_timestamp_seconds",
     ):
         assert f"\n{family}{{" in text or f"\n{family} " in text, family
 
@@ -132,9 +134,11 @@ def test_fast_renderer_writes_what_client_python_writes():
 
     gpus = [SimulatedGpu(i, H100_SXM, seed=1) for i in range(2)]
     fake_nvml.configure(gpus)
-    try:
+    with ExitStack() as stack:
+        stack.callback(fake_nvml.reset)
         sampler = Sampler("n", [NvmlCollector(fake_nvml, ManualClock()),
                                 InfinibandCollector(NODE / "sys")], ManualClock())
+        stack.callback(sampler.close)
         sampler.sample()
         collector = SnapshotCollector(lambda: sampler.latest)
         registry = CollectorRegistry(auto_describe=False)
@@ -145,8 +149,6 @@ def test_fast_renderer_writes_what_client_python_writes():
             gpu.step(5.0)
         sampler.sample()
         assert renderer.render(collector.families()) == generate_latest(registry)
-    finally:
-        fake_nvml.reset()
 
 
 def test_escaping_matches_client_python():

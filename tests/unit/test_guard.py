@@ -10,7 +10,7 @@ from sn_monitor.agent.collectors.gpu import NvmlCollector
 from sn_monitor.agent.guard import STATE_FILE, ThermalGuard, effective_thresholds
 from sn_monitor.agent.nvml import NvmlError
 from sn_monitor.agent.settings import GuardSettings
-from sn_monitor.agent.snapshot import GpuSample, NodeSnapshot
+from sn_monitor.agent.snapshot import CollectorStatus, GpuSample, NodeSnapshot
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import Duration
 from sn_monitor.model import Event
@@ -368,3 +368,20 @@ def test_failed_restore_at_recover_is_retried_in_the_cycle(tmp_path):
     assert calls == [(0, 650.0), (0, 650.0)]
     assert "restored GPU 0 power limit to 650 W" in events[-1].message
     assert not (tmp_path / STATE_FILE).exists()
+
+
+def test_a_gap_in_readings_restarts_the_hold(tmp_path):
+    """Readings missing for a cycle (NVML stuck) are no evidence: the hold starts again."""
+    node = SimNode(tmp_path)
+    node.hot.inject_cooling_failure(1.7)
+    node.run_until(lambda s: temperature(s, 1) >= 85.0)
+    for _ in range(3):
+        node.cycle()
+    stuck = CollectorStatus("nvml", False, 1.0, stuck=True)
+    node.clock.advance(1.0)
+    node.guard.observe(NodeSnapshot("node-1", node.clock.time(), collectors=(stuck,)))
+    assert node.guard.throttled() == set()
+    back_at = node.clock.monotonic()
+    node.run_until(lambda s: node.guard.throttled() == {1})
+    # 3 s hot before the gap did not count: a full hold from the first fresh reading.
+    assert node.clock.monotonic() - back_at == pytest.approx(6.0)

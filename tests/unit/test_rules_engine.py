@@ -451,6 +451,20 @@ def test_event_codes_fire_and_clear_after_quiet():
     assert resolved.message == "no XID event on GPU 2 for 10m (3 in this incident)"
 
 
+def test_the_default_collector_stuck_rule_alerts_once_for_the_node():
+    text = (ROOT / "sn_monitor" / "rules" / "default.yaml").read_text(encoding="utf-8")
+    c = Cluster(text)
+    stuck = EventRecord(id=1, kind="collector_stuck", source="agent",
+                        time_seconds=c.clock.time(),
+                        message="collector nvml has not returned for 5.0 s (deadline 5 s)")
+    (fired,) = c.send(events=[stuck])
+    assert (fired.rule, fired.subject, fired.status) == ("collector-stuck", "", "firing")
+    assert fired.message == ("collector stuck: collector nvml has not returned for 5.0 s "
+                             "(deadline 5 s)")
+    assert fired.actions == ("alert",)
+    assert fired.severity == "critical"
+
+
 def test_events_on_other_gpus_are_other_incidents():
     c = Cluster(FATAL)
     found = c.send(events=[c.event(code=79, gpu=0), c.event(code=79, gpu=1),

@@ -95,7 +95,7 @@ events = st.builds(
     EventRecord,
     id=st.integers(min_value=0, max_value=50),
     kind=st.sampled_from(["xid", "sxid", "gpu_lost", "gpu_fallen_off_bus", "link_down",
-                          "guard"]),
+                          "guard", "collector_stuck"]),
     source=st.sampled_from(["nvml", "kmsg", "agent"]),
     time_seconds=st.floats(min_value=0, max_value=2e9),
     gpu=st.none() | st.integers(min_value=0, max_value=63),
@@ -415,7 +415,7 @@ def test_peers_never_fire_when_every_node_is_idle():
 events_any = st.builds(
     EventRecord, id=st.integers(min_value=0, max_value=INT64_MAX),
     kind=st.sampled_from(["xid", "sxid", "gpu_lost", "gpu_fallen_off_bus", "link_down",
-                          "guard"]),
+                          "guard", "collector_stuck"]),
     source=st.sampled_from(["nvml", "kmsg", "agent"]),
     time_seconds=st.floats(min_value=-1e18, max_value=1e18),
     gpu=st.none() | st.integers(min_value=0, max_value=63),

@@ -61,6 +61,21 @@ def test_default_rules_load_and_cover_every_kind():
     assert all(r.description for r in rules)
 
 
+def test_default_rules_end_with_the_collector_stuck_alert():
+    rules = load_rules([DEFAULT])
+    stuck = rules[-1]
+    assert isinstance(stuck, EventRule)
+    assert (stuck.name, stuck.event, stuck.severity, stuck.actions) == (
+        "collector-stuck", "collector_stuck", "critical", ["alert"])
+
+
+def test_an_unknown_event_kind_lists_collector_stuck(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("- name: x\n  event: collector_hung\n")
+    with pytest.raises(ConfigError, match="collector_stuck"):
+        load_rules([path])
+
+
 def test_a_directory_loads_every_yaml_sorted(tmp_path):
     (tmp_path / "b.yaml").write_text("- name: b\n  heartbeat_timeout: 10s\n")
     (tmp_path / "a.yaml").write_text("- name: a\n  event: xid\n")

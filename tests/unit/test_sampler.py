@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from sn_monitor.agent.collectors.base import CollectorError, SourceMissing
@@ -27,6 +29,15 @@ class ScriptedCollector:
 
     def close(self):
         self.closed = True
+
+
+@pytest.fixture
+def samplers() -> Iterator[list[Sampler]]:
+    """Samplers a test makes, closed (their collector threads stopped) at teardown."""
+    made: list[Sampler] = []
+    yield made
+    for sampler in made:
+        sampler.close()
 
 
 def _xid(source, gpu, code, t=0.0):
@@ -78,13 +89,14 @@ def test_kernel_events_are_mapped_to_gpus_by_pci_address():
     assert mapped[1].gpu is None
 
 
-def test_a_failing_collector_never_blanks_the_others(caplog):
+def test_a_failing_collector_never_blanks_the_others(caplog, samplers):
     clock = ManualClock()
     gpu = ScriptedCollector("nvml", [Collected(gpus=(GPU0,))])
     broken = ScriptedCollector("infiniband", [CollectorError("counters unreadable")])
     missing = ScriptedCollector("kmsg", [SourceMissing("/dev/kmsg absent")])
     host = ScriptedCollector("host", [Collected(host=HostSample(load1=1.5))])
     sampler = Sampler("n1", [gpu, broken, missing, host], clock)
+    samplers.append(sampler)
     snapshot = sampler.sample()
     assert snapshot.gpus == (GPU0,)
     assert snapshot.host == HostSample(load1=1.5)
@@ -97,28 +109,31 @@ def test_a_failing_collector_never_blanks_the_others(caplog):
 
 def test_a_crashing_collector_is_logged_with_its_name(caplog):
     crash = ScriptedCollector("net", [ZeroDivisionError("bug")])
-    snapshot = Sampler("n1", [crash], ManualClock()).sample()
+    with Sampler("n1", [crash], ManualClock()) as sampler:
+        snapshot = sampler.sample()
     assert snapshot.collectors[0].success is False
     record = next(r for r in caplog.records if r.levelname == "ERROR")
     assert record.collector == "net"
     assert record.exc_info is not None
 
 
-def test_events_are_counted_by_kind_across_cycles():
+def test_events_are_counted_by_kind_across_cycles(samplers):
     events = [Collected(gpus=(GPU0,), events=(_xid("nvml", 0, 31),))]
     sampler = Sampler("n1", [ScriptedCollector("nvml", events)], ManualClock())
+    samplers.append(sampler)
     sampler.sample()
     snapshot = sampler.sample()
     assert dict(snapshot.event_counts) == {"xid": 2}
     assert snapshot.xid_counts == (XidCount(gpu=0, xid=31, count=2),)
 
 
-def test_gpu_index_is_kept_for_kernel_events_when_nvml_fails_later():
+def test_gpu_index_is_kept_for_kernel_events_when_nvml_fails_later(samplers):
     kmsg_event = Event(kind="xid", source="kmsg", time_seconds=0, message="m",
                        pci_bus_id="0000:18:00.0", code=79)
     nvml = ScriptedCollector("nvml", [Collected(gpus=(GPU0,)), CollectorError("lost")])
     kmsg = ScriptedCollector("kmsg", [Collected(), Collected(events=(kmsg_event,))])
     sampler = Sampler("n1", [nvml, kmsg], ManualClock())
+    samplers.append(sampler)
     sampler.sample()
     snapshot = sampler.sample()
     assert snapshot.events[0].gpu == 0
@@ -128,6 +143,11 @@ def test_close_closes_every_collector():
     collectors = [ScriptedCollector(n, [Collected()]) for n in ("a", "b")]
     Sampler("n1", collectors, ManualClock()).close()
     assert all(c.closed for c in collectors)
+    ran = [ScriptedCollector(n, [Collected()]) for n in ("a", "b")]
+    sampler = Sampler("n1", ran, ManualClock())
+    sampler.sample()  # their threads run now: each closes its collector on its way out
+    sampler.close()
+    assert all(c.closed for c in ran)
 
 
 @pytest.mark.parametrize("bad", [-1.0])

@@ -266,3 +266,21 @@ def test_with_the_controller_s_node_local_rules_reports_are_trimmed_and_carry_va
     report = msgspec.json.decode(body, type=Report)
     assert report.rules_version == edge.version
     assert ("row-remap-failed", "gpu=2") in {(f.rule, f.subject) for f in report.findings}
+
+
+def test_an_nvml_hang_blanks_the_gpus_with_one_stuck_event_until_released():
+    s = _parse("kind: Scenario\nfaults:\n  - {at: 0s, node: 1, fault: nvml-hang}\n"
+               "  - {at: 0s, node: 1, fault: nvml-hang}\n"
+               "  - {at: 1m, node: 1, fault: nvml-release}\n")
+    fleet = _fleet(scenario=s)
+    fleet.apply(fleet.plan[0], 0.0)
+    fleet.apply(fleet.plan[1], 0.0)  # already wedged: no second event
+    node = fleet.nodes[1]
+    body, sent, _ = fleet.slow_body(node, 1, 0.0, 1.0)
+    report = msgspec.json.decode(body, type=Report)
+    assert report.gpus == []
+    assert [(e.kind, e.source) for e in report.events] == [("collector_stuck", "agent")]
+    assert sent == 1
+    fleet.apply(fleet.plan[2], 60.0)
+    body, _, _ = fleet.slow_body(node, 2, 60.0, 60.0)
+    assert len(msgspec.json.decode(body, type=Report).gpus) == 8

@@ -51,3 +51,26 @@ def test_a_good_request_is_applied(node):
 def test_unknown_faults_raise_a_fault_error(node):
     with pytest.raises(FaultError, match="unknown fault"):
         node.inject("melt", 0)
+
+
+def test_nvml_hang_wedges_the_fake_driver_until_nvml_release(node):
+    import threading
+
+    fake_nvml.nvmlInit()
+    assert node.inject("nvml-hang") == "nvml-hang injected"
+    done = threading.Event()
+    caller = threading.Thread(target=lambda: (fake_nvml.nvmlDeviceGetCount(), done.set()),
+                              name="hung-caller", daemon=True)
+    caller.start()
+    try:
+        (hang,) = fake_nvml._state.hangs
+        assert hang.entered.wait(30)
+        assert not done.is_set()
+        node.inject("nvml-hang")  # already wedged: still the one hang
+        assert fake_nvml._state.hangs == [hang]
+    finally:
+        code, doc = fault_endpoint(node)(b'{"fault": "nvml-release"}')
+        caller.join(30)
+    assert (code, doc) == (200, {"result": "nvml-release injected"})
+    assert done.is_set()
+    assert fake_nvml._state.hangs == []
