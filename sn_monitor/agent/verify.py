@@ -223,9 +223,11 @@ def _entity(result: dict[str, Any]) -> str:
     for key in ("entity_id", "gpu_id"):
         if isinstance(result.get(key), int | str):
             return f"GPU {result[key]}"
-    ids = result.get("gpu_ids")
+    ids = result.get("gpu_ids")  # DCGM 2/3: a list, or a string such as "0,1"
     if isinstance(ids, list) and ids:
         return "GPU " + ",".join(map(str, ids))
+    if isinstance(ids, str | int) and str(ids).strip():
+        return f"GPU {str(ids).strip()}"
     return ""
 
 
