@@ -1,4 +1,4 @@
-"""The one entry point: ``sn-monitor agent|controller|demo|simulate|breaker|check-config``.
+"""The one entry point: ``sn-monitor agent|controller|demo|simulate|breaker|verify|check-config``.
 
 And ``sn-monitor version``.
 """
@@ -16,11 +16,13 @@ from pathlib import Path
 from sn_monitor import __version__
 from sn_monitor.agent.settings import AgentSettings, agent_settings_from, load_agent_settings
 from sn_monitor.config import ConfigError, bind, load_yaml, parse_duration
+from sn_monitor.errors import SnMonitorError
 from sn_monitor.fleet.command import add_arguments as add_fleet_arguments
 from sn_monitor.fleet.command import run_fleet
 from sn_monitor.goodput.command import add_arguments as add_goodput_arguments
 from sn_monitor.goodput.command import run_goodput
 from sn_monitor.logs import configure_logging
+from sn_monitor.model import CheckResult
 
 log = logging.getLogger("sn_monitor")
 
@@ -222,6 +224,31 @@ def build_parser() -> argparse.ArgumentParser:
     add_fleet_arguments(fleet)
     _log_options(fleet)
 
+    verify = sub.add_parser(
+        "verify", help="check that this node is fit to go back into service",
+        description="The return-to-service checks the controller asks an agent for before "
+                    "it uncordons a repaired node: every expected GPU present and reachable, "
+                    "no row remap pending or failed, PCIe links at full width (and full "
+                    "generation unless idle), every NVLink up, temperatures below slowdown "
+                    "minus a margin, no uncorrectable ECC error since the last reset; then "
+                    "dcgmi diag when dcgmi is installed and the configured user command. "
+                    "Exit 0 when every check passes, 1 when one fails, 2 when the checks "
+                    "cannot run (bad config, no NVML).")
+    verify.add_argument("--config", type=Path,
+                        help="agent config file: its remediation.verify settings")
+    verify.add_argument("--simulate", type=_positive_int, metavar="GPUS",
+                        help="verify a simulated node with this many GPUs (no GPU needed)")
+    verify.add_argument("--fault", action="append", default=[], metavar="NAME[@GPU]",
+                        help="with --simulate: inject this fault first (pcie-downgrade@3, "
+                             "nvlink-down@0, fall-off-bus@1, row-remap-pending@2); repeatable")
+    verify.add_argument("--expected-gpus", type=_positive_int, metavar="N",
+                        help="GPUs the node must have (default: config, then the most the "
+                             "agent has seen here, then what NVML shows now)")
+    verify.add_argument("--dcgm-level", type=int, choices=[0, 1, 2, 3, 4], default=None,
+                        help="dcgmi diag level (default: config, 1; 0: no DCGM diagnostic)")
+    verify.add_argument("--json", action="store_true", help="print the checks as JSON")
+    _log_options(verify, default_level="warning")
+
     check = sub.add_parser("check-config", help="validate config files (agent, controller, rule, "
                            "job, scenario, token, fleet, XID catalogue); exit 2 on any error")
     check.add_argument("files", nargs="+", type=Path)
@@ -249,7 +276,7 @@ _CONTROLLER_KEYS = frozenset({"state_dir", "rules", "token_file", "max_body_byte
                               "jobs", "recovery", "settle", "tls", "store", "ha",
                               "xid_catalog"})
 _AGENT_KEYS = frozenset({"node", "labels", "interval", "controller", "paths", "collectors",
-                         "guard"})
+                         "guard", "remediation"})
 
 
 def check_file(path: Path) -> str:
@@ -358,13 +385,98 @@ def run_agent(settings: AgentSettings, simulate: int | None, duration: float | N
             node = SimulatedNode(Path(root), gpus=simulate)
             settings = node.agent_settings(settings)
             agent = build_agent(settings, node.nvml, clock,
-                                before_sample=lambda dt: node.step(dt * sim_speed))
+                                before_sample=lambda dt: node.step(dt * sim_speed),
+                                actuator=node.actuator())
             agent.http.add_post_route("/sim/fault", fault_endpoint(node))
             agent.run_until_signalled(duration)
         return 0
     except (TokenError, OSError) as err:
         print(f"sn-monitor agent: {err}", file=sys.stderr)
         return EXIT_CONFIG
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """``sn-monitor verify``: one sample of this node's GPUs, the checks, exit 0 / 1 / 2."""
+    import json
+
+    import msgspec
+
+    from sn_monitor.agent.verify import summary
+
+    try:
+        settings = load_agent_settings(args.config)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return EXIT_CONFIG
+    verify = settings.remediation.verify
+    if args.expected_gpus is not None:
+        verify = replace(verify, expected_gpus=args.expected_gpus)
+    if args.dcgm_level is not None:
+        verify = replace(verify, dcgm_level=args.dcgm_level)
+    settings = replace(settings, remediation=replace(settings.remediation, verify=verify))
+    if args.fault and args.simulate is None:
+        print("sn-monitor verify: --fault needs --simulate", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        if args.simulate is None:
+            from sn_monitor.agent.nvml import load_pynvml
+
+            checks = _verify_once(settings, load_pynvml())
+        else:
+            checks = _verify_simulated(settings, args.simulate, args.fault)
+    except VerifyError as err:
+        print(f"sn-monitor verify: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    ok = all(check.ok for check in checks)
+    if args.json:
+        print(json.dumps({"ok": ok, "summary": summary(checks),
+                          "checks": msgspec.to_builtins(checks)}, indent=2, ensure_ascii=False))
+    else:
+        for check in checks:
+            verdict = "SKIP" if check.skipped else "PASS" if check.ok else "FAIL"
+            print(f"{verdict}  {check.name:<18} {check.detail}")
+        print(summary(checks))
+    return 0 if ok else 1
+
+
+class VerifyError(SnMonitorError):
+    """The verification could not run (no NVML, a bad simulated fault)."""
+
+
+def _verify_simulated(settings: AgentSettings, gpus: int,
+                      faults: Sequence[str]) -> list[CheckResult]:
+    from sn_monitor.sim.node import FaultError, SimulatedNode
+
+    with tempfile.TemporaryDirectory(prefix="sn-verify-") as root:
+        node = SimulatedNode(Path(root), gpus=gpus)
+        for fault in faults:
+            name, _, gpu = fault.partition("@")
+            try:
+                node.inject(name, int(gpu) if gpu else None)
+            except (FaultError, ValueError) as err:  # or a GPU that is not a number
+                raise VerifyError(f"--fault {fault}: {err}") from None
+        return _verify_once(node.agent_settings(settings), node.nvml)
+
+
+def _verify_once(settings: AgentSettings, nvml: object) -> list[CheckResult]:
+    """Sample the GPUs once through the agent's own collector, then run every check."""
+    from sn_monitor.agent.collectors.gpu import NvmlCollector
+    from sn_monitor.agent.sampler import Sampler
+    from sn_monitor.agent.verify import GpuCountMemory, verify_node
+    from sn_monitor.clock import SystemClock
+
+    clock = SystemClock()
+    collector = NvmlCollector(nvml, clock)
+    sampler = Sampler(settings.node, [collector], clock)
+    try:
+        snapshot = sampler.sample()
+        if not all(status.success for status in snapshot.collectors):
+            raise VerifyError("cannot read the GPUs through NVML (see the log above)")
+        state = Path(settings.state_dir)
+        memory = GpuCountMemory(state if state.is_dir() else None)
+        return verify_node(snapshot, settings.remediation.verify, memory)
+    finally:
+        sampler.close()
 
 
 def run_controller_command(args: argparse.Namespace) -> int:
@@ -586,6 +698,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_breaker(args)
     if args.command == "fleet":
         return run_fleet(args)
+    if args.command == "verify":
+        configure_logging(args.log_format or "text", args.log_level or "warning")
+        return run_verify(args)
     if args.command == "goodput":
         configure_logging(args.log_format or "text", args.log_level or "error")
         return run_goodput(args)

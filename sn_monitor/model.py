@@ -199,7 +199,7 @@ class EventRecord(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
     device: Annotated[str, msgspec.Meta(max_length=64)] | None = None
 
 
-CommandKind = Literal["throttle", "release", "checkpoint"]
+CommandKind = Literal["throttle", "release", "checkpoint", "reset_gpu", "reboot", "verify"]
 
 
 class Command(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
@@ -208,6 +208,13 @@ class Command(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fi
 
     ``throttle`` caps power: ``power_watts``, or ``power_fraction`` of the GPU's default
     limit; ``release`` restores the operator's limit. ``gpu`` None means every GPU.
+
+    The remediation ladder's steps: ``reset_gpu`` resets one GPU (``gpu`` required; refused
+    while a process uses it), ``reboot`` reboots the node, ``verify`` runs the node's
+    return-to-service checks (:mod:`sn_monitor.agent.verify`) and answers with
+    :attr:`CommandResult.checks`. Each is a dry run unless the agent's
+    ``remediation.mode`` is ``enforce``; their results come one report or more later
+    (they run off the report thread).
     """
 
     id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -218,15 +225,39 @@ class Command(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fi
     reason: ShortText = ""
 
 
+MAX_CHECKS = 64
+"""Checks one verification may report (:attr:`CommandResult.checks`)."""
+
+
+class CheckResult(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                  gc=False):
+    """One check of a node verification: ``gpus-present``, ``pcie-links``, ``dcgm-diag``...
+
+    ``skipped``: the check could not apply here (no dcgmi, no NVLink); it does not fail
+    the verification, and ``detail`` says why.
+    """
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    ok: bool
+    detail: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    skipped: bool = False
+
+
 class CommandResult(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
                 gc=False):
-    """What the agent did with a command."""
+    """What the agent did with a command.
+
+    ``checks``: a ``verify`` command's checks, each with why it passed or failed (empty
+    for every other kind, and then left off the wire: a controller from before
+    verification decodes these results unchanged).
+    """
 
     id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
     ok: bool
     time_seconds: float
     message: ShortText = ""
     dry_run: bool = False
+    checks: Annotated[list[CheckResult], msgspec.Meta(max_length=MAX_CHECKS)] = []
 
 
 MAX_FINDINGS = 512

@@ -25,17 +25,20 @@ from typing import Any
 
 from sn_monitor.agent.collectors.base import Collector
 from sn_monitor.agent.collectors.gpu import NvmlCollector
-from sn_monitor.agent.commands import CommandExecutor
+from sn_monitor.agent.commands import CommandExecutor, Remedies
 from sn_monitor.agent.exporter import AgentStatus, SnapshotCollector
 from sn_monitor.agent.exposition import ExpositionCache
 from sn_monitor.agent.guard import ThermalGuard
+from sn_monitor.agent.nvml import NvmlError
 from sn_monitor.agent.registry import build_collectors
+from sn_monitor.agent.remedy import Actuator, ProgramActuator, RebootLedger
 from sn_monitor.agent.reporter import Reporter
 from sn_monitor.agent.sampler import Sampler
 from sn_monitor.agent.server import AgentHttpServer
 from sn_monitor.agent.settings import AgentSettings
 from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
+from sn_monitor.agent.verify import GpuCountMemory
 from sn_monitor.clock import Clock
 from sn_monitor.config import parse_listen
 from sn_monitor.model import Event
@@ -130,8 +133,10 @@ class ReportLoop:
                 self._pending = None
             try:
                 commands = self._reporter.send(snapshot, throttled)
-                if commands:
-                    self._reporter.add_command_results(self._executor.execute(commands))
+                results = self._executor.execute(commands) if commands else []
+                results += self._executor.finished()  # slow commands done since the last
+                if results:
+                    self._reporter.add_command_results(results)
             except Exception:  # reporting must go on after a bad cycle; it is logged
                 log.exception("report failed")
 
@@ -227,6 +232,7 @@ class Agent:
     def _protect(self, snapshot: NodeSnapshot) -> None:
         assert self.protection is not None
         guard = self.protection.guard
+        self.protection.executor.observe(snapshot)
         events: list[Event] = []
         if not self._recovered and NvmlCollector.name not in self.sampler.stuck():
             # NVML is initialised by the first sample: now the guard can put back limits
@@ -271,6 +277,7 @@ class Agent:
         if self._report_loop is not None:
             self._report_loop.stop(timeout=5.0)
         if self.protection is not None:
+            self.protection.executor.close(timeout=2.0)
             events = self.protection.guard.restore_all()
             if self.protection.reporter is not None:
                 self.protection.reporter.spool_events(events)
@@ -313,6 +320,17 @@ def _power_setter(collectors: Sequence[Collector]) -> Callable[[int, float], Non
     return no_nvml
 
 
+def _running_pids(collectors: Sequence[Collector]) -> Callable[[int], tuple[int, ...]]:
+    for collector in collectors:
+        if isinstance(collector, NvmlCollector):
+            return collector.library.running_pids
+
+    def no_nvml(gpu: int) -> tuple[int, ...]:
+        raise NvmlError(f"cannot tell who uses GPU {gpu}: the nvml collector is disabled")
+
+    return no_nvml
+
+
 def build_agent(
     settings: AgentSettings,
     nvml: Any,
@@ -320,17 +338,24 @@ def build_agent(
     before_sample: BeforeSample | None = None,
     after_sample: Sequence[AfterSample] = (),
     time_scale: float = 1.0,
+    actuator: Actuator | None = None,
 ) -> Agent:
     """The agent for ``settings``: collectors from the registry, the guard, the reporter.
 
     ``time_scale`` > 1 runs a simulation faster than the wall (``clock`` must be scaled
-    the same way, see :class:`~sn_monitor.clock.ScaledClock`).
+    the same way, see :class:`~sn_monitor.clock.ScaledClock`). ``actuator`` resets GPUs
+    and reboots the node (default: the configured programs; the simulator passes its own).
     """
     collectors = build_collectors(settings, nvml, clock)
     state = Path(settings.state_dir)
     state.mkdir(parents=True, exist_ok=True)
     guard = ThermalGuard(settings.guard, _power_setter(collectors), state, clock)
-    executor = CommandExecutor(guard, clock, dry_run=settings.guard.mode == "dry-run")
+    remedies = Remedies(
+        settings.remediation, actuator or ProgramActuator(settings.remediation),
+        _running_pids(collectors), RebootLedger(state, Path(settings.paths.procfs)),
+        GpuCountMemory(state))
+    # The guard's dry-run mode makes its own caps dry runs; remediation has its own mode.
+    executor = CommandExecutor(guard, clock, remedies=remedies)
     reporter = None
     if settings.controller.controller_urls:
         token_file = settings.controller.token_file

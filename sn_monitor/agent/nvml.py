@@ -138,6 +138,15 @@ class NvmlUnavailable(NvmlError):
     """No NVML on this node: the library is absent or the kernel driver is not loaded."""
 
 
+class GpuUnreachable(NvmlError):
+    """NVML cannot reach the GPU: lost, gone from the bus, or waiting for a reset."""
+
+
+# GpuIsLost, ResetRequired, GpuNotFound: the GPU is out of every process's reach until
+# it is reset; other faults (DriverNotLoaded, Unknown) say nothing about who uses it.
+_UNREACHABLE = frozenset({15, 16, 28})
+
+
 class _DeviceFault(Exception):
     """A fault error from a device call; ends this cycle's read of that device."""
 
@@ -351,6 +360,31 @@ class NvmlLibrary:
                 raise NvmlError(
                     f"GPU {index}: cannot set power limit to {watts} W: {error}"
                 ) from error
+
+    def running_pids(self, index: int) -> tuple[int, ...]:
+        """The PIDs of the compute processes on GPU ``index``, sorted.
+
+        Raises :class:`GpuUnreachable` when the GPU is lost or needs a reset (no process
+        can use it), and :class:`NvmlError` when the list is unknown: not supported, no
+        permission, a function these bindings or this driver lack.
+        """
+        function = "nvmlDeviceGetComputeRunningProcesses"
+        with self._lock:
+            if not self._initialized or not 0 <= index < len(self._devices):
+                raise NvmlError(f"no NVML device {index}")
+            fn = getattr(self._nvml, function, None)
+            if fn is None:
+                raise NvmlError(f"GPU {index}: running processes unknown: no {function}")
+            try:
+                handle = self._devices[index].handle
+                if handle is None:
+                    handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
+                processes = fn(handle)
+            except self._nvml.NVMLError as error:
+                if _error_code(error) in _UNREACHABLE:
+                    raise GpuUnreachable(f"GPU {index}: {error}") from error
+                raise NvmlError(f"GPU {index}: running processes unknown: {error}") from error
+            return tuple(sorted({int(process.pid) for process in processes}))
 
     # ---------------------------------------------------------------- devices
 

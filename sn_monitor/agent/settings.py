@@ -11,10 +11,12 @@ from typing import Any, Literal
 from sn_monitor.config import (
     Document,
     Duration,
+    at_least_one,
     bind,
     fraction,
     listen_address,
     load_yaml,
+    optional,
     positive,
     setting,
 )
@@ -186,6 +188,79 @@ class GuardSettings:
             )
 
 
+#: Where a reset command names the GPU: replaced by its NVML index.
+GPU_PLACEHOLDER = "{gpu}"
+
+
+def _program(value: list[str] | None) -> None:
+    if value is not None and (not value or not value[0]):
+        raise ValueError("name the program to run, as a list: [/usr/bin/nvidia-smi, ...]")
+
+
+def _reset_program(value: list[str]) -> None:
+    _program(value)
+    if not any(GPU_PLACEHOLDER in part for part in value):
+        raise ValueError(f"must name the GPU to reset with {GPU_PLACEHOLDER} "
+                         "(nvidia-smi --gpu-reset -i {gpu}); without it every GPU might be reset")
+
+
+def _dcgm_level(value: int) -> None:
+    if not 0 <= value <= 4:
+        raise ValueError(f"must be a dcgmi diag level from 1 to 4, or 0 for none; got {value}")
+
+
+def _margin(value: float) -> None:
+    if not 0 <= value <= 60:
+        raise ValueError(f"must be a margin from 0 to 60 °C, got {value}")
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    """The node's return-to-service checks (:mod:`sn_monitor.agent.verify`).
+
+    ``expected_gpus``: how many GPUs the node must show; unset, the most this agent has
+    seen on the node (kept in ``state_dir``, so a GPU missing after a reboot still
+    fails). ``temperature_margin``: every GPU must be this far below its slowdown
+    temperature. ``dcgm_level``: ``dcgmi diag -r LEVEL`` when dcgmi is installed (0:
+    never). ``command``: an extra program that must exit 0 (an NCCL all-reduce test).
+    """
+
+    expected_gpus: int | None = setting(default=None, check=optional(at_least_one))
+    temperature_margin: float = setting(default=10.0, check=_margin)
+    dcgm_level: int = setting(default=1, check=_dcgm_level)
+    dcgm_timeout: Duration = setting(default=Duration(300.0), check=positive)
+    dcgmi: str = "dcgmi"
+    command: list[str] | None = setting(default=None, check=_program)
+    command_timeout: Duration = setting(default=Duration(600.0), check=positive)
+    #: How long a verification waits for a sample taken after it was asked.
+    sample_wait: Duration = setting(default=Duration(10.0), check=positive)
+
+
+@dataclass(frozen=True)
+class RemediationSettings:
+    """What the agent does for the controller's ``reset_gpu`` and ``reboot``.
+
+    ``mode``: ``dry-run`` answers what would have run and runs nothing; ``enforce``
+    runs it. Unset: dry-run on a real node, enforce on a simulated one (its reset and
+    reboot touch only simulated GPUs). Programs are argv lists run without a shell;
+    ``{gpu}`` in ``reset_command`` becomes the GPU's index. ``timeout`` bounds each.
+    """
+
+    mode: Literal["dry-run", "enforce"] | None = None
+    reset_command: list[str] = setting(
+        default_factory=lambda: ["nvidia-smi", "--gpu-reset", "-i", GPU_PLACEHOLDER],
+        check=_reset_program)
+    reboot_command: list[str] = setting(
+        default_factory=lambda: ["systemctl", "reboot"], check=_program)
+    timeout: Duration = setting(default=Duration(60.0), check=positive)
+    verify: VerifySettings = field(default_factory=VerifySettings)
+
+    @property
+    def enforce(self) -> bool:
+        """Whether reset and reboot really run (unset mode: no)."""
+        return self.mode == "enforce"
+
+
 @dataclass(frozen=True)
 class AgentSettings:
     """Everything ``sn-monitor agent`` reads from deploy/agent.yaml."""
@@ -199,6 +274,7 @@ class AgentSettings:
     paths: PathSettings = field(default_factory=PathSettings)
     collectors: CollectorSettings = field(default_factory=CollectorSettings)
     guard: GuardSettings = field(default_factory=GuardSettings)
+    remediation: RemediationSettings = field(default_factory=RemediationSettings)
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

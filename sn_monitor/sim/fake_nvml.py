@@ -14,7 +14,9 @@ moves time: the simulation driver calls ``gpu.step(dt)``.
 Test and simulator API: :func:`configure`, :func:`configure_missing_library`,
 :func:`configure_driver_not_loaded`, :func:`reset`, :func:`simulated_gpus`,
 :func:`call_counts`, :func:`call_count`, :func:`inject_error`, :func:`clear_errors`,
-:func:`inject_hang`, :func:`release_hangs`.
+:func:`inject_hang`, :func:`release_hangs`, and what a simulated agent runs instead of
+``nvidia-smi --gpu-reset`` and a reboot (NVML has no call for either): :func:`reset_gpu`,
+:func:`reboot`.
 
 A hang (:func:`inject_hang`) is what a wedged driver does: the call never returns. The
 calling thread blocks on a :class:`threading.Event` (outside the module lock, so other
@@ -64,6 +66,7 @@ NVML_ERROR_TIMEOUT: int = pynvml.NVML_ERROR_TIMEOUT
 NVML_ERROR_LIBRARY_NOT_FOUND: int = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
 NVML_ERROR_FUNCTION_NOT_FOUND: int = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 NVML_ERROR_GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
+NVML_ERROR_IN_USE: int = pynvml.NVML_ERROR_IN_USE
 NVML_ERROR_RESET_REQUIRED: int = pynvml.NVML_ERROR_RESET_REQUIRED
 NVML_ERROR_LIB_RM_VERSION_MISMATCH: int = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
 NVML_ERROR_NO_DATA: int = pynvml.NVML_ERROR_NO_DATA
@@ -224,6 +227,16 @@ class _EventData:
     device: Any
     eventType: int
     eventData: int
+    gpuInstanceId: int = _NO_INSTANCE
+    computeInstanceId: int = _NO_INSTANCE
+
+
+@dataclass(slots=True)
+class _ProcessInfo:
+    """Like ``c_nvmlProcessInfo_t`` as pynvml hands it out (a friendly object)."""
+
+    pid: int
+    usedGpuMemory: int | None
     gpuInstanceId: int = _NO_INSTANCE
     computeInstanceId: int = _NO_INSTANCE
 
@@ -493,6 +506,28 @@ def simulated_gpus() -> list[SimulatedGpu]:
     """The models behind the devices, to step them and inject faults."""
     with _lock:
         return list(_state.gpus)
+
+
+def reset_gpu(index: int) -> None:
+    """Reset GPU ``index`` as ``nvidia-smi --gpu-reset`` would (:meth:`SimulatedGpu.reset`).
+
+    Refused with ``NVMLError(NVML_ERROR_IN_USE)`` while a process uses the GPU, as the
+    driver refuses; an index with no GPU is InvalidArgument.
+    """
+    with _lock:
+        if not 0 <= index < len(_state.gpus):
+            raise NVMLError_InvalidArgument()
+        gpu = _state.gpus[index]
+    with gpu.lock:
+        if gpu.running_pids:
+            raise NVMLError(NVML_ERROR_IN_USE)
+        gpu.reset()
+
+
+def reboot() -> None:
+    """The node rebooted: every GPU power-cycled (:meth:`SimulatedGpu.power_cycle`)."""
+    for gpu in simulated_gpus():
+        gpu.power_cycle()
 
 
 def call_counts() -> dict[str, int]:
@@ -884,6 +919,14 @@ def nvmlDeviceGetRemappedRows(device: Any) -> tuple[int, int, int, int]:
         int(gpu.row_remap_pending),
         int(gpu.row_remap_failed),
     )
+
+
+@_nvml_function
+def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[_ProcessInfo]:
+    """The compute processes on the GPU, as pynvml's (v3) call returns them."""
+    gpu = _gpu(handle)
+    share = gpu.memory_used_bytes // max(1, len(gpu.running_pids))
+    return [_ProcessInfo(pid=pid, usedGpuMemory=share) for pid in gpu.running_pids]
 
 
 # ------------------------------------------------------------------ PCIe

@@ -18,7 +18,7 @@ import math
 import random
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 GIB = 1024**3
@@ -218,6 +218,8 @@ class SimulatedGpu:
         self.row_remap_failed = False
         self.nvlinks = [NvLinkState() for _ in range(profile.nvlink_count)]
         self.xid_log: list[int] = []
+        #: PIDs of the compute processes on the GPU (NVML's running processes).
+        self.running_pids: list[int] = []
         self._counters = _Counters()
 
     # ---------------------------------------------------------------- derived values
@@ -387,15 +389,35 @@ class SimulatedGpu:
         with self.lock:
             self.row_remap_failed = True
 
+    def set_running_processes(self, pids: Iterable[int]) -> None:
+        """The compute processes now on the GPU (empty: none)."""
+        with self.lock:
+            self.running_pids = sorted(set(pids))
+
     def reset(self) -> None:
-        """A GPU reset: pending row remaps take effect, the GPU is back on the bus."""
+        """A GPU reset: remaps apply, ECC restarts, NVLinks retrain, the GPU is back.
+
+        Pending row remaps take effect, the volatile ECC counters start again. XIDs
+        already queued stay delivered events (a reset does not unsay them); a downtrained
+        PCIe link stays as it is (the slot or riser is at fault: see :meth:`power_cycle`).
+        """
         with self.lock:
             if self.row_remap_pending:
                 self.remapped_rows_uncorrectable += 1
                 self.row_remap_pending = False
             self.ecc_corrected = 0
             self.ecc_uncorrected = 0
+            for link in self.nvlinks:
+                link.up = True
             self.lost = False
+
+    def power_cycle(self) -> None:
+        """The node rebooted: every process gone, the GPU reset, its PCIe link retrained."""
+        with self.lock:
+            self.running_pids = []
+            self.reset()
+            self.pcie_generation = self.profile.pcie_generation
+            self.pcie_width = self.profile.pcie_width
 
     def inject_nvlink_errors(
         self,

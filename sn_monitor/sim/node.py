@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from sn_monitor.agent.remedy import ActOutcome
 from sn_monitor.agent.settings import AgentSettings, PathSettings
 from sn_monitor.errors import SnMonitorError
 from sn_monitor.sim import fake_nvml
@@ -51,14 +52,36 @@ class SimulatedNode:
         """``base`` with its /proc, /sys and kernel-log paths pointed into this node.
 
         The state directory (spool, saved power limits) moves into the node too, unless
-        ``base`` names one of its own.
+        ``base`` names one of its own. Remediation left without a mode enforces: a
+        simulated reset or reboot touches only the simulated GPUs (:meth:`actuator`).
         """
         paths = PathSettings(procfs=str(self.tree.procfs), sysfs=str(self.tree.sysfs),
                              kmsg=str(self.kmsg_path))
         state_dir = base.state_dir
         if state_dir == AgentSettings().state_dir:
             state_dir = str(self.root / "state")
-        return replace(base, paths=paths, state_dir=state_dir)
+        remediation = base.remediation
+        if remediation.mode is None:
+            remediation = replace(remediation, mode="enforce")
+        return replace(base, paths=paths, state_dir=state_dir, remediation=remediation)
+
+    def actuator(self) -> SimulatedActuator:
+        """What the simulated agent resets GPUs and reboots with (no nvidia-smi here)."""
+        return SimulatedActuator(self)
+
+    def reset_gpu(self, gpu: int) -> None:
+        """``nvidia-smi --gpu-reset`` on the simulated GPU (refused while in use)."""
+        fake_nvml.reset_gpu(gpu)
+        self.kernel_log(f"NVRM: GPU at {self._nvrm_bus(gpu)}: GPU reset")
+
+    def reboot(self) -> None:
+        """The node reboots: every GPU power-cycled.
+
+        The agent process goes on (it is the simulator's), and so do the counters of
+        /proc and /sys.
+        """
+        fake_nvml.reboot()
+        self.kernel_log("NVRM: loading NVIDIA UNIX x86_64 Kernel Module (simulated reboot)")
 
     def step(self, dt_seconds: float) -> None:
         """Advance every GPU and every counter by ``dt_seconds`` of simulated time."""
@@ -115,6 +138,30 @@ class SimulatedNode:
         self.gpus[gpu].fall_off_bus()
         self.kernel_log(f"NVRM: Xid ({self._nvrm_bus(gpu)}): 79, pid='<unknown>', "
                         "name=<unknown>, GPU has fallen off the bus.")
+
+
+class SimulatedActuator:
+    """The remediation actuator of a simulated node: resets and reboots its fake GPUs."""
+
+    def __init__(self, node: SimulatedNode) -> None:
+        self._node = node
+
+    def describe_reset(self, gpu: int) -> str:
+        return f"a simulated reset of GPU {gpu}"
+
+    def reset_gpu(self, gpu: int) -> ActOutcome:
+        try:
+            self._node.reset_gpu(gpu)
+        except fake_nvml.NVMLError as err:
+            return ActOutcome(False, f"reset GPU {gpu}: simulated reset refused: {err}")
+        return ActOutcome(True, f"reset GPU {gpu}: simulated reset done")
+
+    def describe_reboot(self) -> str:
+        return "a simulated reboot"
+
+    def reboot(self) -> ActOutcome:
+        self._node.reboot()
+        return ActOutcome(True, "reboot: simulated reboot done (every GPU power-cycled)")
 
 
 class FaultError(ValueError, SnMonitorError):

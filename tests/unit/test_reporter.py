@@ -305,7 +305,7 @@ def test_429_honours_retry_after(controller, tmp_path):
 def test_unknown_command_gets_a_failed_result_and_the_rest_still_run(controller, tmp_path):
     clock = ManualClock()
     reporter = make_reporter(controller.url, tmp_path, clock)
-    controller.commands = [{"id": "new", "kind": "reboot"},
+    controller.commands = [{"id": "new", "kind": "self_destruct"},
                            {"id": "ok", "kind": "release", "gpu": 1}]
     commands = reporter.report(snapshot(clock, xid(0)), set())
     assert [c.id for c in commands] == ["ok"]

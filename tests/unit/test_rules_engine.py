@@ -439,7 +439,8 @@ def test_event_codes_fire_and_clear_after_quiet():
     c.clock.advance(0.5)
     (fired,) = c.send(events=[c.event(code=79, gpu=2, at=c.clock.time() - 0.4)])
     assert (fired.kind, fired.subject, fired.gpu, fired.value) == ("event", "gpu=2", 2, 79.0)
-    assert fired.message == "XID 79 on GPU 2: Xid 79"
+    assert fired.message.startswith("XID 79 on GPU 2: Xid 79. XID 79 (GPU has fallen off the "
+                                    "bus): NVIDIA's resolution RESTART_BM")
     assert fired.observed_wall == c.clock.time() - 0.4
     # More of the same while firing: no new finding, counted, clear timer extended.
     c.clock.advance(300)
