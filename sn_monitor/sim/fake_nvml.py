@@ -112,6 +112,14 @@ NVML_GPM_METRIC_PCIE_RX_PER_SEC: int = pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC
 NVML_GPM_METRIC_MAX: int = pynvml.NVML_GPM_METRIC_MAX
 NVML_GPM_METRICS_GET_VERSION: int = pynvml.NVML_GPM_METRICS_GET_VERSION
 NVML_GPM_SUPPORT_VERSION: int = pynvml.NVML_GPM_SUPPORT_VERSION
+NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: int = pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+NVML_GPU_FABRIC_STATE_NOT_STARTED: int = pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED
+NVML_GPU_FABRIC_STATE_IN_PROGRESS: int = pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS
+NVML_GPU_FABRIC_STATE_COMPLETED: int = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+nvmlGpuFabricInfo_v2: int = pynvml.nvmlGpuFabricInfo_v2
+# The real ctypes structs: the adapter passes them by reference, as to the real library.
+c_nvmlGpuFabricInfo_t: Any = pynvml.c_nvmlGpuFabricInfo_t
+c_nvmlGpuFabricInfoV_t: Any = pynvml.c_nvmlGpuFabricInfoV_t
 
 nvmlEventTypeSingleBitEccError: int = pynvml.nvmlEventTypeSingleBitEccError
 nvmlEventTypeDoubleBitEccError: int = pynvml.nvmlEventTypeDoubleBitEccError
@@ -261,6 +269,16 @@ class c_nvmlGpmMetricsGet_t:
         self.sample1: Any = None
         self.sample2: Any = None
         self.metrics = [c_nvmlGpmMetric_t() for _ in range(NVML_GPM_METRIC_MAX)]
+
+
+@dataclass(slots=True)
+class _ProcessInfo:
+    """Like pynvml's friendly object from ``c_nvmlProcessInfo_t``: ``usedGpuMemory`` bytes."""
+
+    pid: int
+    usedGpuMemory: int | None
+    gpuInstanceId: int = _NO_INSTANCE
+    computeInstanceId: int = _NO_INSTANCE
 
 
 class _DeviceHandle:
@@ -851,6 +869,47 @@ def nvmlDeviceGetNvLinkErrorCounter(device: Any, link: int, counter: int) -> int
     if counter not in counters:
         raise NVMLError_InvalidArgument()
     return int(counters[counter])
+
+
+# ------------------------------------------------------------------ fabric, processes
+
+
+def _fabric_info(gpu: SimulatedGpu, reference: Any) -> Any:
+    """Fill the struct behind ``reference`` (``ctypes.byref(struct)``, or the struct)."""
+    if not gpu.profile.fabric_supported:
+        raise NVMLError_NotSupported()
+    info = getattr(reference, "_obj", reference)
+    info.state = gpu.fabric_state
+    info.status = gpu.fabric_status
+    info.cliqueId = gpu.fabric_clique_id
+    for i, byte in enumerate(gpu.fabric_cluster_uuid[:16]):
+        info.clusterUuid[i] = byte
+    return info
+
+
+@_nvml_function
+def nvmlDeviceGetGpuFabricInfo(device: Any, gpuFabricInfo: Any) -> int:
+    _fabric_info(_gpu(device), gpuFabricInfo)
+    return NVML_SUCCESS
+
+
+@_nvml_function
+def nvmlDeviceGetGpuFabricInfoV(device: Any, gpuFabricInfo: Any) -> int:
+    info = getattr(gpuFabricInfo, "_obj", gpuFabricInfo)
+    if getattr(info, "version", None) != nvmlGpuFabricInfo_v2:
+        raise NVMLError_ArgumentVersionMismatch()
+    _fabric_info(_gpu(device), info)
+    return NVML_SUCCESS
+
+
+@_nvml_function
+def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[_ProcessInfo]:
+    return [_ProcessInfo(pid, used) for pid, used in _gpu(handle).processes]
+
+
+@_nvml_function
+def nvmlDeviceGetComputeRunningProcesses_v2(handle: Any) -> list[_ProcessInfo]:
+    return [_ProcessInfo(pid, used) for pid, used in _gpu(handle).processes]
 
 
 # ------------------------------------------------------------------ GPM
