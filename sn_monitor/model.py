@@ -152,6 +152,22 @@ class GpuReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_
     nvlink_recovery_errors_total: Counter | None = None
     nvlinks_down: Counter | None = None
     guard_throttled: bool = False
+    #: NVML's fabric state (1 not started, 2 in progress, 3 completed) and, once
+    #: completed, its NVML return code (0 success); absent where the GPU has no fabric.
+    fabric_state: Int64 | None = None
+    fabric_status: Int64 | None = None
+    #: Compute processes using the GPU now (absent where NVML cannot list them).
+    processes: Counter | None = None
+
+
+class HostReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                 gc=False):
+    """The node's own values, not a GPU's, port's or interface's.
+
+    Rules name them ``host_<field>``.
+    """
+
+    processes_stuck: Counter | None = None
 
 
 class IbPortReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
@@ -306,6 +322,7 @@ class Report(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
     gpus: Annotated[list[GpuReport], msgspec.Meta(max_length=MAX_GPUS)] = []
     infiniband: Annotated[list[IbPortReport], msgspec.Meta(max_length=MAX_PORTS)] = []
     network: Annotated[list[NetReport], msgspec.Meta(max_length=MAX_PORTS)] = []
+    host: HostReport | None = None
     events: Annotated[list[EventRecord], msgspec.Meta(max_length=MAX_EVENTS)] = []
     command_results: Annotated[list[CommandResult], msgspec.Meta(max_length=MAX_EVENTS)] = []
     rules_version: RulesVersion = ""

@@ -92,6 +92,13 @@ _GPU_VALUES: Sequence[tuple[str, str, str]] = (
      "Highest PCIe generation the GPU and system support."),
     ("pcie_link_width", "pcie_link_width", "Current PCIe link width (lanes)."),
     ("pcie_link_width_max", "pcie_link_width_max", "Highest PCIe link width (lanes)."),
+    ("fabric_state", "fabric_state",
+     "NVLink fabric registration state (NVML): 1 not started, 2 in progress, 3 completed; "
+     "absent where the GPU has no fabric. Below 3 for long: Fabric Manager not running."),
+    ("fabric_status", "fabric_status",
+     "NVML return code of the completed fabric registration: 0 success, else the error."),
+    ("fabric_clique_id", "fabric_clique_id",
+     "NVLink fabric clique the GPU belongs to (GPUs of one clique share NVLink)."),
 )
 
 _NVLINK_VALUES: Sequence[tuple[str, str, str]] = (
@@ -168,6 +175,7 @@ class SnapshotCollector:
         yield from self._net(snapshot.net)
         yield from self._infiniband(snapshot.infiniband)
         yield from self._host(snapshot)
+        yield from self._processes(snapshot)
         if self._status is not None:
             yield from self._agent(self._status())
 
@@ -258,6 +266,17 @@ class SnapshotCollector:
                     family.add_metric([str(g.index), g.uuid], value)
             if family.samples:
                 yield family
+        processes = gauge(
+            "sn_gpu_processes",
+            "Compute processes using the GPU (their pids and containers are in the agent's "
+            "snapshot, not in labels).",
+            labels=GPU_LABELS,
+        )
+        for g in gpus:
+            if g.processes is not None:
+                processes.add_metric([str(g.index), g.uuid], float(len(g.processes)))
+        if processes.samples:
+            yield processes
         yield from _gpu_clocks(gpus)
         yield from _gpu_throttle(gpus)
         yield from _gpu_nvlinks(gpus)
@@ -339,6 +358,21 @@ class SnapshotCollector:
                     counters[stem] = family
                 family.add_metric([p.device, str(p.port)], float(value))
         yield from (counters[stem] for stem in sorted(counters))
+
+    @staticmethod
+    def _processes(snapshot: NodeSnapshot) -> Iterator[Family]:
+        processes = snapshot.processes
+        if processes is None:
+            return
+        yield gauge("sn_host_processes", "Processes on the node (last /proc scan).",
+                    value=float(processes.total))
+        yield gauge("sn_host_processes_uninterruptible",
+                    "Processes in uninterruptible sleep (D) at the last /proc scan.",
+                    value=float(processes.uninterruptible))
+        yield gauge("sn_host_processes_stuck",
+                    "Processes in D state without using CPU time for longer than "
+                    "collectors.processes.stuck_after: hung I/O or driver calls.",
+                    value=float(processes.stuck_count))
 
     @staticmethod
     def _host(snapshot: NodeSnapshot) -> Iterator[Family]:

@@ -30,6 +30,10 @@ module passed in: the real ``pynvml`` (:func:`load_pynvml`) or
   moved, a link was down, XID 74 arrived, or ``nvlink_link_interval`` seconds have passed
   (see :meth:`NvmlLibrary._nvlinks`).
 * XID events from an NVML event set, drained without blocking on every collect.
+* The NVLink fabric's registration (``nvmlDeviceGetGpuFabricInfoV``, else the older
+  ``nvmlDeviceGetGpuFabricInfo``) and the compute processes on each GPU, every cycle:
+  one call each per GPU. A GPU whose fabric state is ``NOT_SUPPORTED`` has no fabric
+  values, like one whose driver answers NotSupported.
 
 Nothing else in the agent imports pynvml.
 """
@@ -40,13 +44,14 @@ import ctypes
 import importlib
 import logging
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from sn_monitor.agent.pci import canonical_bus_id
-from sn_monitor.agent.snapshot import Collected, GpuSample, NvLinkSample
+from sn_monitor.agent.snapshot import Collected, GpuProcess, GpuSample, NvLinkSample
 from sn_monitor.clock import Clock, SystemClock
 from sn_monitor.errors import SnMonitorError
 from sn_monitor.model import Event
@@ -124,6 +129,22 @@ _NVLINK_TOTAL_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("replay", "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", 52),
     ("recovery", "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", 59),
 )
+# NVML's GPU fabric states (nvml.h ``NVML_GPU_FABRIC_STATE_*``); stable ABI values.
+FABRIC_STATE_NOT_SUPPORTED = 0
+FABRIC_STATE_NOT_STARTED = 1
+FABRIC_STATE_IN_PROGRESS = 2
+FABRIC_STATE_COMPLETED = 3
+# The fabric calls, newest first: (function, the struct it fills).
+_FABRIC_CALLS: tuple[tuple[str, str], ...] = (
+    ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+    ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"),
+)
+# The running-process calls, newest first: pynvml's plain name calls the _v3 symbol,
+# which drivers before r510 lack.
+_PROCESS_FUNCTIONS = (
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+)
 # XID 74: an NVLink error (a link went down, or errors past the threshold).
 _XID_NVLINK = 74
 _MAX_EVENTS_PER_COLLECT = 1000
@@ -199,6 +220,29 @@ class _Device:
     events_registered: bool = False
     lost: bool = False
     last_sample: GpuSample | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Fabric:
+    """One GPU's fabric registration, as :meth:`NvmlLibrary._fabric` read it."""
+
+    state: int
+    status: int | None = None
+    clique_id: int | None = None
+    cluster_uuid: str | None = None
+
+
+def _fabric_of(device: _Device, info: Any) -> _Fabric | None:
+    """A filled ``c_nvmlGpuFabricInfo(V)_t`` -> :class:`_Fabric`; None for NOT_SUPPORTED."""
+    state = int(info.state)
+    if state == FABRIC_STATE_NOT_SUPPORTED:
+        device.absent.add("fabric")
+        return None
+    if state != FABRIC_STATE_COMPLETED:
+        return _Fabric(state)
+    raw = bytes(info.clusterUuid)
+    cluster = str(uuid.UUID(bytes=raw)) if len(raw) == 16 else None
+    return _Fabric(state, int(info.status), int(info.cliqueId), cluster)
 
 
 @dataclass(slots=True)
@@ -511,6 +555,7 @@ class NvmlLibrary:
         )
         reasons = self._throttle_reasons(device)
         remapped = self._call(device, "remapped_rows", "nvmlDeviceGetRemappedRows")
+        fabric = self._fabric(device)
         return GpuSample(
             index=device.index,
             uuid=device.uuid,
@@ -609,6 +654,11 @@ class NvmlLibrary:
                 self._static(device, "pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth")
             ),
             nvlinks=self._nvlinks(device, _nvlink_totals(fields)),
+            fabric_state=fabric.state if fabric is not None else None,
+            fabric_status=fabric.status if fabric is not None else None,
+            fabric_clique_id=fabric.clique_id if fabric is not None else None,
+            fabric_cluster_uuid=fabric.cluster_uuid if fabric is not None else None,
+            processes=self._processes(device),
         )
 
     # ---------------------------------------------------------------- the call wrapper
@@ -776,6 +826,52 @@ class NvmlLibrary:
                 device, "pcie_gen_max_slot", "nvmlDeviceGetMaxPcieLinkGeneration"
             )
         return _int(generation)
+
+    def _fabric(self, device: _Device) -> _Fabric | None:
+        """The GPU's NVLink fabric registration; None where the GPU or driver has none.
+
+        ``status`` (an NVML return code) and the clique and cluster are only meaningful
+        once the state is COMPLETED (nvml.h), so they are None before. A state of
+        NOT_SUPPORTED is an absent capability, remembered like a NotSupported error.
+        """
+        nvml = self._nvml
+        for function, struct in _FABRIC_CALLS:
+            if function in self._missing_functions:
+                continue
+            make = getattr(nvml, struct, None)
+            if make is None:
+                self._function_missing(function)
+                continue
+            info = make()
+            if self._call(device, "fabric", function, ctypes.byref(info)) is not None:
+                return _fabric_of(device, info)
+            if function not in self._missing_functions:
+                return None  # absent, or failed this cycle
+        return None
+
+    def _processes(self, device: _Device) -> tuple[GpuProcess, ...] | None:
+        """The compute processes on the GPU: pid and memory (container ids come later).
+
+        :class:`~sn_monitor.agent.collectors.gpu.NvmlCollector` adds the container of
+        each from /proc; NVML knows pids only.
+        """
+        for function in _PROCESS_FUNCTIONS:
+            if function in self._missing_functions:
+                continue
+            found = self._call(device, "processes", function)
+            if found is not None:
+                return tuple(
+                    GpuProcess(
+                        pid=int(p.pid),
+                        used_memory_bytes=(
+                            None if p.usedGpuMemory is None else int(p.usedGpuMemory)
+                        ),
+                    )
+                    for p in found
+                )
+            if function not in self._missing_functions:
+                return None
+        return None
 
     def _nvlinks(self, device: _Device, totals: tuple[int, ...] | None) -> tuple[NvLinkSample, ...]:
         """Per link: state and counters, read per link only when something may have changed.
@@ -1207,6 +1303,10 @@ def _field_value(nvml: Any, entry: Any) -> float | None:
 
 
 __all__ = [
+    "FABRIC_STATE_COMPLETED",
+    "FABRIC_STATE_IN_PROGRESS",
+    "FABRIC_STATE_NOT_STARTED",
+    "FABRIC_STATE_NOT_SUPPORTED",
     "NVLINK_LINK_INTERVAL_SECONDS",
     "PCIE_THROUGHPUT_INTERVAL_SECONDS",
     "THROTTLE_REASONS",

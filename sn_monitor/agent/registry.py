@@ -17,6 +17,7 @@ from sn_monitor.agent.collectors.host import HostCollector
 from sn_monitor.agent.collectors.infiniband import InfinibandCollector
 from sn_monitor.agent.collectors.kmsg import KmsgCollector
 from sn_monitor.agent.collectors.net import NetCollector
+from sn_monitor.agent.collectors.processes import ProcessesCollector
 from sn_monitor.agent.settings import AgentSettings
 from sn_monitor.clock import Clock
 
@@ -26,7 +27,7 @@ NvmlModule = ModuleType | Any
 Factory = Callable[[AgentSettings, NvmlModule, Clock], Collector]
 
 COLLECTORS: dict[str, Factory] = {
-    "nvml": lambda s, nvml, clock: NvmlCollector(nvml, clock),
+    "nvml": lambda s, nvml, clock: NvmlCollector(nvml, clock, procfs=Path(s.paths.procfs)),
     "net": lambda s, nvml, clock: NetCollector(
         Path(s.paths.procfs), Path(s.paths.sysfs),
         include=s.collectors.net.include, exclude=s.collectors.net.exclude,
@@ -34,6 +35,11 @@ COLLECTORS: dict[str, Factory] = {
     "infiniband": lambda s, nvml, clock: InfinibandCollector(Path(s.paths.sysfs)),
     "host": lambda s, nvml, clock: HostCollector(Path(s.paths.procfs), Path(s.paths.sysfs)),
     "kmsg": lambda s, nvml, clock: KmsgCollector(Path(s.paths.kmsg), clock),
+    "processes": lambda s, nvml, clock: ProcessesCollector(
+        Path(s.paths.procfs), clock,
+        interval=s.collectors.processes.interval,
+        stuck_after=s.collectors.processes.stuck_after,
+    ),
 }
 
 

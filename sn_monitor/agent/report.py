@@ -18,7 +18,13 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from sn_monitor import __version__
-from sn_monitor.agent.snapshot import GpuSample, IbPortSample, NetDeviceSample, NodeSnapshot
+from sn_monitor.agent.snapshot import (
+    GpuSample,
+    IbPortSample,
+    NetDeviceSample,
+    NodeSnapshot,
+    ProcessesSample,
+)
 from sn_monitor.model import (
     INT64_MAX,
     MAX_EVENTS,
@@ -30,6 +36,7 @@ from sn_monitor.model import (
     Event,
     EventRecord,
     GpuReport,
+    HostReport,
     IbPortReport,
     NetReport,
     Report,
@@ -141,7 +148,17 @@ def gpu_report(sample: GpuSample, *, guard_throttled: bool = False) -> GpuReport
         nvlink_recovery_errors_total=_sum(link.recovery_errors_total for link in links),
         nvlinks_down=sum(1 for link in links if link.up is False) if links else None,
         guard_throttled=guard_throttled,
+        fabric_state=sample.fabric_state,
+        fabric_status=sample.fabric_status,
+        processes=None if sample.processes is None else len(sample.processes),
     )
+
+
+def host_report(processes: ProcessesSample | None) -> HostReport | None:
+    """The node's own values; None when no collector gave any."""
+    if processes is None:
+        return None
+    return HostReport(processes_stuck=_count(processes.stuck_count))
 
 
 def ib_port_report(sample: IbPortSample) -> IbPortReport:
@@ -250,6 +267,7 @@ def build_report(
         ],
         infiniband=[ib_port_report(p) for p in snapshot.infiniband[:MAX_PORTS]],
         network=[net_report(d) for d in snapshot.net[:MAX_PORTS]],
+        host=host_report(snapshot.processes),
         events=list(events[:MAX_EVENTS]),
         command_results=list(command_results[:MAX_EVENTS]),
     )

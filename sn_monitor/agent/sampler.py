@@ -223,6 +223,7 @@ class Sampler:
             net=tuple(d for p in parts for d in p.net),
             infiniband=tuple(port for p in parts for port in p.infiniband),
             host=host,
+            processes=next((p.processes for p in parts if p.processes is not None), None),
             events=admitted,
             xid_counts=self._ledger.counts(),
             event_counts=tuple(sorted(self._event_counts.items())),

@@ -157,6 +157,19 @@ class NetCollectorSettings:
 
 
 @dataclass(frozen=True)
+class ProcessesCollectorSettings:
+    """The processes collector: how often /proc is scanned for processes stuck in D.
+
+    ``interval``: seconds between scans (one file per process each); ``stuck_after``: how
+    long a process stays in D, using no CPU time, before it counts as stuck.
+    """
+
+    enabled: bool = True
+    interval: Duration = setting(default=Duration(10.0), check=positive)
+    stuck_after: Duration = setting(default=Duration(120.0), check=positive)
+
+
+@dataclass(frozen=True)
 class CollectorSettings:
     """Every collector by name; each can be switched off."""
 
@@ -165,6 +178,7 @@ class CollectorSettings:
     infiniband: CollectorSwitch = field(default_factory=CollectorSwitch)
     host: CollectorSwitch = field(default_factory=CollectorSwitch)
     kmsg: CollectorSwitch = field(default_factory=CollectorSwitch)
+    processes: ProcessesCollectorSettings = field(default_factory=ProcessesCollectorSettings)
 
     def deadlines(self) -> dict[str, float]:
         """Every collector's deadline in seconds, by name."""

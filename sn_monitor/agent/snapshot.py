@@ -24,6 +24,22 @@ class NvLinkSample:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One compute process using a GPU (``nvmlDeviceGetComputeRunningProcesses``).
+
+    ``pid`` is in the host's PID namespace (NVML's); ``used_memory_bytes`` is None where
+    the driver cannot tell (MIG without privileges). ``container_id`` and ``pod_uid``
+    come from ``/proc/<pid>/cgroup`` (docker, containerd, CRI-O, podman, kubepods paths)
+    and are None for a process outside a container, or one gone before it was read.
+    """
+
+    pid: int
+    used_memory_bytes: int | None = None
+    container_id: str | None = None
+    pod_uid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSample:
     """One GPU as NVML saw it in one cycle. A lost GPU keeps its identity, ``lost=True``."""
 
@@ -71,6 +87,17 @@ class GpuSample:
     pcie_link_width: int | None = None
     pcie_link_width_max: int | None = None
     nvlinks: tuple[NvLinkSample, ...] = ()
+    #: NVLink fabric (``nvmlDeviceGetGpuFabricInfo``): the NVML fabric state (1 not
+    #: started, 2 in progress, 3 completed; a GPU without fabric support has None),
+    #: the registration's NVML return code (only once completed: 0 success), the clique
+    #: id and the cluster UUID. Fabric Manager (NVSwitch systems) or the IMEX / NVLink
+    #: domain services (multi-node NVLink) set it up; until then NCCL cannot use NVLink.
+    fabric_state: int | None = None
+    fabric_status: int | None = None
+    fabric_clique_id: int | None = None
+    fabric_cluster_uuid: str | None = None
+    #: Compute processes on the GPU; None when NVML cannot list them.
+    processes: tuple[GpuProcess, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +157,32 @@ class HostSample:
 
 
 @dataclass(frozen=True, slots=True)
+class StuckProcess:
+    """A process seen in uninterruptible sleep (``D``) for longer than the threshold."""
+
+    pid: int
+    name: str
+    stuck_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessesSample:
+    """What the ``processes`` collector saw in /proc/<pid>/stat.
+
+    ``uninterruptible`` counts processes in ``D`` now (a moment in D is normal: disk I/O);
+    ``stuck_count`` those in D since more than the threshold: a hung NFS or Lustre
+    mount, a GPU driver call that never returns, a dying disk. They cannot be killed,
+    and a job whose rank is one of them hangs. ``stuck`` lists the longest stuck (at
+    most a few dozen).
+    """
+
+    total: int
+    uninterruptible: int
+    stuck_count: int = 0
+    stuck: tuple[StuckProcess, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Collected:
     """What one collector contributes to a cycle; the sampler merges them."""
 
@@ -137,6 +190,7 @@ class Collected:
     net: tuple[NetDeviceSample, ...] = ()
     infiniband: tuple[IbPortSample, ...] = ()
     host: HostSample | None = None
+    processes: ProcessesSample | None = None
     events: tuple[Event, ...] = ()
 
 
@@ -173,6 +227,7 @@ class NodeSnapshot:
     net: tuple[NetDeviceSample, ...] = ()
     infiniband: tuple[IbPortSample, ...] = ()
     host: HostSample | None = None
+    processes: ProcessesSample | None = None
     events: tuple[Event, ...] = ()
     xid_counts: tuple[XidCount, ...] = ()
     event_counts: tuple[tuple[str, int], ...] = ()

@@ -9,13 +9,15 @@ A metric name says where in a :class:`~sn_monitor.model.Report` a value lives:
 - ``infiniband_port_state`` and ``infiniband_port_<stem>``: an
   :class:`~sn_monitor.model.IbPortReport`'s state or ``counters[stem]`` (``_total``, as
   on /metrics, may be added: ``infiniband_port_symbol_errors_total``);
-- ``network_<field>``: a :class:`~sn_monitor.model.NetReport` field.
+- ``network_<field>``: a :class:`~sn_monitor.model.NetReport` field;
+- ``host_<field>``: a :class:`~sn_monitor.model.HostReport` field, the node's own.
 
 Each value belongs to a :class:`Subject`, the thing inside the node it describes (``gpu=3``,
-``device=mlx5_0,port=1``, ``device=eth0``). Subjects are interned, so reading a report
-allocates only the result list: this runs for every rule on every report. The engine's
-hot path reads through :func:`frame_of` / :func:`compile_reader` instead: a report's
-values are read once per metric for all rules, as columns, without per-value tuples.
+``device=mlx5_0,port=1``, ``device=eth0``; a host value's is the node itself, :data:`NODE`).
+Subjects are interned, so reading a report allocates only the result list: this runs for
+every rule on every report. The engine's hot path reads through :func:`frame_of` /
+:func:`compile_reader` instead: a report's values are read once per metric for all rules,
+as columns, without per-value tuples.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any, Final
 
 import msgspec
 
-from sn_monitor.model import MAX_GPUS, GpuReport, IbPortReport, NetReport, Report
+from sn_monitor.model import MAX_GPUS, GpuReport, HostReport, IbPortReport, NetReport, Report
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,7 @@ GPU_FIELDS: Final = frozenset(
 NET_FIELDS: Final = frozenset(
     f.name for f in msgspec.structs.fields(NetReport) if f.name != "device"
 )
+HOST_FIELDS: Final = frozenset(f.name for f in msgspec.structs.fields(HostReport))
 
 
 def _ratio(num: str, den: str) -> Callable[[GpuReport], float | None]:
@@ -155,11 +158,12 @@ FAMILY_LABELS: Final[Mapping[str, frozenset[str]]] = {
     "gpu": frozenset({"gpu"}),
     "infiniband": frozenset({"device", "port"}),
     "network": frozenset({"device"}),
+    "host": frozenset(),
 }
 
 
 def metric_family(metric: str) -> str:
-    """``gpu``, ``infiniband`` or ``network``; raise ValueError for an unknown metric."""
+    """``gpu``, ``infiniband``, ``network`` or ``host``; ValueError for an unknown metric."""
     if metric.startswith("gpu_"):
         name = metric[4:]
         if name in GPU_FIELDS or name in DERIVED_GPU_METRICS:
@@ -174,8 +178,12 @@ def metric_family(metric: str) -> str:
         if metric[8:] in NET_FIELDS:
             return "network"
         raise ValueError(_unknown(metric, "network_", NET_FIELDS))
+    if metric.startswith("host_"):
+        if metric[5:] in HOST_FIELDS:
+            return "host"
+        raise ValueError(_unknown(metric, "host_", HOST_FIELDS))
     raise ValueError(f"unknown metric {metric!r}: metric names start with gpu_, "
-                     "infiniband_port_ or network_")
+                     "infiniband_port_, network_ or host_")
 
 
 def _unknown(metric: str, prefix: str, names: Set[str]) -> str:
@@ -207,6 +215,8 @@ def compile_accessor(metric: str, labels: Mapping[str, str] | None = None) -> Ac
     if family == "infiniband":
         stem = metric[16:]
         return _ib_accessor(stem, accept)
+    if family == "host":
+        return _host_accessor(attrgetter(metric[5:]), accept)
     return _net_accessor(attrgetter(metric[8:]), accept)
 
 
@@ -297,6 +307,17 @@ def _net_accessor(get: Callable[[NetReport], object],
     return read
 
 
+def _host_accessor(get: Callable[[HostReport], object],
+                   accept: Callable[[Subject], bool] | None) -> Accessor:
+    def read(report: Report) -> Values:
+        host = report.host
+        value = None if host is None else get(host)
+        if value is None or (accept is not None and not accept(NODE)):
+            return []
+        return [(NODE, float(value))]  # type: ignore[arg-type]
+    return read
+
+
 class Frame:
     """One report's values, read once for all the rules that look at it.
 
@@ -330,6 +351,8 @@ class Frame:
                 found = tuple([subjects[g.index] for g in self.gpus()])
             elif family == "infiniband":
                 found = tuple([ib_subject(p.device, p.port) for p in self.report.infiniband])
+            elif family == "host":
+                found = () if self.report.host is None else (NODE,)
             else:
                 found = tuple([net_subject(n.device) for n in self.report.network])
             self._subjects[family] = found
@@ -439,6 +462,12 @@ def compile_column(metric: str) -> Callable[[Frame], tuple[float | None, ...]]:
                 return tuple([p.counters.get(stem) for p in ports])
             return tuple([c if (c := p.counters.get(stem)) is not None
                           else p.counters.get(bare) for p in ports])
+    elif family == "host":
+        get_host = attrgetter(metric[5:])
+
+        def compute(frame: Frame) -> tuple[float | None, ...]:
+            host = frame.report.host
+            return () if host is None else (get_host(host),)
     else:
         get_net = attrgetter(metric[8:])
 
@@ -449,7 +478,7 @@ def compile_column(metric: str) -> Callable[[Frame], tuple[float | None, ...]]:
 
 def describe(metric: str) -> tuple[str, str]:
     """A metric's words and unit for messages: ``gpu_temperature_celsius`` -> (temperature, °C)."""
-    for prefix in ("gpu_", "infiniband_port_", "network_"):
+    for prefix in ("gpu_", "infiniband_port_", "network_", "host_"):
         if metric.startswith(prefix):
             metric = metric[len(prefix):]
             break
@@ -470,13 +499,15 @@ class Trim:
     the rules left there need (a peers rule's utilization): a GPU keeps its index, its
     ``lost`` flag and the fields those metrics read (both parts of a derived one); a
     port or interface keeps its name and the counters or fields read, and is left out
-    when none is. Everything else in the report (labels, events, command results) stays.
+    when none is; the host part likewise. Everything else in the report (labels, events,
+    command results) stays.
     """
 
     def __init__(self, metrics: Sequence[str]) -> None:
         gpu: set[str] = set()
         ib: set[str] = set()
         net: set[str] = set()
+        host: set[str] = set()
         for metric in metrics:
             family = metric_family(metric)
             if family == "gpu":
@@ -485,6 +516,8 @@ class Trim:
             elif family == "infiniband":
                 stem = metric[16:]
                 ib.update((stem, stem[:-6]) if stem.endswith("_total") else (stem,))
+            elif family == "host":
+                host.add(metric[5:])
             else:
                 net.add(metric[8:])
         self.metrics = tuple(sorted(set(metrics)))
@@ -492,6 +525,7 @@ class Trim:
         self._ib_state = "state" in ib
         self._ib = frozenset(ib - {"state"})
         self._net = tuple(sorted(net))
+        self._host = tuple(sorted(host))
 
     def __call__(self, report: Report) -> Report:
         gpus = [GpuReport(index=g.index, lost=g.lost,
@@ -510,4 +544,10 @@ class Trim:
             values = {name: getattr(net, name) for name in self._net}
             if any(v is not None for v in values.values()):
                 nets.append(NetReport(device=net.device, **values))
-        return msgspec.structs.replace(report, gpus=gpus, infiniband=ports, network=nets)
+        host = None
+        if self._host and report.host is not None:
+            values = {name: getattr(report.host, name) for name in self._host}
+            if any(v is not None for v in values.values()):
+                host = HostReport(**values)
+        return msgspec.structs.replace(report, gpus=gpus, infiniband=ports, network=nets,
+                                       host=host)

@@ -122,6 +122,14 @@ NVML_GPM_METRIC_PCIE_RX_PER_SEC: int = pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC
 NVML_GPM_METRIC_MAX: int = pynvml.NVML_GPM_METRIC_MAX
 NVML_GPM_METRICS_GET_VERSION: int = pynvml.NVML_GPM_METRICS_GET_VERSION
 NVML_GPM_SUPPORT_VERSION: int = pynvml.NVML_GPM_SUPPORT_VERSION
+NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: int = pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+NVML_GPU_FABRIC_STATE_NOT_STARTED: int = pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED
+NVML_GPU_FABRIC_STATE_IN_PROGRESS: int = pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS
+NVML_GPU_FABRIC_STATE_COMPLETED: int = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+nvmlGpuFabricInfo_v2: int = pynvml.nvmlGpuFabricInfo_v2
+# The real ctypes structs: the adapter passes them by reference, as to the real library.
+c_nvmlGpuFabricInfo_t: Any = pynvml.c_nvmlGpuFabricInfo_t
+c_nvmlGpuFabricInfoV_t: Any = pynvml.c_nvmlGpuFabricInfoV_t
 
 nvmlEventTypeSingleBitEccError: int = pynvml.nvmlEventTypeSingleBitEccError
 nvmlEventTypeDoubleBitEccError: int = pynvml.nvmlEventTypeDoubleBitEccError
@@ -519,7 +527,7 @@ def reset_gpu(index: int) -> None:
             raise NVMLError_InvalidArgument()
         gpu = _state.gpus[index]
     with gpu.lock:
-        if gpu.running_pids:
+        if gpu.processes:
             raise NVMLError(NVML_ERROR_IN_USE)
         gpu.reset()
 
@@ -921,14 +929,6 @@ def nvmlDeviceGetRemappedRows(device: Any) -> tuple[int, int, int, int]:
     )
 
 
-@_nvml_function
-def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[_ProcessInfo]:
-    """The compute processes on the GPU, as pynvml's (v3) call returns them."""
-    gpu = _gpu(handle)
-    share = gpu.memory_used_bytes // max(1, len(gpu.running_pids))
-    return [_ProcessInfo(pid=pid, usedGpuMemory=share) for pid in gpu.running_pids]
-
-
 # ------------------------------------------------------------------ PCIe
 
 
@@ -1004,6 +1004,47 @@ def nvmlDeviceGetNvLinkErrorCounter(device: Any, link: int, counter: int) -> int
     if counter not in counters:
         raise NVMLError_InvalidArgument()
     return int(counters[counter])
+
+
+# ------------------------------------------------------------------ fabric, processes
+
+
+def _fabric_info(gpu: SimulatedGpu, reference: Any) -> Any:
+    """Fill the struct behind ``reference`` (``ctypes.byref(struct)``, or the struct)."""
+    if not gpu.profile.fabric_supported:
+        raise NVMLError_NotSupported()
+    info = getattr(reference, "_obj", reference)
+    info.state = gpu.fabric_state
+    info.status = gpu.fabric_status
+    info.cliqueId = gpu.fabric_clique_id
+    for i, byte in enumerate(gpu.fabric_cluster_uuid[:16]):
+        info.clusterUuid[i] = byte
+    return info
+
+
+@_nvml_function
+def nvmlDeviceGetGpuFabricInfo(device: Any, gpuFabricInfo: Any) -> int:
+    _fabric_info(_gpu(device), gpuFabricInfo)
+    return NVML_SUCCESS
+
+
+@_nvml_function
+def nvmlDeviceGetGpuFabricInfoV(device: Any, gpuFabricInfo: Any) -> int:
+    info = getattr(gpuFabricInfo, "_obj", gpuFabricInfo)
+    if getattr(info, "version", None) != nvmlGpuFabricInfo_v2:
+        raise NVMLError_ArgumentVersionMismatch()
+    _fabric_info(_gpu(device), info)
+    return NVML_SUCCESS
+
+
+@_nvml_function
+def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[_ProcessInfo]:
+    return [_ProcessInfo(pid, used) for pid, used in _gpu(handle).processes]
+
+
+@_nvml_function
+def nvmlDeviceGetComputeRunningProcesses_v2(handle: Any) -> list[_ProcessInfo]:
+    return [_ProcessInfo(pid, used) for pid, used in _gpu(handle).processes]
 
 
 # ------------------------------------------------------------------ GPM

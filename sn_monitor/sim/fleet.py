@@ -83,6 +83,7 @@ from sn_monitor.model import (
     EdgeRules,
     EventRecord,
     GpuReport,
+    HostReport,
     IbPortReport,
     NetReport,
     Report,
@@ -96,7 +97,13 @@ from sn_monitor.report_stream import (
     opening,
 )
 from sn_monitor.rules.series import Trim
-from sn_monitor.sim.gpu_model import H100_SXM, GpuProfile, SimulatedGpu, make_gpus
+from sn_monitor.sim.gpu_model import (
+    FABRIC_COMPLETED,
+    H100_SXM,
+    GpuProfile,
+    SimulatedGpu,
+    make_gpus,
+)
 from sn_monitor.sim.node import FAULTS, FaultError, SimulatedNode
 from sn_monitor.sim.node_tree import DEFAULT_IB_DEVICES, IB_COUNTER_FILES, IB_HW_COUNTER_FILES
 from sn_monitor.sim.scenario import NETDEVS, PlannedFault, Scenario, format_seconds
@@ -188,6 +195,10 @@ def gpu_values(gpu: SimulatedGpu) -> GpuReport:
         nvlink_replay_errors_total=sum(x.replay_errors for x in links),
         nvlink_recovery_errors_total=sum(x.recovery_errors for x in links),
         nvlinks_down=sum(1 for x in links if not x.up),
+        fabric_state=gpu.fabric_state if p.fabric_supported else None,
+        fabric_status=(gpu.fabric_status if p.fabric_supported
+                       and gpu.fabric_state == FABRIC_COMPLETED else None),
+        processes=len(gpu.processes),
     )
 
 
@@ -218,7 +229,8 @@ def base_reports(gpus: int, variants: int = VARIANTS, profile: GpuProfile = H100
             gpu.step(2.0)
         out.append(Report(node="x", instance="x", sequence=0, sample_time_seconds=0.0,
                           agent_version=__version__, gpus=[gpu_values(g) for g in models],
-                          infiniband=infiniband, network=network))
+                          infiniband=infiniband, network=network,
+                          host=HostReport(processes_stuck=0)))
     return out
 
 
@@ -233,6 +245,7 @@ class _Tree:
         self.link_downed: Counter[str] = Counter()
         self.symbol_errors: Counter[str] = Counter()
         self.carrier_changes: Counter[str] = Counter()
+        self.stuck_processes = 0
 
     @staticmethod
     def _ib(device: str) -> str:
@@ -255,6 +268,14 @@ class _Tree:
         if n < 0:
             raise ValueError("a counter does not go backwards")
         self.symbol_errors[self._ib(device)] += n
+
+    def add_stuck_process(self, name: str = "python", count: int = 1) -> None:
+        if count < 1:
+            raise ValueError("count must be >= 1")
+        self.stuck_processes += count  # no agent: stuck at once, not after stuck_after
+
+    def clear_stuck_processes(self) -> None:
+        self.stuck_processes = 0
 
     def flap_carrier(self, netdev: str) -> None:
         if netdev not in NETDEVS:
@@ -364,7 +385,10 @@ class _FaultState:
             network = [msgspec.structs.replace(
                 n, carrier_changes_total=(n.carrier_changes_total or 0)
                 + tree.carrier_changes[n.device]) for n in base.network]
-        return {"gpus": gpus, "infiniband": infiniband, "network": network}
+        host = base.host
+        if tree.stuck_processes:
+            host = HostReport(processes_stuck=tree.stuck_processes)
+        return {"gpus": gpus, "infiniband": infiniband, "network": network, "host": host}
 
 
 class _Node:

@@ -32,6 +32,12 @@ REASON_HW_THERMAL_SLOWDOWN = 0x40
 
 XID_FALLEN_OFF_BUS = 79
 
+# NVML's GPU fabric states (nvml.h NVML_GPU_FABRIC_STATE_*) and return codes.
+FABRIC_NOT_STARTED = 1
+FABRIC_IN_PROGRESS = 2
+FABRIC_COMPLETED = 3
+NVML_SUCCESS = 0
+
 # PCIe payload bandwidth per lane, bytes/s, by generation (after line encoding).
 _PCIE_LANE_BYTES_PER_SECOND = {1: 250e6, 2: 500e6, 3: 985e6, 4: 1969e6, 5: 3938e6, 6: 7563e6}
 
@@ -46,6 +52,7 @@ class GpuProfile:
     Ampere and Hopper: GPM metrics and the HBM temperature field.
     ``nvlink_totals_supported=False`` makes the GPU-wide NVLink error-total field values
     answer NotSupported (as an older driver might), leaving only the per-link counters.
+    ``fabric_supported=False``: the GPU fabric calls answer NotSupported (before Hopper).
     """
 
     name: str
@@ -74,6 +81,7 @@ class GpuProfile:
     gpm_supported: bool = True
     memory_temperature_supported: bool = True
     nvlink_totals_supported: bool = True
+    fabric_supported: bool = True
     unsupported: frozenset[str] = frozenset()
 
 
@@ -108,6 +116,7 @@ A100_SXM = GpuProfile(
     vbios_version="92.00.45.00.06",
     gpm_supported=False,
     memory_temperature_supported=False,
+    fabric_supported=False,
 )
 
 # The bus numbers of the eight GPUs of an HGX H100 baseboard, in NVML index order.
@@ -218,8 +227,13 @@ class SimulatedGpu:
         self.row_remap_failed = False
         self.nvlinks = [NvLinkState() for _ in range(profile.nvlink_count)]
         self.xid_log: list[int] = []
-        #: PIDs of the compute processes on the GPU (NVML's running processes).
-        self.running_pids: list[int] = []
+        # The NVLink fabric: registered with Fabric Manager, as on a healthy HGX node.
+        self.fabric_state = FABRIC_COMPLETED
+        self.fabric_status = NVML_SUCCESS
+        self.fabric_clique_id = 0
+        self.fabric_cluster_uuid = bytes(16)
+        #: Compute processes on the GPU: (pid, used memory bytes).
+        self.processes: list[tuple[int, int]] = []
         self._counters = _Counters()
 
     # ---------------------------------------------------------------- derived values
@@ -389,11 +403,6 @@ class SimulatedGpu:
         with self.lock:
             self.row_remap_failed = True
 
-    def set_running_processes(self, pids: Iterable[int]) -> None:
-        """The compute processes now on the GPU (empty: none)."""
-        with self.lock:
-            self.running_pids = sorted(set(pids))
-
     def reset(self) -> None:
         """A GPU reset: remaps apply, ECC restarts, NVLinks retrain, the GPU is back.
 
@@ -414,7 +423,7 @@ class SimulatedGpu:
     def power_cycle(self) -> None:
         """The node rebooted: every process gone, the GPU reset, its PCIe link retrained."""
         with self.lock:
-            self.running_pids = []
+            self.processes = []
             self.reset()
             self.pcie_generation = self.profile.pcie_generation
             self.pcie_width = self.profile.pcie_width
@@ -462,6 +471,30 @@ class SimulatedGpu:
     def inject_pcie_replays(self, count: int) -> None:
         with self.lock:
             self.pcie_replays += count
+
+    def inject_fabric_not_ready(self, state: int = FABRIC_NOT_STARTED,
+                                status: int = NVML_SUCCESS) -> None:
+        """The fabric registration stops short, or completes with an error.
+
+        Fabric Manager not running: ``NOT_STARTED``; ``status`` is an NVML return code.
+        """
+        if state not in (FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED):
+            raise ValueError(f"fabric state must be 1, 2 or 3, got {state}")
+        with self.lock:
+            self.fabric_state = state
+            self.fabric_status = status
+
+    def clear_fabric(self) -> None:
+        with self.lock:
+            self.fabric_state = FABRIC_COMPLETED
+            self.fabric_status = NVML_SUCCESS
+
+    def set_processes(self, processes: list[tuple[int, int]]) -> None:
+        """The compute processes NVML lists on this GPU: (pid, used memory bytes)."""
+        if any(pid <= 0 or used < 0 for pid, used in processes):
+            raise ValueError("a pid is positive and used memory not negative")
+        with self.lock:
+            self.processes = list(processes)
 
     def fall_off_bus(self) -> None:
         """Every NVML device call now fails with GpuIsLost; XID 79 is queued."""

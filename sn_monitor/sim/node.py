@@ -217,6 +217,13 @@ FAULTS: dict[str, FaultKind] = {
                               needs_gpu=False),
     "nvml-hang": FaultKind(lambda n, g, p: n.hang_nvml(), needs_gpu=False),
     "nvml-release": FaultKind(lambda n, g, p: n.release_nvml(), needs_gpu=False),
+    "fabric-not-ready": FaultKind(lambda n, g, p: _gpu(n, g).inject_fabric_not_ready(
+        int(p.get("state", 1)), int(p.get("status", 0)))),
+    "fabric-ready": FaultKind(lambda n, g, p: _gpu(n, g).clear_fabric()),
+    "stuck-process": FaultKind(lambda n, g, p: n.tree.add_stuck_process(
+        str(p.get("name", "python")), int(p.get("count", 1))), needs_gpu=False),
+    "stuck-process-gone": FaultKind(lambda n, g, p: n.tree.clear_stuck_processes(),
+                                    needs_gpu=False),
 }
 
 

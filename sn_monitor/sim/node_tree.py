@@ -5,6 +5,10 @@ tree (point ``procfs`` at :attr:`SimulatedNodeTree.procfs` and ``sysfs`` at
 :attr:`SimulatedNodeTree.sysfs`). :meth:`SimulatedNodeTree.advance` moves the counters
 as traffic would; the fault hooks take ports down, flap them and add errors.
 
+Processes: ``/proc/<pid>/stat`` and ``cgroup`` of a few system processes (systemd,
+sshd, the agent), and of processes a fault leaves stuck in ``D`` state
+(:meth:`SimulatedNodeTree.add_stuck_process`), which never use CPU time again.
+
 A /sys file keeps its identity once created, as a sysfs attribute does: it is rewritten
 in place (one ``pwrite``, then the length), so a collector that keeps it open and reads
 it again from offset 0 sees the new value, as on a real node (the agent steps the
@@ -99,6 +103,13 @@ _IB_MTU_BYTES = 4096
 _MEM_TOTAL_KB = 2_113_389_000  # 2 TiB class host
 _L3_DOMAINS = ("L3_00", "L3_01")  # two sockets
 _USER_HZ = 100
+# (pid, name, state, cgroup path) of the processes every simulated node runs.
+_BASE_PROCESSES = (
+    (1, "systemd", "S", "/init.scope"),
+    (1234, "sshd", "S", "/system.slice/ssh.service"),
+    (2345, "sn-monitor", "S", "/system.slice/sn-monitor-agent.service"),
+)
+_FIRST_STUCK_PID = 50_000
 _NETDEV_WIDTHS = (8, 7, 4, 4, 4, 5, 10, 9, 8, 7, 4, 4, 4, 5, 7, 10)
 _NETDEV_HEADER = (
     "Inter-|   Receive                                                |  Transmit\n"
@@ -176,8 +187,11 @@ class SimulatedNodeTree:
             ib_devices = DEFAULT_IB_DEVICES
         self._netdevs = {name: self._new_netdev(name) for name in netdevs}
         self._ports = {device: self._new_port(device) for device in ib_devices}
+        self._stuck: list[int] = []
         self._staging.mkdir(parents=True, exist_ok=True)
         with self._lock:
+            for pid, name, state, cgroup in _BASE_PROCESSES:
+                self._write_process(pid, name, state, cgroup)
             self._write_static()
             for port in self._ports.values():
                 port.dirty.update(port.counters)
@@ -216,6 +230,37 @@ class SimulatedNodeTree:
                 self._advance_netdev(dev, dt_seconds, load)
             self._advance_host(dt_seconds, load)
             self._write_dynamic()
+
+    @property
+    def stuck_processes(self) -> tuple[int, ...]:
+        """The pids :meth:`add_stuck_process` left in D state."""
+        with self._lock:
+            return tuple(self._stuck)
+
+    def add_stuck_process(self, name: str = "python", count: int = 1) -> None:
+        """``count`` new processes in D state that never run again (a hung NFS read).
+
+        Their pids are in :attr:`stuck_processes`.
+        """
+        if count < 1:
+            raise ValueError("count must be >= 1")
+        if not name or any(c in name for c in "\n\0/") or len(name) > 15:
+            raise ValueError(f"not a process name (comm, at most 15 characters): {name!r}")
+        with self._lock:
+            first = _FIRST_STUCK_PID + len(self._stuck)
+            pids = tuple(range(first, first + count))
+            for pid in pids:
+                self._write_process(pid, name, "D", "/system.slice/stuck.service")
+            self._stuck.extend(pids)
+
+    def clear_stuck_processes(self) -> None:
+        """The stuck processes are gone (the mount came back, or the node rebooted)."""
+        with self._lock:
+            for pid in self._stuck:
+                self._remove(self.procfs / str(pid) / "stat")
+                self._remove(self.procfs / str(pid) / "cgroup")
+                (self.procfs / str(pid)).rmdir()
+            self._stuck.clear()
 
     def set_ib_port_down(self, device: str) -> None:
         """The link of ``device`` port 1 goes down (``link_downed`` counts it)."""
@@ -407,6 +452,16 @@ class SimulatedNodeTree:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, path)
         self._written[path] = text
+
+    def _write_process(self, pid: int, name: str, state: str, cgroup: str) -> None:
+        """``/proc/<pid>/stat`` as the kernel writes it (52 fields), and ``cgroup``."""
+        # ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
+        # cutime cstime priority nice threads itrealvalue starttime ...
+        fields = [1, pid, pid, 0, -1, 4194560, 1000, 0, 10, 0, 100 + pid % 97, 20, 0, 0,
+                  20, 0, 1, 0, 2500 + pid, 10**8, 4000]
+        rest = " ".join(map(str, fields)) + " 18446744073709551615" + " 0" * 30
+        self._write(self.procfs / str(pid) / "stat", f"{pid} ({name}) {state} {rest}\n")
+        self._write(self.procfs / str(pid) / "cgroup", f"0::{cgroup}\n")
 
     def _remove(self, path: Path) -> None:
         path.unlink(missing_ok=True)

@@ -21,7 +21,7 @@ fleet such as ``25%``, every node without ``count``), ``fault`` (a name from
 :data:`FAULT_SPECS`), ``gpu`` when the fault needs one, and the fault's parameters,
 inline or under ``params:``. ``count`` next to ``node: "*"``
 is the number of nodes; a fault's own ``count`` parameter (``ecc-uncorrectable``,
-``ib-symbol-errors``) then goes under ``params:``. Parameters left out take the
+``ib-symbol-errors``, ``stuck-process``) then goes under ``params:``. Parameters left out take the
 defaults listed in :data:`FAULT_SPECS`.
 
 ``nvml-hang`` wedges the node's NVML (every call blocks, as with a hung driver) until
@@ -153,6 +153,21 @@ FAULT_SPECS: dict[str, FaultSpec] = {
                                "collector becomes stuck) until nvml-release"),
     "nvml-release": FaultSpec(FAULTS["nvml-release"].needs_gpu,
                               doc="the wedged driver answers again: the hung calls return"),
+    "fabric-not-ready": FaultSpec(FAULTS["fabric-not-ready"].needs_gpu, {
+        "state": FaultParam("int", default=1, low=1, high=3,
+                            doc="NVML fabric state: 1 not started (Fabric Manager down), "
+                                "2 in progress, 3 completed (with an error status)"),
+        "status": FaultParam("int", default=0, low=0, high=999,
+                             doc="NVML return code once completed (0 success)")},
+        doc="the GPU's NVLink fabric registration does not complete"),
+    "fabric-ready": FaultSpec(FAULTS["fabric-ready"].needs_gpu,
+                              doc="the fabric registration completes (Fabric Manager back)"),
+    "stuck-process": FaultSpec(FAULTS["stuck-process"].needs_gpu, {
+        "name": FaultParam("string", default="python", doc="the processes' name (comm)"),
+        "count": _count("processes left in D state")},
+        doc="processes hang in uninterruptible sleep (D), as on a dead NFS mount"),
+    "stuck-process-gone": FaultSpec(FAULTS["stuck-process-gone"].needs_gpu,
+                                    doc="the stuck processes are gone"),
     # Fleet-level faults: they act on the whole (simulated) agent.
     "node-lost": FaultSpec(False, fleet_only=True,
                            doc="the node stops reporting (server, agent or network gone)"),

@@ -88,6 +88,7 @@ def test_simulated_agent_serves_every_source(simulated_agent):
     assert len(found["sn_gpu_nvlink_up"]) == 8 * 18
     assert {labels["collector"]: v for labels, v in found["sn_agent_collector_success"]} == {
         "nvml": 1.0, "net": 1.0, "infiniband": 1.0, "host": 1.0, "kmsg": 1.0,
+        "processes": 1.0,
     }
     assert len(found["sn_infiniband_port_state"]) == 8
     assert {labels["device"] for labels, _ in found["sn_network_receive_bytes_total"]} >= {"eno1"}
@@ -149,7 +150,8 @@ def test_real_pynvml_without_a_gpu_keeps_host_collectors(tmp_path: Path):
     success = {labels["collector"]: v for labels, v in found["sn_agent_collector_success"]}
     if success["nvml"] == 1.0:
         pytest.skip("this machine has an NVIDIA driver; the no-library path is not exercised")
-    assert success == {"nvml": 0.0, "net": 1.0, "infiniband": 1.0, "host": 1.0, "kmsg": 0.0}
+    assert success == {"nvml": 0.0, "net": 1.0, "infiniband": 1.0, "host": 1.0, "kmsg": 0.0,
+                       "processes": 1.0}
     assert "sn_gpu_info" not in found
     assert len(found["sn_infiniband_port_state"]) == 9
     assert err.count("NVML library not found") == 1

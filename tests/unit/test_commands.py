@@ -277,7 +277,7 @@ def enforce(tmp_path, **fields) -> RemediationSettings:
 
 def test_reset_is_refused_while_a_process_uses_the_gpu(remedied, tmp_path):
     r = remedied(enforce(tmp_path))
-    r.node.gpus[1].set_running_processes([4242, 777])
+    r.node.gpus[1].set_processes([(4242, 2**30), (777, 2**30)])
     result = r.run(Command(id="r1", kind="reset_gpu", gpu=1))
     assert not result.ok
     assert result.message == "not resetting GPU 1: in use by process 777, 4242"
@@ -376,7 +376,7 @@ def test_a_simulated_reset_is_refused_by_the_driver_while_in_use(remedied):
     r.actuator = r.node.actuator()
     r.restart()
     r.node.fall_off_bus(0)
-    r.node.gpus[0].set_running_processes([99])  # NVML cannot list them: the GPU is lost
+    r.node.gpus[0].set_processes([(99, 2**30)])  # NVML cannot list them: the GPU is lost
     result = r.run(Command(id="r1", kind="reset_gpu", gpu=0))
     assert not result.ok
     assert "simulated reset refused" in result.message
@@ -430,11 +430,11 @@ def test_a_simulated_reboot_clears_the_gpu_faults(remedied):
     r.actuator = r.node.actuator()
     r.restart()
     r.node.inject("pcie-downgrade", 2, generation=3, width=8)
-    r.node.gpus[3].set_running_processes([1234])
+    r.node.gpus[3].set_processes([(1234, 2**30)])
     assert r.run(Command(id="b1", kind="reboot")).ok
     gpus = r.sample().gpus
     assert (gpus[2].pcie_link_generation, gpus[2].pcie_link_width) == (5, 16)
-    assert r.node.gpus[3].running_pids == []
+    assert r.node.gpus[3].processes == []
 
 
 def test_verify_answers_with_its_checks(remedied, tmp_path):

@@ -19,7 +19,14 @@ import pytest
 from sn_monitor.agent.rules import NodeRules
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import ConfigError, parse_yaml
-from sn_monitor.model import EdgeFinding, EdgeRules, GpuReport, IbPortReport, Report
+from sn_monitor.model import (
+    EdgeFinding,
+    EdgeRules,
+    GpuReport,
+    HostReport,
+    IbPortReport,
+    Report,
+)
 from sn_monitor.rules.edge import EdgeCatalog, is_node_local, parse_edge_rules
 from sn_monitor.rules.engine import Finding, RuleEngine
 from sn_monitor.rules.series import Trim
@@ -241,6 +248,21 @@ def test_trim_keeps_both_parts_of_a_derived_metric_and_the_named_counters():
     assert out.gpus == [GpuReport(index=0, temperature_celsius=80,
                                   shutdown_temperature_celsius=92)]
     assert out.infiniband == [IbPortReport(device="m", port=1, counters={"link_downed": 2})]
+
+
+def test_trim_keeps_the_host_part_only_when_a_host_metric_is_read():
+    report = Report(node="n", instance="i", sequence=1, sample_time_seconds=1.0,
+                    host=HostReport(processes_stuck=2))
+    assert Trim(["host_processes_stuck"])(report).host == HostReport(processes_stuck=2)
+    assert Trim(["gpu_utilization_ratio"])(report).host is None
+    assert Trim(["host_processes_stuck"])(
+        msgspec.structs.replace(report, host=HostReport())).host is None
+
+
+def test_the_default_host_and_fabric_rules_run_on_the_node():
+    by_name = {rule.name: rule for rule in DEFAULT}
+    for name in ("processes-stuck", "fabric-not-ready", "fabric-registration-failed"):
+        assert is_node_local(by_name[name]), name
 
 
 def test_a_node_that_turns_to_evaluating_itself_keeps_its_open_fault_open_once():

@@ -22,6 +22,7 @@ from sn_monitor.agent.collectors.host import HostCollector
 from sn_monitor.agent.collectors.infiniband import InfinibandCollector
 from sn_monitor.agent.collectors.kmsg import KmsgCollector
 from sn_monitor.agent.collectors.net import NetCollector
+from sn_monitor.agent.collectors.processes import ProcessesCollector
 from sn_monitor.agent.exporter import SnapshotCollector
 from sn_monitor.agent.sampler import Sampler
 from sn_monitor.clock import ManualClock
@@ -52,16 +53,20 @@ def exposition(kernel_log: Path) -> str:
     gpus[2].inject_nvlink_errors(3, crc=12, replay=2, recovery=1)
     gpus[5].inject_pcie_downgrade(4, 8)
     gpus[6].inject_row_remap_pending()
+    gpus[7].inject_fabric_not_ready()  # Fabric Manager not running
+    gpus[0].set_processes([(4242, 61 * 2**30), (4243, 2**30)])
     for gpu in gpus:
         gpu.step(300.0)
     fake_nvml.configure(gpus)
     clock = ManualClock()
     collectors = [
-        NvmlCollector(fake_nvml, clock),
+        NvmlCollector(fake_nvml, clock, procfs=NODE / "proc"),
         NetCollector(NODE / "proc", NODE / "sys", exclude="^lo$"),
         InfinibandCollector(NODE / "sys"),
         HostCollector(NODE / "proc", NODE / "sys", ticks_per_second=100),
         KmsgCollector(kernel_log, clock, start_at_end=False),
+        # pid 5150 sits in D: stuck by the second sample, 11 s later
+        ProcessesCollector(NODE / "proc", clock, interval=0, stuck_after=10),
     ]
     sampler = Sampler("golden-node", collectors, clock)
     try:

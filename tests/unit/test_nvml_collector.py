@@ -565,3 +565,91 @@ def test_intervals_are_collector_settings(clock):
         NvmlCollector(fake_nvml, clock, nvlink_link_interval=-1.0)
     with pytest.raises(ValueError, match="pcie_throughput_interval"):
         NvmlCollector(fake_nvml, clock, pcie_throughput_interval=-1.0)
+
+
+# ---------------------------------------------------------------- fabric, processes
+
+
+def test_fabric_state_of_a_registered_and_an_unregistered_gpu(clock):
+    gpus = make_gpus(3)
+    gpus[1].inject_fabric_not_ready()  # Fabric Manager not running
+    gpus[2].inject_fabric_not_ready(state=3, status=fake_nvml.NVML_ERROR_UNKNOWN)
+    first, second, third = node(gpus, clock).collect().gpus
+    assert (first.fabric_state, first.fabric_status, first.fabric_clique_id) == (3, 0, 0)
+    assert first.fabric_cluster_uuid == "00000000-0000-0000-0000-000000000000"
+    # Before completion the status, clique and cluster mean nothing: left out.
+    assert (second.fabric_state, second.fabric_status, second.fabric_clique_id,
+            second.fabric_cluster_uuid) == (1, None, None, None)
+    assert (third.fabric_state, third.fabric_status) == (3, fake_nvml.NVML_ERROR_UNKNOWN)
+    assert fake_nvml.call_count("nvmlDeviceGetGpuFabricInfo") == 0  # the V call served
+
+
+def test_a_gpu_without_fabric_has_no_fabric_values_and_is_not_asked_again(clock):
+    gpus = make_gpus(1, A100_SXM)
+    collector = node(gpus, clock)
+    sample = collector.collect().gpus[0]
+    assert (sample.fabric_state, sample.fabric_status, sample.fabric_clique_id) == (
+        None, None, None)
+    cycle(collector, gpus, clock)
+    assert fake_nvml.call_count("nvmlDeviceGetGpuFabricInfoV") == 1
+
+
+def test_a_fabric_state_of_not_supported_is_an_absent_capability(clock):
+    gpus = make_gpus(1)
+    collector = node(gpus, clock)
+    gpus[0].fabric_state = fake_nvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+    assert collector.collect().gpus[0].fabric_state is None
+    gpus[0].fabric_state = fake_nvml.NVML_GPU_FABRIC_STATE_COMPLETED
+    assert cycle(collector, gpus, clock).gpus[0].fabric_state is None
+    assert fake_nvml.call_count("nvmlDeviceGetGpuFabricInfoV") == 1
+
+
+def test_an_older_driver_without_the_v_call_uses_the_first_fabric_call(clock):
+    gpus = make_gpus(1)
+    gpus[0].inject_fabric_not_ready(state=2)
+    collector = node(gpus, clock, missing_functions=["nvmlDeviceGetGpuFabricInfoV"])
+    assert collector.collect().gpus[0].fabric_state == 2
+    assert cycle(collector, gpus, clock).gpus[0].fabric_state == 2
+    assert fake_nvml.call_count("nvmlDeviceGetGpuFabricInfoV") == 1
+    assert fake_nvml.call_count("nvmlDeviceGetGpuFabricInfo") == 2
+
+
+def test_a_transient_fabric_error_leaves_the_values_out_for_one_cycle(clock):
+    gpus = make_gpus(1)
+    collector = node(gpus, clock)
+    fake_nvml.inject_error(0, "nvmlDeviceGetGpuFabricInfoV", fake_nvml.NVML_ERROR_TIMEOUT,
+                           times=1)
+    sample = collector.collect().gpus[0]
+    assert sample.fabric_state is None
+    assert sample.temperature_celsius is not None  # the rest of the sample stays
+    assert cycle(collector, gpus, clock).gpus[0].fabric_state == 3
+
+
+def test_a_fabric_fault_is_a_lost_gpu(clock):
+    gpus = make_gpus(1)
+    collector = node(gpus, clock)
+    fake_nvml.inject_error(0, "nvmlDeviceGetGpuFabricInfoV", fake_nvml.NVML_ERROR_GPU_IS_LOST)
+    collected = collector.collect()
+    assert collected.gpus[0].lost
+    assert [e.kind for e in collected.events] == ["gpu_lost"]
+
+
+def test_compute_processes_per_gpu(clock):
+    gpus = make_gpus(2)
+    gpus[1].set_processes([(100, 5 * 2**30), (101, 2**30)])
+    first, second = node(gpus, clock).collect().gpus
+    assert first.processes == ()
+    assert second.processes is not None
+    assert [(p.pid, p.used_memory_bytes) for p in second.processes] == [
+        (100, 5 * 2**30), (101, 2**30)]
+
+
+def test_processes_not_supported_are_none_and_an_old_driver_uses_v2(clock):
+    gpus = make_gpus(1, replace(H100_SXM, unsupported=frozenset(
+        {"nvmlDeviceGetComputeRunningProcesses"})))
+    assert node(gpus, clock).collect().gpus[0].processes is None
+    gpus = make_gpus(1)
+    gpus[0].set_processes([(7, 1)])
+    collector = node(gpus, clock, missing_functions=["nvmlDeviceGetComputeRunningProcesses"])
+    assert collector.collect().gpus[0].processes is not None
+    assert fake_nvml.call_count("nvmlDeviceGetComputeRunningProcesses_v2") == 1

@@ -13,13 +13,16 @@ from sn_monitor.agent.report import (
     net_report,
 )
 from sn_monitor.agent.snapshot import (
+    GpuProcess,
     GpuSample,
     IbPortSample,
     NetDeviceSample,
     NodeSnapshot,
     NvLinkSample,
+    ProcessesSample,
+    StuckProcess,
 )
-from sn_monitor.model import CommandResult, Event, Report
+from sn_monitor.model import CommandResult, Event, HostReport, Report
 
 
 def gpu(index: int = 0, **fields) -> GpuSample:
@@ -156,3 +159,30 @@ def test_built_report_passes_the_controllers_validation():
     assert decoded.events[0].message == "capped"
     assert decoded.command_results[0].id == "c1"
     assert decoded.agent_version
+
+
+def test_fabric_and_the_process_count_reach_the_controller():
+    sample = gpu(fabric_state=3, fabric_status=0, fabric_clique_id=7,
+                 processes=(GpuProcess(10, 2**30, "c" * 64), GpuProcess(11)))
+    report = gpu_report(sample)
+    assert (report.fabric_state, report.fabric_status, report.processes) == (3, 0, 2)
+    # None: NVML could not list them (not "no process"); () is "none".
+    assert gpu_report(gpu()).processes is None
+    assert gpu_report(gpu(processes=())).processes == 0
+    assert gpu_report(gpu()).fabric_state is None
+
+
+def test_stuck_processes_go_out_as_a_host_value():
+    processes = ProcessesSample(total=900, uninterruptible=3, stuck_count=1,
+                                stuck=(StuckProcess(77, "python", 300.0),))
+    snapshot = NodeSnapshot(node="n1", timestamp_seconds=1.0, processes=processes)
+    report = build_report(snapshot, instance="i", sequence=1, labels={}, interval=1.0,
+                          events=[], command_results=[], guard_throttled=set())
+    assert report.host == HostReport(processes_stuck=1)
+    decoded = msgspec.json.decode(msgspec.json.encode(report), type=Report)
+    assert decoded.host == HostReport(processes_stuck=1)
+    bare = build_report(NodeSnapshot(node="n1", timestamp_seconds=1.0), instance="i",
+                        sequence=1, labels={}, interval=1.0, events=[], command_results=[],
+                        guard_throttled=set())
+    assert bare.host is None
+    assert b"host" not in msgspec.json.encode(bare)

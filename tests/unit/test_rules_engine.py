@@ -5,11 +5,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import parse_yaml
-from sn_monitor.model import EventRecord, GpuReport, IbPortReport, NetReport, Report
+from sn_monitor.model import EventRecord, GpuReport, HostReport, IbPortReport, NetReport, Report
 from sn_monitor.rules.engine import Finding, RuleEngine
 from sn_monitor.rules.peers import PASS_SLICE
 from sn_monitor.rules.spec import Rule, load_rules, parse_rules
@@ -625,3 +626,61 @@ def test_default_rules_on_a_hot_node():
         clock.advance(1)
     assert statuses(found) == [("gpu-near-shutdown", "gpu=5", "firing"),
                                ("gpu-overheat", "gpu=5", "firing")]
+
+
+def _default_rules_over(reports: list[tuple[float, Report]]) -> list[Finding]:
+    """The packaged rules, fed ``(seconds since start, report)`` in order, one sweep each."""
+    clock = ManualClock()
+    engine = RuleEngine(load_rules([ROOT / "sn_monitor" / "rules"]), clock)
+    view = NodeView(name="n1", labels={})
+    found: list[Finding] = []
+    start = clock.monotonic()
+    for at, report in reports:
+        clock.advance(start + at - clock.monotonic())
+        view.report = msgspec.structs.replace(report, sample_time_seconds=clock.time())
+        view.received_monotonic, view.received_wall = clock.monotonic(), clock.time()
+        found += engine.observe(view)
+        found += engine.sweep({"n1": view})
+    return found
+
+
+def _fabric(states: list[int | None], statuses: list[int | None] | None = None,
+            sequence: int = 1) -> Report:
+    statuses = statuses or [0 if s == 3 else None for s in states]
+    return Report(node="n1", instance="a", sequence=sequence, sample_time_seconds=0.0,
+                  gpus=[GpuReport(index=i, fabric_state=s, fabric_status=st)
+                        for i, (s, st) in enumerate(zip(states, statuses, strict=True))])
+
+
+def test_default_rules_a_fabric_that_never_completes_fires_after_two_minutes():
+    # GPU 1: Fabric Manager not running (NOT_STARTED); GPU 2 without fabric support;
+    # GPU 0 registered. 10 s between reports, for 3 minutes.
+    reports = [(t, _fabric([3, 1, None], sequence=t + 1)) for t in range(0, 181, 10)]
+    found = _default_rules_over(reports)
+    assert statuses(found) == [("fabric-not-ready", "gpu=1", "firing")]
+    assert found[0].detected_wall - found[0].observed_wall == pytest.approx(120.0)
+    # IN_PROGRESS that completes within the hold is a normal start: nothing.
+    starting = [(0, _fabric([2], sequence=1)), (60, _fabric([2], sequence=2)),
+                (90, _fabric([3], sequence=3)), (300, _fabric([3], sequence=4))]
+    assert _default_rules_over(starting) == []
+
+
+def test_default_rules_a_fabric_completed_with_an_error_fires():
+    reports = [(t, _fabric([3, 3], [0, 999], sequence=t + 1)) for t in range(0, 41, 10)]
+    assert statuses(_default_rules_over(reports)) == [
+        ("fabric-registration-failed", "gpu=1", "firing")]
+
+
+def test_default_rules_stuck_processes_fire_for_the_node_and_resolve():
+    def host(stuck: int | None, sequence: int) -> Report:
+        return Report(node="n1", instance="a", sequence=sequence, sample_time_seconds=0.0,
+                      host=None if stuck is None else HostReport(processes_stuck=stuck))
+    reports = [(t, host(0 if t < 30 else 2, t + 1)) for t in range(0, 121, 10)]
+    reports.append((130, host(0, 200)))
+    found = _default_rules_over(reports)
+    assert statuses(found) == [("processes-stuck", "", "firing"),
+                               ("processes-stuck", "", "resolved")]
+    assert found[0].detected_wall - found[0].observed_wall == pytest.approx(60.0)
+    assert found[0].gpu is None
+    # An agent without the processes collector sends no host part: nothing to judge.
+    assert _default_rules_over([(t, host(None, t + 1)) for t in range(0, 121, 10)]) == []

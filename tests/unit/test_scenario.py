@@ -7,7 +7,7 @@ import pytest
 
 from sn_monitor.cli import check_file
 from sn_monitor.config import ConfigError, parse_yaml
-from sn_monitor.model import Command, Report
+from sn_monitor.model import Command, HostReport, Report
 from sn_monitor.sim.fleet import Fleet, FleetOptions, base_reports, node_name
 from sn_monitor.sim.node import FAULTS
 from sn_monitor.sim.scenario import (
@@ -238,6 +238,26 @@ def test_node_lost_and_back_and_network_faults():
     assert all(g.utilization_ratio == 0.2 for g in msgspec.json.decode(body, type=Report).gpus)
     fleet.apply(fleet.plan[4], 1.0)
     assert not fleet.nodes[0].lost
+
+
+def test_fabric_and_stuck_process_faults_on_the_fleet():
+    s = _parse("kind: Scenario\nfaults:\n"
+               "  - {at: 0s, node: 1, gpu: 3, fault: fabric-not-ready}\n"
+               "  - {at: 0s, node: 1, fault: stuck-process, count: 3}\n"
+               "  - {at: 0s, node: 2, gpu: 0, fault: fabric-not-ready, state: 3, status: 999}\n")
+    assert s.faults[1].params == {"name": "python", "count": 3}
+    fleet = _fleet(scenario=s)
+    healthy = msgspec.json.decode(fleet.slow_body(fleet.nodes[0], 1, 0.0, 0.0)[0], type=Report)
+    assert {(g.fabric_state, g.fabric_status, g.processes) for g in healthy.gpus} == {(3, 0, 0)}
+    assert healthy.host == HostReport(processes_stuck=0)
+    for planned in fleet.plan:
+        fleet.apply(planned, 0.0)
+    report = msgspec.json.decode(fleet.slow_body(fleet.nodes[1], 1, 0.0, 1.0)[0], type=Report)
+    assert [g.fabric_state for g in report.gpus][2:5] == [3, 1, 3]
+    assert report.gpus[3].fabric_status is None  # no status before completion
+    assert report.host == HostReport(processes_stuck=3)
+    report = msgspec.json.decode(fleet.slow_body(fleet.nodes[2], 1, 0.0, 1.0)[0], type=Report)
+    assert (report.gpus[0].fabric_state, report.gpus[0].fabric_status) == (3, 999)
 
 
 def test_with_the_controller_s_node_local_rules_reports_are_trimmed_and_carry_values_at_times():

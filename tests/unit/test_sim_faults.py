@@ -74,3 +74,27 @@ def test_nvml_hang_wedges_the_fake_driver_until_nvml_release(node):
     assert (code, doc) == (200, {"result": "nvml-release injected"})
     assert done.is_set()
     assert fake_nvml._state.hangs == []
+
+
+def test_fabric_not_ready_and_back(node):
+    assert node.inject("fabric-not-ready", 1) == "fabric-not-ready injected on GPU 1"
+    assert (node.gpus[1].fabric_state, node.gpus[0].fabric_state) == (1, 3)
+    node.inject("fabric-not-ready", 0, state=3, status=999)
+    assert (node.gpus[0].fabric_state, node.gpus[0].fabric_status) == (3, 999)
+    node.inject("fabric-ready", 1)
+    assert node.gpus[1].fabric_state == 3
+    with pytest.raises(FaultError, match="fabric state must be 1, 2 or 3"):
+        node.inject("fabric-not-ready", 0, state=0)
+
+
+def test_stuck_processes_appear_in_proc_and_go(node):
+    node.inject("stuck-process", None, name="nfsread", count=2)
+    pids = node.tree.stuck_processes
+    assert len(pids) == 2
+    assert (node.tree.procfs / str(pids[0]) / "stat").read_text().startswith(
+        f"{pids[0]} (nfsread) D ")
+    node.inject("stuck-process-gone", None)
+    assert node.tree.stuck_processes == ()
+    assert not (node.tree.procfs / str(pids[0])).exists()
+    with pytest.raises(FaultError, match="not a process name"):
+        node.inject("stuck-process", None, name="a/b")

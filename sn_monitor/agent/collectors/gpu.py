@@ -8,9 +8,12 @@ logs one line, raises :class:`SourceMissing` so the registry records "no data", 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from sn_monitor.agent.collectors.base import CollectorError, SourceMissing
+from sn_monitor.agent.collectors.processes import CgroupIdentity, container_of
 from sn_monitor.agent.nvml import (
     NVLINK_LINK_INTERVAL_SECONDS,
     PCIE_THROUGHPUT_INTERVAL_SECONDS,
@@ -18,7 +21,7 @@ from sn_monitor.agent.nvml import (
     NvmlLibrary,
     NvmlUnavailable,
 )
-from sn_monitor.agent.snapshot import Collected
+from sn_monitor.agent.snapshot import Collected, GpuProcess, GpuSample
 from sn_monitor.clock import Clock, SystemClock
 
 logger = logging.getLogger(__name__)
@@ -32,7 +35,9 @@ class NvmlCollector:
     ``nvml_module`` is ``pynvml`` (see :func:`sn_monitor.agent.nvml.load_pynvml`) or
     :mod:`sn_monitor.sim.fake_nvml`; ``clock`` stamps events and paces init retries.
     ``pcie_throughput_interval`` and ``nvlink_link_interval`` go to the adapter
-    (:class:`~sn_monitor.agent.nvml.NvmlLibrary`), which validates them.
+    (:class:`~sn_monitor.agent.nvml.NvmlLibrary`), which validates them. ``procfs``
+    (the host's /proc) is where each GPU process's container is looked up
+    (``<procfs>/<pid>/cgroup``); None leaves processes without one.
     """
 
     name = "nvml"
@@ -45,8 +50,13 @@ class NvmlCollector:
         retry_seconds: float = INIT_RETRY_SECONDS,
         pcie_throughput_interval: float = PCIE_THROUGHPUT_INTERVAL_SECONDS,
         nvlink_link_interval: float = NVLINK_LINK_INTERVAL_SECONDS,
+        procfs: Path | None = None,
     ) -> None:
         self._clock: Clock = clock or SystemClock()
+        self._procfs = None if procfs is None else Path(procfs)
+        #: pid -> its container, for the processes seen last cycle (a process's cgroup
+        #: does not change while it uses the GPU; read once, not every second).
+        self._containers: dict[int, CgroupIdentity] = {}
         self._library = NvmlLibrary(
             nvml_module,
             self._clock,
@@ -66,9 +76,33 @@ class NvmlCollector:
         if not self._library.initialized:
             self._init()
         try:
-            return self._library.collect()
+            collected = self._library.collect()
         except NvmlError as error:
             raise CollectorError(str(error)) from error
+        if self._procfs is None:
+            return collected
+        return replace(collected, gpus=self._with_containers(collected.gpus, self._procfs))
+
+    def _with_containers(
+        self, gpus: tuple[GpuSample, ...], procfs: Path
+    ) -> tuple[GpuSample, ...]:
+        """Each GPU process with its container and pod, from ``<procfs>/<pid>/cgroup``."""
+        known, self._containers = self._containers, {}
+        out: list[GpuSample] = []
+        for gpu in gpus:
+            if not gpu.processes:
+                out.append(gpu)
+                continue
+            processes: list[GpuProcess] = []
+            for process in gpu.processes:
+                identity = self._containers.get(process.pid) or known.get(process.pid)
+                if identity is None:
+                    identity = container_of(procfs, process.pid)
+                self._containers[process.pid] = identity
+                processes.append(replace(process, container_id=identity.container_id,
+                                         pod_uid=identity.pod_uid))
+            out.append(replace(gpu, processes=tuple(processes)))
+        return tuple(out)
 
     def close(self) -> None:
         self._library.close()
