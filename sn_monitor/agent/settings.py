@@ -161,10 +161,12 @@ class ProcessesCollectorSettings:
     """The processes collector: how often /proc is scanned for processes stuck in D.
 
     ``interval``: seconds between scans (one file per process each); ``stuck_after``: how
-    long a process stays in D, using no CPU time, before it counts as stuck.
+    long a process stays in D, using no CPU time, before it counts as stuck; ``deadline``
+    as every collector's (a scan blocked on a dead mount is stuck too).
     """
 
     enabled: bool = True
+    deadline: Duration = _deadline()
     interval: Duration = setting(default=Duration(10.0), check=positive)
     stuck_after: Duration = setting(default=Duration(120.0), check=positive)
 

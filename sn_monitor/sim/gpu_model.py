@@ -18,7 +18,7 @@ import math
 import random
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 GIB = 1024**3

@@ -251,7 +251,7 @@ def test_deadlines_come_from_the_settings_and_must_be_positive():
     settings = replace(AgentSettings(), collectors=CollectorSettings(
         nvml=CollectorSwitch(deadline=Duration(2.0))))
     assert settings.collectors.deadlines() == {
-        "nvml": 2.0, "net": 5.0, "infiniband": 5.0, "host": 5.0, "kmsg": 5.0}
+        "nvml": 2.0, "net": 5.0, "infiniband": 5.0, "host": 5.0, "kmsg": 5.0, "processes": 5.0}
     with pytest.raises(ValueError, match="deadline must be positive"):
         Sampler("n1", [BlockingCollector("a", Collected())], ManualClock(),
                 deadlines={"a": 0.0})
