@@ -22,7 +22,7 @@ EventSource = Literal["nvml", "kmsg", "agent"]
 #: What a rule may ask the controller to do (the rule files' ``actions``).
 ActionName = Literal[
     "alert", "throttle", "release", "cordon", "uncordon", "evict",
-    "checkpoint", "restore", "failover",
+    "checkpoint", "restore", "failover", "reset_gpu", "reboot", "verify",
 ]
 
 

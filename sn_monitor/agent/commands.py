@@ -15,10 +15,10 @@ check, :class:`Remedies`) take seconds to minutes, so they run one at a time on 
 worker thread of their own, never on the report thread: reports (and the node's
 heartbeat) go on meanwhile, and each result is handed to the report after it finishes
 (:meth:`CommandExecutor.finished`). ``reset_gpu`` is refused while a process uses the
-GPU; reset and reboot are dry runs unless ``remediation.mode`` is ``enforce``; a reboot
-is logged and recorded in the state directory before it runs
-(:class:`~sn_monitor.agent.remedy.RebootLedger`). ``verify`` changes nothing, so it runs
-in every mode.
+GPU, ``reboot`` while a process uses any GPU of the node; reset and reboot are dry runs
+unless ``remediation.mode`` is ``enforce``; a reboot is logged and recorded in the state
+directory before it runs (:class:`~sn_monitor.agent.remedy.RebootLedger`). ``verify``
+changes nothing, so it runs in every mode.
 
 Each command id is carried out once. The controller resends a command whose result it
 has not seen (the report carrying the result may have been lost, or the command is
@@ -268,6 +268,11 @@ class CommandExecutor:
             return self._rebooted(command, earlier.time_seconds, earlier.boot_id,
                                   ledger.boot_id())
         what = remedies.actuator.describe_reboot()
+        busy = self._busy_gpus()
+        if busy:
+            return self._result(command, False, f"not rebooting: {busy} (a reboot would kill "
+                                "that work; the controller waits or pages a person)",
+                                dry_run=not self._enforcing())
         if not self._enforcing():
             return self._result(command, True, f"dry run: would run {what}", dry_run=True)
         log.warning("REBOOTING this node for controller command %s (%s): %s", command.id,
@@ -281,6 +286,22 @@ class CommandExecutor:
                                     dry_run=False)
         outcome = remedies.actuator.reboot()
         return self._result(command, outcome.ok, outcome.message, dry_run=False)
+
+    def _busy_gpus(self) -> str:
+        """Which GPUs of the node processes use ("" when none, or none can be asked)."""
+        remedies = self._remedies
+        assert remedies is not None
+        with self._lock:
+            latest = self._latest
+        busy: list[str] = []
+        for gpu in (g.index for g in latest.gpus) if latest is not None else ():
+            try:
+                pids = remedies.running_pids(gpu)
+            except (GpuUnreachable, NvmlError):
+                continue  # a lost GPU runs nothing; an unknown list is no proof of work
+            if pids:
+                busy.append(f"GPU {gpu} in use by process {', '.join(map(str, pids[:4]))}")
+        return "; ".join(busy)
 
     def _rebooted(self, command: Command, at: float, before: str | None,
                   now: str | None) -> CommandResult:

@@ -19,11 +19,11 @@ from sn_monitor.model import ActionName
 
 #: Actions that take capacity away or change hardware: they go through the safety policy.
 DISRUPTIVE: frozenset[str] = frozenset(
-    {"throttle", "cordon", "evict", "restore", "failover"}
+    {"throttle", "cordon", "evict", "restore", "failover", "reset_gpu", "reboot"}
 )
 
 #: Actions that take a node out of service: counted against max_unavailable.
-TAKES_NODE_OUT: Final[frozenset[str]] = frozenset({"cordon", "evict", "failover"})
+TAKES_NODE_OUT: Final[frozenset[str]] = frozenset({"cordon", "evict", "failover", "reboot"})
 
 #: ``held``: refused by the open circuit breaker but kept, not final, because a recovery
 #: owns it; the recovery releases it once the breaker closes, or cancels it.

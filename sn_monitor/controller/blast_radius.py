@@ -6,7 +6,8 @@ evictions for one bug in the job. A rack that loses power or a leaf switch that 
 takes all its nodes at once: one fault of the rack, not sixteen pages.
 
 :class:`BlastRadius` sits between the rules and the incidents. For a rule with
-``job_wide: {nodes, within}`` a node's finding is held ``within`` seconds; if the same
+``job_wide: {nodes, within}`` a node's finding in a job of at least ``nodes`` nodes is
+held ``within`` seconds (in a smaller job it goes on at once); if the same
 rule fires on ``nodes`` of the same job's nodes meanwhile, those findings become one
 incident of the job (``job:<name>``: an alert with the job's labels, no node action) and
 the node findings are dropped, as are any that follow while it lasts. A held finding that
@@ -54,12 +55,12 @@ class BlastRadius:
     """Groups findings of ``job_wide`` and ``domain`` rules (see the module's docstring).
 
     ``rule_of`` names the current rules (reloads change them); ``job_of`` gives a node's
-    job (None: in none); ``labels_of`` a node's labels. Thread-safe: findings come from
-    ingest and from sweeps.
+    job and how many nodes it runs on (None: in none); ``labels_of`` a node's labels.
+    Thread-safe: findings come from ingest and from sweeps.
     """
 
     def __init__(self, rule_of: Callable[[str], Rule | None],
-                 job_of: Callable[[str], str | None],
+                 job_of: Callable[[str], tuple[str, int] | None],
                  labels_of: Callable[[str], dict[str, str] | None], clock: Clock) -> None:
         self._rule_of = rule_of
         self._job_of = job_of
@@ -81,8 +82,9 @@ class BlastRadius:
                 rule = self._rule_of(f.rule)
                 if rule is None or ":" in f.node:
                     out.append(f)  # not a node's finding (a job's hang, a group's own)
-                elif rule.job_wide is not None and (job := self._job_of(f.node)):
-                    self._job_firing(rule, job, f, out)
+                elif rule.job_wide is not None and (job := self._job_of(f.node)) and (
+                        job[1] >= rule.job_wide.nodes):
+                    self._job_firing(rule, job[0], f, out)
                 elif rule.domain is not None:
                     self._domain_firing(rule, f, out)
                 else:

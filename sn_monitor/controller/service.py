@@ -49,6 +49,13 @@ from sn_monitor.controller.jobs.settings import JobError, UnknownJob, UnknownRec
 from sn_monitor.controller.jobs.spec import JobControl, job_from_json, load_jobs
 from sn_monitor.controller.jobs.views import HangFinding
 from sn_monitor.controller.metrics import ControllerMetrics, ControllerState
+from sn_monitor.controller.remediation import (
+    RemediationLadder,
+    Rung,
+    describe_checks,
+    first_rung,
+)
+from sn_monitor.controller.service_return import ServiceReturn
 from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.stall import StallWatch
 from sn_monitor.controller.store import Incident, Store, StoreError, StoreUnavailable
@@ -84,7 +91,9 @@ CHECKPOINT_JOBS = "checkpoint-jobs"
 #: Events after which the ranks on that GPU are dead: no checkpoint first.
 RANK_KILLING_EVENTS = frozenset({"xid", "gpu_lost", "gpu_fallen_off_bus"})
 #: Steps that wait ``settle`` seconds before they run.
-SETTLED_ACTIONS = frozenset({"cordon", "evict", "failover", RECOVER})
+SETTLED_ACTIONS = frozenset({"cordon", "evict", "failover", "reset_gpu", "reboot", RECOVER})
+#: Actions that are rungs of the remediation ladder: the ladder runs them, and verifies.
+LADDER_RUNGS = frozenset({"reset_gpu", "reboot"})
 NODE_REFRESH_SECONDS = 5.0
 #: Job controls that make the controller run a program or call a URL: from job files
 #: (configuration) or an admin token only, never from an operate token.
@@ -125,8 +134,9 @@ class Controller:
         #: Silence and holds are measured on the controller's own progress (stall.py):
         #: the registry's receive times and the rules' clock are this one's.
         self.progress: Clock = self.stalls if self.stalls is not None else clock
-        self.engine = RuleEngine(rules, self.progress, catalog=load_catalog(
-            Path(settings.xid_catalog) if settings.xid_catalog else None))
+        #: NVIDIA's Xid catalogue: the XID rules' codes, the ladder's first rung.
+        self.xids = load_catalog(Path(settings.xid_catalog) if settings.xid_catalog else None)
+        self.engine = RuleEngine(rules, self.progress, catalog=self.xids)
         self.registry = NodeRegistry(self.progress)
         self.policy = SafetyPolicy(settings.policy, clock)
         #: A controller-wide job control may run jobs this controller does not know:
@@ -151,6 +161,11 @@ class Controller:
                                  self.progress)
         #: Repeat offenders climb one rung (read in the writer, from the store).
         self.escalation = Escalation(self.engine.rule, store)
+        #: GPU-level faults repaired rung by rung, each verified; back into service after.
+        self.remediation = RemediationLadder(settings.remediation, clock, ServiceReturn(
+            store=store, clock=clock, jobs=self.jobs, submit=self._submit_request,
+            audit=self._audit_repair, clear_faults=self._clear_faults,
+            labels_of=self._labels_of, forget_attempt=self.policy.did_nothing))
         self._lock = threading.RLock()
         # The engine is not thread-safe; ingest (the HTTP loop) and the sweep (the
         # scheduler's thread) call it concurrently in the daemon. Held for engine calls only.
@@ -187,6 +202,7 @@ class Controller:
     def start(self) -> None:
         """Load what the store remembers and resume actions a previous run left."""
         self.breaker.restore()
+        self.store_health.attempt(self.remediation.load)
         evictions = RunnerJobActions(self.runner, self.store, self.cluster, self.node_healthy)
         for record in self.store.list_nodes():
             state: NodeState = record.state if record.state in (
@@ -484,7 +500,11 @@ class Controller:
         return list(dict.fromkeys(steps))
 
     def _run_step(self, step: str, f: Finding, incident_id: int) -> None:
-        if step == RECOVER:
+        if step in LADDER_RUNGS:
+            self.store_health.attempt(
+                self.remediation.start, f.node, f.gpu, self._first_rung(step, f), rule=f.rule,
+                reason=f.message, incident_id=incident_id)
+        elif step == RECOVER:
             self.store_health.attempt(self.jobs.on_node_fault, f.node,
                                 "lost" if f.kind == "heartbeat" else "fatal", incident_id,
                                 self._ranks_alive(f), f.observed_wall)
@@ -492,6 +512,14 @@ class Controller:
             self.store_health.attempt(self.jobs.on_node_degrading, f.node, f.rule, incident_id)
         else:
             self._submit(cast(ActionName, step), f, incident_id, "firing")
+
+    def _first_rung(self, step: str, f: Finding) -> Rung:
+        """The rung a rule asks for, or higher where NVIDIA's catalogue says the XID needs it."""
+        rule = self.engine.rule(f.rule)
+        entry = None
+        if isinstance(rule, EventRule) and rule.event == "xid" and f.value is not None:
+            entry = self.xids.get(int(f.value))
+        return first_rung(cast(Rung, step), entry.resolution if entry is not None else None)
 
     def _ranks_alive(self, f: Finding) -> bool:
         """Whether the job's ranks on ``f``'s node may still run (and so checkpoint).
@@ -649,11 +677,28 @@ class Controller:
     def _command_result(self, node: str, result: CommandResult) -> None:
         what = "done" if result.ok else "failed"
         message = f"agent {what}: {result.message}" + (" (dry run)" if result.dry_run else "")
+        if result.checks:
+            message += f" [{describe_checks(result) if not result.ok else 'checks passed'}]"
         try:
             self.store.update_action(result.id, at=self.clock.time(), outcome_message=message)
         except StoreError as err:
             log.warning("agent result for unknown action %s: %s", result.id, err,
                         extra={"node": node})
+        self.store_health.attempt(self.remediation.on_result, node, result)
+
+    def _submit_request(self, request: ActionRequest) -> ActionRecord | None:
+        """An action the remediation ladder asks for, through the runner (None: not recorded)."""
+        return self.store_health.attempt(self.runner.submit, request, self.cluster(), False)
+
+    def _audit_repair(self, what: str, who: str, reason: str, node: str,
+                      params: dict[str, Any]) -> None:
+        self.store_health.attempt(self._audit, what, who, reason, node=node, params=params)
+
+    def _clear_faults(self, node: str, gpu: int | None, why: str) -> None:
+        """A repair passed its check: the event incidents it cleared close."""
+        with self._engine_lock:
+            findings = self.engine.cancel(node, gpu, why)
+        self._take(findings)
 
     # ------------------------------------------------------------------ sweep
 
@@ -680,6 +725,7 @@ class Controller:
             self._take(self.blast.sweep())
         self._close_inherited()
         self._submit_settled()
+        self.store_health.attempt(self.remediation.tick)
         self.jobs.observe_fleet(len(self.registry))
         for hang in self.store_health.attempt(self.jobs.tick) or ():
             self._job_hung(hang)
@@ -832,9 +878,18 @@ class Controller:
         view = self.registry.get(node)
         return dict(view.labels) if view is not None else None
 
-    def _job_of(self, node: str) -> str | None:
+    def _job_of(self, node: str) -> tuple[str, int] | None:
+        """``node``'s job and its size: a job the controller runs, else its job label."""
         jobs = self.jobs.jobs_of_node(node)
-        return jobs[0] if jobs else None
+        if jobs:
+            status = self.jobs.job(jobs[0])
+            return jobs[0], len(status.nodes) if status is not None else 0
+        view = self.registry.get(node)
+        label = view.labels.get("job") if view is not None else None
+        if label is None:
+            return None
+        size = sum(1 for v in self.registry.views().values() if v.labels.get("job") == label)
+        return label, size
 
     def _finding_labels(self, f: Finding) -> dict[str, str]:
         """An action's labels: its node's, or for a job's incident the job's (its owner)."""

@@ -156,6 +156,14 @@ class Evaluator(Generic[R]):
             observed_wall=now.wall if observed_wall is None else observed_wall,
             detected_wall=now.wall))
 
+    def cancel(self, node: str, gpu: int | None, message: str, now: Now,
+               out: list[Finding]) -> None:
+        """A repair cleared what fires on ``node`` (on ``gpu``; None: every subject).
+
+        Only kinds whose faults do not clear by themselves (events) take it; the others
+        see the repair in the next readings.
+        """
+
     def update_count(self, node: str, subject: str, count: int) -> None:
         """Record more events absorbed by a firing incident (no new transition)."""
         subjects = self._firing.get(node)

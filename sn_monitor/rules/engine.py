@@ -208,6 +208,14 @@ class RuleEngine:
         """
         return self._catalog.offer(view, version)
 
+    def cancel(self, node: str, gpu: int | None, message: str) -> list[Finding]:
+        """A repair of ``node`` (``gpu``; None: the whole node) cleared its event faults."""
+        out: list[Finding] = []
+        now = self._now()
+        for evaluator in self._evaluators.values():
+            evaluator.cancel(node, gpu, message, now, out)
+        return out
+
     def sweep(self, views: Mapping[str, NodeView]) -> list[Finding]:
         """Apply time-driven rules to every node."""
         out: list[Finding] = []

@@ -136,6 +136,17 @@ class EventEvaluator(Evaluator[EventRule]):
                              f"for {format_duration(quiet)} "
                              f"({incident.count} in this incident)", now, out)
 
+    def cancel(self, node: str, gpu: int | None, message: str, now: Now,
+               out: list[Finding]) -> None:
+        """A GPU reset or a reboot that passed its check closes what the events opened."""
+        for (where, key), incident in list(self._active.items()):
+            if where != node or (gpu is not None and incident.subject.gpu != gpu):
+                continue
+            incident.firing = False
+            del self._active[(where, key)]
+            self.resolve(node, key, None, f"{message} ({incident.count} in this incident)",
+                         now, out)
+
     def forget_node(self, node: str) -> None:
         super().forget_node(node)
         self._incidents.pop(node, None)

@@ -431,10 +431,14 @@ def test_a_simulated_reboot_clears_the_gpu_faults(remedied):
     r.restart()
     r.node.inject("pcie-downgrade", 2, generation=3, width=8)
     r.node.gpus[3].set_processes([(1234, 2**30)])
+    r.sample()
+    refused = r.run(Command(id="b0", kind="reboot"))
+    assert not refused.ok  # work on a GPU: a reboot would kill it
+    assert refused.message.startswith("not rebooting: GPU 3 in use by process 1234")
+    r.node.gpus[3].set_processes([])
     assert r.run(Command(id="b1", kind="reboot")).ok
     gpus = r.sample().gpus
     assert (gpus[2].pcie_link_generation, gpus[2].pcie_link_width) == (5, 16)
-    assert r.node.gpus[3].processes == []
 
 
 def test_verify_answers_with_its_checks(remedied, tmp_path):

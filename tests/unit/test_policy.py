@@ -61,8 +61,8 @@ def test_settings_load_and_validate() -> None:
     assert settings.approval == ["evict"]
     with pytest.raises(ConfigError, match=r"policy.yaml:1: max_unavailable: .*percentage"):
         bind(PolicySettings, parse_yaml("max_unavailable: 150%\n", "policy.yaml"))
-    with pytest.raises(ConfigError, match="unknown action 'reboot'"):
-        bind(PolicySettings, parse_yaml("approval: [reboot]\n", "policy.yaml"))
+    with pytest.raises(ConfigError, match="unknown action 'self_destruct'"):
+        bind(PolicySettings, parse_yaml("approval: [self_destruct]\n", "policy.yaml"))
     with pytest.raises(ValueError, match="percentage"):
         SafetyPolicy(PolicySettings(max_unavailable="x%"), ManualClock())
 

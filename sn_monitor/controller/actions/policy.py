@@ -316,6 +316,18 @@ class SafetyPolicy:
             slot = _cooldown_slot(request)
             self._last_on[slot] = max(mono, self._last_on.get(slot, mono))
 
+    def did_nothing(self, request: ActionRequest) -> None:
+        """``request`` ran, but its target refused it and changed nothing.
+
+        An agent that would not reset a GPU in use did nothing: the attempt holds no
+        cooldown, so that it can be asked again. The rate limit keeps counting it: that
+        bound stays conservative.
+        """
+        if request.node is None:
+            return
+        with self._lock:
+            self._last_on.pop(_cooldown_slot(request), None)
+
     def admit(self, request: ActionRequest, cluster: ClusterSummary,
               rule_dry_run: bool = False, *, approved: bool = False) -> Decision:
         """``decide``, and ``commit`` when the verdict is run, atomically."""

@@ -82,7 +82,7 @@ def check_routes(value: dict[str, list[str]]) -> None:
 
 
 NODE_ACTIONS = ("cordon", "uncordon", "evict")
-AGENT_ACTIONS = ("throttle", "release")
+AGENT_ACTIONS = ("throttle", "release", "reset_gpu", "reboot", "verify")
 JOB_ACTIONS = ("checkpoint", "restore", "failover")
 
 

@@ -130,6 +130,11 @@ class JobOrchestrator:
         """
         return self.registry.jobs_of_node(node)
 
+    def excluding(self, node: str) -> list[str]:
+        """The jobs that took ``node`` out (evicted, or a failed spare): it may return."""
+        with self._lock:
+            return [j.name for j in self.registry.records() if node in j.row.excluded]
+
     def roles_of(self, node: str) -> dict[str, NodeRole]:
         """What ``node`` is to each job that knows it: member, spare or evicted."""
         with self._lock:

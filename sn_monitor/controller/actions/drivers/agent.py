@@ -28,6 +28,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Final, cast
 
 from sn_monitor.clock import Clock, SystemClock
 from sn_monitor.config import Duration, at_least_one, fraction, positive, setting
@@ -184,22 +185,25 @@ class AgentCommandQueue:
             callback(node, result)
 
 
+#: The actions an agent carries out itself (a command of the same kind).
+_AGENT_KINDS: Final = frozenset({"throttle", "release", "checkpoint", "reset_gpu", "reboot",
+                                 "verify"})
+
+
 def command_for(request: ActionRequest, default_fraction: float = 0.7) -> Command:
-    """The agent command for a throttle / release / checkpoint action.
+    """The agent command for an action an agent carries out (:data:`_AGENT_KINDS`).
 
     Throttle takes ``params["power_watts"]`` if given, else ``params["power_fraction"]``
     (default ``default_fraction``) of the GPU's default limit; ``request.gpu`` None means
     every GPU on the node. Bad parameters are permanent errors.
     """
     kind: CommandKind
-    if request.action == "throttle":
-        kind = "throttle"
-    elif request.action == "release":
-        kind = "release"
-    elif request.action == "checkpoint":
-        kind = "checkpoint"
+    if request.action in _AGENT_KINDS:
+        kind = cast(CommandKind, request.action)
     else:
         raise PermanentError(f"agents cannot {request.action}")
+    if kind == "reset_gpu" and request.gpu is None:
+        raise PermanentError("reset_gpu needs a GPU (the ladder resets one GPU at a time)")
     if len(request.id) > 128 or not request.id:
         raise PermanentError("an agent command id must be 1-128 characters")
     watts: float | None = None
@@ -226,12 +230,12 @@ def _number(value: object, name: str) -> float | None:
 
 
 class AgentCommandDriver:
-    """throttle / release / checkpoint on a node's agent, through the command queue."""
+    """An agent's own actions on its node (:data:`_AGENT_KINDS`), through the command queue."""
 
     name = "agent"
     #: The command id is the action id, and put() ignores an id already queued.
     idempotent = True
-    actions = frozenset({"throttle", "release", "checkpoint"})
+    actions = _AGENT_KINDS
 
     def __init__(self, queue: AgentCommandQueue) -> None:
         self.queue = queue
