@@ -218,7 +218,9 @@ class RemediationLadder:
         """A fault asks for ``rung`` on ``node`` (``gpu``): start, or join the repair there.
 
         A repair in progress on the node takes the new fault in: the higher rung of the
-        two, and the whole node (no one GPU) when two GPUs are at fault.
+        two. Another GPU's fault joins it as it is: the verification after the rung
+        checks the whole node, so a fault the rung did not touch fails it and the ladder
+        climbs (to a reboot, which takes every GPU).
         """
         now = self._clock.time()
         with self._lock:
@@ -228,9 +230,6 @@ class RemediationLadder:
                 reason = f"{reason} ({again})"
             if current is not None and current.active:
                 climb = LADDER.index(rung) > LADDER.index(current.rung)
-                other_gpu = current.gpu is not None and gpu != current.gpu
-                if other_gpu and LADDER.index(current.rung) < LADDER.index("reboot"):
-                    climb, rung = True, "reboot"
                 current.history.append(f"{_clock_text(now)} {rule}: {reason}")
                 if climb and current.step in ("waiting", "acting"):
                     # the rung asked is under way or waiting: the next one replaces it
