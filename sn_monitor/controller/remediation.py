@@ -104,6 +104,9 @@ class Repair:
     action_id: str | None = None
     attempts: int = 0
     history: list[str] = field(default_factory=list)
+    #: ``check``: a person (or a reboot) asked for the check, not a fault: what fails it
+    #: keeps the node out of the spare pools, but a person's uncordon is not undone.
+    origin: Literal["fault", "check"] = "fault"
 
     def to_doc(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -240,7 +243,8 @@ class RemediationLadder:
                 return
             repair = Repair(node=node, gpu=gpu, rung=rung, step="acting", rule=rule,
                             reason=reason, incident_id=incident_id, started=now, since=now,
-                            history=[f"{_clock_text(now)} {rule}: {reason}"])
+                            history=[f"{_clock_text(now)} {rule}: {reason}"],
+                            origin="check" if rung == "check" else "fault")
             if current is not None:
                 self._ended.append(current)
             self._repairs[node] = repair

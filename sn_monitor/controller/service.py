@@ -969,6 +969,9 @@ class Controller:
         record = self.store_health.attempt(self.runner.submit, request, self.cluster(), False)
         if record is None:
             raise self._unavailable()
+        if action == "uncordon" and self.jobs.excluding(node):
+            # a person says it is repaired: a job takes it back as a spare after its check
+            self.store_health.attempt(self.remediation.check, node, f"uncordoned by {who}")
         return _action_doc(record)
 
     def _unavailable(self) -> Unavailable:

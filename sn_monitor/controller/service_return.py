@@ -10,7 +10,9 @@
   and every job that had taken it out gets it back in its spare pool. An audit record
   says so, with the checks it passed;
 - a node no rung repaired stays out: cordoned (through the policy) and a critical alert
-  to a person, with the ladder's history.
+  to a person, with the ladder's history. A node that fails the check a person's
+  uncordon asked for stays out of the spare pools and is paged about, but the person's
+  uncordon is not undone.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ class ServiceReturn:
         why = (f"{node} needs a person: {repair.reason}. Tried: "
                + " | ".join(repair.history[-6:]))
         record = self._store.get_node(node)
-        if record is None or not record.cordoned_by_us:
+        if repair.origin == "fault" and (record is None or not record.cordoned_by_us):
             self._submit(self._request("cordon", repair, why,
                                        key=f"repair:{node}:{repair.started:.6f}:cordon"))
         self._submit(self._request("alert", repair, why, severity="critical",

@@ -222,3 +222,36 @@ def test_a_ladder_survives_a_controller_restart(rig: Any, tmp_path: Path) -> Non
     r.agent.node.gpus[3].set_processes([])
     r.run(rounds=12, seconds=5.0)
     assert (r.repair()["rung"], r.repair()["step"]) == ("reset_gpu", "done")
+
+
+def test_a_node_a_person_uncordons_returns_to_the_pool_only_after_its_check(rig: Any) -> None:
+    r = rig()
+    r.agent.node.inject("row-remap-failure", 1)
+    r.xid(64, gpu=1)
+    r.run()
+    assert r.repair()["step"] == "replace"
+    assert "n1" not in r.job()["spares"]
+
+    # a person swaps the GPU's board and lifts the cordon; the check runs first
+    r.agent.node.gpus[1].row_remap_failed = False
+    r.h.controller.manual_action("uncordon", "n1", "alice", "board replaced")
+    r.run()
+    repair = r.repair()
+    assert (repair["rung"], repair["step"]) == ("check", "done"), repair["history"]
+    assert "uncordoned by alice" in repair["reason"]
+    assert "n1" in r.job()["spares"]
+
+
+def test_a_person_uncordoning_a_node_that_fails_its_check_keeps_it_out_of_the_pool(
+        rig: Any) -> None:
+    r = rig()
+    r.agent.node.inject("row-remap-failure", 1)
+    r.xid(64, gpu=1)
+    r.run()
+    r.h.controller.manual_action("uncordon", "n1", "bob", "looked fine to me")
+    r.run()
+    repair = r.repair()
+    assert (repair["rung"], repair["step"]) == ("replace", "replace"), repair["history"]
+    assert any("failed its check: row-remap" in line for line in repair["history"])
+    assert "n1" not in r.job()["spares"]
+    assert [a for a in r.h.actions("cordon") if a["node"] == "n1"] == []  # bob's call stands
