@@ -73,7 +73,10 @@ from sn_monitor.agent.collectors.infiniband import counter_stem
 from sn_monitor.agent.nvml import THROTTLE_REASONS
 from sn_monitor.agent.report import is_reported_ib_counter
 from sn_monitor.agent.rules import NodeRules
+from sn_monitor.agent.settings import VerifySettings
+from sn_monitor.agent.snapshot import GpuSample, NodeSnapshot, NvLinkSample
 from sn_monitor.agent.stream import StreamAnswer
+from sn_monitor.agent.verify import snapshot_checks
 from sn_monitor.clock import SystemClock
 from sn_monitor.config import ConfigError
 from sn_monitor.model import (
@@ -389,6 +392,47 @@ class _FaultState:
         if tree.stuck_processes:
             host = HostReport(processes_stuck=tree.stuck_processes)
         return {"gpus": gpus, "infiniband": infiniband, "network": network, "host": host}
+
+
+def remedy(command: Command, state: _FaultState, now: float) -> CommandResult:
+    """A simulated node's reset, reboot or verification, on its GPU models.
+
+    The agent's own checks (:func:`~sn_monitor.agent.verify.snapshot_checks`) judge a
+    snapshot made from the models; what a reset or a reboot clears is the models' own
+    (:meth:`SimulatedGpu.reset`, :meth:`SimulatedGpu.power_cycle`).
+    """
+    if command.kind == "reset_gpu":
+        assert command.gpu is not None
+        state.gpu(command.gpu).reset()
+        return CommandResult(id=command.id, ok=True, time_seconds=now,
+                             message=f"reset GPU {command.gpu}: simulated reset done")
+    if command.kind == "reboot":
+        for index in range(state.gpu_count):
+            state.gpu(index).power_cycle()
+        return CommandResult(id=command.id, ok=True, time_seconds=now,
+                             message="reboot: simulated reboot done (every GPU power-cycled)")
+    snapshot = NodeSnapshot(node="sim", timestamp_seconds=now, gpus=tuple(
+        _verified_sample(state.gpu(i)) for i in range(state.gpu_count)))
+    checks = snapshot_checks(snapshot, VerifySettings(dcgm_level=0), state.gpu_count)
+    failed = [c.name for c in checks if not c.ok]
+    return CommandResult(id=command.id, ok=not failed, time_seconds=now, checks=checks,
+                         message=("verification failed: " + ", ".join(failed)) if failed
+                         else f"verification passed: {len(checks)} checks")
+
+
+def _verified_sample(gpu: SimulatedGpu) -> GpuSample:
+    """What the checks read of a simulated GPU (the agent reads it through NVML)."""
+    return GpuSample(
+        index=gpu.index, uuid=gpu.uuid, name=gpu.profile.name, pci_bus_id=gpu.pci_bus_id,
+        lost=gpu.lost, utilization_ratio=gpu.utilization,
+        temperature_celsius=gpu.temperature_celsius,
+        slowdown_temperature_celsius=gpu.profile.slowdown_celsius,
+        ecc_uncorrected_errors_total=gpu.ecc_uncorrected,
+        row_remap_pending=gpu.row_remap_pending, row_remap_failed=gpu.row_remap_failed,
+        pcie_link_generation=gpu.pcie_generation,
+        pcie_link_generation_max=gpu.profile.pcie_generation,
+        pcie_link_width=gpu.pcie_width, pcie_link_width_max=gpu.profile.pcie_width,
+        nvlinks=tuple(NvLinkSample(link=i, up=link.up) for i, link in enumerate(gpu.nvlinks)))
 
 
 class _Node:
@@ -738,6 +782,8 @@ class Fleet:
                                  message=f"no GPU {command.gpu}")
         state = self._faults(node, sim_now)
         state.advance(sim_now)
+        if command.kind in ("reset_gpu", "reboot", "verify"):
+            return remedy(command, state, now)
         done = []
         for g in gpus:
             model = state.gpu(g)

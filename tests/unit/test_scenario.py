@@ -7,7 +7,7 @@ import pytest
 
 from sn_monitor.cli import check_file
 from sn_monitor.config import ConfigError, parse_yaml
-from sn_monitor.model import Command, HostReport, Report
+from sn_monitor.model import Command, CommandResult, HostReport, Report
 from sn_monitor.sim.fleet import Fleet, FleetOptions, base_reports, node_name
 from sn_monitor.sim.node import FAULTS
 from sn_monitor.sim.scenario import (
@@ -304,3 +304,27 @@ def test_an_nvml_hang_blanks_the_gpus_with_one_stuck_event_until_released():
     fleet.apply(fleet.plan[2], 60.0)
     body, _, _ = fleet.slow_body(node, 2, 60.0, 60.0)
     assert len(msgspec.json.decode(body, type=Report).gpus) == 8
+
+
+def test_a_simulated_node_resets_reboots_and_verifies_on_its_gpu_models():
+    s = _parse("kind: Scenario\nfaults:\n"
+               "  - {at: 0s, node: 1, gpu: 3, fault: row-remap-pending}\n"
+               "  - {at: 0s, node: 1, gpu: 2, fault: pcie-downgrade, width: 8}\n")
+    fleet = _fleet(scenario=s)
+    for planned in fleet.plan:
+        fleet.apply(planned, 0.0)
+    node = fleet.nodes[1]
+
+    def run(command: Command) -> CommandResult:
+        fleet._commands(node, [msgspec.Raw(msgspec.json.encode(command))], 1.0)
+        return node.results[-1]
+
+    first = run(Command(id="v1", kind="verify"))
+    assert not first.ok
+    assert {c.name for c in first.checks if not c.ok} == {"row-remap", "pcie-links"}
+    assert run(Command(id="r1", kind="reset_gpu", gpu=3)).ok
+    after_reset = run(Command(id="v2", kind="verify"))
+    assert [c.name for c in after_reset.checks if not c.ok] == ["pcie-links"]  # the slot
+    assert run(Command(id="b1", kind="reboot")).ok
+    assert run(Command(id="v3", kind="verify")).ok
+    assert fleet.stats.commands["verify"] == 3
