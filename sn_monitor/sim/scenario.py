@@ -13,16 +13,21 @@ it from the other files) and a list of timed faults::
       - {at: 2m, node: sim-0007, gpu: 2, fault: xid, code: 79}
       - {at: 3m, node: 11, fault: node-lost}            # the agent stops reporting
       - {at: 4m, node: "*", count: 6, fault: node-lost}  # six nodes at once
+      - {at: 5m, node: 0-23, gpu: 1, fault: xid, code: 13}  # 24 nodes at once
+      - {at: 6m, node: 2, gpu: 0, fault: xid, code: 95,
+         repeat: {count: 300, every: 1s}}                  # once a second for 5 minutes
 
 Each fault has ``at`` (simulated time from the start: ``30s``, ``2m``, a number of
 seconds), ``node`` (an index into the simulated fleet, 0-based; a node name such as
-``sim-0007``; or ``"*"``: ``count`` nodes picked at random, a number or a share of the
-fleet such as ``25%``, every node without ``count``), ``fault`` (a name from
+``sim-0007``; a range of indices such as ``0-23``, both ends included; or ``"*"``:
+``count`` nodes picked at random, a number or a share of the fleet such as ``25%``,
+every node without ``count``), ``fault`` (a name from
 :data:`FAULT_SPECS`), ``gpu`` when the fault needs one, and the fault's parameters,
 inline or under ``params:``. ``count`` next to ``node: "*"``
 is the number of nodes; a fault's own ``count`` parameter (``ecc-uncorrectable``,
-``ib-symbol-errors``, ``stuck-process``) then goes under ``params:``. Parameters left out take the
-defaults listed in :data:`FAULT_SPECS`.
+``ib-symbol-errors``, ``stuck-process``) then goes under ``params:``. Parameters left out
+take the defaults listed in :data:`FAULT_SPECS`. ``repeat: {count, every}`` plays the
+fault ``count`` times in all, ``every`` apart (a storm).
 
 ``nvml-hang`` wedges the node's NVML (every call blocks, as with a hung driver) until
 ``nvml-release``: the agent's nvml collector goes stuck past its deadline, the node
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -179,7 +185,9 @@ FAULT_SPECS: dict[str, FaultSpec] = {
 }
 
 _TOP_KEYS = ("kind", "name", "description", "duration", "gpus", "faults")
-_FAULT_KEYS = ("at", "node", "count", "gpu", "fault", "params")
+_FAULT_KEYS = ("at", "node", "count", "gpu", "fault", "params", "repeat")
+#: ``node: 0-23``: a range of node indices, both ends included.
+_NODE_RANGE = re.compile(r"(\d+)-(\d+)")
 
 
 @dataclass(frozen=True)
@@ -199,6 +207,9 @@ class ScenarioFault:
     params: dict[str, Any] = field(default_factory=dict)
     line: int | None = None
     position: int = 0
+    #: ``repeat: {count, every}``: the fault again ``repeats - 1`` times, ``every`` apart.
+    repeats: int = 1
+    every: float = 0.0
 
     def describe(self) -> str:
         """``overheat factor=1.8`` (the node and GPU are said by whoever plays it)."""
@@ -237,7 +248,7 @@ class Scenario:
         ConfigError naming the fault when an index or name is not in the fleet.
         """
         by_name = {name: i for i, name in enumerate(names or [])}
-        planned = []
+        planned: list[PlannedFault] = []
         for fault in self.faults:
             where = f"faults[{fault.position}]"
             if fault.node == "*":
@@ -252,6 +263,13 @@ class Scenario:
                                           f"{count} nodes asked for, the fleet has {nodes}")
                     rng = random.Random(f"{self.name}/{fault.position}")
                     chosen = tuple(sorted(rng.sample(range(nodes), count)))
+            elif isinstance(fault.node, str) and (span := _NODE_RANGE.fullmatch(fault.node)):
+                first, last = int(span.group(1)), int(span.group(2))
+                if last >= nodes:
+                    raise ConfigError(self.path, f"{where}.node", fault.line,
+                                      f"nodes {first}-{last} are not all in a fleet of "
+                                      f"{nodes} nodes (0 to {nodes - 1})")
+                chosen = tuple(range(first, last + 1))
             elif isinstance(fault.node, int):
                 if fault.node >= nodes:
                     raise ConfigError(self.path, f"{where}.node", fault.line,
@@ -261,13 +279,15 @@ class Scenario:
             else:
                 index = by_name.get(fault.node)
                 if index is None:
-                    span = f" ({names[0]} to {names[-1]})" if names else ""
+                    known = f" ({names[0]} to {names[-1]})" if names else ""
                     raise ConfigError(self.path, f"{where}.node", fault.line,
-                                      f"no node named {fault.node!r} in the fleet{span}")
+                                      f"no node named {fault.node!r} in the fleet{known}")
                 chosen = (index,)
-            planned.append(PlannedFault(at=fault.at, fault=fault.fault, nodes=chosen,
-                                        gpu=fault.gpu, params=dict(fault.params),
-                                        source=fault))
+            planned.extend(PlannedFault(at=fault.at + k * fault.every, fault=fault.fault,
+                                        nodes=chosen, gpu=fault.gpu,
+                                        params=dict(fault.params), source=fault)
+                           for k in range(fault.repeats))
+        planned.sort(key=lambda p: (p.at, p.source.position))  # ties: the file's order
         return planned
 
     def check_gpus(self, gpus: int) -> None:
@@ -391,9 +411,34 @@ def _fault(doc: Document, i: int, item: Any, gpus: int, duration: float | None
         inline.update(extra)
         params_key = (*key, "params")
     params = _params(doc, key, params_key, str(fault), spec, inline, item)
+    if isinstance(node, str) and (span := _NODE_RANGE.fullmatch(node)) and (
+            int(span.group(1)) > int(span.group(2))):
+        raise doc.error((*key, "node"), f"a range runs from low to high (2-5), got {node!r}")
+    repeats, every = _repeat(doc, (*key, "repeat"), item.get("repeat"), at, duration)
     return ScenarioFault(at=at, fault=str(fault), node=node, count=count, share=share,
                          gpu=gpu if spec.needs_gpu else None, params=params,
-                         line=doc.line(key), position=i)
+                         line=doc.line(key), position=i, repeats=repeats, every=every)
+
+
+def _repeat(doc: Document, key: KeyPath, value: Any, at: float, duration: float | None
+            ) -> tuple[int, float]:
+    """``repeat: {count: 600, every: 1s}``: (how many times in all, seconds apart)."""
+    if value is None:
+        return 1, 0.0
+    if not isinstance(value, dict) or set(value) != {"count", "every"}:
+        raise doc.error(key, "expected {count: N, every: DURATION} (the fault N times in "
+                             "all, DURATION apart)")
+    count = value["count"]
+    if isinstance(count, bool) or not isinstance(count, int) or not 2 <= count <= 100_000:
+        raise doc.error((*key, "count"), f"expected a count from 2 to 100000, got {count!r}")
+    every = _duration(doc, (*key, "every"), value["every"])
+    if every <= 0:
+        raise doc.error((*key, "every"), "must be greater than 0")
+    last = at + (count - 1) * every
+    if duration is not None and last > duration:
+        raise doc.error(key, f"the last repeat ({format_seconds(last)}) is after the "
+                             f"scenario's duration ({format_seconds(duration)})")
+    return count, every
 
 
 def _node_count(doc: Document, key: KeyPath, value: Any) -> tuple[int | None, float | None]:

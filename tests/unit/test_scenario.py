@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 import pytest
 
@@ -328,3 +330,30 @@ def test_a_simulated_node_resets_reboots_and_verifies_on_its_gpu_models():
     assert run(Command(id="b1", kind="reboot")).ok
     assert run(Command(id="v3", kind="verify")).ok
     assert fleet.stats.commands["verify"] == 3
+
+
+def test_a_range_of_nodes_and_a_repeated_fault_make_a_storm():
+    s = _parse("kind: Scenario\nduration: 10m\nfaults:\n"
+               "  - {at: 10s, node: 2-5, gpu: 1, fault: xid, code: 13}\n"
+               "  - {at: 0s, node: 7, gpu: 0, fault: xid, code: 95,"
+               " repeat: {count: 4, every: 5s}}\n")
+    plan = s.resolve(8)
+    assert [(p.at, p.nodes) for p in plan] == [
+        (0.0, (7,)), (5.0, (7,)), (10.0, (2, 3, 4, 5)), (10.0, (7,)), (15.0, (7,))]
+    with pytest.raises(ConfigError, match="nodes 2-5 are not all in a fleet of 5 nodes"):
+        _parse("kind: Scenario\nfaults:\n  - {at: 0s, node: 2-5, fault: node-lost}\n"
+               ).resolve(5)
+
+
+@pytest.mark.parametrize(("fault", "message"), [
+    ("node: 5-2, gpu: 0, fault: xid, code: 13", "a range runs from low to high"),
+    ("node: 0, gpu: 0, fault: xid, code: 13, repeat: {count: 1, every: 1s}",
+     "expected a count from 2 to 100000"),
+    ("node: 0, gpu: 0, fault: xid, code: 13, repeat: {count: 3}",
+     "expected {count: N, every: DURATION}"),
+    ("node: 0, gpu: 0, fault: xid, code: 13, repeat: {count: 700, every: 1s}",
+     "the last repeat (11m39s) is after the scenario's duration (10m)"),
+])
+def test_a_bad_range_or_repeat_names_the_key(fault, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _parse(f"kind: Scenario\nduration: 10m\nfaults:\n  - {{at: 0s, {fault}}}\n")
