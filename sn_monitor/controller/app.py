@@ -97,6 +97,7 @@ class ControllerApi(Protocol):
     def job_checkpoint(self, name: str, body: bytes) -> dict[str, Any]: ...
     def restore_point(self, name: str) -> dict[str, Any] | None: ...
     def list_recoveries(self, job: str | None, limit: int) -> list[dict[str, Any]]: ...
+    def list_repairs(self, node: str | None, limit: int) -> list[dict[str, Any]]: ...
     def approve_recovery(self, recovery_id: str, who: str) -> dict[str, Any]: ...
     def return_to_pool(self, job: str, node: str, who: str) -> dict[str, Any]: ...
     def breaker_state(self) -> dict[str, Any]: ...
@@ -571,6 +572,13 @@ def _build_router(
             controller.list_recoveries, request.query_params.get("job"), _limit(request))})
 
     @guarded
+    async def repairs(request: Request) -> Response:
+        identify(request, "read")
+        only_query(request, "node", "limit")
+        return _json({"repairs": await off_loop(
+            controller.list_repairs, request.query_params.get("node"), _limit(request))})
+
+    @guarded
     async def approve_recovery(request: Request) -> Response:
         identity = identify(request, "operate")
         return _json(await off_loop(
@@ -638,6 +646,7 @@ def _build_router(
         Route("/api/v1/jobs/{name}/restore-point", restore_point, methods=["GET"]),
         Route("/api/v1/jobs/{name}/spares/{node}", return_to_pool, methods=["POST"]),
         Route("/api/v1/recoveries", recoveries, methods=["GET"]),
+        Route("/api/v1/remediation", repairs, methods=["GET"]),
         Route("/api/v1/recoveries/{recovery_id}/approve", approve_recovery, methods=["POST"]),
         Route("/api/v1/actions/{action_id}/approve", approve, methods=["POST"]),
         Route("/api/v1/breaker", breaker, methods=["GET", "POST"]),
@@ -787,6 +796,10 @@ def openapi_document() -> dict[str, Any]:
             "Job recoveries, newest first", {"200": any_json, "422": error},
             parameters=[{"name": "job", "in": "query", "schema": {"type": "string"}},
                         listing[0]])},
+        "/api/v1/remediation": {"get": op(
+            "Remediation ladders (reset, reboot, replace; each verified), newest first",
+            {"200": any_json, "422": error},
+            parameters=[{"name": "node", "in": "query", "schema": node_name}, listing[0]])},
         "/api/v1/recoveries/{recovery_id}/approve": {"post": op(
             "Approve a manual recovery", {"200": any_json, "404": error, "409": error},
             parameters=[{"name": "recovery_id", "in": "path", "required": True,

@@ -1074,6 +1074,10 @@ class Controller:
     def list_recoveries(self, job: str | None, limit: int) -> list[dict[str, Any]]:
         return [r.to_dict() for r in self.jobs.recoveries(job, limit=limit)]
 
+    def list_repairs(self, node: str | None, limit: int) -> list[dict[str, Any]]:
+        """The remediation ladders in progress and the latest ended, newest first."""
+        return self.remediation.repairs(node)[:limit]
+
     def approve_recovery(self, recovery_id: str, who: str) -> dict[str, Any]:
         with self._audited("approve-recovery", who, f"recovery {recovery_id} approved",
                            params={"recovery": recovery_id},

@@ -255,3 +255,20 @@ def test_a_person_uncordoning_a_node_that_fails_its_check_keeps_it_out_of_the_po
     assert any("failed its check: row-remap" in line for line in repair["history"])
     assert "n1" not in r.job()["spares"]
     assert [a for a in r.h.actions("cordon") if a["node"] == "n1"] == []  # bob's call stands
+
+
+def test_the_ladders_are_served_by_the_api(rig: Any, tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from sn_monitor.controller.app import build_app
+
+    r = rig()
+    r.xid(95, gpu=3)
+    r.run()
+    with TestClient(build_app(r.h.controller, None)) as client:
+        every = client.get("/api/v1/remediation").json()["repairs"]
+        assert [(x["node"], x["rung"], x["step"]) for x in every] == [
+            ("n1", "reset_gpu", "done")]
+        assert client.get("/api/v1/remediation", params={"node": "n2"}).json() == {
+            "repairs": []}
+        assert client.get("/api/v1/remediation", params={"nod": "n2"}).status_code == 422
