@@ -192,12 +192,14 @@ class Cluster:
                  routes: dict[str, list[str]] | None = None,
                  jobs_dir: Path | None = None, rules: list[Path] | None = None,
                  agent_labels: dict[str, str] | None = None,
+                 agent_config: dict[str, Any] | None = None,
                  tls: ClusterTls | None = None, ha: ClusterHa | None = None) -> None:
         """``config`` is merged into the defaults below; ``routes`` replaces theirs
         (leave checkpoint/restore/failover out to send them to each job's own
         ``spec.control``); ``jobs_dir`` is the controller's ``--jobs`` directory;
         ``rules`` are rule files or directories loaded after the repository's;
-        ``agent_labels`` are every agent's ``labels`` (supernode, rack); ``tls``: the
+        ``agent_labels`` are every agent's ``labels`` (supernode, rack); ``agent_config``
+        more of every agent's config (``remediation``); ``tls``: the
         controller serves HTTPS (see :class:`ClusterTls`); ``ha``: two controllers
         (see :class:`ClusterHa`)."""
         self.root = root
@@ -287,13 +289,14 @@ class Cluster:
         #: More text for :meth:`logs` (a test's own processes): each returns a section.
         self.log_sources: list[Callable[[], str]] = []
         self.agents: dict[str, Agent] = {}
-        agent_config: list[str] = []
-        if agent_labels:
-            (root / "agent.yaml").write_text(yaml.safe_dump({"labels": agent_labels}))
-            agent_config = ["--config", str(root / "agent.yaml")]
+        config_file: list[str] = []
+        if agent_labels or agent_config:
+            (root / "agent.yaml").write_text(yaml.safe_dump(
+                {"labels": agent_labels or {}, **(agent_config or {})}))
+            config_file = ["--config", str(root / "agent.yaml")]
         for i in range(nodes):
             name, port = f"sim-{i}", free_port()
-            config_args = agent_config
+            config_args = config_file
             if tls is not None:
                 config_args = ["--config", str(root / f"{name}.yaml")]
                 reach: dict[str, str] = {"ca_file": str(tls.ca_file)}
@@ -301,7 +304,7 @@ class Cluster:
                     cert, key = tls.agent_certs[name]
                     reach.update(cert_file=str(cert), key_file=str(key))
                 (root / f"{name}.yaml").write_text(yaml.safe_dump(
-                    {"labels": agent_labels or {}, "controller": reach}))
+                    {"labels": agent_labels or {}, "controller": reach, **(agent_config or {})}))
             with_token = tls is None or tls.agent_tokens
             self.agents[name] = Agent(name, [
                 sys.executable, "-m", "sn_monitor.cli", "agent", "--simulate", str(gpus),

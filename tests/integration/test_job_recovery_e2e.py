@@ -300,7 +300,7 @@ def test_a_fatal_xid_evicts_the_node_takes_a_spare_and_restores(big: Cluster) ->
     assert failed not in doc["nodes"]
     assert "sim-16" in doc["nodes"]
     assert len(doc["nodes"]) == 16
-    assert doc["spares"] == ["sim-17"]
+    assert doc["spares"][0] == "sim-17"  # and sim-5 itself, once repaired (below)
     assert doc["failed_nodes"] == [failed]
     assert doc["generation"] == 1 == rec["generation"]
     # the ranks on a GPU that fell off the bus died with it: no checkpoint is waited
@@ -329,6 +329,18 @@ def test_a_fatal_xid_evicts_the_node_takes_a_spare_and_restores(big: Cluster) ->
     fatal = [i for i in c.incidents(node=failed) if i["rule"] == "fatal-xid"]
     assert fatal
     assert fatal[0]["id"] in rec["incident_ids"]
+    # the node itself is repaired with no person: XID 79 (NVIDIA: RESTART_BM) starts the
+    # remediation ladder at a reboot, the simulated agent reboots (its GPU is back), its
+    # check passes, and the job takes it back as a spare
+    c.wait_for(lambda: failed in job.get()["spares"], 120,
+               f"{failed} back in the spare pool after its repair")
+    (repair,) = [r for r in c.get("/api/v1/remediation", node=failed)["repairs"]
+                 if r["step"] == "done"]
+    assert repair["rung"] == "reboot"
+    assert any(line.split(" ", 1)[1].startswith("verified") for line in repair["history"])
+    back = [a for a in c.actions(node=failed) if a["action"] == "return-to-service"]
+    assert len(back) == 1, back
+    assert failed not in job.get()["nodes"]
 
 
 def test_e_elastic_shrinks_to_15_nodes_without_spares(big: Cluster) -> None:
