@@ -1,8 +1,6 @@
-"""Run an outside program with a real timeout: the agent's reset, reboot and checks.
+"""Run an outside program with a real timeout.
 
-The same mechanism as the controller's command driver
-(:func:`sn_monitor.controller.actions.drivers.command.run_program`), at the shared layer
-so the agent can use it; the driver can move onto this one.
+The agent's reset, reboot and checks, and the controller's command and Slurm drivers.
 """
 
 from __future__ import annotations

@@ -28,24 +28,17 @@ children the program started do not outlive it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sn_monitor.config import Duration, positive, setting
 from sn_monitor.controller.actions.base import Outcome, PermanentError, TemporaryError
 from sn_monitor.controller.audit import ActionRequest
-from sn_monitor.errors import SnMonitorError
+from sn_monitor.program import TAIL_CHARS, run_program
+from sn_monitor.program import ProgramTimeout as Timeout
 
 EX_TEMPFAIL = 75
-#: How much of stderr/stdout an error or outcome quotes.
-TAIL_CHARS = 500
-#: After killing a timed-out group, how long to wait for its pipes to close.
-KILL_GRACE_SECONDS = 2.0
 
 
 def _program(value: list[str]) -> None:
@@ -65,54 +58,6 @@ class CommandSettings:
     timeout: Duration = setting(default=Duration(60.0), check=positive)
     env: dict[str, str] = field(default_factory=dict)
     inherit_environment: bool = True
-
-
-@dataclass(frozen=True)
-class Finished:
-    """A program that ran to its end (not one that timed out)."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-class Timeout(SnMonitorError):
-    """The program ran past its timeout; its process group was killed."""
-
-
-def run_program(argv: Sequence[str], *, timeout: float,
-                env: Mapping[str, str] | None = None) -> Finished:
-    """Run ``argv`` (no shell) in a new process group; on timeout kill the whole group.
-
-    ``subprocess.run(timeout=...)`` kills only the direct child and then waits for the
-    pipes, which a grandchild (a ``sleep`` in a shell script) keeps open: the group kill
-    is what makes the timeout real. Raises :class:`Timeout` or OSError (cannot start).
-    """
-    process = subprocess.Popen(
-        list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, errors="replace", env=None if env is None else dict(env),
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(process)
-        try:
-            process.communicate(timeout=KILL_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            process.kill()  # something left the group and holds our pipes: stop waiting
-            process.wait()
-        raise Timeout(f"{argv[0]} ran past {timeout}s; killed its process group") from None
-    finally:
-        if process.returncode is None:  # an exception other than a timeout
-            _kill_group(process)
-            process.wait()
-    return Finished(process.returncode, stdout, stderr)
-
-
-def _kill_group(process: subprocess.Popen[str]) -> None:
-    with contextlib.suppress(ProcessLookupError):  # already gone
-        os.killpg(process.pid, signal.SIGKILL)
 
 
 def request_environment(request: ActionRequest) -> dict[str, str]:

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 from sn_monitor.config import Duration, positive, setting
 from sn_monitor.controller.actions.base import Outcome, PermanentError, TemporaryError
-from sn_monitor.controller.actions.drivers.command import Timeout, run_program
 from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.program import ProgramTimeout as Timeout
+from sn_monitor.program import run_program
 
 log = logging.getLogger(__name__)
 
