@@ -270,13 +270,14 @@ def _log_options(parser: argparse.ArgumentParser, default_level: str = "info") -
     parser.set_defaults(default_log_level=default_level)
 
 
-#: Keys only a controller config has: how check-config tells the two apart.
+#: Keys only a controller config has: how check-config tells the two apart
+#: (``remediation`` is in both: the agent's carries out rungs, the controller's climbs).
 _CONTROLLER_KEYS = frozenset({"state_dir", "rules", "token_file", "max_body_bytes",
                               "sweep_interval", "policy", "runner", "drivers", "routes",
                               "jobs", "recovery", "settle", "tls", "store", "ha",
                               "xid_catalog"})
 _AGENT_KEYS = frozenset({"node", "labels", "interval", "controller", "paths", "collectors",
-                         "guard", "remediation"})
+                         "guard"})
 
 
 def check_file(path: Path) -> str:
