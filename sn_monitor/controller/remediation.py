@@ -75,6 +75,9 @@ KEPT_ENDED: Final = 200
 class LadderSettings:
     """``remediation:`` in the controller's config."""
 
+    #: Off: the rules' ``reset_gpu`` and ``reboot`` do nothing (logged); nodes return to
+    #: service by hand (``POST /api/v1/jobs/J/spares/N``), as before the ladder.
+    enabled: bool = True
     #: How long a GPU reset waits for the processes on the GPU to leave (the job's ranks
     #: are being moved to a spare) before the node is rebooted instead.
     idle_wait: Duration = setting(default=Duration(600.0), check=positive)
@@ -131,8 +134,8 @@ class RemediationPorts(Protocol):
         """The node passed its check: uncordon it, give it back to its jobs' spare pools."""
         ...
 
-    def needs_replacement(self, repair: Repair) -> None:
-        """The last rung: keep the node out (cordoned) and page a person, saying why."""
+    def needs_replacement(self, repair: Repair, *, cordon: bool = True) -> None:
+        """The last rung: keep the node out (``cordon``) and page a person, saying why."""
         ...
 
     def did_nothing(self, action_id: str) -> None:
@@ -225,6 +228,10 @@ class RemediationLadder:
         checks the whole node, so a fault the rung did not touch fails it and the ladder
         climbs (to a reboot, which takes every GPU).
         """
+        if not self.settings.enabled:
+            log.info("remediation is off: not starting %s on %s (%s)", rung, node, reason,
+                     extra={"node": node, "gpu": gpu, "rule": rule})
+            return
         now = self._clock.time()
         with self._lock:
             current = self._repairs.get(node)
@@ -296,7 +303,7 @@ class RemediationLadder:
                                  f"({result.message})")
                 repair.history.append(f"{_clock_text(now)} {repair.reason}")
                 self._end(repair)
-                self._ports.needs_replacement(repair)
+                self._ports.needs_replacement(repair, cordon=False)  # its rule took it out
             elif result.ok:
                 repair.history.append(f"{_clock_text(now)} {repair.rung} done: "
                                       f"{result.message}")

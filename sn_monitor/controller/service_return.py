@@ -99,12 +99,13 @@ class ServiceReturn:
                          extra={"node": node})
         log.warning("%s", why, extra={"node": node})
 
-    def needs_replacement(self, repair: Repair) -> None:
+    def needs_replacement(self, repair: Repair, *, cordon: bool = True) -> None:
         node = repair.node
         why = (f"{node} needs a person: {repair.reason}. Tried: "
                + " | ".join(repair.history[-6:]))
         record = self._store.get_node(node)
-        if repair.origin == "fault" and (record is None or not record.cordoned_by_us):
+        if cordon and repair.origin == "fault" and (
+                record is None or not record.cordoned_by_us):
             self._submit(self._request("cordon", repair, why,
                                        key=f"repair:{node}:{repair.started:.6f}:cordon"))
         self._submit(self._request("alert", repair, why, severity="critical",

@@ -152,6 +152,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashWorld]:
         # one fault at a time, each a few seconds after the last: not a partition
         "policy": {**CONFIG["policy"], "node_cooldown": "0s", "breaker": {"enabled": False}},
         "runner": {"retries": 3, "backoff": "3s", "timeout": "15s"},
+        # the recovery's crash points, not the node's repair (test_remediation's)
+        "remediation": {"enabled": False},
         "drivers": {"command": {"program": [sys.executable, str(root / "drain.py"),
                                             str(root)], "timeout": "90s"}},
     }

@@ -272,3 +272,14 @@ def test_the_ladders_are_served_by_the_api(rig: Any, tmp_path: Path) -> None:
         assert client.get("/api/v1/remediation", params={"node": "n2"}).json() == {
             "repairs": []}
         assert client.get("/api/v1/remediation", params={"nod": "n2"}).status_code == 422
+
+
+def test_with_the_ladder_off_a_fault_takes_the_node_out_and_nothing_more(rig: Any) -> None:
+    r = rig(enabled=False)
+    r.xid(95, gpu=3)
+    r.run(rounds=3)
+    assert r.h.controller.remediation.repairs() == []
+    kinds = {a["action"] for a in r.h.actions() if a["node"] == "n1"}
+    assert "evict" in kinds
+    assert not kinds & {"reset_gpu", "reboot", "verify"}
+    assert "n1" not in r.job()["spares"]
