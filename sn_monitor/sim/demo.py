@@ -39,7 +39,8 @@ from sn_monitor.sim.scenario import Scenario, format_seconds
 from sn_monitor.sim.supernode import JOB, Supernode, SupernodeError, SupernodeOptions
 
 #: Faults that repair something: nothing to detect, they end an earlier fault.
-REPAIRS = frozenset({"cooling-repaired", "ib-port-up", "node-back"})
+REPAIRS = frozenset({"cooling-repaired", "ib-port-up", "node-back", "nvml-release",
+                     "fabric-ready", "stuck-process-gone"})
 #: After the scenario's last fault: at most this long (wall) for detections to land.
 GRACE_SECONDS = 20.0
 #: At the end, at most this long (wall) for the job to be seen training (a step made).

@@ -163,3 +163,30 @@ def test_a_scenario_that_does_not_fit_the_fleet_is_refused(tmp_path: Path):
     done = _demo("--headless", "--nodes", "8", "--scenario", str(bad), timeout=30)
     assert done.returncode == 2
     assert "node 12 is not in a fleet of 8 nodes" in done.stderr
+
+
+def test_the_remediation_scenario_repairs_one_node_and_keeps_the_other_out(tmp_path: Path):
+    """A reset that repairs a node (back in the spare pool, no person), one that does not
+    (reset, reboot, then out and a page), and a driver that hangs: from the CLI."""
+    state = tmp_path / "demo"
+    try:
+        done = _demo("--headless", "--nodes", "8", "--scenario", "remediation", "--speed",
+                     "10", "--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(state),
+                     timeout=240)
+    finally:
+        _kill_left_over(state)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    assert doc["ok"], doc
+    repaired, broken = _faults(doc, "xid")
+    assert (repaired["node"], broken["node"]) == ("sim-0002", "sim-0004")
+    assert "return-to-service succeeded" in repaired["actions"]
+    assert "reset_gpu succeeded" in repaired["actions"]
+    assert "reboot succeeded" in broken["actions"]  # the reset did not clear it
+    assert "verify succeeded x2" in broken["actions"]  # after the reset, after the reboot
+    assert "return-to-service succeeded" not in broken["actions"]
+    job = doc["job"]
+    assert "sim-0002" in job["spares"]  # back, after its check
+    assert "sim-0004" not in job["spares"] + job["nodes"]  # out: a person's
+    (hang,) = _faults(doc, "nvml-hang")
+    assert [i.split("#")[0] for i in hang["incidents"]] == ["collector-stuck"]
