@@ -474,14 +474,15 @@ class Controller:
     def _plan(self, node: str, actions: Sequence[str]) -> list[str]:
         """The steps a firing rule's actions mean for this node.
 
-        On a job's node (or one its active recovery is evicting) ``failover`` and
-        ``evict`` are the recovery's (RECOVER). Elsewhere ``failover`` is an eviction, and
-        a ``failover`` to the controller-wide job control when one is configured (it may
-        run jobs the controller does not know). A node already evicted is not evicted
-        again.
+        On a job's node (or one its active recovery is evicting, or one of its spares)
+        ``failover`` and ``evict`` are the recovery's (RECOVER: a spare leaves the pool).
+        Elsewhere ``failover`` is an eviction, and a ``failover`` to the controller-wide
+        job control when one is configured (it may run jobs the controller does not know).
+        A node already evicted is not evicted again.
         """
         in_job = bool(self.jobs.jobs_of_node(node))
-        recovering = in_job or self.jobs.recovering(node)
+        recovering = (in_job or self.jobs.recovering(node)
+                      or "spare" in self.jobs.roles_of(node).values())
         with self._lock:
             evicted = node in self._evicted
         steps: list[str] = []

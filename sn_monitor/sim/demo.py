@@ -78,6 +78,10 @@ class Injection:
     gpu: int | None
     params: dict[str, Any]
     description: str
+    #: Which fault of the scenario file it plays, and which of its repeats (0: the
+    #: first; a storm's later repeats are more of the same fault, not faults to detect).
+    position: int = 0
+    repeat: int = 0
     injected_wall: float | None = None
     offset: float | None = None
     result: str = ""
@@ -85,7 +89,8 @@ class Injection:
 
     @property
     def expects_detection(self) -> bool:
-        return (self.fault not in REPAIRS and self.injected_wall is not None
+        return (self.fault not in REPAIRS and self.repeat == 0
+                and self.injected_wall is not None
                 and self.error is None and "not delivered" not in self.result)
 
 
@@ -119,10 +124,14 @@ class Demo:
             for index in item.nodes:
                 name = supernode.names[index]
                 where = name + (f" GPU {item.gpu}" if item.gpu is not None else "")
+                source = item.source
+                repeat = (round((item.at - source.at) / source.every)
+                          if source.repeats > 1 else 0)
                 self._pending.append((item.at, Injection(
                     at=item.at, fault=item.fault, node=name, gpu=item.gpu,
                     params=dict(item.params),
-                    description=f"{where}: {item.source.describe()}")))
+                    description=f"{where}: {source.describe()}", position=source.position,
+                    repeat=repeat)))
 
     # ------------------------------------------------------------------ the timeline
 
@@ -291,11 +300,14 @@ class Demo:
             assert inj.injected_wall is not None
             # A fault's window ends at the next fault on its node (a repair does not end
             # it: an incident may land just after the repair was injected).
+            # A storm's repeats do not end it; an incident of the node's job (one fault
+            # on many of its nodes at once: the job's own) is the node's too.
             later = [o.injected_wall for o in played if o.node == inj.node
                      and o.injected_wall is not None and o.injected_wall > inj.injected_wall
-                     and (o.fault not in REPAIRS or inj.fault in REPAIRS)]
+                     and (o.fault not in REPAIRS or inj.fault in REPAIRS)
+                     and o.position != inj.position]
             until = min(later) if later else float("inf")
-            mine = sorted((i for i in incidents if i["node"] == inj.node
+            mine = sorted((i for i in incidents if i["node"] in (inj.node, f"job:{JOB}")
                            and inj.injected_wall - 0.5 <= i["detected_at"] < until),
                           key=lambda i: i["detected_at"])
             ids = {i["id"] for i in mine}

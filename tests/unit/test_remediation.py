@@ -283,3 +283,18 @@ def test_with_the_ladder_off_a_fault_takes_the_node_out_and_nothing_more(rig: An
     assert "evict" in kinds
     assert not kinds & {"reset_gpu", "reboot", "verify"}
     assert "n1" not in r.job()["spares"]
+
+
+def test_a_spare_that_faults_leaves_the_pool_and_comes_back_after_its_repair(rig: Any) -> None:
+    r = rig()
+    r.xid(95, gpu=3)  # n1 fails over to the spare s0 and is repaired: now a spare itself
+    r.run()
+    assert "n1" in r.job()["spares"]
+    r.h.clock.advance(3 * 86400)
+    r.agent.node.inject("pcie-downgrade", 2, width=8)  # a fault of the spare: out of the pool
+    r.xid(95, gpu=2)
+    r.h.settle()
+    assert "n1" not in r.job()["spares"]
+    r.run()  # reset (the slot stays narrow), reboot (retrained), check: back again
+    assert (r.repair()["rung"], r.repair()["step"]) == ("reboot", "done")
+    assert "n1" in r.job()["spares"]
