@@ -799,7 +799,7 @@ def openapi_document() -> dict[str, Any]:
         "/api/v1/remediation": {"get": op(
             "Remediation ladders (reset, reboot, replace; each verified), newest first",
             {"200": any_json, "422": error},
-            parameters=[{"name": "node", "in": "query", "schema": node_name}, listing[0]])},
+            parameters=listing)},
         "/api/v1/recoveries/{recovery_id}/approve": {"post": op(
             "Approve a manual recovery", {"200": any_json, "404": error, "409": error},
             parameters=[{"name": "recovery_id", "in": "path", "required": True,
