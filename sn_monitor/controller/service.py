@@ -67,6 +67,7 @@ from sn_monitor.model import (
     CommandResult,
     EventRecord,
     ProgressBody,
+    Report,
     ReportReply,
 )
 from sn_monitor.rules.alerts import WebhookRejected, decode_webhook
@@ -90,6 +91,8 @@ RECOVERED_ACTIONS = frozenset({"failover", "evict"})
 CHECKPOINT_JOBS = "checkpoint-jobs"
 #: Events after which the ranks on that GPU are dead: no checkpoint first.
 RANK_KILLING_EVENTS = frozenset({"xid", "gpu_lost", "gpu_fallen_off_bus"})
+#: Events a later healthy reading cancels: a GPU that was lost answers NVML again.
+HEALED_BY_READING = frozenset({"gpu_lost", "gpu_fallen_off_bus"})
 #: Steps that wait ``settle`` seconds before they run.
 SETTLED_ACTIONS = frozenset({"cordon", "evict", "failover", "reset_gpu", "reboot", RECOVER})
 #: Actions that are rungs of the remediation ladder: the ladder runs them, and verifies.
@@ -175,6 +178,9 @@ class Controller:
         #: when each was detected (wall).
         self._fatal: dict[str, dict[tuple[str, str], float]] = {}
         self._lost: set[str] = set()
+        #: GPUs with a lost / fallen-off-bus incident open, by node: a healthy reading
+        #: of one closes them (checked on the reports of these nodes only).
+        self._gone_gpus: dict[str, set[int]] = {}
         #: Nodes an eviction ran on, until they are uncordoned.
         self._evicted: set[str] = set()
         self._membership_seen = -1
@@ -356,6 +362,8 @@ class Controller:
                     edge_rules = self.engine.edge_rules(accepted.view, report.rules_version)
             if findings:
                 self._handle(findings)
+            if report.node in self._gone_gpus and report.gpus:
+                self._gpus_back(report)
             if report.node in self._lost:
                 self._lost.discard(report.node)
         elif report.takes_rules:
@@ -369,6 +377,17 @@ class Controller:
         tally.observe(time.perf_counter() - started)
         return ReportReply(sequence=report.sequence, events_stored_through=stored_through,
                            commands=commands, edge_rules=edge_rules, node=report.node)
+
+    def _gpus_back(self, report: Report) -> None:
+        """A GPU that was lost (or fell off the bus) reads healthy again: those close."""
+        gone = self._gone_gpus.get(report.node, set())
+        back = [g.index for g in report.gpus if g.index in gone and not g.lost]
+        for gpu in back:
+            with self._engine_lock:
+                findings = self.engine.cancel(
+                    report.node, gpu, f"GPU {gpu} answers NVML again (a healthy reading)",
+                    HEALED_BY_READING)
+            self._handle(findings)
 
     def _node_seen(self, node: str, labels: dict[str, str], now: float) -> None:
         """A new node, or new labels (the writer): stored, and label selectors may pick it."""
@@ -427,6 +446,8 @@ class Controller:
     def _note_fired(self, f: Finding) -> None:
         with self._lock:
             self._firing.setdefault(f.node, set()).add((f.rule, f.subject))
+            if f.gpu is not None and self._heals_by_reading(f.rule):
+                self._gone_gpus.setdefault(f.node, set()).add(f.gpu)
             if _means_broken(f):
                 self._fatal.setdefault(f.node, {})[(f.rule, f.subject)] = f.detected_wall
             if f.kind == "heartbeat":
@@ -640,8 +661,18 @@ class Controller:
                 self._hangs.pop(job, None)
             self._handle([replace(finding, status="resolved", detected_wall=self.clock.time())])
 
+    def _heals_by_reading(self, rule_name: str) -> bool:
+        rule = self.engine.rule(rule_name)
+        return isinstance(rule, EventRule) and rule.event in HEALED_BY_READING
+
     def _note_resolved(self, f: Finding) -> None:
         with self._lock:
+            if f.gpu is not None and self._heals_by_reading(f.rule):
+                gone = self._gone_gpus.get(f.node)
+                if gone is not None:
+                    gone.discard(f.gpu)
+                    if not gone:
+                        del self._gone_gpus[f.node]
             self._firing.get(f.node, set()).discard((f.rule, f.subject))
             self._fatal.get(f.node, {}).pop((f.rule, f.subject), None)
             self._unrecorded.pop((f.node, f.rule, f.subject), None)

@@ -208,12 +208,18 @@ class RuleEngine:
         """
         return self._catalog.offer(view, version)
 
-    def cancel(self, node: str, gpu: int | None, message: str) -> list[Finding]:
-        """A repair of ``node`` (``gpu``; None: the whole node) cleared its event faults."""
+    def cancel(self, node: str, gpu: int | None, message: str,
+               events: frozenset[str] | None = None) -> list[Finding]:
+        """A repair of ``node`` (``gpu``; None: the whole node) cleared its event faults.
+
+        Only those of the ``events`` kinds; None: every kind.
+        """
         out: list[Finding] = []
         now = self._now()
         for evaluator in self._evaluators.values():
-            evaluator.cancel(node, gpu, message, now, out)
+            rule = evaluator.rule
+            if events is None or (isinstance(rule, EventRule) and rule.event in events):
+                evaluator.cancel(node, gpu, message, now, out)
         return out
 
     def sweep(self, views: Mapping[str, NodeView]) -> list[Finding]:

@@ -69,7 +69,10 @@ def event_on(h: Harness, node: str, code: int, event_id: int, gpu: int = 0,
     event["kind"] = kind
     if kind != "xid":
         del event["code"]
-    h.report(node, temps=[50], events=[event], **extra)
+    if "gpus" not in extra:  # the lost GPU reads lost in the report of its event, as it does
+        extra["gpus"] = [{"index": gpu, "temperature_celsius": 50.0,
+                          "lost": kind in ("gpu_lost", "gpu_fallen_off_bus")}]
+    h.report(node, events=[event], **extra)
 
 
 def alerts(h: Harness) -> list[ActionRequest]:
@@ -312,3 +315,37 @@ def test_a_resolution_the_catalogue_does_not_have_names_file_key_and_line(
         load_rules([path])
     assert (caught.value.key, caught.value.line) == ("rules[0].resolutions", 3)
     assert "'REBOOT'" in str(caught.value)
+
+
+# --------------------------------------------------------------------------- cancelled
+
+
+def test_a_lost_gpu_that_reads_healthy_again_closes_its_incident(make: Any) -> None:
+    h = make("""
+- name: gpu-lost
+  event: gpu_lost
+  severity: critical
+  actions: [alert]
+- name: fatal-xid
+  event: xid
+  codes: [95]
+  severity: critical
+  actions: [alert]
+""")
+    gpus = [{"index": i, "temperature_celsius": 50.0} for i in range(4)]
+    lost = [dict(g, lost=g["index"] == 2) for g in gpus]
+    event_on(h, "n1", 0, 0, gpu=2, kind="gpu_lost", gpus=lost)
+    event_on(h, "n1", 95, 1, gpu=1, gpus=lost)
+    h.clock.advance(5)
+    h.report("n1", gpus=lost)  # still lost: still open
+    assert len(h.controller.list_incidents("open", "n1", 10)) == 2
+    h.clock.advance(5)
+    h.report("n1", gpus=gpus)  # GPU 2 answers again
+    h.settle()
+    (closed,) = h.controller.list_incidents("closed", "n1", 10)
+    assert closed["rule"] == "gpu-lost"
+    # the XID on another GPU is no lost GPU: a healthy reading says nothing of it
+    (still,) = h.controller.list_incidents("open", "n1", 10)
+    assert still["rule"] == "fatal-xid"
+    assert [a.params["status"] for a in alerts(h) if a.rule == "gpu-lost"] == [
+        "firing", "resolved"]
