@@ -5,8 +5,8 @@ agent that made it on its sampling thread would stop sampling, guarding and repo
 while its last values still look healthy. Python cannot interrupt a thread blocked in a
 C call, so the call is made where its hanging does no harm: :class:`CollectorWorker`
 runs one collector's ``collect()`` on that collector's own thread, one call at a time.
-The sampler asks every idle worker for a run, waits for each up to its deadline (on a
-:class:`threading.Event`) and goes on without the ones still running: those are stuck.
+The sampler asks each idle worker for a run in turn, waits for it up to its deadline (on
+a :class:`threading.Event`) and goes on without it if it is still running: it is stuck.
 A stuck worker gets no second call while the first hangs; when that call returns at
 last, the worker is idle again and its late :class:`CallOutcome` says so.
 
