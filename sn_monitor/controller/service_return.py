@@ -116,9 +116,7 @@ class ServiceReturn:
         if record is not None:
             # no attempt took effect: a restarted controller does not seed a cooldown from it
             self._store.update_action(action_id, at=self._clock.time(), attempts=0)
-            self._forget_attempt(ActionRequest(
-                id=record.id, key=record.key, action=record.action, node=record.node,
-                reason=record.reason, gpu=record.gpu))
+            self._forget_attempt(record.to_request())
 
     def load(self) -> str | None:
         return self._store.get_meta(META_KEY)

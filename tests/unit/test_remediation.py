@@ -298,3 +298,15 @@ def test_a_spare_that_faults_leaves_the_pool_and_comes_back_after_its_repair(rig
     r.run()  # reset (the slot stays narrow), reboot (retrained), check: back again
     assert (r.repair()["rung"], r.repair()["step"]) == ("reboot", "done")
     assert "n1" in r.job()["spares"]
+
+
+def test_saved_ladders_that_cannot_be_read_are_logged_and_forgotten(
+        rig: Any, caplog: pytest.LogCaptureFixture) -> None:
+    r = rig()
+    r.h.store.set_meta("remediation", "{not json")
+    r.h.controller.remediation.load()
+    assert r.h.controller.remediation.repairs() == []
+    assert "the saved ladders cannot be read" in caplog.text
+    r.xid(95, gpu=3)  # and the ladder works on
+    r.run()
+    assert (r.repair()["rung"], r.repair()["step"]) == ("reset_gpu", "done")
