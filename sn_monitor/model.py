@@ -134,6 +134,7 @@ class GpuReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_
     power_limit_watts: Measure | None = None
     power_default_limit_watts: Measure | None = None
     sm_clock_hertz: Measure | None = None
+    sm_max_clock_hertz: Measure | None = None
     throttle_reasons: Annotated[list[Annotated[str, msgspec.Meta(max_length=64)]],
                                 msgspec.Meta(max_length=32)] = []
     ecc_corrected_errors_total: Counter | None = None
@@ -151,6 +152,10 @@ class GpuReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_
     nvlink_replay_errors_total: Counter | None = None
     nvlink_recovery_errors_total: Counter | None = None
     nvlinks_down: Counter | None = None
+    #: NVLink data sent and received over all the GPU's links (NVML's
+    #: ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX``, which count KiB; here in bytes).
+    nvlink_transmitted_bytes_total: Counter | None = None
+    nvlink_received_bytes_total: Counter | None = None
     guard_throttled: bool = False
     #: NVML's fabric state (1 not started, 2 in progress, 3 completed) and, once
     #: completed, its NVML return code (0 success); absent where the GPU has no fabric.
@@ -177,6 +182,8 @@ class IbPortReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkno
     device: Annotated[str, msgspec.Meta(max_length=64)]
     port: Annotated[int, msgspec.Meta(ge=0, le=255)]
     state: Int64 | None = None
+    #: The link's current rate (the ``rate`` file: a link may train again slower).
+    rate_bytes_per_second: Measure | None = None
     # The names' bound (MAX_COUNTER_NAME) is in the schema, and the controller's decoder
     # refuses a longer name (sn_monitor.controller.ingest.decode_report) with the message
     # msgspec gives for it; it is not in the annotation because msgspec shares decoded
@@ -295,6 +302,95 @@ class EdgeFinding(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
     message: Annotated[str, msgspec.Meta(max_length=1024)] = ""
 
 
+# --------------------------------------------------------------------------- topology
+#
+# What a node is made of and how it is wired, sent with a report once and on change
+# (:attr:`Report.topology`): every report carries ``topology_digest``, the agent sends
+# the whole topology when it changed since it last sent it or when the controller's
+# reply asks for it (:attr:`ReportReply.topology_wanted`: the controller has none for
+# that digest, after its own restart for one).
+
+MAX_NICS = 32
+MAX_NVLINK_PEERS = 64
+GpuAffinity = Literal["PIX", "PXB", "PHB", "NODE", "SYS"]
+"""How close a GPU and a NIC are on PCIe, as ``nvidia-smi topo -m`` says it: one PCIe
+switch between them (PIX), several (PXB), the same host bridge (PHB), the same NUMA node
+(NODE), across the CPUs' interconnect (SYS)."""
+NvLinkPeerKind = Literal["gpu", "switch", "cpu", "unknown"]
+NicRole = Literal["rail", "storage", "other"]
+
+
+class NvLinkPeer(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                 gc=False):
+    """Where some of a GPU's NVLinks go: ``links`` links up to one remote device.
+
+    ``kind`` ``gpu``: ``gpu`` is the peer's index on the node; ``switch``: an NVSwitch
+    (``pci_bus_id`` its address), through which the GPU reaches every GPU on the same
+    switches.
+    """
+
+    kind: NvLinkPeerKind
+    links: Annotated[int, msgspec.Meta(ge=0, le=64)]
+    pci_bus_id: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    gpu: Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS)] | None = None
+
+
+class GpuTopology(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                  gc=False):
+    """One GPU's place on the node: NUMA node, NVLink peers, PCIe distance to each NIC."""
+
+    index: Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS)]
+    uuid: Annotated[str, msgspec.Meta(max_length=96)] = ""
+    pci_bus_id: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    numa_node: Annotated[int, msgspec.Meta(ge=-1, le=1024)] | None = None
+    nvlinks: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
+    peers: Annotated[list[NvLinkPeer], msgspec.Meta(max_length=MAX_NVLINK_PEERS)] = []
+    #: NIC device (``mlx5_0``) -> affinity; a NIC whose distance is unknown is left out.
+    nics: Annotated[dict[Annotated[str, msgspec.Meta(max_length=64)], GpuAffinity],
+                    msgspec.Meta(max_length=MAX_NICS)] = {}
+
+
+class NicPortTopology(msgspec.Struct, frozen=True, omit_defaults=True,
+                      forbid_unknown_fields=True, gc=False):
+    """One port of a NIC: its GUID, link layer (``InfiniBand``/``Ethernet``) and rate."""
+
+    port: Annotated[int, msgspec.Meta(ge=0, le=255)]
+    guid: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    link_layer: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    rate_bytes_per_second: Measure | None = None
+
+
+class NicTopology(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                  gc=False):
+    """One RDMA NIC (``/sys/class/infiniband/<device>``).
+
+    ``role`` ``rail``: a compute NIC next to a GPU, serving rail ``rail`` (NIC *i* of every
+    node of a rail-optimised fabric is on leaf switch *i*); ``storage``: a NIC no GPU is
+    close to (storage, in-band management).
+    """
+
+    device: Annotated[str, msgspec.Meta(max_length=64)]
+    pci_bus_id: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    numa_node: Annotated[int, msgspec.Meta(ge=-1, le=1024)] | None = None
+    netdev: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    role: NicRole = "other"
+    rail: Annotated[int, msgspec.Meta(ge=0, le=255)] | None = None
+    ports: Annotated[list[NicPortTopology], msgspec.Meta(max_length=16)] = []
+
+
+class NodeTopology(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                   gc=False):
+    """A node's GPUs, NVSwitches and NICs and how they connect (rack and supernode are
+    the report's labels)."""
+
+    gpus: Annotated[list[GpuTopology], msgspec.Meta(max_length=MAX_GPUS)] = []
+    nics: Annotated[list[NicTopology], msgspec.Meta(max_length=MAX_NICS)] = []
+    nvswitches: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
+
+
+TopologyDigest = Annotated[str, msgspec.Meta(max_length=64)]
+
+
 class Report(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
                 gc=False):
     """What an agent sends after each sample.
@@ -328,6 +424,8 @@ class Report(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
     rules_version: RulesVersion = ""
     findings: Annotated[list[EdgeFinding], msgspec.Meta(max_length=MAX_FINDINGS)] = []
     takes_rules: bool = False
+    topology_digest: TopologyDigest = ""
+    topology: NodeTopology | None = None
 
 
 class EdgeRules(msgspec.Struct, frozen=True, gc=False):
@@ -357,6 +455,8 @@ class ReportReply(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     edge_rules: EdgeRules | None = None
     #: The node whose report this answers (a stream carries several nodes' reports).
     node: str = ""
+    #: The controller has no topology for the report's ``topology_digest``: send it.
+    topology_wanted: bool = False
 
 
 class StreamReply(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):

@@ -66,7 +66,10 @@ IB_COUNTER_MARKERS: tuple[str, ...] = (
     "overrun",
     "duplicate",
     "wait",
+    "ecn",
 )
+#: Data counters reported too: the bottleneck finder reads each port's throughput.
+IB_DATA_COUNTERS: frozenset[str] = frozenset({"transmitted_bytes", "received_bytes"})
 
 _MAX_IB_COUNTERS = 128
 _MAX_KEY = 64
@@ -81,7 +84,7 @@ _MAX_DEVICE = 64
 
 def is_reported_ib_counter(stem: str) -> bool:
     """Whether an InfiniBand counter stem goes into reports (see :data:`IB_COUNTER_MARKERS`)."""
-    return any(marker in stem for marker in IB_COUNTER_MARKERS)
+    return stem in IB_DATA_COUNTERS or any(marker in stem for marker in IB_COUNTER_MARKERS)
 
 
 def _ratio(value: float | None) -> float | None:
@@ -131,6 +134,7 @@ def gpu_report(sample: GpuSample, *, guard_throttled: bool = False) -> GpuReport
         power_limit_watts=_measure(sample.power_limit_watts),
         power_default_limit_watts=_measure(sample.power_default_limit_watts),
         sm_clock_hertz=_measure(sample.sm_clock_hertz),
+        sm_max_clock_hertz=_measure(sample.sm_max_clock_hertz),
         throttle_reasons=reasons[:_MAX_REASONS],
         ecc_corrected_errors_total=_count(sample.ecc_corrected_errors_total),
         ecc_uncorrected_errors_total=_count(sample.ecc_uncorrected_errors_total),
@@ -173,6 +177,7 @@ def ib_port_report(sample: IbPortSample) -> IbPortReport:
         device=sample.device[:_MAX_DEVICE],
         port=min(255, max(0, sample.port)),
         state=sample.state,
+        rate_bytes_per_second=_measure(sample.rate_bytes_per_second),
         counters=counters,
     )
 

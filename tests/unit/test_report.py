@@ -100,7 +100,9 @@ def test_driver_sentinels_are_left_out_not_sent():
         ("rnr_nak_retry_err", True),
         ("np_cnp_sent", True),
         ("transmit_wait", True),
-        ("received_bytes", False),
+        ("np_ecn_marked_roce_packets", True),
+        ("received_bytes", True),
+        ("transmitted_bytes", True),
         ("transmitted_packets", False),
         ("multicast_received_packets", False),
     ],
@@ -109,12 +111,14 @@ def test_ib_counter_filter(stem, reported):
     assert is_reported_ib_counter(stem) is reported
 
 
-def test_ib_port_keeps_state_and_error_counters():
-    port = IbPortSample("mlx5_0", 1, state=4, counters=(
-        ("received_bytes", 10**12), ("symbol_errors", 3), ("link_downed", 1)))
+def test_ib_port_keeps_state_rate_data_and_error_counters():
+    port = IbPortSample("mlx5_0", 1, state=4, rate_bytes_per_second=5e10, counters=(
+        ("received_bytes", 10**12), ("received_packets", 10**9), ("symbol_errors", 3),
+        ("link_downed", 1)))
     report = ib_port_report(port)
     assert report.state == 4
-    assert report.counters == {"symbol_errors": 3, "link_downed": 1}
+    assert report.rate_bytes_per_second == 5e10
+    assert report.counters == {"received_bytes": 10**12, "symbol_errors": 3, "link_downed": 1}
 
 
 def test_net_report_keeps_carrier_and_errors():
