@@ -380,8 +380,10 @@ class NicTopology(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
 
 class NodeTopology(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
                    gc=False):
-    """A node's GPUs, NVSwitches and NICs and how they connect (rack and supernode are
-    the report's labels)."""
+    """A node's GPUs, NVSwitches and NICs and how they connect.
+
+    Its rack and supernode are the report's labels.
+    """
 
     gpus: Annotated[list[GpuTopology], msgspec.Meta(max_length=MAX_GPUS)] = []
     nics: Annotated[list[NicTopology], msgspec.Meta(max_length=MAX_NICS)] = []
