@@ -7,6 +7,7 @@ and never dropped, only retried.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
@@ -391,6 +392,11 @@ class NodeTopology(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkno
 
 
 TopologyDigest = Annotated[str, msgspec.Meta(max_length=64)]
+
+
+def topology_digest(topology: NodeTopology) -> str:
+    """What :attr:`Report.topology_digest` carries: 16 hex digits of the topology's hash."""
+    return hashlib.sha256(msgspec.json.encode(topology, order="sorted")).hexdigest()[:16]
 
 
 class Report(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
