@@ -20,9 +20,9 @@ from sn_monitor.config import (
 from sn_monitor.controller.actions.policy import PolicySettings
 from sn_monitor.controller.actions.routing import DriverSettings, check_routes
 from sn_monitor.controller.actions.runner import RunnerSettings
+from sn_monitor.controller.failslow.finder import FailSlowSettings
 from sn_monitor.controller.ha.lease import HaSettings
 from sn_monitor.controller.jobs.settings import JobSettings
-from sn_monitor.controller.failslow.finder import FailSlowSettings
 from sn_monitor.controller.remediation import LadderSettings
 from sn_monitor.controller.tls import TlsSettings
 from sn_monitor.rules.xid_catalog import check_catalog_file
