@@ -270,6 +270,8 @@ class Controller:
         now = self.clock.monotonic()
         with self._engine_lock:
             firing = {(f.rule, f.node, f.subject) for f in self.engine.firing()}
+        with self._fabric_lock:
+            firing |= self.failslow.firing()
         rules = {rule.name: rule for rule in self.engine.rules}
         for key, (incident, deadline) in list(self._inherited.items()):
             if key in firing:
@@ -1304,7 +1306,22 @@ class Controller:
             store_queue=self.writer.depth,
             ingest_lag=self.stalls.ingest_lag() if self.stalls is not None else None,
             jobs=self.jobs.metrics(),
+            **self._paces(),
         )
+
+    def _paces(self) -> dict[str, Any]:
+        """The finder's view of the jobs, for the metrics."""
+        now = self.clock.time()
+        with self._fabric_lock:
+            paces: dict[str, tuple[float | None, float | None, float]] = {}
+            for job in self.finder.jobs():
+                trend = self.finder.trend(job)
+                slow = self.finder.slowdown(job, now)
+                if trend is not None:
+                    paces[job] = (trend.latest(), trend.baseline(), slow.ratio if slow else 0.0)
+            named = tuple((b.job, b.node, b.link, b.kind)
+                          for b in self.failslow.standing.values())
+        return {"job_paces": paces, "fail_slow": named}
 
     def metrics(self) -> bytes:
         """The controller's /metrics body."""

@@ -144,9 +144,14 @@ def test_a_slow_job_opens_one_fail_slow_incident_naming_the_link(api: Api,
     assert [(b["node"], b["link"], b["kind"]) for b in topo["fail_slow"]] == [
         ("n3", "mlx5_3", "congested-link")]
     assert topo["jobs"][0]["slowdown_ratio"] > 0.1
+    metrics = h.controller.metrics().decode()
+    assert ('sn_fail_slow{job="llm",kind="congested-link",link="mlx5_3",node="n3"} 1.0'
+            in metrics)
+    assert 'sn_job_slowdown_ratio{job="llm"} 0.' in metrics
     port = next(n for n in topo["nodes"]["n3"]["nics"] if n["device"] == "mlx5_3")
     assert port["ports"][0]["health"] == "degraded"
     fleet.wait[("n3", "mlx5_3")] = 2e4
     play(120, 2.0)
     assert h.controller.list_incidents("open", None, 100) == []
+    assert 'sn_job_slowdown_ratio{job="llm"} 0.0' in h.controller.metrics().decode()
     assert h.controller.jobs.ranks_by_node("llm")["n3"] == [3]

@@ -119,6 +119,10 @@ class BottleneckFinder:
         trend = self._trends.get(job)
         return trend.slowdown(now) if trend is not None else None
 
+    def jobs(self) -> list[str]:
+        """The jobs whose pace the finder follows."""
+        return list(self._trends)
+
     def trend(self, job: str) -> StepTrend | None:
         return self._trends.get(job)
 

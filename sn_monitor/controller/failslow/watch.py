@@ -32,10 +32,14 @@ class JobPace:
     step_time_seconds: float | None
 
 
+def _subject(b: Bottleneck) -> str:
+    return f"job:{b.job}/{b.link}"
+
+
 def finding(b: Bottleneck, status: str, now: float) -> Finding:
     """The incident finding of a bottleneck (``firing`` or ``resolved``)."""
     return Finding(
-        rule=RULE, kind=KIND, node=b.node, subject=f"job:{b.job}/{b.link}", gpu=b.gpu,
+        rule=RULE, kind=KIND, node=b.node, subject=_subject(b), gpu=b.gpu,
         status="firing" if status == "firing" else "resolved", severity="warning",
         actions=("alert",), dry_run=False, value=b.slowdown_ratio, message=b.message,
         observed_wall=b.since, detected_wall=now)
@@ -51,6 +55,10 @@ class FailSlowWatch:
         self._generations: dict[str, int] = {}
         #: The bottlenecks standing, by key: what the incidents say.
         self.standing: dict[tuple[str, str, str, str], Bottleneck] = {}
+
+    def firing(self) -> set[tuple[str, str, str]]:
+        """(rule, node, subject) of each standing bottleneck's incident."""
+        return {(RULE, b.node, _subject(b)) for b in self.standing.values()}
 
     def due(self, now: float) -> bool:
         """Whether :meth:`tick` would evaluate now."""
