@@ -642,7 +642,8 @@ class Controller:
         if not self.failslow.due(now):
             return
         paces = [JobPace(j.name, j.nodes, j.generation, j.state == "running",
-                         j.median_step_seconds) for j in self.jobs.jobs()]
+                         j.recent_step_seconds or j.median_step_seconds)
+                 for j in self.jobs.jobs()]
         with self._fabric_lock:
             findings = self.failslow.tick(paces, now)
         self._take(findings)
@@ -664,7 +665,7 @@ class Controller:
                 jobs.append(JobOnFabric(
                     name=j.name, state=j.state, nodes=j.nodes,
                     ranks=self.jobs.ranks_by_node(j.name),
-                    step_time_seconds=j.median_step_seconds,
+                    step_time_seconds=j.recent_step_seconds or j.median_step_seconds,
                     baseline_step_time_seconds=trend.baseline() if trend else None,
                     slowdown_ratio=slow.ratio if slow else 0.0 if trend else None))
             fail_slow = [{"job": b.job, "node": b.node, "link": b.link, "kind": b.kind,

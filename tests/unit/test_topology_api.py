@@ -114,22 +114,25 @@ def test_a_slow_job_opens_one_fail_slow_incident_naming_the_link(api: Api,
     h.controller.jobs.add_job(job_from_json(json.dumps(doc).encode()), "test")
     fleet = Fleet()
     seq = {n: 0 for n in NODES}
-    step = 0
+    step, step_at = 0, h.clock.time()
 
     def play(seconds: int, step_time: float) -> None:
-        nonlocal step
+        nonlocal step, step_at
         for _ in range(seconds // 5):
             h.clock.advance(5.0)
-            step += 1
+            now = h.clock.time()
+            updates = []  # the steps the ranks took in these 5 s, at the job's pace
+            while step_at + step_time <= now:
+                step_at += step_time * fleet.rng.uniform(0.99, 1.01)
+                step += 1
+                updates.append((step, min(step_at, now)))
             for rank, node in enumerate(NODES):
                 seq[node] += 1
                 report = msgspec.structs.replace(
                     fleet.report(node, 5.0), node=node, sequence=seq[node],
-                    sample_time_seconds=h.clock.time())
+                    sample_time_seconds=now)
                 h.controller.ingest(msgspec.json.encode(report), OPEN_ACCESS, None)
-                h.controller.jobs.progress("llm", rank, node, len(NODES),
-                                           [(step, h.clock.time())],
-                                           step_time * fleet.rng.uniform(0.99, 1.01))
+                h.controller.jobs.progress("llm", rank, node, len(NODES), updates, None)
             h.controller.sweep()
 
     play(300, 2.0)
