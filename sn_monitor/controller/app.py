@@ -26,7 +26,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -51,6 +51,7 @@ from sn_monitor.controller.peer_identity import (
     ClientCertificate,
     report_identity,
 )
+from sn_monitor.controller.ui import CONTENT_SECURITY_POLICY, topology_page
 from sn_monitor.model import (
     NODE_NAME_MAX_LENGTH,
     NODE_NAME_PATTERN,
@@ -628,6 +629,11 @@ def _build_router(
     async def openapi(request: Request) -> Response:
         return JSONResponse(openapi_document())
 
+    async def topology_ui(request: Request) -> Response:
+        # no token here: the page asks the API for the data with the reader's own token
+        return HTMLResponse(topology_page(), headers={
+            "Cache-Control": "no-store", "Content-Security-Policy": CONTENT_SECURITY_POLICY})
+
     routes = [
         Route("/api/v1/reports", post_report, methods=["POST"]),
         Route("/api/v1/alertmanager", alertmanager, methods=["POST"]),
@@ -656,6 +662,7 @@ def _build_router(
         Route("/livez", livez, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/ui/topology", topology_ui, methods=["GET"]),
     ]
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -832,6 +839,9 @@ def openapi_document() -> dict[str, Any]:
             "description": "text exposition", "content": {"text/plain": {
                 "schema": {"type": "string"}}}}}, public=True)},
         "/openapi.json": {"get": op("This document", {"200": any_json}, public=True)},
+        "/ui/topology": {"get": op("The topology page (it reads /api/v1/topology)", {"200": {
+            "description": "HTML", "content": {"text/html": {
+                "schema": {"type": "string"}}}}}, public=True)},
     }
     return {
         "openapi": "3.1.0",
