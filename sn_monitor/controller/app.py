@@ -587,7 +587,7 @@ def _build_router(
         return _json(await off_loop(controller.topology, request.query_params.get("job")))
 
     async def topology_page(request: Request) -> Response:
-        return HTMLResponse(_page("topology.html"), headers={"Cache-Control": "no-store"})
+        return HTMLResponse(_page("topology.html"), headers=_PAGE_HEADERS)
 
     @guarded
     async def approve_recovery(request: Request) -> Response:
@@ -680,6 +680,15 @@ def _build_router(
         return response
 
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+#: The controller's pages load nothing from elsewhere and talk only to the controller.
+_PAGE_HEADERS: Final = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+        "connect-src 'self'; img-src 'self' data:; base-uri 'none'; frame-ancestors 'none'"),
+}
 
 
 def _page(name: str) -> str:

@@ -16,6 +16,7 @@ def test_the_page_is_served_without_a_token_and_not_cached(tmp_path: Path) -> No
     assert reply.status_code == 200
     assert reply.headers["content-type"].startswith("text/html")
     assert reply.headers["cache-control"] == "no-store"
+    assert "connect-src 'self'" in reply.headers["content-security-policy"]
     assert reply.content == PAGE.read_bytes()
     # the data it draws still needs a token
     assert api.client.get("/api/v1/nodes").status_code == 401
