@@ -39,6 +39,7 @@ from sn_monitor.model import (
     HostReport,
     IbPortReport,
     NetReport,
+    NodeTopology,
     Report,
 )
 
@@ -251,11 +252,15 @@ def build_report(
     agent_version: str = __version__,
     metrics_port: int | None = None,
     takes_rules: bool = False,
+    topology_digest: str = "",
+    topology: NodeTopology | None = None,
 ) -> Report:
     """The report for one cycle. ``events`` are already numbered (the spool's records).
 
-    Lists are cut to the wire's limits; the caller sends at most :data:`MAX_EVENTS`
-    events and command results and keeps the rest for the next report.
+    ``topology_digest`` is the digest of the node's latest topology, which rides along
+    (``topology``) when the reporter decides so. Lists are cut to the wire's limits; the
+    caller sends at most :data:`MAX_EVENTS` events and command results and keeps the rest
+    for the next report.
     """
     return Report(
         node=snapshot.node,
@@ -277,4 +282,6 @@ def build_report(
         host=host_report(snapshot.processes),
         events=list(events[:MAX_EVENTS]),
         command_results=list(command_results[:MAX_EVENTS]),
+        topology_digest=topology_digest,
+        topology=topology,
     )
