@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sn_monitor.agent.collectors.topology import collect_topology
+from sn_monitor.agent.pci import canonical_bus_id
+from sn_monitor.agent.snapshot import GpuLinks, NvLinkRemote
+from sn_monitor.model import NodeTopology
 from sn_monitor.sim.gpu_model import HGX_BUS_NUMBERS
 
 #: The NVSwitches' PCI bus numbers (domain 0), as NVML names an NVLink's remote end.
@@ -218,3 +223,29 @@ def _link(path: Path, target: str) -> None:
             return
         path.unlink()
     os.symlink(target, path)
+
+
+def simulated_topology(gpus: Sequence[tuple[str, str, int]], seed: int = 0) -> NodeTopology:
+    """What the topology collector reads on a simulated node, without NVML or a node tree.
+
+    ``gpus``: (uuid, NVML bus id, NVLink count) per GPU in index order, every link up and
+    on its NVSwitch as the fake NVML has it. The PCI tree is written to a temporary
+    directory and read back by the agent's own collector, so the result is the same as a
+    simulated agent's (the simulated fleet sends it for every node).
+    """
+    links = [
+        GpuLinks(index, uuid, canonical_bus_id(bus_id) or bus_id, tuple(
+            NvLinkRemote(link, True, "switch",
+                         canonical_bus_id(nvswitch_bus_id(nvswitch_of_link(link, count))))
+            for link in range(count)))
+        for index, (uuid, bus_id, count) in enumerate(gpus)
+    ]
+    with tempfile.TemporaryDirectory(prefix="sn-topology-") as root:
+        sysfs = Path(root) / "sys"
+        layout = node_layout([bus_id for _, bus_id, _ in gpus], seed=seed)
+        write_pci_tree(sysfs, layout)
+        for nic in layout.nics:
+            port = sysfs / "class" / "infiniband" / nic.device / "ports" / "1"
+            _put(port / "rate", f"{nic.rate_text}\n")
+            _put(port / "link_layer", "Ethernet\n" if nic.ethernet else "InfiniBand\n")
+        return collect_topology(links, sysfs)

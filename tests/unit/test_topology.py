@@ -25,6 +25,7 @@ from sn_monitor.agent.snapshot import GpuLinks, NvLinkRemote
 from sn_monitor.model import NodeTopology, topology_digest
 from sn_monitor.sim import fake_nvml
 from sn_monitor.sim.gpu_model import H100_SXM, GpuProfile, SimulatedGpu, make_gpus
+from sn_monitor.sim.hgx import simulated_topology
 from sn_monitor.sim.node import SimulatedNode
 
 FIXTURE_SYS = Path(__file__).resolve().parents[1] / "fixtures" / "h100-node" / "sys"
@@ -160,6 +161,17 @@ def test_the_simulated_node_is_an_hgx_h100(node: SimulatedNode) -> None:
     assert msgspec.json.decode(wire, type=NodeTopology) == topology
     assert topology_digest(msgspec.json.decode(wire, type=NodeTopology)) == (
         topology_digest(topology))
+
+
+def test_the_fleets_topology_is_what_a_simulated_agent_collects(node: SimulatedNode) -> None:
+    library = _library()
+    try:
+        collected = collect_topology(library.nvlink_topology(), node.tree.sysfs)
+    finally:
+        library.close()
+    built = simulated_topology(
+        [(g.uuid, g.pci_bus_id, len(g.nvlinks)) for g in node.gpus], seed=3)
+    assert built == collected
 
 
 def test_the_device_links_are_relative_like_the_kernels(node: SimulatedNode) -> None:
