@@ -402,9 +402,10 @@ def run_agent(settings: AgentSettings, simulate: int | None, duration: float | N
         with tempfile.TemporaryDirectory(prefix="sn-sim-") as root:
             node = SimulatedNode(Path(root), gpus=simulate)
             settings = node.agent_settings(settings)
-            agent = build_agent(settings, node.nvml, clock,
-                                before_sample=lambda dt: node.step(dt * sim_speed),
-                                actuator=node.actuator())
+            agent = build_agent(
+                settings, node.nvml, clock,
+                before_sample=lambda dt: node.step(dt * sim_speed, traffic_seconds=dt),
+                actuator=node.actuator())
             agent.http.add_post_route("/sim/fault", fault_endpoint(node))
             agent.run_until_signalled(duration)
         return 0

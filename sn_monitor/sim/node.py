@@ -84,12 +84,17 @@ class SimulatedNode:
         fake_nvml.reboot()
         self.kernel_log("NVRM: loading NVIDIA UNIX x86_64 Kernel Module (simulated reboot)")
 
-    def step(self, dt_seconds: float) -> None:
-        """Advance every GPU and every counter by ``dt_seconds`` of simulated time."""
+    def step(self, dt_seconds: float, traffic_seconds: float | None = None) -> None:
+        """Advance every GPU and every counter by ``dt_seconds`` of simulated time.
+
+        ``traffic_seconds``: the wall time the traffic counters move by, when the
+        simulation runs faster than the wall clock (``--sim-speed``): a sped-up thermal
+        model, but a link's throughput as it is measured, per second of the wall clock.
+        """
         for gpu in self.gpus:
             gpu.step(dt_seconds)
         load = sum(g.utilization for g in self.gpus) / max(1, len(self.gpus))
-        self.tree.advance(dt_seconds, load)
+        self.tree.advance(dt_seconds if traffic_seconds is None else traffic_seconds, load)
         self.uptime_seconds += dt_seconds
 
     def kernel_log(self, text: str) -> None:

@@ -35,7 +35,7 @@ def test_the_terminal_names_a_port_that_went_down(cluster: Cluster) -> None:
     def shown() -> subprocess.CompletedProcess[str] | None:
         done = topology(c, *token)
         assert done.returncode == 0, done.stderr
-        return done if "sim-1/mlx5_3 failed (DOWN)" in done.stdout else None
+        return done if "sim-1/mlx5_3 failed (DOWN" in done.stdout else None
 
     done = c.wait_for(shown, 60, "sim-1/mlx5_3 failed in `sn-monitor topology`")
     lines = done.stdout.splitlines()
@@ -44,7 +44,7 @@ def test_the_terminal_names_a_port_that_went_down(cluster: Cluster) -> None:
     assert "  rack r0" in lines
     nodes = {line.split()[0]: line for line in lines if line.startswith("     sim-")}
     assert set(nodes) == {"sim-0", "sim-1"}
-    assert "mlx5_3 failed (DOWN)" in nodes["sim-1"]
+    assert "mlx5_3 failed (DOWN" in nodes["sim-1"]
     rails = [line for line in lines if line.startswith("  rail ")]
     assert len(rails) == 8, lines
 
