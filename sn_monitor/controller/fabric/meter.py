@@ -1,0 +1,200 @@
+"""Live rates of every node's links, from the counters its reports carry.
+
+An agent reports cumulative counters (bytes sent on a port, ``port_xmit_wait`` ticks,
+NVLink errors); what the topology view colours and the bottleneck finder compares are
+rates. :class:`FabricMeter` keeps, per node, the last counters of each port and GPU
+and a smoothed rate of each: an exponentially weighted mean with time constant
+``tau`` seconds, so that one noisy interval neither paints a link red nor names it.
+
+A report that leaves a port or GPU out (a trimmed report: the agent evaluates its
+node-local rules and sends values every few seconds) changes nothing: the rates stand
+until the next report that carries them. A counter that went backwards (the agent
+restarted, a device was reset) starts its rate again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from sn_monitor.model import GpuReport, IbPortReport, Report
+
+#: Port counters summed into ``errors_per_second``: link and packet errors, not congestion.
+ERROR_MARKERS: tuple[str, ...] = ("err", "downed", "discard", "integrity", "overrun")
+#: RoCE congestion: packets the switch marked (ECN) and the notifications (CNP) they cause.
+ECN_COUNTERS: tuple[str, ...] = ("np_ecn_marked_roce_packets",)
+CNP_COUNTERS: tuple[str, ...] = ("np_cnp_sent", "rp_cnp_handled")
+#: The smoothing time constant of the rates, seconds.
+DEFAULT_TAU_SECONDS = 15.0
+
+
+class Rate:
+    """One cumulative counter's smoothed rate per second."""
+
+    __slots__ = ("_at", "_last", "value")
+
+    def __init__(self) -> None:
+        self._last: int | None = None
+        self._at = 0.0
+        #: The smoothed rate; None until two readings.
+        self.value: float | None = None
+
+    def feed(self, total: int | None, now: float, tau: float) -> None:
+        if total is None:
+            return
+        last, at = self._last, self._at
+        self._last, self._at = total, now
+        if last is None or total < last:
+            return  # first reading, or the counter started again
+        dt = now - at
+        if dt <= 0:
+            return
+        rate = (total - last) / dt
+        if self.value is None:
+            self.value = rate
+        else:
+            weight = 1.0 - math.exp(-dt / tau)
+            self.value += weight * (rate - self.value)
+
+
+@dataclass(slots=True)
+class PortReading:
+    """One port's latest state and rate, and its counters' smoothed rates."""
+
+    device: str
+    port: int
+    state: int | None = None
+    rate_bytes_per_second: float | None = None
+    transmit: Rate = field(default_factory=Rate)
+    receive: Rate = field(default_factory=Rate)
+    transmit_wait: Rate = field(default_factory=Rate)
+    ecn: Rate = field(default_factory=Rate)
+    cnp: Rate = field(default_factory=Rate)
+    errors: Rate = field(default_factory=Rate)
+    #: Whether the port reports ECN / CNP counters at all (RoCE).
+    has_ecn: bool = False
+
+    def utilization(self) -> float | None:
+        """Transmit throughput over the link's rate, 0..1; None when either is unknown."""
+        tx, rate = self.transmit.value, self.rate_bytes_per_second
+        if tx is None or not rate:
+            return None
+        return min(1.0, max(0.0, tx / rate))
+
+
+@dataclass(slots=True)
+class GpuReading:
+    """One GPU's latest clocks, throttle reasons, processes and NVLink rates."""
+
+    index: int
+    utilization_ratio: float | None = None
+    temperature_celsius: float | None = None
+    sm_clock_hertz: float | None = None
+    sm_max_clock_hertz: float | None = None
+    throttle_reasons: tuple[str, ...] = ()
+    processes: int | None = None
+    nvlinks_down: int | None = None
+    lost: bool = False
+    nvlink_transmit: Rate = field(default_factory=Rate)
+    nvlink_errors: Rate = field(default_factory=Rate)
+
+
+@dataclass(slots=True)
+class NodeReadings:
+    """What the meter knows of one node; ``at``: the controller time of its last values."""
+
+    ports: dict[tuple[str, int], PortReading] = field(default_factory=dict)
+    gpus: dict[int, GpuReading] = field(default_factory=dict)
+    at: float = 0.0
+
+
+def _sum(counters: Mapping[str, int], names: Iterable[str]) -> int | None:
+    values = [counters[n] for n in names if n in counters]
+    return sum(values) if values else None
+
+
+def _errors(counters: Mapping[str, int]) -> int | None:
+    values = [v for k, v in counters.items() if any(m in k for m in ERROR_MARKERS)]
+    return sum(values) if values else None
+
+
+def _nvlink_errors(gpu: GpuReport) -> int | None:
+    values = [v for v in (gpu.nvlink_crc_errors_total, gpu.nvlink_replay_errors_total,
+                          gpu.nvlink_recovery_errors_total) if v is not None]
+    return sum(values) if values else None
+
+
+class FabricMeter:
+    """Every node's link rates, fed with each report (see the module docstring).
+
+    Not thread-safe on its own: the controller feeds it under its ingest and reads it
+    under the same lock.
+    """
+
+    def __init__(self, tau_seconds: float = DEFAULT_TAU_SECONDS) -> None:
+        if tau_seconds <= 0:
+            raise ValueError("tau_seconds must be > 0")
+        self.tau = tau_seconds
+        self._nodes: dict[str, NodeReadings] = {}
+
+    def observe(self, report: Report, now: float) -> None:
+        """Take the values ``report`` carries, at controller time ``now``."""
+        if not report.infiniband and not report.gpus:
+            return
+        readings = self._nodes.get(report.node)
+        if readings is None:
+            readings = self._nodes[report.node] = NodeReadings()
+        readings.at = now
+        for port in report.infiniband:
+            self._port(readings, port, now)
+        for gpu in report.gpus:
+            self._gpu(readings, gpu, now)
+
+    def _port(self, readings: NodeReadings, port: IbPortReport, now: float) -> None:
+        key = (port.device, port.port)
+        reading = readings.ports.get(key)
+        if reading is None:
+            reading = readings.ports[key] = PortReading(port.device, port.port)
+        if port.state is not None:
+            reading.state = port.state
+        if port.rate_bytes_per_second is not None:
+            reading.rate_bytes_per_second = port.rate_bytes_per_second
+        counters, tau = port.counters, self.tau
+        if not counters:
+            return
+        reading.transmit.feed(counters.get("transmitted_bytes"), now, tau)
+        reading.receive.feed(counters.get("received_bytes"), now, tau)
+        reading.transmit_wait.feed(counters.get("transmit_wait"), now, tau)
+        ecn = _sum(counters, ECN_COUNTERS)
+        if ecn is not None:
+            reading.has_ecn = True
+            reading.ecn.feed(ecn, now, tau)
+        reading.cnp.feed(_sum(counters, CNP_COUNTERS), now, tau)
+        reading.errors.feed(_errors(counters), now, tau)
+
+    def _gpu(self, readings: NodeReadings, gpu: GpuReport, now: float) -> None:
+        reading = readings.gpus.get(gpu.index)
+        if reading is None:
+            reading = readings.gpus[gpu.index] = GpuReading(gpu.index)
+        reading.lost = gpu.lost
+        for name in ("utilization_ratio", "temperature_celsius", "sm_clock_hertz",
+                     "sm_max_clock_hertz", "processes", "nvlinks_down"):
+            value = getattr(gpu, name)
+            if value is not None:
+                setattr(reading, name, value)
+        if gpu.sm_clock_hertz is not None:  # a report with clocks says which reasons hold
+            reading.throttle_reasons = tuple(gpu.throttle_reasons)
+        reading.nvlink_transmit.feed(gpu.nvlink_transmitted_bytes_total, now, self.tau)
+        reading.nvlink_errors.feed(_nvlink_errors(gpu), now, self.tau)
+
+    def node(self, name: str) -> NodeReadings | None:
+        """The node's readings; None before a report with values."""
+        return self._nodes.get(name)
+
+    def forget(self, name: str) -> None:
+        """Drop a node (it left the fleet)."""
+        self._nodes.pop(name, None)
+
+    def nodes(self) -> Iterable[str]:
+        return self._nodes.keys()

@@ -1,0 +1,217 @@
+"""Which node and link of a job stand out from their peers: the fail-slow suspects.
+
+Each check compares one signal of a job's nodes with the same signal on their peers:
+a port with the other ports of its rail (NIC *i* of every node of the job), a GPU with
+the job's other GPUs. A slow collective waits on its slowest member, so the member
+that differs is the one to name:
+
+======================  ================================================================
+``nic-degraded``        the port's link rate is below the rail's best (trained down)
+``nvlink-slow``         the GPU's NVLink errors climb, or a link is down, or its NVLink
+                        throughput is well below its peers'
+``gpu-throttled``       the GPU's SM clock is well below its peers' with a throttle
+                        reason active (power, thermal, hardware slowdown)
+``noisy-neighbour``     the GPU runs more compute processes than its peers do
+``congested-link``      the port's ``port_xmit_wait`` rate is many times its rail's
+                        median (RoCE: ECN marks and CNPs too)
+======================  ================================================================
+
+Each suspect has a ``strength``: how far past its threshold it stands (1 at the
+threshold). Facts come before statistics: a link that trained down or a GPU that
+reports a throttle reason outranks a port that merely waits more (``PRIORITY``), and a
+trained-down port, which waits too, is not named again as congested.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sn_monitor.controller.fabric.book import TopologyBook
+from sn_monitor.controller.fabric.meter import FabricMeter, GpuReading, PortReading
+
+#: Clock-event reasons that slow a GPU (the others are idle, application or display
+#: clocks, or sync boost: not a fault).
+SLOWING_REASONS = frozenset({
+    "sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+})
+#: Kinds in the order they are believed when several stand at once.
+PRIORITY: dict[str, int] = {
+    "nic-degraded": 0, "nvlink-slow": 1, "gpu-throttled": 2, "noisy-neighbour": 3,
+    "congested-link": 4,
+}
+_ACTIVE = 4  # IB port state ACTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class SuspectSettings:
+    #: congested-link: transmit_wait at least this many times the rail median ...
+    wait_ratio: float = 6.0
+    #: ... and at least this many ticks a second (an idle rail's median is ~0).
+    wait_floor_per_second: float = 1e5
+    #: nic-degraded: a rate below this share of the rail's best.
+    rate_share: float = 0.9
+    #: gpu-throttled: an SM clock below this share of the job's median clock.
+    clock_share: float = 0.9
+    #: nvlink-slow: NVLink errors a second that stand out (the healthy rate is ~0) ...
+    nvlink_errors_per_second: float = 1.0
+    #: ... or NVLink throughput below this share of the job's median GPU's.
+    nvlink_share: float = 0.6
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    """One member of a job that stands out, and why."""
+
+    kind: str
+    node: str
+    link: str
+    rail: int | None
+    gpu: int | None
+    strength: float
+    evidence: str
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.kind, self.node, self.link
+
+
+def _gbps(rate: float) -> str:
+    return f"{rate * 8 / 1e9:.0f}"
+
+
+def _per_second(value: float) -> str:
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.1f}{unit}/s"
+    return f"{value:.1f}/s"
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def find_suspects(nodes: Sequence[str], meter: FabricMeter, book: TopologyBook,
+                  settings: SuspectSettings | None = None) -> list[Suspect]:
+    """Every member of the job on ``nodes`` that stands out, strongest kinds first."""
+    s = settings or SuspectSettings()
+    rails: dict[str, list[tuple[str, PortReading, int | None]]] = {}
+    gpus: list[tuple[str, GpuReading]] = []
+    for node in nodes:
+        readings = meter.node(node)
+        if readings is None:
+            continue
+        for (device, _), port in readings.ports.items():
+            role = book.role(node, device)
+            if role not in (None, "rail"):
+                continue  # storage and management NICs carry no collective
+            rail = book.rail(node, device)
+            key = f"rail {rail}" if rail is not None else device
+            rails.setdefault(key, []).append((node, port, rail))
+        gpus.extend((node, g) for g in readings.gpus.values() if not g.lost)
+    out: list[Suspect] = []
+    degraded: set[tuple[str, str]] = set()
+    for members in rails.values():
+        out.extend(_rail_suspects(members, s, degraded))
+    out.extend(_gpu_suspects(gpus, s))
+    out.sort(key=lambda x: (PRIORITY[x.kind], -x.strength))
+    return out
+
+
+def _rail_suspects(members: list[tuple[str, PortReading, int | None]], s: SuspectSettings,
+                   degraded: set[tuple[str, str]]) -> list[Suspect]:
+    out: list[Suspect] = []
+    active = [(n, p, r) for n, p, r in members if p.state in (None, _ACTIVE)]
+    best = max((p.rate_bytes_per_second or 0.0 for _, p, _ in active), default=0.0)
+    for node, port, rail in active:
+        rate = port.rate_bytes_per_second
+        if best and rate is not None and 0 < rate < s.rate_share * best:
+            degraded.add((node, port.device))
+            where = _where(node, port, rail)
+            out.append(Suspect("nic-degraded", node, port.device, rail, None,
+                               strength=(best / rate) / (1 / s.rate_share),
+                               evidence=f"{where}: rate {_gbps(rate)} Gb/s of {_gbps(best)}"))
+    waits = [p.transmit_wait.value for _, p, _ in active if p.transmit_wait.value is not None]
+    median = _median(waits)
+    if median is None or len(waits) < 2:
+        return out
+    floor = max(median * s.wait_ratio, s.wait_floor_per_second)
+    ecns = [p.ecn.value or 0.0 for _, p, _ in active if p.has_ecn]
+    ecn_median = _median(ecns) or 0.0
+    for node, port, rail in active:
+        wait = port.transmit_wait.value
+        if wait is None or wait < floor or (node, port.device) in degraded:
+            continue
+        ratio = wait / max(median, s.wait_floor_per_second / s.wait_ratio)
+        evidence = f"{_where(node, port, rail)}: xmit_wait {ratio:.0f}x the rail median"
+        if port.has_ecn and port.ecn.value:
+            evidence += f", ECN marks {_per_second(port.ecn.value)}"
+            if ecn_median:
+                evidence += f" ({port.ecn.value / ecn_median:.0f}x)"
+        if port.rate_bytes_per_second:
+            util = port.utilization()
+            if util is not None:
+                evidence += (f", {_gbps(util * port.rate_bytes_per_second)} of "
+                             f"{_gbps(port.rate_bytes_per_second)} Gb/s")
+        out.append(Suspect("congested-link", node, port.device, rail, None,
+                           strength=wait / floor, evidence=evidence))
+    return out
+
+
+def _where(node: str, port: PortReading, rail: int | None) -> str:
+    return (f"rail {rail} on {node} ({port.device})" if rail is not None
+            else f"{node} {port.device}")
+
+
+def _gpu_suspects(gpus: list[tuple[str, GpuReading]], s: SuspectSettings) -> list[Suspect]:
+    out: list[Suspect] = []
+    if len(gpus) < 2:
+        return out
+    clocks = _median([g.sm_clock_hertz for _, g in gpus if g.sm_clock_hertz])
+    links = _median([g.nvlink_transmit.value for _, g in gpus
+                     if g.nvlink_transmit.value is not None])
+    processes = _median([float(g.processes) for _, g in gpus if g.processes is not None])
+    for node, g in gpus:
+        where = f"GPU {g.index} on {node}"
+        link = f"gpu{g.index}"
+        reasons = [r for r in g.throttle_reasons if r in SLOWING_REASONS]
+        if clocks and g.sm_clock_hertz and reasons and g.sm_clock_hertz < s.clock_share * clocks:
+            top = g.sm_max_clock_hertz or clocks
+            out.append(Suspect(
+                "gpu-throttled", node, link, None, g.index,
+                strength=(clocks / g.sm_clock_hertz) * s.clock_share,
+                evidence=(f"{where}: SM clock {g.sm_clock_hertz / 1e9:.2f} GHz of "
+                          f"{top / 1e9:.2f} ({g.sm_clock_hertz / top:.0%}), {', '.join(reasons)}")))
+        nvlink = _nvlink_suspect(node, g, links, s)
+        if nvlink is not None:
+            out.append(nvlink)
+        if processes is not None and g.processes is not None and g.processes > processes:
+            out.append(Suspect(
+                "noisy-neighbour", node, link, None, g.index,
+                strength=1.0 + (g.processes - processes),
+                evidence=(f"{where}: {g.processes} compute processes where its peers run "
+                          f"{processes:g}")))
+    return out
+
+
+def _nvlink_suspect(node: str, g: GpuReading, median_tx: float | None,
+                    s: SuspectSettings) -> Suspect | None:
+    parts: list[str] = []
+    strength = 0.0
+    errors = g.nvlink_errors.value
+    if errors is not None and errors >= s.nvlink_errors_per_second:
+        parts.append(f"NVLink errors {_per_second(errors)}")
+        strength = max(strength, errors / s.nvlink_errors_per_second)
+    if g.nvlinks_down:
+        parts.append(f"{g.nvlinks_down} NVLink{'s' if g.nvlinks_down > 1 else ''} down")
+        strength = max(strength, 1.0 + g.nvlinks_down)
+    tx = g.nvlink_transmit.value
+    if median_tx and tx is not None and tx < s.nvlink_share * median_tx:
+        parts.append(f"NVLink throughput {tx / median_tx:.0%} of its peers'")
+        strength = max(strength, (median_tx / max(tx, 1.0)) * s.nvlink_share)
+    if not parts:
+        return None
+    return Suspect("nvlink-slow", node, f"gpu{g.index}/nvlink", None, g.index,
+                   strength=strength, evidence=f"GPU {g.index} on {node}: {', '.join(parts)}")

@@ -1,0 +1,205 @@
+"""The bottleneck finder on hand-made reports: a slow job, and which node and link."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sn_monitor.controller.fabric.meter import FabricMeter
+from sn_monitor.controller.failslow.finder import BottleneckFinder, FailSlowSettings
+from sn_monitor.controller.failslow.steps import StepTrend, TrendSettings
+from sn_monitor.model import (
+    GpuReport,
+    GpuTopology,
+    IbPortReport,
+    NicPortTopology,
+    NicTopology,
+    NodeTopology,
+    Report,
+)
+
+NODES = [f"n{i}" for i in range(8)]
+GB = 1e9 / 8  # a gigabit in bytes
+TOPOLOGY = NodeTopology(
+    gpus=[GpuTopology(index=i, nics={f"mlx5_{i}": "PIX"}) for i in range(8)],
+    nics=[NicTopology(device=f"mlx5_{i}", role="rail", rail=i,
+                      ports=[NicPortTopology(port=1, link_layer="InfiniBand")])
+          for i in range(8)]
+    + [NicTopology(device="mlx5_8", role="storage",
+                   ports=[NicPortTopology(port=1, link_layer="Ethernet")])],
+)
+
+
+class Fleet:
+    """Eight nodes' counters, advanced by hand; faults are edits of the per-second rates."""
+
+    def __init__(self, seed: int = 1) -> None:
+        self.rng = random.Random(seed)
+        self.totals: dict[tuple[str, str, str], float] = {}
+        self.rate = {(n, f"mlx5_{i}"): 400 * GB for n in NODES for i in range(9)}
+        self.wait = {(n, f"mlx5_{i}"): 2e4 for n in NODES for i in range(9)}
+        self.clock = {(n, g): 1.98e9 for n in NODES for g in range(8)}
+        self.reasons: dict[tuple[str, int], list[str]] = {}
+        self.processes = {(n, g): 1 for n in NODES for g in range(8)}
+        self.nvlink_errors = {(n, g): 0.0 for n in NODES for g in range(8)}
+
+    def _bump(self, key: tuple[str, str, str], per_second: float, dt: float) -> int:
+        value = self.totals.get(key, 0.0) + per_second * dt * self.rng.uniform(0.9, 1.1)
+        self.totals[key] = value
+        return int(value)
+
+    def report(self, node: str, dt: float) -> Report:
+        ports = []
+        for i in range(9):
+            device = f"mlx5_{i}"
+            rate = self.rate[(node, device)]
+            ports.append(IbPortReport(
+                device=device, port=1, state=4, rate_bytes_per_second=rate,
+                counters={
+                    "transmitted_bytes": self._bump((node, device, "tx"), 0.7 * rate, dt),
+                    "received_bytes": self._bump((node, device, "rx"), 0.7 * rate, dt),
+                    "transmit_wait": self._bump((node, device, "wait"),
+                                                self.wait[(node, device)], dt),
+                    "symbol_errors": 0,
+                }))
+        gpus = [GpuReport(
+            index=g, sm_clock_hertz=self.clock[(node, g)], sm_max_clock_hertz=1.98e9,
+            throttle_reasons=self.reasons.get((node, g), []),
+            processes=self.processes[(node, g)], utilization_ratio=0.95,
+            nvlink_replay_errors_total=self._bump((node, f"gpu{g}", "nverr"),
+                                                  self.nvlink_errors[(node, g)], dt),
+            nvlink_transmitted_bytes_total=self._bump((node, f"gpu{g}", "nvtx"), 2e11, dt),
+        ) for g in range(8)]
+        return Report(node=node, instance="i", sequence=1, sample_time_seconds=0.0,
+                      infiniband=ports, gpus=gpus, topology=TOPOLOGY, topology_digest="t")
+
+
+def run(fleet: Fleet, finder: BottleneckFinder, start: float, seconds: float,
+        step_time: float, dt: float = 5.0) -> list:
+    found: list = []
+    t = start
+    while t < start + seconds:
+        t += dt
+        for node in NODES:
+            finder.observe(fleet.report(node, dt), t)
+        finder.observe_step_time("llm", step_time * fleet.rng.uniform(0.98, 1.02), t)
+        found = finder.find({"llm": NODES}, t)
+    return found
+
+
+@pytest.fixture
+def warm() -> tuple[Fleet, BottleneckFinder, float]:
+    fleet, finder = Fleet(), BottleneckFinder(FailSlowSettings())
+    assert run(fleet, finder, 0.0, 600.0, 2.0) == []
+    return fleet, finder, 600.0
+
+
+def test_a_healthy_job_names_nobody(warm):
+    fleet, finder, t = warm
+    assert run(fleet, finder, t, 300.0, 2.0) == []
+    assert finder.slowdown("llm", t + 300) is None
+
+
+def test_a_congested_port_is_named_with_its_rail(warm):
+    fleet, finder, t = warm
+    fleet.wait[("n3", "mlx5_3")] = 4e6
+    found = run(fleet, finder, t, 60.0, 2.4)
+    assert [(b.node, b.link, b.kind, b.rail) for b in found] == [
+        ("n3", "mlx5_3", "congested-link", 3)]
+    assert "rail 3 on n3 (mlx5_3): xmit_wait" in found[0].message
+    assert found[0].message.startswith("job llm: step time +")
+    assert 0.1 < found[0].slowdown_ratio < 0.3
+
+
+def test_congestion_while_the_job_keeps_its_pace_names_nobody(warm):
+    fleet, finder, t = warm
+    fleet.wait[("n3", "mlx5_3")] = 4e6
+    assert run(fleet, finder, t, 120.0, 2.0) == []
+
+
+def test_a_storage_nic_is_never_named(warm):
+    fleet, finder, t = warm
+    fleet.wait[("n3", "mlx5_8")] = 4e7
+    assert run(fleet, finder, t, 120.0, 2.4) == []
+
+
+def test_a_trained_down_nic_outranks_its_own_waiting(warm):
+    fleet, finder, t = warm
+    fleet.rate[("n5", "mlx5_2")] = 200 * GB
+    fleet.wait[("n5", "mlx5_2")] = 1e6
+    found = run(fleet, finder, t, 60.0, 2.6)
+    assert [(b.node, b.link, b.kind) for b in found] == [("n5", "mlx5_2", "nic-degraded")]
+    assert "rate 200 Gb/s of 400" in found[0].evidence
+
+
+def test_a_throttled_gpu_needs_a_reason(warm):
+    fleet, finder, t = warm
+    fleet.clock[("n1", 6)] = 1.3e9
+    assert run(fleet, finder, t, 60.0, 2.5) == []  # a low clock alone: a sensor's word
+    fleet.reasons[("n1", 6)] = ["hw_slowdown"]
+    found = run(fleet, finder, t + 60, 60.0, 2.5)
+    assert [(b.node, b.link, b.kind, b.gpu) for b in found] == [
+        ("n1", "gpu6", "gpu-throttled", 6)]
+    assert "hw_slowdown" in found[0].evidence
+
+
+def test_a_noisy_neighbour_and_a_slow_nvlink(warm):
+    fleet, finder, t = warm
+    fleet.processes[("n7", 0)] = 2
+    found = run(fleet, finder, t, 60.0, 2.5)
+    assert [(b.node, b.link, b.kind) for b in found] == [("n7", "gpu0", "noisy-neighbour")]
+    fleet.processes[("n7", 0)] = 1
+    fleet.nvlink_errors[("n2", 4)] = 500.0
+    found = run(fleet, finder, t + 60, 90.0, 2.5)
+    assert [(b.node, b.link, b.kind) for b in found] == [("n2", "gpu4/nvlink", "nvlink-slow")]
+
+
+def test_a_bottleneck_keeps_its_first_detection_time_and_goes_when_the_job_recovers(warm):
+    fleet, finder, t = warm
+    fleet.wait[("n3", "mlx5_3")] = 4e6
+    first = run(fleet, finder, t, 60.0, 2.4)
+    later = run(fleet, finder, t + 60, 30.0, 2.4)
+    assert first[0].detected == later[0].detected
+    fleet.wait[("n3", "mlx5_3")] = 2e4
+    assert run(fleet, finder, t + 90, 120.0, 2.0) == []
+
+
+def test_step_trend_baseline_since_and_bounds():
+    trend = StepTrend(TrendSettings(min_samples=4, recent_seconds=10, baseline_seconds=100,
+                                    max_samples=50))
+    for i in range(20):
+        trend.add(1.0, float(i))
+    assert trend.slowdown(19.0) is None
+    for i in range(20, 31):
+        trend.add(1.3, float(i))
+    slow = trend.slowdown(30.0)
+    # the recent window's median turned at 25 s: six slow samples of eleven
+    assert slow is not None
+    assert slow.since == 25.0
+    assert slow.ratio == pytest.approx(0.3)
+    trend.add(-1.0, 22.0)  # nonsense is ignored
+    trend.add(1.3, 5.0)  # and so is the past
+    assert trend.latest() == 1.3
+    for i in range(200):
+        trend.add(1.0, 31.0 + i)
+    assert trend.slowdown(230.0) is None
+    assert len(trend._samples) <= 50
+
+
+def test_meter_rates_survive_trimmed_reports_and_counter_resets():
+    meter = FabricMeter(tau_seconds=1e-9)  # no smoothing: the last interval's rate
+    def report(tx: int, with_ports: bool = True) -> Report:
+        ports = [IbPortReport(device="mlx5_0", port=1, counters={"transmitted_bytes": tx})]
+        return Report(node="n", instance="i", sequence=1, sample_time_seconds=0,
+                      infiniband=ports if with_ports else [])
+    meter.observe(report(1000), 0.0)
+    meter.observe(report(3000), 2.0)
+    port = meter.node("n").ports[("mlx5_0", 1)]
+    assert port.transmit.value == pytest.approx(1000.0)
+    meter.observe(report(0, with_ports=False), 3.0)
+    assert port.transmit.value == pytest.approx(1000.0)
+    meter.observe(report(10), 4.0)  # the counter started again
+    assert port.transmit.value == pytest.approx(1000.0)
+    meter.observe(report(410), 5.0)
+    assert port.transmit.value == pytest.approx(400.0)
