@@ -173,9 +173,9 @@ def run(job: FailSlowJob, plan: Plan, finder: BottleneckFinder) -> tuple[Score, 
     return score, cost
 
 
-def _detection(values: Sequence[float]) -> dict[str, float | None]:
-    return {"median": round(statistics.median(values), 1) if values else None,
-            "p90": round(pct(values, 90), 1) if values else None}
+def _detection(values: Sequence[float], digits: int = 1) -> dict[str, float | None]:
+    return {"median": round(statistics.median(values), digits) if values else None,
+            "p90": round(pct(values, 90), digits) if values else None}
 
 
 def tally(plan: Plan, score: Score) -> dict[str, Any]:
@@ -221,7 +221,7 @@ def tally(plan: Plan, score: Score) -> dict[str, Any]:
             "kind_accuracy": (round(sum(score.kind_named[i] == kind for i in found)
                                     / len(found), 3) if found else None),
             "false_positive_episodes_named_as": len(named_as),
-            "slowdown_ratio": _detection([fault_slowdown([faults[i]]) for i in mine]),
+            "slowdown_ratio": _detection([fault_slowdown([faults[i]]) for i in mine], 3),
         })
     return {"summary": summary, "per_kind": per_kind,
             "faults": [_fault_row(plan, score, i) for i in range(len(faults))],
