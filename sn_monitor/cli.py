@@ -1,6 +1,6 @@
-"""The one entry point: ``sn-monitor agent|controller|demo|simulate|breaker|verify|check-config``.
+"""The one entry point: ``sn-monitor agent|controller|demo|simulate|breaker|verify|...``.
 
-And ``sn-monitor version``.
+And ``sn-monitor version``, ``topology``, ``check-config``.
 """
 
 from __future__ import annotations
@@ -203,6 +203,23 @@ def build_parser() -> argparse.ArgumentParser:
     breaker.add_argument("--ca-file", metavar="F",
                          help="CA bundle the controller's certificate must chain to")
     breaker.add_argument("--reason", help="why (required to close or open; recorded)")
+
+    topology = sub.add_parser(
+        "topology", help="print the fabric: supernodes, racks, nodes, rails, fail-slow links",
+        description="Prints the controller's topology view (GET /api/v1/topology; the page "
+                    "/ui/topology draws the same): fail-slow bottlenecks first, then each "
+                    "rack's nodes with their health, then one line per rail naming its "
+                    "unhealthy ports. Exit 1 when the controller refuses or cannot be "
+                    "reached.")
+    topology.add_argument("--controller", action="append", required=True, metavar="URL",
+                          help="the controller (http[s]://host:9848); give it again for "
+                               "each controller of a high-availability pair")
+    topology.add_argument("--job", metavar="J", help="mark this job's nodes")
+    topology.add_argument("--token-file", metavar="F",
+                          help="file holding a bearer token (read role)")
+    topology.add_argument("--ca-file", metavar="F",
+                          help="CA bundle the controller's certificate must chain to")
+    topology.add_argument("--json", action="store_true", help="print the API's JSON as is")
 
     goodput = sub.add_parser(
         "goodput", help="replay a failure trace: ETTR of sn-monitor and of what users run today",
@@ -629,6 +646,49 @@ def run_breaker(args: argparse.Namespace) -> int:
     return 1
 
 
+def run_topology(args: argparse.Namespace) -> int:
+    """``sn-monitor topology``: the controller's topology view, as text."""
+    import requests
+
+    from sn_monitor.topology_text import render_topology
+    from sn_monitor.transport import TokenError, is_standby, read_token, redact_url
+
+    try:
+        token = read_token(args.token_file) if args.token_file else None
+    except TokenError as err:
+        print(f"sn-monitor topology: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    params = {"job": args.job} if args.job else None
+    failures: list[str] = []
+    for url in args.controller:
+        try:
+            reply = requests.get(f"{url.rstrip('/')}/api/v1/topology", params=params,
+                                 headers=headers, timeout=30, verify=args.ca_file or True)
+        except requests.RequestException as err:
+            failures.append(f"{redact_url(url)}: {type(err).__name__}")
+            continue
+        if is_standby(reply.status_code, reply.headers):
+            failures.append(f"{redact_url(url)}: a standby")
+            continue
+        if reply.status_code != 200:
+            try:
+                why = reply.json().get("error", reply.text)
+            except ValueError:
+                why = reply.text
+            print(f"sn-monitor topology: {redact_url(url)} answered {reply.status_code}: "
+                  f"{why}", file=sys.stderr)
+            return 1
+        if args.json:
+            print(reply.text)
+        else:
+            print("\n".join(render_topology(reply.json(), args.job)))
+        return 0
+    print(f"sn-monitor topology: no active controller answered ({'; '.join(failures)})",
+          file=sys.stderr)
+    return 1
+
+
 def _print_breaker(doc: dict[str, object]) -> None:
     import time
 
@@ -697,6 +757,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_simulate(args)
     if args.command == "breaker":
         return run_breaker(args)
+    if args.command == "topology":
+        return run_topology(args)
     if args.command == "fleet":
         return run_fleet(args)
     if args.command == "verify":

@@ -7,7 +7,9 @@ snapshot to the report thread. Each collector runs on its own thread with a dead
 deadline once, never the loop: the cycle goes on without that collector. Reporting runs
 on its own thread so a slow or hanging controller never delays sampling or the guard;
 events are spooled on the sampling thread first, so a report skipped in between loses
-none. SIGTERM or SIGINT starts an orderly stop with a hard deadline well below
+none. With a controller, the node's topology is collected after the first sample and
+every minute on a thread of its own (:mod:`sn_monitor.agent.topology_loop`) and handed to
+the reporter. SIGTERM or SIGINT starts an orderly stop with a hard deadline well below
 systemd's default ``TimeoutStopSec``.
 """
 
@@ -19,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -29,7 +32,7 @@ from sn_monitor.agent.commands import CommandExecutor, Remedies
 from sn_monitor.agent.exporter import AgentStatus, SnapshotCollector
 from sn_monitor.agent.exposition import ExpositionCache
 from sn_monitor.agent.guard import ThermalGuard
-from sn_monitor.agent.nvml import NvmlError
+from sn_monitor.agent.nvml import NvmlError, NvmlLibrary
 from sn_monitor.agent.registry import build_collectors
 from sn_monitor.agent.remedy import Actuator, ProgramActuator, RebootLedger
 from sn_monitor.agent.reporter import Reporter
@@ -38,6 +41,7 @@ from sn_monitor.agent.server import AgentHttpServer
 from sn_monitor.agent.settings import AgentSettings
 from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
+from sn_monitor.agent.topology_loop import TOPOLOGY_INTERVAL_SECONDS, TopologyLoop, read_topology
 from sn_monitor.agent.verify import GpuCountMemory
 from sn_monitor.clock import Clock
 from sn_monitor.config import parse_listen
@@ -186,9 +190,16 @@ class Agent:
         self._sampling = SamplingLoop(self._tick_logged, settings.interval / time_scale)
         self._stopped = threading.Event()
         self._report_loop: ReportLoop | None = None
+        self._topology_loop: TopologyLoop | None = None
         self.notifier = SystemdNotifier(clock)
         if protection is not None and protection.reporter is not None:
             self._report_loop = ReportLoop(protection.reporter, protection.executor)
+            self._topology_loop = TopologyLoop(
+                partial(read_topology, _nvml_library(collectors), Path(settings.paths.sysfs)),
+                protection.reporter.set_topology,
+                TOPOLOGY_INTERVAL_SECONDS / time_scale,
+                node=settings.node,
+            )
         host, port = parse_listen(settings.listen)
         self.http = AgentHttpServer(
             host, port, self.exposition, lambda: self.sampler.latest, clock,
@@ -260,6 +271,8 @@ class Agent:
         if self._report_loop is not None:
             self._report_loop.start()
         self.tick()
+        if self._topology_loop is not None:
+            self._topology_loop.start()  # after the first sample: NVML is initialised
         self.http.start()
         self._sampling.start()
         self.notifier.ready(f"sampling every {self.settings.interval}s")
@@ -274,6 +287,8 @@ class Agent:
         self._stopped.set()
         self.notifier.stopping()
         self._sampling.stop(timeout=STOP_DEADLINE_SECONDS / 2)
+        if self._topology_loop is not None:
+            self._topology_loop.stop(timeout=2.0)
         if self._report_loop is not None:
             self._report_loop.stop(timeout=5.0)
         if self.protection is not None:
@@ -307,6 +322,13 @@ class Agent:
                 log.error("agent did not stop within %ss", STOP_DEADLINE_SECONDS)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _nvml_library(collectors: Sequence[Collector]) -> NvmlLibrary | None:
+    for collector in collectors:
+        if isinstance(collector, NvmlCollector):
+            return collector.library
+    return None
 
 
 def _power_setter(collectors: Sequence[Collector]) -> Callable[[int, float], None]:

@@ -92,6 +92,10 @@ _GPU_VALUES: Sequence[tuple[str, str, str]] = (
      "Highest PCIe generation the GPU and system support."),
     ("pcie_link_width", "pcie_link_width", "Current PCIe link width (lanes)."),
     ("pcie_link_width_max", "pcie_link_width_max", "Highest PCIe link width (lanes)."),
+    ("nvlink_transmitted_bytes_total", "nvlink_transmitted_bytes_total",
+     "NVLink data sent over all the GPU's links (NVML counts KiB)."),
+    ("nvlink_received_bytes_total", "nvlink_received_bytes_total",
+     "NVLink data received over all the GPU's links (NVML counts KiB)."),
     ("fabric_state", "fabric_state",
      "NVLink fabric registration state (NVML): 1 not started, 2 in progress, 3 completed; "
      "absent where the GPU has no fabric. Below 3 for long: Fabric Manager not running."),

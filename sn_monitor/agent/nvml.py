@@ -51,7 +51,14 @@ from types import ModuleType
 from typing import Any
 
 from sn_monitor.agent.pci import canonical_bus_id
-from sn_monitor.agent.snapshot import Collected, GpuProcess, GpuSample, NvLinkSample
+from sn_monitor.agent.snapshot import (
+    Collected,
+    GpuLinks,
+    GpuProcess,
+    GpuSample,
+    NvLinkRemote,
+    NvLinkSample,
+)
 from sn_monitor.clock import Clock, SystemClock
 from sn_monitor.errors import SnMonitorError
 from sn_monitor.model import Event
@@ -129,6 +136,18 @@ _NVLINK_TOTAL_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("replay", "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", 52),
     ("recovery", "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", 59),
 )
+# NVLink data over all the GPU's links, in KiB, as field values: (key, pynvml's name,
+# nvml.h's id). Asked with scope :data:`_ALL_LINKS` (the sum over every link): a bare id
+# means scope 0, link 0 alone.
+_NVLINK_DATA_FIELDS: tuple[tuple[str, str, int], ...] = (
+    ("nvlink_transmitted_kib", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", 138),
+    ("nvlink_received_kib", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", 139),
+)
+_ALL_LINKS = 0xFFFFFFFF
+_KIB = 1024
+# What is at an NVLink's far end: nvml.h's NVML_NVLINK_DEVICE_TYPE_* (IBMNPU: a POWER
+# CPU's NVLink port).
+_NVLINK_REMOTE_KINDS = {0: "gpu", 1: "cpu", 2: "switch"}
 # NVML's GPU fabric states (nvml.h ``NVML_GPU_FABRIC_STATE_*``); stable ABI values.
 FABRIC_STATE_NOT_SUPPORTED = 0
 FABRIC_STATE_NOT_STARTED = 1
@@ -430,6 +449,74 @@ class NvmlLibrary:
                 raise NvmlError(f"GPU {index}: running processes unknown: {error}") from error
             return tuple(sorted({int(process.pid) for process in processes}))
 
+    def nvlink_topology(self) -> tuple[GpuLinks, ...]:
+        """Each GPU's NVLinks: up or not, and what is at the far end of those up.
+
+        For the topology collector, about once a minute. The lock is taken per GPU, so a
+        sample waits at most one GPU's links (~50 driver calls). A capability the GPU
+        lacks (NotSupported: a PCIe GPU without NVLink, a driver without remote info)
+        leaves those values None; any other error raises :class:`NvmlError`, so that a
+        topology is never built from a partial read (its caller keeps the last one).
+        """
+        with self._lock:
+            if not self._initialized:
+                raise NvmlError("NVML is not initialized")
+            devices = list(self._devices)
+        gpus: list[GpuLinks] = []
+        for device in devices:
+            with self._lock:
+                try:
+                    gpus.append(self._gpu_links(device))
+                except _DeviceFault as fault:
+                    code = _error_code(fault.error)
+                    error = GpuUnreachable if code in _UNREACHABLE else NvmlError
+                    raise error(f"GPU {device.index}: {fault}") from fault
+        return tuple(gpus)
+
+    def _gpu_links(self, device: _Device) -> GpuLinks:
+        self._acquire(device)
+        if device.handle is None or device.lost:
+            raise NvmlError(f"GPU {device.index} is not reachable now")
+        if device.nvlink_count is None:
+            device.nvlink_count = self._probe_nvlinks(device)
+            if device.nvlink_count is None:
+                raise NvmlError(f"GPU {device.index}: its NVLinks could not be counted now")
+        enabled = int(self._nvml.NVML_FEATURE_ENABLED)
+        links: list[NvLinkRemote] = []
+        for link in range(device.nvlink_count):
+            state = self._strict_call(device, "nvlink_state", "nvmlDeviceGetNvLinkState", link)
+            if state is None or int(state) != enabled:
+                links.append(NvLinkRemote(link, up=None if state is None else False))
+                continue
+            kind = self._strict_call(
+                device, "nvlink_remote_type", "nvmlDeviceGetNvLinkRemoteDeviceType", link)
+            pci = self._strict_call(
+                device, "nvlink_remote_pci", "nvmlDeviceGetNvLinkRemotePciInfo", link)
+            links.append(NvLinkRemote(
+                link,
+                up=True,
+                remote_kind=None if kind is None else _NVLINK_REMOTE_KINDS.get(int(kind),
+                                                                               "unknown"),
+                remote_pci_bus_id=None if pci is None else canonical_bus_id(str(pci.busId)),
+            ))
+        return GpuLinks(device.index, device.uuid, device.pci_bus_id, tuple(links))
+
+    def _strict_call(self, device: _Device, key: str, function: str, *args: Any) -> Any:
+        """Like :meth:`_call`, but an error that is neither absence nor fault raises."""
+        if key in device.absent or function in self._missing_functions:
+            return None
+        fn = getattr(self._nvml, function, None)
+        if fn is None:
+            self._function_missing(function)
+            return None
+        try:
+            return fn(device.handle, *args)
+        except self._nvml.NVMLError as error:
+            if _error_code(error) in _ABSENT or _error_code(error) in _FAULTS:
+                self._classify(device, key, function, error)  # a fault raises here
+                return None
+            raise NvmlError(f"GPU {device.index}: {function} failed: {error}") from error
+
     # ---------------------------------------------------------------- devices
 
     def _acquire(self, device: _Device) -> None:
@@ -659,6 +746,8 @@ class NvmlLibrary:
             fabric_clique_id=fabric.clique_id if fabric is not None else None,
             fabric_cluster_uuid=fabric.cluster_uuid if fabric is not None else None,
             processes=self._processes(device),
+            nvlink_transmitted_bytes_total=_kib_total(fields.get("nvlink_transmitted_kib")),
+            nvlink_received_bytes_total=_kib_total(fields.get("nvlink_received_kib")),
         )
 
     # ---------------------------------------------------------------- the call wrapper
@@ -768,17 +857,24 @@ class NvmlLibrary:
         """The cycle's field values, from one ``nvmlDeviceGetFieldValues`` for the GPU.
 
         The HBM temperature (``NVML_FI_DEV_MEMORY_TEMP``) and, on a GPU with NVLinks, the
-        four GPU-wide NVLink error totals, keyed ``memory_temperature`` and
-        ``nvlink_total_<counter>``. Each value has its own ``nvmlReturn``: one that is not
-        supported is left out and never asked again, the others stay. Missing from the
-        result: not available this cycle.
+        four GPU-wide NVLink error totals and the data sent and received over all links
+        (KiB), keyed ``memory_temperature``, ``nvlink_total_<counter>`` and
+        ``nvlink_{transmitted,received}_kib``. Each value has its own ``nvmlReturn``: one
+        that is not supported is left out and never asked again, the others stay. Missing
+        from the result: not available this cycle.
         """
         nvml = self._nvml
-        wanted = [("memory_temperature", int(nvml.NVML_FI_DEV_MEMORY_TEMP))]
+        wanted: list[tuple[str, int | tuple[int, int]]] = [
+            ("memory_temperature", int(nvml.NVML_FI_DEV_MEMORY_TEMP))
+        ]
         if device.nvlink_count:
             wanted.extend(
                 (f"nvlink_total_{counter}", int(getattr(nvml, name, field_id)))
                 for counter, name, field_id in _NVLINK_TOTAL_FIELDS
+            )
+            wanted.extend(
+                (key, (int(getattr(nvml, name, field_id)), _ALL_LINKS))
+                for key, name, field_id in _NVLINK_DATA_FIELDS
             )
         wanted = [(key, field_id) for key, field_id in wanted if key not in device.absent]
         if not wanted:
@@ -1270,6 +1366,11 @@ def _mhz(value: Any) -> float | None:
 def _kilobytes(value: Any) -> float | None:
     """NVML's KB/s -> bytes/s (1 KB = 1024 B)."""
     return None if value is None else float(value) * _PCIE_KB
+
+
+def _kib_total(value: float | None) -> int | None:
+    """A KiB counter (NVLink data) -> bytes."""
+    return None if value is None else int(value) * _KIB
 
 
 def _nvlink_totals(fields: dict[str, float]) -> tuple[int, ...] | None:

@@ -39,6 +39,7 @@ from sn_monitor.model import (
     HostReport,
     IbPortReport,
     NetReport,
+    NodeTopology,
     Report,
 )
 
@@ -151,6 +152,8 @@ def gpu_report(sample: GpuSample, *, guard_throttled: bool = False) -> GpuReport
         nvlink_replay_errors_total=_sum(link.replay_errors_total for link in links),
         nvlink_recovery_errors_total=_sum(link.recovery_errors_total for link in links),
         nvlinks_down=sum(1 for link in links if link.up is False) if links else None,
+        nvlink_transmitted_bytes_total=_count(sample.nvlink_transmitted_bytes_total),
+        nvlink_received_bytes_total=_count(sample.nvlink_received_bytes_total),
         guard_throttled=guard_throttled,
         fabric_state=sample.fabric_state,
         fabric_status=sample.fabric_status,
@@ -249,11 +252,15 @@ def build_report(
     agent_version: str = __version__,
     metrics_port: int | None = None,
     takes_rules: bool = False,
+    topology_digest: str = "",
+    topology: NodeTopology | None = None,
 ) -> Report:
     """The report for one cycle. ``events`` are already numbered (the spool's records).
 
-    Lists are cut to the wire's limits; the caller sends at most :data:`MAX_EVENTS`
-    events and command results and keeps the rest for the next report.
+    ``topology_digest`` is the digest of the node's latest topology, which rides along
+    (``topology``) when the reporter decides so. Lists are cut to the wire's limits; the
+    caller sends at most :data:`MAX_EVENTS` events and command results and keeps the rest
+    for the next report.
     """
     return Report(
         node=snapshot.node,
@@ -275,4 +282,6 @@ def build_report(
         host=host_report(snapshot.processes),
         events=list(events[:MAX_EVENTS]),
         command_results=list(command_results[:MAX_EVENTS]),
+        topology_digest=topology_digest,
+        topology=topology,
     )

@@ -42,6 +42,14 @@ connection, a timeout, a standby, a refusal) is the same failure as a post's, wi
 same fail-over and backoff. A stream the controller closed is opened again before the
 next report.
 
+**Topology.** Every report carries the digest of the node's latest topology
+(:meth:`Reporter.set_topology`, from the topology loop about once a minute); the whole
+topology rides along on the first report that has one, when its digest changed since the
+last one a controller accepted, and after a reply said ``topology_wanted`` (a controller
+that has none for that digest: after its own restart, say). A report carrying it asks for
+an answer on a stream, so that the reporter knows it arrived; one that fails is followed
+by another carrying it.
+
 A reply may carry the node-local rules the controller wants this node to evaluate
 (:mod:`sn_monitor.rules.edge`): from the next report on, the agent runs them on each
 sample (:class:`~sn_monitor.agent.rules.NodeRules`) and sends their findings with only
@@ -76,7 +84,16 @@ from sn_monitor.agent.stream import (
 )
 from sn_monitor.clock import Clock
 from sn_monitor.config import ConfigError
-from sn_monitor.model import MAX_EVENTS, Command, CommandResult, EdgeRules, Event, EventRecord
+from sn_monitor.model import (
+    MAX_EVENTS,
+    Command,
+    CommandResult,
+    EdgeRules,
+    Event,
+    EventRecord,
+    NodeTopology,
+    topology_digest,
+)
 from sn_monitor.report_stream import ASK_EVERY_SECONDS, NO_STREAM_STATUSES
 from sn_monitor.transport import error_text, is_standby, parse_retry_after, redact_url
 
@@ -113,6 +130,7 @@ class _Reply(msgspec.Struct, frozen=True):
     events_stored_through: int = -1
     commands: list[msgspec.Raw] = []
     edge_rules: msgspec.Raw = msgspec.Raw(b"")  # absent: empty
+    topology_wanted: bool = False
 
 
 class _CommandId(msgspec.Struct):
@@ -201,6 +219,15 @@ class Reporter:
         self._streak = 0
         self._logged: set[str] = set()
         self._highest_sent = -1
+        #: The node's latest topology and its digest (None: none collected yet); set by
+        #: the topology loop's thread, read by the report thread (one reference swap).
+        self._topology: tuple[NodeTopology, str] | None = None
+        #: The digest of the topology a controller last accepted a report with.
+        self._topology_sent: str | None = None
+        #: A reply asked for the topology: the next report carries it.
+        self._topology_wanted = False
+        #: The digest of the topology the report in flight carries (None: it carries none).
+        self._topology_carried: str | None = None
         #: The node-local rules this agent evaluates (None: the controller evaluates all).
         self.rules: NodeRules | None = None  # imported with the first rules (2.5 MB)
         self._refused_rules: str | None = None
@@ -242,6 +269,15 @@ class Reporter:
     def add_command_results(self, results: Sequence[CommandResult]) -> None:
         """Results to send with the next reports until the controller has them."""
         self._results.extend(results)
+
+    def set_topology(self, topology: NodeTopology) -> None:
+        """The node's topology now: its digest goes with every report from the next on."""
+        self._topology = (topology, topology_digest(topology))
+
+    @property
+    def topology_sent(self) -> str | None:
+        """The digest of the topology a controller last accepted (None: none yet)."""
+        return self._topology_sent
 
     @property
     def streaming(self) -> bool:
@@ -293,6 +329,11 @@ class Reporter:
         events = self._within_budget(self._spool.pending(self._max_events))
         results = self._results[:MAX_EVENTS]
         self.sequence += 1
+        current = self._topology
+        digest = current[1] if current is not None else ""
+        carried = (current[0] if current is not None
+                   and (self._topology_wanted or digest != self._topology_sent) else None)
+        self._topology_carried = digest if carried is not None else None
         report = build_report(
             snapshot,
             instance=self.instance,
@@ -305,12 +346,15 @@ class Reporter:
             agent_version=self._agent_version,
             metrics_port=self._metrics_port,
             takes_rules=self._takes_rules(),
+            topology_digest=digest,
+            topology=carried,
         )
         if events:
             self._highest_sent = max(self._highest_sent, events[-1].id)
         if self.rules is not None:
             report = self.rules.evaluate(report)
-        ask = bool(events or results) or now - self._asked_at >= ASK_EVERY_SECONDS
+        ask = (bool(events or results) or carried is not None
+               or now - self._asked_at >= ASK_EVERY_SECONDS)
         self._deliver(self._encoder.encode(report), ask, len(results))
         commands, self._commands_due = self._commands_due, []
         return commands
@@ -486,7 +530,7 @@ class Reporter:
             except msgspec.DecodeError as err:
                 outcome = _Failure(f"controller reply is not a report reply: {err}")
                 continue
-            self._accepted(reply, results_sent if ours else 0)
+            self._accepted(reply, results_sent if ours else 0, ours=ours)
         return outcome
 
     def _close_stream(self) -> None:
@@ -506,7 +550,8 @@ class Reporter:
         log.log(level, "%s: %s; switching to %s", redact_url(before), why,
                 redact_url(self.url), extra={"node": self._node})
 
-    def _accepted(self, reply: _Reply, results_sent: int) -> None:
+    def _accepted(self, reply: _Reply, results_sent: int, *, ours: bool = True) -> None:
+        """Take a reply; ``ours``: it answers the report just sent (not an earlier one)."""
         if self.in_use is not None and self.url != self.in_use:
             self.switches_total += 1
         if self._streak:
@@ -530,6 +575,11 @@ class Reporter:
             except OSError as err:
                 log.error("cannot record event acknowledgement: %s (events will be resent)",
                           err)
+        if ours and self._topology_carried is not None:
+            self._topology_sent = self._topology_carried
+            self._topology_wanted = False
+        if reply.topology_wanted:
+            self._topology_wanted = True
         if len(reply.edge_rules):
             self._take_rules(reply.edge_rules)
         self._commands_due += self._commands(reply.commands)

@@ -24,6 +24,31 @@ class NvLinkSample:
 
 
 @dataclass(frozen=True, slots=True)
+class NvLinkRemote:
+    """Where one NVLink of a GPU goes (``nvmlDeviceGetNvLinkRemote*``).
+
+    ``remote_kind`` is ``gpu``, ``switch``, ``cpu`` or ``unknown``; it and
+    ``remote_pci_bus_id`` (canonical, ``0000:05:00.0``) are None for a link that is not up
+    or where the driver does not tell. ``up`` is None where the link state is unknown.
+    """
+
+    link: int
+    up: bool | None = None
+    remote_kind: str | None = None
+    remote_pci_bus_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLinks:
+    """One GPU's identity and NVLinks, as the topology collector needs them."""
+
+    index: int
+    uuid: str
+    pci_bus_id: str
+    links: tuple[NvLinkRemote, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class GpuProcess:
     """One compute process using a GPU (``nvmlDeviceGetComputeRunningProcesses``).
 
@@ -98,6 +123,9 @@ class GpuSample:
     fabric_cluster_uuid: str | None = None
     #: Compute processes on the GPU; None when NVML cannot list them.
     processes: tuple[GpuProcess, ...] | None = None
+    #: NVLink data sent and received over all the GPU's links since the driver loaded.
+    nvlink_transmitted_bytes_total: int | None = None
+    nvlink_received_bytes_total: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

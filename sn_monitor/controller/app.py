@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from importlib import resources
 from typing import Annotated, Any, Final, ParamSpec, Protocol, TypeVar
 
 import msgspec
@@ -26,7 +27,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -98,6 +99,7 @@ class ControllerApi(Protocol):
     def restore_point(self, name: str) -> dict[str, Any] | None: ...
     def list_recoveries(self, job: str | None, limit: int) -> list[dict[str, Any]]: ...
     def list_repairs(self, node: str | None, limit: int) -> list[dict[str, Any]]: ...
+    def topology(self, job: str | None) -> dict[str, Any]: ...
     def approve_recovery(self, recovery_id: str, who: str) -> dict[str, Any]: ...
     def return_to_pool(self, job: str, node: str, who: str) -> dict[str, Any]: ...
     def breaker_state(self) -> dict[str, Any]: ...
@@ -579,6 +581,15 @@ def _build_router(
             controller.list_repairs, request.query_params.get("node"), _limit(request))})
 
     @guarded
+    async def topology(request: Request) -> Response:
+        identify(request, "read")
+        only_query(request, "job")
+        return _json(await off_loop(controller.topology, request.query_params.get("job")))
+
+    async def topology_page(request: Request) -> Response:
+        return HTMLResponse(_page("topology.html"), headers=_PAGE_HEADERS)
+
+    @guarded
     async def approve_recovery(request: Request) -> Response:
         identity = identify(request, "operate")
         return _json(await off_loop(
@@ -651,6 +662,8 @@ def _build_router(
         Route("/api/v1/actions/{action_id}/approve", approve, methods=["POST"]),
         Route("/api/v1/breaker", breaker, methods=["GET", "POST"]),
         Route("/api/v1/sd", service_discovery, methods=["GET"]),
+        Route("/api/v1/topology", topology, methods=["GET"]),
+        Route("/ui/topology", topology_page, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", healthz, methods=["GET"]),
         Route("/livez", livez, methods=["GET"]),
@@ -667,6 +680,20 @@ def _build_router(
         return response
 
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+#: The controller's pages load nothing from elsewhere and talk only to the controller.
+_PAGE_HEADERS: Final = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+        "connect-src 'self'; img-src 'self' data:; base-uri 'none'; frame-ancestors 'none'"),
+}
+
+
+def _page(name: str) -> str:
+    """A page of the controller's own UI (``sn_monitor/controller/ui``), packaged."""
+    return (resources.files("sn_monitor.controller") / "ui" / name).read_text("utf-8")
 
 
 def openapi_document() -> dict[str, Any]:
@@ -818,6 +845,16 @@ def openapi_document() -> dict[str, Any]:
                         "422": error, "503": error},
                        requestBody={"required": True, "content": {"application/json": {
                            "schema": {"$ref": "#/components/schemas/BreakerChange"}}}})},
+        "/api/v1/topology": {"get": op(
+            "The fleet graph: supernodes, racks, nodes (GPUs, NICs, NVLink peers, PCIe "
+            "affinity), rails, live link rates and health, jobs and fail-slow bottlenecks",
+            {"200": any_json, "422": error},
+            parameters=[{"name": "job", "in": "query", "schema": {"type": "string"}}])},
+        "/ui/topology": {"get": op(
+            "The topology page (HTML; it reads /api/v1/topology with the token in its "
+            "URL's #token=)",
+            {"200": {"description": "the page", "content": {"text/html": {
+                "schema": {"type": "string"}}}}}, public=True)},
         "/api/v1/sd": {"get": op("Prometheus HTTP service discovery of every agent",
                                  {"200": {"description": "targets", "content": {
                                      "application/json": {"schema": {"type": "array"}}}}})},

@@ -48,6 +48,11 @@ class ControllerState:
     store_queue: int = 0
     #: How late the event loop, which reads the reports, ran (None: not watched).
     ingest_lag: float | None = None
+    #: Each job's pace as the bottleneck finder sees it: (step time, baseline, slowdown).
+    job_paces: Mapping[str, tuple[float | None, float | None, float]] = field(
+        default_factory=dict)
+    #: The fail-slow bottlenecks standing: (job, node, link, kind).
+    fail_slow: tuple[tuple[str, str, str, str], ...] = ()
 
 
 class ControllerStateCollector(Collector):
@@ -102,6 +107,7 @@ class ControllerStateCollector(Collector):
                 value=state.ingest_lag)
         if state.jobs is not None:
             yield from _job_families(state.jobs)
+        yield from _pace_families(state)
         yield GaugeMetricFamily("sn_controller_store_up",
                                 "1 while the store takes writes (0: the controller refuses "
                                 "to act without an audit record).",
@@ -109,6 +115,35 @@ class ControllerStateCollector(Collector):
         # Only the active controller builds this collector; a standby serves 0 (ha/standby).
         yield GaugeMetricFamily("sn_controller_leader",
                                 "1 on the active controller, 0 on a standby.", value=1.0)
+
+
+def _pace_families(state: ControllerState) -> Iterator[Metric]:
+    """The jobs' step times against their own pace, and the bottlenecks named."""
+    step = GaugeMetricFamily("sn_job_step_time_seconds",
+                             "The job's step time: the median of its ranks'.", labels=["job"])
+    baseline = GaugeMetricFamily(
+        "sn_job_step_time_baseline_seconds",
+        "The job's healthy pace: a low quantile of its step times over the last 30 minutes.",
+        labels=["job"])
+    slowdown = GaugeMetricFamily(
+        "sn_job_slowdown_ratio",
+        "How much slower the job runs than its healthy pace (0.18: 18 %; 0 while it keeps "
+        "its pace).", labels=["job"])
+    for job, (current, base, ratio) in sorted(state.job_paces.items()):
+        if current is not None:
+            step.add_metric([job], current)
+        if base is not None:
+            baseline.add_metric([job], base)
+        slowdown.add_metric([job], ratio)
+    yield step
+    yield baseline
+    yield slowdown
+    named = GaugeMetricFamily(
+        "sn_fail_slow", "1 for each node and link the bottleneck finder names as holding "
+        "a slow job back (a fail-slow incident).", labels=["job", "node", "link", "kind"])
+    for job, node, link, kind in sorted(set(state.fail_slow)):
+        named.add_metric([job, node, link, kind], 1.0)
+    yield named
 
 
 RECOVERY_BUCKETS = (5.0, 10.0, 20.0, 30.0, 40.0, 60.0, 120.0, 300.0, 600.0, 1800.0)

@@ -42,6 +42,10 @@ from sn_monitor.controller.errors import (
     Unavailable,
 )
 from sn_monitor.controller.escalation import Escalation
+from sn_monitor.controller.fabric.meter import FABRIC_METRICS
+from sn_monitor.controller.fabric.view import JobOnFabric, fleet_topology
+from sn_monitor.controller.failslow.finder import BottleneckFinder
+from sn_monitor.controller.failslow.watch import FailSlowWatch, JobPace
 from sn_monitor.controller.ingest import NodeRegistry, controller_times, decode_report
 from sn_monitor.controller.job_actions import RunnerJobActions
 from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
@@ -139,7 +143,8 @@ class Controller:
         self.progress: Clock = self.stalls if self.stalls is not None else clock
         #: NVIDIA's Xid catalogue: the XID rules' codes, the ladder's first rung.
         self.xids = load_catalog(Path(settings.xid_catalog) if settings.xid_catalog else None)
-        self.engine = RuleEngine(rules, self.progress, catalog=self.xids)
+        self.engine = RuleEngine(rules, self.progress, catalog=self.xids,
+                                 keep=FABRIC_METRICS if settings.fail_slow.enabled else ())
         self.registry = NodeRegistry(self.progress)
         self.policy = SafetyPolicy(settings.policy, clock)
         #: A controller-wide job control may run jobs this controller does not know:
@@ -169,6 +174,11 @@ class Controller:
             store=store, clock=clock, jobs=self.jobs, submit=self._submit_request,
             audit=self._audit_repair, clear_faults=self._clear_faults,
             labels_of=self._labels_of, forget_attempt=self.policy.did_nothing))
+        #: Node topologies, live link rates, and the bottleneck finder that reads them.
+        self.finder = BottleneckFinder(settings.fail_slow)
+        self.failslow = FailSlowWatch(self.finder)
+        #: Held around the finder, its meter and its book (ingest, sweep and the API).
+        self._fabric_lock = threading.Lock()
         self._lock = threading.RLock()
         # The engine is not thread-safe; ingest (the HTTP loop) and the sweep (the
         # scheduler's thread) call it concurrently in the daemon. Held for engine calls only.
@@ -260,6 +270,8 @@ class Controller:
         now = self.clock.monotonic()
         with self._engine_lock:
             firing = {(f.rule, f.node, f.subject) for f in self.engine.firing()}
+        with self._fabric_lock:
+            firing |= self.failslow.firing()
         rules = {rule.name: rule for rule in self.engine.rules}
         for key, (incident, deadline) in list(self._inherited.items()):
             if key in firing:
@@ -354,7 +366,11 @@ class Controller:
         if peer is not None and report.metrics_port is not None:
             self._peers[report.node] = (peer, report.metrics_port)
         edge_rules = None
+        topology_wanted = False
         if accepted.applied:
+            with self._fabric_lock:  # rates over the agent's own sampling intervals
+                topology_wanted = self.finder.book.take(report)
+                self.finder.meter.observe(report, report.sample_time_seconds)
             self._label_with_job(accepted.view)
             with self._engine_lock:
                 findings = self.engine.observe(view, Now(view.received_monotonic, now))
@@ -376,7 +392,8 @@ class Controller:
         tally.report("accepted" if accepted.applied else "stale")
         tally.observe(time.perf_counter() - started)
         return ReportReply(sequence=report.sequence, events_stored_through=stored_through,
-                           commands=commands, edge_rules=edge_rules, node=report.node)
+                           commands=commands, edge_rules=edge_rules, node=report.node,
+                           topology_wanted=topology_wanted)
 
     def _gpus_back(self, report: Report) -> None:
         """A GPU that was lost (or fell off the bus) reads healthy again: those close."""
@@ -619,6 +636,46 @@ class Controller:
         with self._lock:
             self._hangs[hang.job] = finding
 
+    def _watch_fail_slow(self) -> None:
+        """Every few seconds: the jobs' paces to the finder, its bottlenecks as incidents."""
+        now = self.clock.time()
+        if not self.failslow.due(now):
+            return
+        paces = [JobPace(j.name, j.nodes, j.generation, j.state == "running",
+                         j.recent_step_seconds or j.median_step_seconds)
+                 for j in self.jobs.jobs()]
+        with self._fabric_lock:
+            findings = self.failslow.tick(paces, now)
+        self._take(findings)
+
+    def topology(self, job: str | None = None) -> dict[str, Any]:
+        """``GET /api/v1/topology``: the fleet graph, rates and bottlenecks (fabric.view)."""
+        now = self.clock.time()
+        incidents = [{"id": i.id, "node": i.node, "rule": i.rule, "severity": i.severity,
+                      "gpu": i.gpu, "message": i.message}
+                     for i in self.store_health.attempt(
+                         self.store.list_incidents, status="open", limit=1000) or ()]
+        views = self.registry.views()
+        states = {name: self._state_of(name) for name in views}
+        jobs: list[JobOnFabric] = []
+        with self._fabric_lock:
+            for j in self.jobs.jobs():
+                trend = self.finder.trend(j.name)
+                slow = self.finder.slowdown(j.name, now)
+                jobs.append(JobOnFabric(
+                    name=j.name, state=j.state, nodes=j.nodes,
+                    ranks=self.jobs.ranks_by_node(j.name),
+                    step_time_seconds=j.recent_step_seconds or j.median_step_seconds,
+                    baseline_step_time_seconds=trend.baseline() if trend else None,
+                    slowdown_ratio=slow.ratio if slow else 0.0 if trend else None))
+            fail_slow = [{"job": b.job, "node": b.node, "link": b.link, "kind": b.kind,
+                          "rail": b.rail, "gpu": b.gpu, "since": b.since,
+                          "detected": b.detected, "slowdown_ratio": round(b.slowdown_ratio, 4),
+                          "message": b.message} for b in self.failslow.standing.values()]
+            return fleet_topology(now=now, views=views, states=states, incidents=incidents,
+                                  book=self.finder.book, meter=self.finder.meter, jobs=jobs,
+                                  fail_slow=fail_slow, job=job)
+
     def _critical_members(self, job: str, nodes: Sequence[str] | None = None
                           ) -> tuple[str, ...]:
         """The job's nodes (or ``nodes``) on which a critical rule is firing."""
@@ -763,6 +820,7 @@ class Controller:
             self._job_hung(hang)
         self._close_hangs()
         self._suspects_of_stalled_restores()
+        self._watch_fail_slow()
         if not self.runs_actions_elsewhere:
             self.runner.tick()
         now = self.clock.monotonic()
@@ -1249,7 +1307,22 @@ class Controller:
             store_queue=self.writer.depth,
             ingest_lag=self.stalls.ingest_lag() if self.stalls is not None else None,
             jobs=self.jobs.metrics(),
+            **self._paces(),
         )
+
+    def _paces(self) -> dict[str, Any]:
+        """The finder's view of the jobs, for the metrics."""
+        now = self.clock.time()
+        with self._fabric_lock:
+            paces: dict[str, tuple[float | None, float | None, float]] = {}
+            for job in self.finder.jobs():
+                trend = self.finder.trend(job)
+                slow = self.finder.slowdown(job, now)
+                if trend is not None:
+                    paces[job] = (trend.latest(), trend.baseline(), slow.ratio if slow else 0.0)
+            named = tuple((b.job, b.node, b.link, b.kind)
+                          for b in self.failslow.standing.values())
+        return {"job_paces": paces, "fail_slow": named}
 
     def metrics(self) -> bytes:
         """The controller's /metrics body."""

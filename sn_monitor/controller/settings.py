@@ -20,6 +20,7 @@ from sn_monitor.config import (
 from sn_monitor.controller.actions.policy import PolicySettings
 from sn_monitor.controller.actions.routing import DriverSettings, check_routes
 from sn_monitor.controller.actions.runner import RunnerSettings
+from sn_monitor.controller.failslow.finder import FailSlowSettings
 from sn_monitor.controller.ha.lease import HaSettings
 from sn_monitor.controller.jobs.settings import JobSettings
 from sn_monitor.controller.remediation import LadderSettings
@@ -87,6 +88,8 @@ class ControllerSettings:
     recovery: JobSettings = field(default_factory=JobSettings)
     #: The remediation ladder: reset the GPU, reboot, replace (each verified).
     remediation: LadderSettings = field(default_factory=LadderSettings)
+    #: The bottleneck finder: a slow job, and the node and link that hold it back.
+    fail_slow: FailSlowSettings = field(default_factory=FailSlowSettings)
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     store: StoreSettings = field(default_factory=StoreSettings)

@@ -56,7 +56,8 @@ class ReportStreamSession:
                 self._accepted = 0
                 continue
             self._accepted += 1
-            if flags & ACK or reply.commands or reply.edge_rules is not None:
+            if (flags & ACK or reply.commands or reply.edge_rules is not None
+                    or reply.topology_wanted):
                 answers.append(StreamReply(accepted=self._accepted, node=reply.node,
                                            sequence=reply.sequence, reply=reply))
                 self._accepted = 0

@@ -82,9 +82,10 @@ class EdgeCatalog:
     the whole fleet when no node-local rule has a scope).
     """
 
-    def __init__(self, rules: Sequence[Rule]) -> None:
+    def __init__(self, rules: Sequence[Rule], keep: Sequence[str] = ()) -> None:
+        """``keep``: metrics kept besides those the rules left to the controller read."""
         self.local: dict[str, Rule] = {r.name: r for r in rules if is_node_local(r)}
-        keep = sorted({r.metric for r in rules if isinstance(r, PeersRule)})
+        keep = sorted({r.metric for r in rules if isinstance(r, PeersRule)} | set(keep))
         self._keep = keep
         # a peers rule compares the fleet every PEERS_EVERY seconds at most: values
         # fresher than that would be decoded for nothing

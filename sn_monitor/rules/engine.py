@@ -70,12 +70,15 @@ class RuleEngine:
     """Applies rules to nodes and reports transitions. Not thread-safe: one caller at a time."""
 
     def __init__(self, rules: Sequence[Rule], clock: Clock, *, screen: bool = True,
-                 catalog: XidCatalog | None = None) -> None:
+                 catalog: XidCatalog | None = None, keep: Sequence[str] = ()) -> None:
         """``screen`` False: every rule reads every report (tests compare the two ways).
 
         ``catalog``: NVIDIA's Xid catalogue for XID rules' ``resolutions`` (None: the
-        packaged one).
+        packaged one). ``keep``: metrics the controller reads besides its rules' (the
+        link rates of the topology and the bottleneck finder), which agents that evaluate
+        their node-local rules keep sending.
         """
+        self._keep = tuple(keep)
         self._catalog_of_xids = catalog
         self._clock = clock
         self._screening = screen
@@ -90,7 +93,7 @@ class RuleEngine:
         self._local: list[AnyEvaluator] = []
         self._agents = AgentFindings()
         self._install({rule.name: evaluator_for(rule, catalog) for rule in _unique(rules)})
-        self._catalog = EdgeCatalog(self.rules)
+        self._catalog = EdgeCatalog(self.rules, self._keep)
 
     @property
     def rules(self) -> list[Rule]:
@@ -265,7 +268,7 @@ class RuleEngine:
                    if name in new and new[name].detection() != rule.detection()}
         self._agents.reload({n: r for n, r in new.items() if is_node_local(r)}, changed,
                             now, out)
-        self._catalog = EdgeCatalog(rules)
+        self._catalog = EdgeCatalog(rules, self._keep)
         kept: dict[str, AnyEvaluator] = {}
         for rule in _unique(rules):
             old = self._evaluators.get(rule.name)

@@ -520,10 +520,13 @@ class Trim:
                 host.add(metric[5:])
             else:
                 net.add(metric[8:])
+        if "sm_clock_hertz" in gpu:
+            gpu.add("throttle_reasons")  # what a clock below its max means
         self.metrics = tuple(sorted(set(metrics)))
         self._gpu = tuple(sorted(gpu))
         self._ib_state = "state" in ib
-        self._ib = frozenset(ib - {"state"})
+        self._ib_rate = "rate_bytes_per_second" in ib
+        self._ib = frozenset(ib - {"state", "rate_bytes_per_second"})
         self._net = tuple(sorted(net))
         self._host = tuple(sorted(host))
 
@@ -532,13 +535,15 @@ class Trim:
                           **{name: getattr(g, name) for name in self._gpu})
                 for g in report.gpus] if self._gpu else []
         ports = []
-        if self._ib or self._ib_state:
+        if self._ib or self._ib_state or self._ib_rate:
             for port in report.infiniband:
                 counters = {k: v for k, v in port.counters.items() if k in self._ib}
                 state = port.state if self._ib_state else None
-                if counters or state is not None:
+                rate = port.rate_bytes_per_second if self._ib_rate else None
+                if counters or state is not None or rate is not None:
                     ports.append(IbPortReport(device=port.device, port=port.port,
-                                              state=state, counters=counters))
+                                              state=state, rate_bytes_per_second=rate,
+                                              counters=counters))
         nets = []
         for net in report.network if self._net else ():
             values = {name: getattr(net, name) for name in self._net}

@@ -37,6 +37,7 @@ from typing import Any, ParamSpec, TypeVar
 import pynvml  # noqa: TID251 - the fake reuses pynvml's own exceptions and constants
 
 from sn_monitor.sim.gpu_model import SimulatedGpu
+from sn_monitor.sim.hgx import nvswitch_bus_id, nvswitch_of_link
 
 # ------------------------------------------------------------------ pynvml re-exports
 
@@ -92,6 +93,12 @@ NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: int = (
 NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: int = (
     pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL
 )
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: int = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: int = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+NVML_NVLINK_DEVICE_TYPE_GPU: int = pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+NVML_NVLINK_DEVICE_TYPE_IBMNPU: int = pynvml.NVML_NVLINK_DEVICE_TYPE_IBMNPU
+NVML_NVLINK_DEVICE_TYPE_SWITCH: int = pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+NVML_NVLINK_DEVICE_TYPE_UNKNOWN: int = pynvml.NVML_NVLINK_DEVICE_TYPE_UNKNOWN
 NVML_VALUE_TYPE_DOUBLE: int = pynvml.NVML_VALUE_TYPE_DOUBLE
 NVML_VALUE_TYPE_UNSIGNED_INT: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
 NVML_VALUE_TYPE_UNSIGNED_LONG: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG
@@ -163,6 +170,9 @@ _SUPPORTED_EVENT_TYPES = (
     | nvmlEventTypeXidCriticalError
     | nvmlEventTypeClock
 )
+# A field value's scopeId that asks for the sum over every NVLink (nvml.h).
+_ALL_LINKS = 0xFFFFFFFF
+_KIB = 1024
 # What NVML puts in gpuInstanceId / computeInstanceId outside MIG.
 _NO_INSTANCE = 0xFFFFFFFF
 # GPM's PCIe metrics are in MiB/s (pynvml: "PCIe traffic ... in MiB/sec").
@@ -697,7 +707,11 @@ def nvmlDeviceGetName(handle: Any) -> str:
 
 @_nvml_function
 def nvmlDeviceGetPciInfo(handle: Any) -> _PciInfo:
-    bus_id = _gpu(handle).pci_bus_id
+    return _pci_info(_gpu(handle).pci_bus_id, 0x233010DE)
+
+
+def _pci_info(bus_id: str, device_id: int) -> _PciInfo:
+    """``nvmlPciInfo_t`` for NVML's bus id spelling (``00000000:18:00.0``)."""
     domain_text, bus_text, dev_fn = bus_id.split(":")
     dev_text = dev_fn.split(".")[0]
     domain, bus, dev = int(domain_text, 16), int(bus_text, 16), int(dev_text, 16)
@@ -706,7 +720,7 @@ def nvmlDeviceGetPciInfo(handle: Any) -> _PciInfo:
         domain=domain,
         bus=bus,
         device=dev,
-        pciDeviceId=0x233010DE,
+        pciDeviceId=device_id,
         pciSubSystemId=0x16C110DE,
         busId=f"{domain:08X}:{bus:02X}:{dev:02X}.0",
     )
@@ -765,6 +779,22 @@ def nvmlDeviceGetTemperatureThreshold(handle: Any, threshold: int) -> int:
     return round(values[threshold])
 
 
+def _nvlink_throughput(gpu: SimulatedGpu, field_id: int, scope: int) -> int | None:
+    """KiB sent or received over link ``scope`` (``_ALL_LINKS``: every link); None if none."""
+    if not gpu.nvlinks or field_id not in (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+                                           NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
+        return None
+    if scope == _ALL_LINKS:
+        links = gpu.nvlinks
+    elif 0 <= scope < len(gpu.nvlinks):
+        links = [gpu.nvlinks[scope]]
+    else:
+        return None
+    transmitted = field_id == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+    total = sum(link.transmitted_bytes if transmitted else link.received_bytes for link in links)
+    return int(total // _KIB)
+
+
 def _nvlink_total(gpu: SimulatedGpu, field_id: int) -> int | None:
     """A GPU-wide NVLink error total (the sum over its links); None when not simulated."""
     if not gpu.nvlinks or not gpu.profile.nvlink_totals_supported:
@@ -794,11 +824,14 @@ def _integer_value(number: int) -> _Value:
 
 
 @_nvml_function
-def nvmlDeviceGetFieldValues(handle: Any, fieldIds: list[int]) -> list[_FieldValue]:
-    """The HBM temperature and the four GPU-wide NVLink error totals, per entry.
+def nvmlDeviceGetFieldValues(handle: Any, fieldIds: list[Any]) -> list[_FieldValue]:
+    """The HBM temperature, the GPU-wide NVLink error totals and NVLink data, per entry.
 
     NVML_FI_DEV_MEMORY_TEMP is an unsigned int in °C; the NVLink totals (CRC flit, CRC
     data, replay, recovery) are unsigned long longs, each summed over the GPU's links.
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / RX count KiB of one link, the entry's scope:
+    as in pynvml, an entry is a field id (scope 0: link 0 alone) or a ``(fieldId,
+    scopeId)`` pair, and scope 0xFFFFFFFF sums every link.
 
     Each entry answers for itself in ``nvmlReturn``: an id the GPU does not have (memory
     temperature on A100, the NVLink totals on a GPU without NVLink or whose profile says
@@ -807,9 +840,12 @@ def nvmlDeviceGetFieldValues(handle: Any, fieldIds: list[int]) -> list[_FieldVal
     gpu = _gpu(handle)
     timestamp_us = round(gpu.elapsed_seconds * 1e6)
     results = []
-    for field_id in fieldIds:
-        entry = _FieldValue(fieldId=field_id, timestamp=timestamp_us)
+    for item in fieldIds:
+        field_id, scope = item if isinstance(item, tuple) else (item, 0)
+        entry = _FieldValue(fieldId=field_id, scopeId=scope, timestamp=timestamp_us)
         total = _nvlink_total(gpu, field_id)
+        if total is None:
+            total = _nvlink_throughput(gpu, field_id, scope)
         if field_id == NVML_FI_DEV_MEMORY_TEMP and gpu.profile.memory_temperature_supported:
             entry.valueType = NVML_VALUE_TYPE_UNSIGNED_INT
             entry.value = _integer_value(round(gpu.memory_temperature_celsius))
@@ -989,6 +1025,22 @@ def _nvlink(gpu: SimulatedGpu, link: int) -> Any:
 def nvmlDeviceGetNvLinkState(device: Any, link: int) -> int:
     state = _nvlink(_gpu(device), link)
     return NVML_FEATURE_ENABLED if state.up else NVML_FEATURE_DISABLED
+
+
+@_nvml_function
+def nvmlDeviceGetNvLinkRemoteDeviceType(handle: Any, link: int) -> int:
+    """Every simulated NVLink goes to an NVSwitch, as on an HGX baseboard."""
+    _nvlink(_gpu(handle), link)
+    return NVML_NVLINK_DEVICE_TYPE_SWITCH
+
+
+@_nvml_function
+def nvmlDeviceGetNvLinkRemotePciInfo(device: Any, link: int) -> _PciInfo:
+    """The NVSwitch at the far end (:func:`sn_monitor.sim.hgx.nvswitch_of_link`)."""
+    gpu = _gpu(device)
+    _nvlink(gpu, link)
+    switch = nvswitch_of_link(link, len(gpu.nvlinks))
+    return _pci_info(nvswitch_bus_id(switch), 0x22A310DE)
 
 
 @_nvml_function

@@ -24,6 +24,10 @@ fake NVML, the collectors) and keeps what the controller sees: the reports.
   model cools it; ``release`` restores the limit) and their results go out with the
   node's next report. There is no local thermal guard: the controller's throttle is
   what cools a simulated GPU.
+- **Topology.** Every node is the same simulated HGX H100 (:func:`sn_monitor.sim.hgx.
+  simulated_topology`, built once): the templates carry its digest, and a node's first
+  report, and the next one after a reply said ``topology_wanted``, carries the topology
+  itself (encoded from structs, and asking for an answer on a stream).
 - **Node-local rules.** Like an agent, each node says it takes rules; once the reply to
   one of its reports carries the controller's node-local rules, it evaluates them itself
   (:class:`~sn_monitor.agent.rules.NodeRules`, on faulted nodes; a healthy node's values
@@ -89,7 +93,9 @@ from sn_monitor.model import (
     HostReport,
     IbPortReport,
     NetReport,
+    NodeTopology,
     Report,
+    topology_digest,
 )
 from sn_monitor.report_stream import (
     ACK,
@@ -107,6 +113,7 @@ from sn_monitor.sim.gpu_model import (
     SimulatedGpu,
     make_gpus,
 )
+from sn_monitor.sim.hgx import simulated_topology
 from sn_monitor.sim.node import FAULTS, FaultError, SimulatedNode
 from sn_monitor.sim.node_tree import DEFAULT_IB_DEVICES, IB_COUNTER_FILES, IB_HW_COUNTER_FILES
 from sn_monitor.sim.scenario import NETDEVS, PlannedFault, Scenario, format_seconds
@@ -214,9 +221,19 @@ def _ib_counters() -> dict[str, int]:
     return out
 
 
+def fleet_topology(gpus: int, profile: GpuProfile = H100_SXM, seed: int = 0) -> NodeTopology:
+    """The topology every simulated node of the fleet reports (GPUs as in base_reports)."""
+    models = make_gpus(gpus, profile, seed=seed)
+    return simulated_topology([(g.uuid, g.pci_bus_id, len(g.nvlinks)) for g in models],
+                              seed=seed)
+
+
 def base_reports(gpus: int, variants: int = VARIANTS, profile: GpuProfile = H100_SXM,
-                 seed: int = 0) -> list[Report]:
-    """``variants`` reports of one healthy node at working temperature, 2 s apart."""
+                 seed: int = 0, digest: str = "") -> list[Report]:
+    """``variants`` reports of one healthy node at working temperature, 2 s apart.
+
+    ``digest``: the topology digest they carry (:func:`fleet_topology`'s).
+    """
     models = make_gpus(gpus, profile, seed=seed)
     for gpu in models:
         gpu.step(150.0)  # ~5 thermal time constants
@@ -233,7 +250,7 @@ def base_reports(gpus: int, variants: int = VARIANTS, profile: GpuProfile = H100
         out.append(Report(node="x", instance="x", sequence=0, sample_time_seconds=0.0,
                           agent_version=__version__, gpus=[gpu_values(g) for g in models],
                           infiniband=infiniband, network=network,
-                          host=HostReport(processes_stuck=0)))
+                          host=HostReport(processes_stuck=0), topology_digest=digest))
     return out
 
 
@@ -450,7 +467,7 @@ class _Node:
 
     __slots__ = ("asked_at", "events", "faults", "head", "in_flight", "index", "labels",
                  "lost", "name", "next_event_id", "results", "results_in_flight", "rules",
-                 "rules_version", "sequence")
+                 "rules_version", "sequence", "topology_due")
 
     def __init__(self, index: int, name: str, head: bytes, labels: bytes,
                  first_event_id: int) -> None:
@@ -472,6 +489,8 @@ class _Node:
         self.rules: NodeRules | None = None
         #: Monotonic time it last asked for an answer on a stream.
         self.asked_at = -math.inf
+        #: Its next report carries the topology (the first, and after topology_wanted).
+        self.topology_due = True
 
     def event(self, kind: str, message: str, *, gpu: int | None = None,
               code: int | None = None, pci_bus_id: str | None = None,
@@ -485,7 +504,8 @@ class _Node:
     @property
     def slow(self) -> bool:
         """Whether this node's report must be encoded from structs (not the template)."""
-        return self.faults is not None or bool(self.events) or bool(self.results)
+        return (self.faults is not None or bool(self.events) or bool(self.results)
+                or self.topology_due)
 
 
 class _Reply(msgspec.Struct):
@@ -495,6 +515,7 @@ class _Reply(msgspec.Struct):
     events_stored_through: int = -1
     commands: list[msgspec.Raw] = []
     edge_rules: EdgeRules | None = None
+    topology_wanted: bool = False
 
 
 class _CommandId(msgspec.Struct):
@@ -634,8 +655,12 @@ class Fleet:
 
     def _build_templates(self) -> None:
         takes = not self.options.full_reports
+        #: The topology every node reports, and its digest (in every template).
+        self.topology = fleet_topology(self.options.gpus, seed=self.options.seed)
+        self.topology_digest = topology_digest(self.topology)
         self.bases = [msgspec.structs.replace(r, takes_rules=takes)
-                      for r in base_reports(self.options.gpus, seed=self.options.seed)]
+                      for r in base_reports(self.options.gpus, seed=self.options.seed,
+                                            digest=self.topology_digest)]
         #: The tails of the pre-encoded reports by rules version ("": full reports): with
         #: the values the controller's rules read, without them, and one report in how
         #: many carries them (EdgeRules.keep_every).
@@ -706,12 +731,17 @@ class Fleet:
 
     def slow_body(self, node: _Node, sequence: int, now: float, sim_now: float
                   ) -> tuple[bytes, int, int]:
-        """(body, events sent, results sent) for a node with faults, events or results."""
+        """(body, events sent, results sent) for a node that cannot use the templates.
+
+        One with faults, events or command results, or whose report carries the topology.
+        """
         base = self.bases[(node.index + sequence) % len(self.bases)]
         parts: dict[str, Any] = {}
         if node.faults is not None:
             node.faults.advance(sim_now)
             parts = node.faults.report_parts(base)
+        if node.topology_due:
+            parts["topology"] = self.topology
         events = node.events[:MAX_EVENTS]
         results = node.results[:MAX_EVENTS]
         report = msgspec.structs.replace(
@@ -899,6 +929,7 @@ class Fleet:
             node.sequence += 1
             wall = time.time()
             sent_events = sent_results = 0
+            topology = node.topology_due
             if node.slow:
                 body, sent_events, sent_results = self.slow_body(node, node.sequence, wall,
                                                                  sim_now)
@@ -906,7 +937,7 @@ class Fleet:
                 body = self.fast_body(node, node.sequence, wall)
             assert conn.sock is not None
             if conn.stream is not None:
-                ask = (ask or sent_events > 0 or sent_results > 0
+                ask = (ask or sent_events > 0 or sent_results > 0 or topology
                        or now - node.asked_at >= ASK_EVERY_SECONDS)
                 data = frame(body, ACK if ask else 0)
             else:
@@ -920,6 +951,8 @@ class Fleet:
                 return
             self.stats.sent += 1
             self.stats.events_sent += sent_events
+            if topology:
+                node.topology_due = False  # a controller that missed it asks again
             if conn.stream is not None:
                 idle.append(conn)  # a stream takes the next report at once
                 if not ask:
@@ -1177,6 +1210,8 @@ class Fleet:
             self._commands(node, reply.commands, sim_now)
         if reply.edge_rules is not None and self._take_rules(reply.edge_rules):
             node.rules_version = reply.edge_rules.version
+        if reply.topology_wanted:
+            node.topology_due = True
 
     def _progress_line(self, t: float, rate: float) -> str:
         s = self.stats

@@ -49,6 +49,9 @@ FABRIC_IN_PROGRESS = 2
 FABRIC_COMPLETED = 3
 NVML_SUCCESS = 0
 
+# The share of NVLink bandwidth a training step's collectives use at full load.
+_NVLINK_TRAINING_SHARE = 0.35
+
 # PCIe payload bandwidth per lane, bytes/s, by generation (after line encoding).
 _PCIE_LANE_BYTES_PER_SECOND = {1: 250e6, 2: 500e6, 3: 985e6, 4: 1969e6, 5: 3938e6, 6: 7563e6}
 
@@ -88,6 +91,8 @@ class GpuProfile:
     pcie_generation: int = 5
     pcie_width: int = 16
     nvlink_count: int = 18
+    #: Each NVLink's data rate per direction (NVLink 3 and 4: 25 GB/s).
+    nvlink_link_bytes_per_second: float = 25e9
     vbios_version: str = "96.00.89.00.01"
     gpm_supported: bool = True
     memory_temperature_supported: bool = True
@@ -143,6 +148,9 @@ class NvLinkState:
     crc_data_errors: int = 0
     replay_errors: int = 0
     recovery_errors: int = 0
+    #: Data sent and received over the link since power-on (NVML counts it in KiB).
+    transmitted_bytes: float = 0.0
+    received_bytes: float = 0.0
 
 
 def training_load(elapsed_seconds: float, rng: random.Random) -> float:
@@ -358,10 +366,20 @@ class SimulatedGpu:
         c.dram_active_seconds += self.dram_utilization * dt_seconds
         c.pcie_rx_bytes += self.pcie_rx_bytes_per_second * dt_seconds
         c.pcie_tx_bytes += self.pcie_tx_bytes_per_second * dt_seconds
+        self._advance_nvlinks(dt_seconds)
         self._advance_nvlink_errors(dt_seconds)
         if self.temperature_celsius >= p.shutdown_celsius:
             # The driver's thermal shutdown: the GPU drops off the bus.
             self._fall_off_bus()
+
+    def _advance_nvlinks(self, dt_seconds: float) -> None:
+        """Collectives move data over every link that is up, in step with the GPU's load."""
+        moved = (self.profile.nvlink_link_bytes_per_second * _NVLINK_TRAINING_SHARE
+                 * self.utilization * self.fail_slow.nvlink_bandwidth_ratio * dt_seconds)
+        for link in self.nvlinks:
+            if link.up:
+                link.transmitted_bytes += moved
+                link.received_bytes += moved
 
     def _thermal_clock_factor(self) -> float:
         """1.0 below the max operating temperature, falling 10 % per degree above it."""

@@ -36,7 +36,8 @@ class SimulatedNode:
         self.root = Path(root)
         self.gpus: list[SimulatedGpu] = make_gpus(gpus, profile, seed=seed)
         fake_nvml.configure(self.gpus)
-        self.tree = SimulatedNodeTree(self.root, seed=seed)
+        self.tree = SimulatedNodeTree(self.root, seed=seed,
+                                      gpu_bus_ids=[gpu.pci_bus_id for gpu in self.gpus])
         self.kmsg_path = self.root / "dev" / "kmsg.log"
         self.kmsg_path.parent.mkdir(parents=True, exist_ok=True)
         self.kmsg_path.write_text("")

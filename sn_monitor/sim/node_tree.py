@@ -29,6 +29,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sn_monitor.sim.hgx import (
+    RAIL_NICS,
+    STORAGE_NICS,
+    NodeLayout,
+    is_ethernet_nic,
+    node_layout,
+    write_pci_tree,
+)
+
 # Counter file names as the mlx5 driver creates them, copied from the real tree in
 # tests/fixtures/h100-node/sys/class/infiniband/mlx5_0/ports/1/.
 IB_COUNTER_FILES = (
@@ -93,7 +102,10 @@ ROCE_HW_COUNTER_FILES = (
 _HW_COUNTERS = frozenset(IB_HW_COUNTER_FILES + ROCE_HW_COUNTER_FILES)
 
 DEFAULT_NETDEVS = ("lo", "eno1", "ens1f0np0", "ens1f1np1")
-DEFAULT_IB_DEVICES = tuple(f"mlx5_{i}" for i in range(8))
+#: The rail NICs (InfiniBand, 400 Gb/s), one beside each GPU.
+DEFAULT_IB_DEVICES = RAIL_NICS
+#: The storage NICs (Ethernet / RoCE, 200 Gb/s), near no GPU.
+STORAGE_IB_DEVICES = STORAGE_NICS
 
 _STATE_ACTIVE = "4: ACTIVE"
 _STATE_DOWN = "1: DOWN"
@@ -164,9 +176,13 @@ class SimulatedNodeTree:
     """Writes and advances ``<root>/proc`` and ``<root>/sys`` of one simulated node.
 
     ``netdevs`` and ``ib_devices`` name the interfaces and RDMA devices (defaults: four
-    interfaces, ``mlx5_0``..``mlx5_7`` at 400 Gb/s NDR; a device with ``bond`` in its
-    name is a 200 Gb/s RoCE port). ``seed`` makes the starting values and the jitter of
-    :meth:`advance` reproducible. Safe to call from several threads.
+    interfaces; the rail NICs ``mlx5_0``..``mlx5_7`` at 400 Gb/s NDR and the storage NICs
+    ``mlx5_8``, ``mlx5_9``; a storage NIC or a device with ``bond`` in its name is a
+    200 Gb/s RoCE port). ``gpu_bus_ids`` (NVML's spelling, NVML index order; default the
+    eight of an HGX baseboard, as the fake NVML's GPUs have them) place the GPUs in the
+    PCIe tree (:mod:`sn_monitor.sim.hgx`), which the topology collector reads. ``seed``
+    makes the starting values, the GUIDs and the jitter of :meth:`advance` reproducible.
+    Safe to call from several threads.
     """
 
     def __init__(
@@ -176,6 +192,7 @@ class SimulatedNodeTree:
         ib_devices: Sequence[str] | None = None,
         seed: int = 0,
         cpus: int = 224,
+        gpu_bus_ids: Sequence[str] | None = None,
     ) -> None:
         self.root = Path(root)
         self.procfs = self.root / "proc"
@@ -199,12 +216,15 @@ class SimulatedNodeTree:
         if netdevs is None:
             netdevs = DEFAULT_NETDEVS
         if ib_devices is None:
-            ib_devices = DEFAULT_IB_DEVICES
+            ib_devices = DEFAULT_IB_DEVICES + STORAGE_IB_DEVICES
+        #: Where the node's GPUs and NICs sit on PCIe (written under ``sysfs``).
+        self.layout: NodeLayout = node_layout(gpu_bus_ids, ib_devices, seed)
         self._netdevs = {name: self._new_netdev(name) for name in netdevs}
         self._ports = {device: self._new_port(device) for device in ib_devices}
         self._stuck: list[int] = []
         self._staging.mkdir(parents=True, exist_ok=True)
         with self._lock:
+            write_pci_tree(self.sysfs, self.layout)
             for pid, name, state, cgroup in _BASE_PROCESSES:
                 self._write_process(pid, name, state, cgroup)
             self._write_static()
@@ -368,7 +388,7 @@ class SimulatedNodeTree:
     # ----- construction -----
 
     def _new_port(self, device: str) -> _IbPort:
-        ethernet = "bond" in device
+        ethernet = is_ethernet_nic(device)
         names: tuple[str, ...] = IB_COUNTER_FILES + IB_HW_COUNTER_FILES
         if ethernet:
             names += ROCE_HW_COUNTER_FILES

@@ -195,6 +195,9 @@ def check_controller_and_agent(sn: Installed, deploy: Path) -> None:
         if "rules from the packaged defaults" not in ctl_log.read_text(errors="replace"):
             raise SmokeFailure("the controller did not say it loaded the packaged rules:\n"
                                + ctl_log.read_text(errors="replace")[-2000:])
+        status, body = http("GET", f"{url}/ui/topology")
+        if status != 200 or b'data-app="sn-topology"' not in body:
+            raise SmokeFailure(f"GET /ui/topology from the package: {status} {body[:200]!r}")
         with sn.serve("agent", "agent", "--simulate", "2", "--node", "smoke-0",
                       "--listen", f"127.0.0.1:{agent_port}", "--controller", url,
                       "--state-dir", str(sn.work / "agent-state")) as (agent, agent_log):

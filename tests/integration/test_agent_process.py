@@ -90,7 +90,8 @@ def test_simulated_agent_serves_every_source(simulated_agent):
         "nvml": 1.0, "net": 1.0, "infiniband": 1.0, "host": 1.0, "kmsg": 1.0,
         "processes": 1.0,
     }
-    assert len(found["sn_infiniband_port_state"]) == 8
+    assert len(found["sn_infiniband_port_state"]) == 10  # 8 rail NICs, 2 storage NICs
+    assert len(found["sn_gpu_nvlink_transmitted_bytes_total"]) == 8
     assert {labels["device"] for labels, _ in found["sn_network_receive_bytes_total"]} >= {"eno1"}
     assert all(0 < v < 100 for _, v in found["sn_gpu_temperature_celsius"])
     health = requests.get(f"{url}/healthz", timeout=5).json()

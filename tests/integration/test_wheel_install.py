@@ -26,11 +26,12 @@ from tests.install import smoke
 pytestmark = pytest.mark.integration
 
 #: What the wheel must carry besides the modules: the default rules, the XID catalogue,
-#: the scenarios, the typing marker and the demo's training loop.
+#: the scenarios, the typing marker, the demo's training loop and the topology page.
 PACKAGE_DATA = ("sn_monitor/rules/default.yaml", "sn_monitor/rules/xid_catalog.yaml",
                 "sn_monitor/sim/scenarios/default.yaml",
                 "sn_monitor/sim/scenarios/thermal.yaml", "sn_monitor/py.typed",
-                "sn_monitor/sim/train.py", "sn_monitor/sim/launcher.py")
+                "sn_monitor/sim/train.py", "sn_monitor/sim/launcher.py",
+                "sn_monitor/controller/ui/topology.html")
 
 
 @pytest.fixture(scope="module")

@@ -112,3 +112,16 @@ def test_ettr_of_a_job_through_a_recovery(tmp_path):
     again = orchestrator(store, clock, RecordingSubmit(store, clock))
     assert again.metrics().jobs["train"].productive_seconds == pytest.approx(109.0)
     store.close()
+
+
+def test_recent_step_time_is_the_frontiers_pace_over_its_last_seconds():
+    p = JobProgress(max_ranks=8)
+    assert p.recent_step_time() is None
+    for step in range(1, 41):  # 1 s a step, then 1.5 s: the ranks' medians lag, this does not
+        p.update(0, "n0", 1, [(step, 1000.0 + step)], 1.0, 1000.0 + step)
+    for step in range(41, 61):
+        p.update(0, "n0", 1, [(step, 1040.0 + (step - 40) * 1.5)], 1.0, 1070.0)
+    assert p.recent_step_time(window=30.0) == pytest.approx(1.5)
+    assert p.recent_step_time(window=60.0) == pytest.approx((1070 - 1010) / 50)
+    p.reset_ranks()  # a new generation measures its own pace
+    assert p.recent_step_time() is None

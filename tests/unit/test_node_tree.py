@@ -12,6 +12,7 @@ from sn_monitor.agent.collectors.infiniband import InfinibandCollector
 from sn_monitor.agent.collectors.net import NetCollector, parse_netdev
 from sn_monitor.agent.snapshot import HostSample, IbPortSample, NetDeviceSample
 from sn_monitor.sim.node_tree import (
+    DEFAULT_IB_DEVICES,
     IB_COUNTER_FILES,
     IB_HW_COUNTER_FILES,
     ROCE_HW_COUNTER_FILES,
@@ -51,15 +52,18 @@ def test_counter_file_names_match_the_real_tree() -> None:
 
 def test_collectors_read_the_default_tree(tree: SimulatedNodeTree) -> None:
     ports = _ib(tree)
-    assert list(ports) == [f"mlx5_{i}" for i in range(8)]
+    assert list(ports) == [f"mlx5_{i}" for i in range(10)]
     assert tree.ib_devices == tuple(ports)
-    for port in ports.values():
+    for device, port in ports.items():
+        rail = device in DEFAULT_IB_DEVICES  # mlx5_0..7; mlx5_8, mlx5_9 are storage (RoCE)
         assert port.port == 1
         assert port.state == 4
         assert port.phys_state == 5
-        assert port.rate_bytes_per_second == 50e9
-        assert port.link_layer == "InfiniBand"
-        assert len(port.counters) == len(IB_COUNTER_FILES) + len(IB_HW_COUNTER_FILES) - 1
+        assert port.rate_bytes_per_second == (50e9 if rail else 25e9)
+        assert port.link_layer == ("InfiniBand" if rail else "Ethernet")
+        roce = 0 if rail else len(ROCE_HW_COUNTER_FILES)
+        assert len(port.counters) == (
+            len(IB_COUNTER_FILES) + len(IB_HW_COUNTER_FILES) - 1 + roce)
 
     net = _net(tree)
     assert list(net) == ["lo", "eno1", "ens1f0np0", "ens1f1np1"]
@@ -103,9 +107,11 @@ def test_counters_advance_monotonically(tree: SimulatedNodeTree, load: float) ->
         for stem, value in new.items():
             assert value >= old[stem], (device, stem)
         moved = new["received_bytes"] - old["received_bytes"]
-        assert 0 < moved <= 50e9 * 5 * 1.1  # never above line rate
+        line_rate = port.rate_bytes_per_second
+        assert line_rate is not None
+        assert 0 < moved <= line_rate * 5 * 1.1  # never above line rate
         if load > 0:
-            assert moved > 50e9 * 5 * load * 0.5
+            assert moved > line_rate * 5 * load * 0.5
         assert new["received_packets"] > old["received_packets"]
         assert new["symbol_errors"] == old["symbol_errors"]
         assert new["link_downed"] == old["link_downed"]

@@ -522,8 +522,9 @@ def test_without_nvlink_totals_every_link_is_read_every_cycle(clock, monkeypatch
         collected = cycle(collector, gpus, clock)
     assert collected.gpus[0].memory_temperature_celsius is not None
     assert fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter") == 3 * 2 * LINKS * COUNTERS
-    # The totals answered NotSupported once, per field: asked no more; HBM temperature stays.
-    assert [len(ids) for ids in requested] == [5, 5, 1, 1, 1, 1]
+    # The totals answered NotSupported once, per field: asked no more; HBM temperature and
+    # the NVLink data counters stay.
+    assert [len(ids) for ids in requested] == [7, 7, 3, 3, 3, 3]
     gpus[0].inject_nvlink_errors(1, replay=2)
     assert cycle(collector, gpus, clock).gpus[0].nvlinks[1].replay_errors_total == 2
 
@@ -536,7 +537,9 @@ def test_a_failed_totals_read_falls_back_to_per_link_for_that_cycle(clock, monke
 
     def flaky(handle, field_ids):
         entries = real(handle, field_ids)
-        entries[-1].nvmlReturn = fake_nvml.NVML_ERROR_TIMEOUT
+        for entry in entries:
+            if entry.fieldId == fake_nvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL:
+                entry.nvmlReturn = fake_nvml.NVML_ERROR_TIMEOUT
         return entries
 
     monkeypatch.setattr(fake_nvml, "nvmlDeviceGetFieldValues", flaky)
@@ -653,3 +656,44 @@ def test_processes_not_supported_are_none_and_an_old_driver_uses_v2(clock):
     collector = node(gpus, clock, missing_functions=["nvmlDeviceGetComputeRunningProcesses"])
     assert collector.collect().gpus[0].processes is not None
     assert fake_nvml.call_count("nvmlDeviceGetComputeRunningProcesses_v2") == 1
+
+
+def test_nvlink_data_counters_sum_every_link_and_grow_with_load(clock):
+    gpus = make_gpus(2)
+    gpus[0].set_load(1.0)
+    gpus[1].set_load(0.0)
+    gpus[1].set_nvlink_down(3)
+    collector = node(gpus, clock)
+    before = cycle(collector, gpus, clock).gpus
+    after = cycle(collector, gpus, clock).gpus
+    busy, idle = (
+        (a.nvlink_transmitted_bytes_total - b.nvlink_transmitted_bytes_total,
+         a.nvlink_received_bytes_total - b.nvlink_received_bytes_total)
+        for a, b in zip(after, before, strict=True)
+    )
+    # 18 links at 35 % of 25 GB/s each way for one second; NVML counts whole KiB
+    assert busy[0] == pytest.approx(18 * 0.35 * 25e9, rel=1e-3)
+    assert busy[1] == busy[0]
+    assert idle == (0, 0)
+    assert before[0].nvlink_transmitted_bytes_total % 1024 == 0
+
+
+def test_nvlink_data_read_with_the_all_links_scope(clock, monkeypatch):
+    """A bare field id is scope 0, link 0 alone: the adapter asks for every link's sum."""
+    requested = record_field_ids(monkeypatch)
+    gpus = make_gpus(1)
+    collector = node(gpus, clock)
+    cycle(collector, gpus, clock)
+    data_ids = {fake_nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+                fake_nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX}
+    asked = [item for item in requested[0] if isinstance(item, tuple)]
+    assert {field for field, _ in asked} == data_ids
+    assert {scope for _, scope in asked} == {0xFFFFFFFF}
+
+
+def test_gpus_without_nvlink_have_no_nvlink_data(clock):
+    gpus = [SimulatedGpu(0, replace(H100_SXM, nvlink_count=0))]
+    collector = node(gpus, clock)
+    sample = cycle(collector, gpus, clock).gpus[0]
+    assert sample.nvlink_transmitted_bytes_total is None
+    assert sample.nvlink_received_bytes_total is None

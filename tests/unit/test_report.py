@@ -53,10 +53,18 @@ def test_gpu_values_are_copied_and_nvlinks_summed():
     assert report.guard_throttled is True
 
 
+def test_nvlink_data_reaches_the_controller_in_bytes():
+    report = gpu_report(gpu(nvlink_transmitted_bytes_total=2048 * 1024,
+                            nvlink_received_bytes_total=2**64))  # a sentinel: left out
+    assert report.nvlink_transmitted_bytes_total == 2048 * 1024
+    assert report.nvlink_received_bytes_total is None
+
+
 def test_gpu_without_nvlinks_leaves_nvlink_fields_out():
     report = gpu_report(gpu())
     assert report.nvlinks_down is None
     assert report.nvlink_crc_errors_total is None
+    assert report.nvlink_transmitted_bytes_total is None
     assert report.throttle_reasons == []
 
 

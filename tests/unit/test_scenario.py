@@ -9,7 +9,7 @@ import pytest
 
 from sn_monitor.cli import check_file
 from sn_monitor.config import ConfigError, parse_yaml
-from sn_monitor.model import Command, CommandResult, HostReport, Report
+from sn_monitor.model import Command, CommandResult, HostReport, Report, topology_digest
 from sn_monitor.sim.fleet import Fleet, FleetOptions, base_reports, node_name
 from sn_monitor.sim.node import FAULTS
 from sn_monitor.sim.scenario import (
@@ -171,6 +171,28 @@ def test_fast_and_slow_bodies_are_reports_of_the_right_node():
     body, events, results = fleet.slow_body(node, 4, 101.0, 0.0)
     slow = msgspec.json.decode(body, type=Report)
     assert (slow.node, slow.sequence, events, results) == ("sim-0002", 4, 0, 0)
+
+
+def test_the_topology_goes_with_a_nodes_first_report_and_when_the_controller_wants_it():
+    fleet = _fleet()
+    node = fleet.nodes[1]
+    digest = topology_digest(fleet.topology)
+    assert node.slow  # its first report carries the topology: encoded from structs
+    body, _, _ = fleet.slow_body(node, 1, 100.0, 0.0)
+    first = msgspec.json.decode(body, type=Report)
+    assert (first.topology, first.topology_digest) == (fleet.topology, digest)
+    node.topology_due = False  # as sending it does
+    assert not node.slow
+    fast = msgspec.json.decode(fleet.fast_body(node, 2, 101.0), type=Report)
+    assert (fast.topology, fast.topology_digest) == (None, digest)
+    fleet._reply(node, msgspec.json.encode({"sequence": 2, "topology_wanted": True}), 0.0)
+    assert node.topology_due
+    assert node.slow
+    assert fleet.topology.nvswitches == 4
+    assert [(n.device, n.role, n.rail) for n in fleet.topology.nics] == [
+        *((f"mlx5_{i}", "rail", i) for i in range(8)),
+        ("mlx5_8", "storage", None), ("mlx5_9", "storage", None)]
+    assert [g.uuid for g in fleet.topology.gpus] == [g.uuid for g in first.gpus]
 
 
 def test_an_overheat_heats_its_gpu_and_a_throttle_cools_it():

@@ -241,3 +241,14 @@ def test_fail_slow_clear_undoes_every_fail_slow_fault_on_the_node(node):
 def test_bad_fail_slow_parameters_are_refused_with_a_reason(node, fault, gpu, params, message):
     with pytest.raises(FaultError, match=message):
         node.inject(fault, gpu, **params)
+
+
+def test_nvlink_slow_moves_less_nvlink_data_than_a_healthy_peer(node):
+    for gpu in node.gpus:
+        gpu.set_load(1.0)
+    node.inject("nvlink-slow", 1, links_down=0, bandwidth_ratio=0.5)
+    before = [sum(link.transmitted_bytes for link in g.nvlinks) for g in node.gpus]
+    node.step(5.0)
+    moved = [sum(link.transmitted_bytes for link in g.nvlinks) - b
+             for g, b in zip(node.gpus, before, strict=True)]
+    assert moved[1] == pytest.approx(0.5 * moved[0], rel=0.05)

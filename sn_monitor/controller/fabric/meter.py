@@ -25,6 +25,27 @@ ERROR_MARKERS: tuple[str, ...] = ("err", "downed", "discard", "integrity", "over
 #: RoCE congestion: packets the switch marked (ECN) and the notifications (CNP) they cause.
 ECN_COUNTERS: tuple[str, ...] = ("np_ecn_marked_roce_packets",)
 CNP_COUNTERS: tuple[str, ...] = ("np_cnp_sent", "rp_cnp_handled")
+#: Clock-event reasons that slow a GPU (the others are idle, application or display
+#: clocks, or sync boost: not a fault).
+SLOWING_REASONS = frozenset({
+    "sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+})
+#: What the meter reads, as rule metrics: agents that evaluate their node-local rules
+#: send the controller only what it reads (:class:`~sn_monitor.rules.series.Trim`).
+FABRIC_METRICS: tuple[str, ...] = (
+    "gpu_utilization_ratio", "gpu_temperature_celsius", "gpu_sm_clock_hertz",
+    "gpu_sm_max_clock_hertz", "gpu_processes", "gpu_nvlinks_down",
+    "gpu_nvlink_transmitted_bytes_total", "gpu_nvlink_crc_errors_total",
+    "gpu_nvlink_replay_errors_total", "gpu_nvlink_recovery_errors_total",
+    "infiniband_port_state", "infiniband_port_rate_bytes_per_second",
+    "infiniband_port_transmitted_bytes", "infiniband_port_received_bytes",
+    "infiniband_port_transmit_wait", "infiniband_port_np_ecn_marked_roce_packets",
+    "infiniband_port_np_cnp_sent", "infiniband_port_rp_cnp_handled",
+    "infiniband_port_symbol_errors", "infiniband_port_link_downed",
+    "infiniband_port_receive_errors", "infiniband_port_transmit_discards",
+    "infiniband_port_link_error_recovery",
+)
 #: The smoothing time constant of the rates, seconds.
 DEFAULT_TAU_SECONDS = 15.0
 

@@ -26,6 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from sn_monitor.config import positive, setting
 from sn_monitor.controller.fabric.book import TopologyBook
 from sn_monitor.controller.fabric.meter import FabricMeter
 from sn_monitor.controller.failslow.steps import Slowdown, StepTrend, TrendSettings
@@ -36,17 +37,18 @@ FAIL_SLOW_KINDS = ("congested-link", "nic-degraded", "nvlink-slow", "gpu-throttl
                    "noisy-neighbour")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class FailSlowSettings:
     """How the finder judges (the controller's ``fail_slow:`` setting)."""
 
+    #: Off: no fail-slow incidents (the topology page still shows rates).
     enabled: bool = True
     trend: TrendSettings = field(default_factory=TrendSettings)
     suspects: SuspectSettings = field(default_factory=SuspectSettings)
     #: Evaluations in a row a suspect must stand before it is named.
-    confirm: int = 2
+    confirm: int = setting(default=2, check=positive)
     #: Besides the strongest, suspects at least this strong are named too.
-    also_strength: float = 3.0
+    also_strength: float = setting(default=3.0, check=positive)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +118,10 @@ class BottleneckFinder:
     def slowdown(self, job: str, now: float) -> Slowdown | None:
         trend = self._trends.get(job)
         return trend.slowdown(now) if trend is not None else None
+
+    def jobs(self) -> list[str]:
+        """The jobs whose pace the finder follows."""
+        return list(self._trends)
 
     def trend(self, job: str) -> StepTrend | None:
         return self._trends.get(job)

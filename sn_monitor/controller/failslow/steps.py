@@ -21,16 +21,21 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
+from sn_monitor.config import fraction, positive, setting
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True)
 class TrendSettings:
-    recent_seconds: float = 20.0
-    baseline_seconds: float = 1800.0
-    baseline_quantile: float = 0.2
-    min_slowdown: float = 0.06
-    min_samples: int = 12
+    """``fail_slow: {trend: ...}`` in the controller's config."""
+
+    recent_seconds: float = setting(default=20.0, check=positive)
+    baseline_seconds: float = setting(default=1800.0, check=positive)
+    baseline_quantile: float = setting(default=0.2, check=fraction)
+    #: A job this much slower than its baseline is slow (0.06: 6 %).
+    min_slowdown: float = setting(default=0.06, check=positive)
+    min_samples: int = setting(default=12, check=positive)
     #: Most samples kept (bounds memory whatever the sampling rate).
-    max_samples: int = 2048
+    max_samples: int = setting(default=2048, check=positive)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,15 +28,15 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sn_monitor.config import fraction, positive, setting
 from sn_monitor.controller.fabric.book import TopologyBook
-from sn_monitor.controller.fabric.meter import FabricMeter, GpuReading, PortReading
+from sn_monitor.controller.fabric.meter import (
+    SLOWING_REASONS,
+    FabricMeter,
+    GpuReading,
+    PortReading,
+)
 
-#: Clock-event reasons that slow a GPU (the others are idle, application or display
-#: clocks, or sync boost: not a fault).
-SLOWING_REASONS = frozenset({
-    "sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
-    "hw_power_brake_slowdown",
-})
 #: Kinds in the order they are believed when several stand at once.
 PRIORITY: dict[str, int] = {
     "nic-degraded": 0, "nvlink-slow": 1, "gpu-throttled": 2, "noisy-neighbour": 3,
@@ -45,20 +45,22 @@ PRIORITY: dict[str, int] = {
 _ACTIVE = 4  # IB port state ACTIVE
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SuspectSettings:
+    """``fail_slow: {suspects: ...}`` in the controller's config."""
+
     #: congested-link: transmit_wait at least this many times the rail median ...
-    wait_ratio: float = 6.0
+    wait_ratio: float = setting(default=6.0, check=positive)
     #: ... and at least this many ticks a second (an idle rail's median is ~0).
-    wait_floor_per_second: float = 1e5
+    wait_floor_per_second: float = setting(default=1e5, check=positive)
     #: nic-degraded: a rate below this share of the rail's best.
-    rate_share: float = 0.9
+    rate_share: float = setting(default=0.9, check=fraction)
     #: gpu-throttled: an SM clock below this share of the job's median clock.
-    clock_share: float = 0.9
+    clock_share: float = setting(default=0.9, check=fraction)
     #: nvlink-slow: NVLink errors a second that stand out (the healthy rate is ~0) ...
-    nvlink_errors_per_second: float = 1.0
+    nvlink_errors_per_second: float = setting(default=1.0, check=positive)
     #: ... or NVLink throughput below this share of the job's median GPU's.
-    nvlink_share: float = 0.6
+    nvlink_share: float = setting(default=0.6, check=fraction)
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,6 +116,17 @@ class JobOrchestrator:
             j = self.registry.find(name)
             return None if j is None else self._status(j)
 
+    def ranks_by_node(self, name: str) -> dict[str, list[int]]:
+        """The ranks of the job's current generation on each node, as they reported."""
+        with self._lock:
+            j = self.registry.find(name)
+            if j is None:
+                return {}
+            out: dict[str, list[int]] = {}
+            for rank, progress in sorted(j.progress.ranks.items()):
+                out.setdefault(progress.node, []).append(rank)
+            return out
+
     def spec(self, name: str) -> DistributedJob | None:
         """The job's DistributedJob as added (its ``control`` says how to reach its launcher)."""
         with self._lock:

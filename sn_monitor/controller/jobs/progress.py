@@ -28,6 +28,7 @@ sends 1e308, neither dates its progress in the future nor makes a step last a ye
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,6 +36,8 @@ from sn_monitor.controller.ingest import MAX_EVENT_AGE_SECONDS
 
 #: A frontier gap up to this many median step times per step counts whole (jitter).
 SLACK = 2.0
+#: The frontier's advances kept for :meth:`JobProgress.recent_step_time`.
+ADVANCES_KEPT = 256
 
 
 def on_controller_clock(when: float, now: float) -> float:
@@ -78,11 +81,14 @@ class JobProgress:
         self.dirty = False
         self._median: float | None = None
         self._median_stale = True
+        #: (step, time) of the frontier's latest advances: the job's pace right now.
+        self._advances: deque[tuple[int, float]] = deque(maxlen=ADVANCES_KEPT)
         self._median_at = -1e18
 
     def reset_ranks(self) -> None:
         """A new generation starts: forget the ranks (the world may have changed)."""
         self.ranks.clear()
+        self._advances.clear()
         self.world_size = 0
         self.last_advance = None
         self.hang_reported = False
@@ -156,7 +162,28 @@ class JobProgress:
                 self.productive += steps * median
         self.frontier = step
         self.frontier_time = max(when, self.frontier_time)
+        self._advances.append((step, self.frontier_time))
         self.dirty = True
+
+    def recent_step_time(self, window: float = 30.0) -> float | None:
+        """Seconds per step of the frontier over its last ``window`` seconds.
+
+        The pace of the slowest rank, as of its latest steps: the ranks' own step times
+        (:meth:`median_step_time`) are medians over their last few dozen steps, and turn
+        that many steps after the job slowed down. None before two advances in the window.
+        """
+        advances = self._advances
+        if len(advances) < 2:
+            return None
+        last_step, last_time = advances[-1]
+        first_step, first_time = last_step, last_time
+        for step, when in reversed(advances):
+            if when < last_time - window:
+                break
+            first_step, first_time = step, when
+        if last_step <= first_step or last_time <= first_time:
+            return None
+        return (last_time - first_time) / (last_step - first_step)
 
     def median_step_time(self, now: float | None = None) -> float | None:
         """The median of the ranks' step times (None while no rank knows its own).

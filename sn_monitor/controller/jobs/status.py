@@ -36,6 +36,7 @@ def job_status(j: JobRecord, now: float, *, recovery: str | None,
         checkpoint_request=request, recovery=recovery,
         world_size=j.progress.world_size, ranks_reporting=len(j.progress.ranks),
         last_step=j.progress.last_step(), median_step_seconds=j.progress.median_step_time(),
+        recent_step_seconds=j.progress.recent_step_time(),
         effective_training_ratio=effective_training_ratio(j, now),
         checkpoint_interval_seconds=interval,
         checkpoint_interval_recommended_seconds=(

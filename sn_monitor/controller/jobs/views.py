@@ -228,6 +228,8 @@ class JobStatus:
     ranks_reporting: int
     last_step: int | None
     median_step_seconds: float | None
+    #: Seconds per step over the last 30 s (the job's pace now; None: too few steps).
+    recent_step_seconds: float | None
     effective_training_ratio: float | None
     #: The interval the schedule uses, and the one the job's history recommends.
     checkpoint_interval_seconds: float
@@ -252,6 +254,7 @@ class JobStatus:
             "recovery": self.recovery, "world_size": self.world_size,
             "ranks_reporting": self.ranks_reporting, "last_step": self.last_step,
             "median_step_seconds": self.median_step_seconds,
+            "recent_step_seconds": self.recent_step_seconds,
             "effective_training_ratio": self.effective_training_ratio,
             "checkpoint_interval_seconds": self.checkpoint_interval_seconds,
             "checkpoint_interval_recommended_seconds":

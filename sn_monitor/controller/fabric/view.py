@@ -1,0 +1,282 @@
+"""The fleet graph as ``GET /api/v1/topology`` serves it: supernodes, racks, nodes, rails.
+
+A pure function of what the controller knows (:func:`fleet_topology`): the nodes'
+labels and states, their topologies (:class:`~.book.TopologyBook`), their live rates
+(:class:`~.meter.FabricMeter`), the open incidents, the jobs and the fail-slow
+bottlenecks. Each node, GPU, port and rail gets a ``health`` the page colours:
+``ok``, ``degraded``, ``failed``, or ``unknown`` (no report yet).
+
+- a **port** is ``failed`` when its state is not ACTIVE, ``degraded`` when its rate is
+  below the best of its rail, it counts errors, or a bottleneck names it;
+- a **GPU** is ``failed`` when lost or a critical incident names it, ``degraded`` when
+  another incident names it, a slowing throttle reason is active or a bottleneck names it;
+- a **node** is ``failed`` when lost or evicted or a critical incident is open on it,
+  ``degraded`` when cordoned, degraded, any incident is open, or a part of it is not ok;
+- a **rail** is ``failed`` when all its ports are, ``degraded`` when any is not ok.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sn_monitor.controller.fabric.book import TopologyBook
+from sn_monitor.controller.fabric.meter import (
+    SLOWING_REASONS,
+    FabricMeter,
+    GpuReading,
+    NodeReadings,
+    PortReading,
+)
+from sn_monitor.model import GpuTopology, NicTopology
+from sn_monitor.rules.view import NodeView
+
+_ACTIVE = 4
+_RANK = {"ok": 0, "unknown": 0, "degraded": 1, "failed": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class JobOnFabric:
+    """A job as the topology shows it."""
+
+    name: str
+    state: str
+    nodes: tuple[str, ...]
+    ranks: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    step_time_seconds: float | None = None
+    baseline_step_time_seconds: float | None = None
+    slowdown_ratio: float | None = None
+
+
+def _worst(*healths: str) -> str:
+    return max(healths, key=lambda h: _RANK[h], default="ok")
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def fleet_topology(
+    *,
+    now: float,
+    views: Mapping[str, NodeView],
+    states: Mapping[str, str],
+    incidents: Iterable[Mapping[str, Any]],
+    book: TopologyBook,
+    meter: FabricMeter,
+    jobs: Sequence[JobOnFabric],
+    fail_slow: Sequence[Mapping[str, Any]],
+    job: str | None = None,
+) -> dict[str, Any]:
+    """The ``/api/v1/topology`` document (see the module docstring)."""
+    by_node: dict[str, list[Mapping[str, Any]]] = {}
+    for incident in incidents:
+        by_node.setdefault(str(incident["node"]), []).append(incident)
+    marked = {(str(b["node"]), str(b["link"])) for b in fail_slow}
+    best = _rail_best(views, book, meter)
+    jobs_of: dict[str, list[str]] = {}
+    for j in jobs:
+        for node in j.nodes:
+            jobs_of.setdefault(node, []).append(j.name)
+    nodes: dict[str, Any] = {}
+    tree: dict[str, dict[str, list[str]]] = {}
+    for name in sorted(views):
+        view = views[name]
+        supernode = view.labels.get("supernode", "")
+        rack = view.labels.get("rack", "")
+        tree.setdefault(supernode, {}).setdefault(rack, []).append(name)
+        nodes[name] = _node(view, states.get(name, view.state), by_node.get(name, []), book,
+                            meter.node(name), best, marked, sorted(jobs_of.get(name, [])))
+    rails = _rails(nodes)
+    return {
+        "time": now,
+        "job": job,
+        "supernodes": [{"name": sn, "racks": [{"name": r, "nodes": members}
+                                              for r, members in sorted(racks.items())]}
+                       for sn, racks in sorted(tree.items())],
+        "rails": rails,
+        "nodes": nodes,
+        "jobs": [{"name": j.name, "state": j.state, "nodes": list(j.nodes),
+                  "ranks": {n: list(r) for n, r in j.ranks.items()},
+                  "step_time_seconds": _round(j.step_time_seconds, 4),
+                  "baseline_step_time_seconds": _round(j.baseline_step_time_seconds, 4),
+                  "slowdown_ratio": _round(j.slowdown_ratio, 4)} for j in jobs],
+        "fail_slow": [dict(b) for b in fail_slow],
+    }
+
+
+def _rail_best(views: Mapping[str, NodeView], book: TopologyBook,
+               meter: FabricMeter) -> dict[int, float]:
+    """Each rail's best link rate among the nodes that report one."""
+    best: dict[int, float] = {}
+    for name in views:
+        readings = meter.node(name)
+        if readings is None:
+            continue
+        for (device, _), port in readings.ports.items():
+            rail = book.rail(name, device)
+            if rail is not None and port.rate_bytes_per_second:
+                best[rail] = max(best.get(rail, 0.0), port.rate_bytes_per_second)
+    return best
+
+
+def _node(view: NodeView, state: str, incidents: list[Mapping[str, Any]], book: TopologyBook,
+          readings: NodeReadings | None, best: Mapping[int, float],
+          marked: set[tuple[str, str]], jobs: list[str]) -> dict[str, Any]:
+    name = view.name
+    wiring = book.get(name)
+    topo_gpus = {g.index: g for g in wiring.topology.gpus} if wiring else {}
+    topo_nics = {n.device: n for n in wiring.topology.nics} if wiring else {}
+    report = view.report
+    gpu_indexes = set(topo_gpus) | set(readings.gpus if readings else ()) | {
+        g.index for g in (report.gpus if report else ())}
+    gpus = [_gpu(name, i, topo_gpus.get(i), readings.gpus.get(i) if readings else None,
+                 incidents, marked) for i in sorted(gpu_indexes)]
+    ports_of: dict[str, list[PortReading]] = {}
+    for (device, _), port in sorted((readings.ports if readings else {}).items()):
+        ports_of.setdefault(device, []).append(port)
+    for port_report in report.infiniband if report else ():
+        ports_of.setdefault(port_report.device, [])
+    nics = [_nic(name, device, topo_nics.get(device), ports_of.get(device, []), best, marked)
+            for device in sorted(set(topo_nics) | set(ports_of), key=_natural)]
+    health = {"healthy": "ok", "degraded": "degraded", "cordoned": "degraded",
+              "lost": "failed", "evicted": "failed"}.get(state, "unknown")
+    if report is None:
+        health = "unknown"
+    for incident in incidents:
+        health = _worst(health, "failed" if incident.get("severity") == "critical"
+                        else "degraded")
+    parts = [g["health"] for g in gpus] + [p["health"] for n in nics for p in n["ports"]]
+    if any(h != "ok" for h in parts if h != "unknown") and health == "ok":
+        health = "degraded"
+    return {
+        "name": name,
+        "supernode": view.labels.get("supernode", ""),
+        "rack": view.labels.get("rack", ""),
+        "state": state,
+        "health": health,
+        "jobs": jobs,
+        "incidents": [{k: i.get(k) for k in ("id", "rule", "severity", "gpu", "message")}
+                      for i in incidents],
+        "has_topology": wiring is not None,
+        "nvswitches": wiring.topology.nvswitches if wiring else 0,
+        "gpus": gpus,
+        "nics": nics,
+    }
+
+
+def _gpu(node: str, index: int, topo: GpuTopology | None, reading: GpuReading | None,
+         incidents: list[Mapping[str, Any]], marked: set[tuple[str, str]]) -> dict[str, Any]:
+    health = "unknown" if reading is None else "ok"
+    if reading is not None and reading.lost:
+        health = "failed"
+    for incident in incidents:
+        if incident.get("gpu") == index:
+            health = _worst(health, "failed" if incident.get("severity") == "critical"
+                            else "degraded")
+    reasons = list(reading.throttle_reasons) if reading else []
+    if any(r in SLOWING_REASONS for r in reasons) or (node, f"gpu{index}") in marked or (
+            node, f"gpu{index}/nvlink") in marked:
+        health = _worst(health, "degraded")
+    return {
+        "index": index,
+        "uuid": topo.uuid if topo else "",
+        "pci_bus_id": topo.pci_bus_id if topo else "",
+        "numa_node": topo.numa_node if topo else None,
+        "health": health,
+        "utilization_ratio": _round(reading.utilization_ratio) if reading else None,
+        "temperature_celsius": reading.temperature_celsius if reading else None,
+        "sm_clock_hertz": reading.sm_clock_hertz if reading else None,
+        "sm_max_clock_hertz": reading.sm_max_clock_hertz if reading else None,
+        "throttle_reasons": reasons,
+        "nvlinks": topo.nvlinks if topo else None,
+        "nvlinks_down": reading.nvlinks_down if reading else None,
+        "processes": reading.processes if reading else None,
+        "nvlink_transmit_bytes_per_second": _round(reading.nvlink_transmit.value, 0)
+        if reading else None,
+        "nvlink_errors_per_second": _round(reading.nvlink_errors.value) if reading else None,
+        "peers": [{"kind": p.kind, "links": p.links, "pci_bus_id": p.pci_bus_id, "gpu": p.gpu}
+                  for p in topo.peers] if topo else [],
+        "nics": dict(topo.nics) if topo else {},
+    }
+
+
+def _nic(node: str, device: str, topo: NicTopology | None, ports: list[PortReading],
+         best: Mapping[int, float], marked: set[tuple[str, str]]) -> dict[str, Any]:
+    rail = topo.rail if topo is not None and topo.role == "rail" else None
+    topo_ports = {p.port: p for p in topo.ports} if topo else {}
+    numbers = sorted(set(topo_ports) | {p.port for p in ports})
+    by_number = {p.port: p for p in ports}
+    out_ports = []
+    for number in numbers:
+        reading = by_number.get(number)
+        tp = topo_ports.get(number)
+        top = best.get(rail) if rail is not None else None
+        rate = reading.rate_bytes_per_second if reading else None
+        if rate is None and tp is not None:
+            rate = tp.rate_bytes_per_second
+        health = "unknown"
+        if reading is not None:
+            health = "ok"
+            if reading.state is not None and reading.state != _ACTIVE:
+                health = "failed"
+            elif ((top and rate and rate < 0.9 * top) or (reading.errors.value or 0) > 0
+                  or (node, device) in marked):
+                health = "degraded"
+        out_ports.append({
+            "port": number,
+            "guid": tp.guid if tp else "",
+            "link_layer": tp.link_layer if tp else "",
+            "state": reading.state if reading else None,
+            "health": health,
+            "rate_bytes_per_second": rate,
+            "max_rate_bytes_per_second": top or rate,
+            "transmit_bytes_per_second": _round(reading.transmit.value, 0) if reading else None,
+            "receive_bytes_per_second": _round(reading.receive.value, 0) if reading else None,
+            "utilization_ratio": _round(reading.utilization()) if reading else None,
+            "transmit_wait_per_second": _round(reading.transmit_wait.value, 0)
+            if reading else None,
+            "ecn_marked_per_second": _round(reading.ecn.value) if reading else None,
+            "cnp_per_second": _round(reading.cnp.value) if reading else None,
+            "errors_per_second": _round(reading.errors.value) if reading else None,
+        })
+    return {
+        "device": device,
+        "role": topo.role if topo else "other",
+        "rail": rail,
+        "pci_bus_id": topo.pci_bus_id if topo else "",
+        "numa_node": topo.numa_node if topo else None,
+        "netdev": topo.netdev if topo else "",
+        "ports": out_ports,
+    }
+
+
+def _rails(nodes: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    rails: dict[int, list[tuple[dict[str, Any], str]]] = {}
+    for name, node in nodes.items():
+        for nic in node["nics"]:
+            if nic["rail"] is None:
+                continue
+            for port in nic["ports"]:
+                rails.setdefault(nic["rail"], []).append(
+                    ({"node": name, "device": nic["device"], "port": port["port"]},
+                     port["health"]))
+    out = []
+    for rail, members in sorted(rails.items()):
+        healths = [h for _, h in members]
+        known = [h for h in healths if h != "unknown"]
+        if known and all(h == "failed" for h in known):
+            health = "failed"
+        elif any(h in ("failed", "degraded") for h in known):
+            health = "degraded"
+        else:
+            health = "ok" if known else "unknown"
+        out.append({"rail": rail, "health": health, "ports": [m for m, _ in members]})
+    return out
+
+
+def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
+    return tuple((0, int(part)) if part.isdigit() else (1, part)
+                 for part in re.split(r"(\d+)", name) if part)

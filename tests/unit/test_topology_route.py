@@ -1,0 +1,30 @@
+"""``GET /ui/topology``: the page from the package, without a token, never cached, and
+loading nothing from anywhere but the controller."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.unit.test_controller_api import make_api
+
+PAGE = Path(__file__).resolve().parents[2] / "sn_monitor" / "controller" / "ui" / "topology.html"
+
+
+def test_the_page_is_served_without_a_token_and_not_cached(tmp_path: Path) -> None:
+    api, _ = make_api(tmp_path)
+    reply = api.client.get("/ui/topology")
+    assert reply.status_code == 200
+    assert reply.headers["content-type"].startswith("text/html")
+    assert reply.headers["cache-control"] == "no-store"
+    assert "connect-src 'self'" in reply.headers["content-security-policy"]
+    assert reply.content == PAGE.read_bytes()
+    # the data it draws still needs a token
+    assert api.client.get("/api/v1/nodes").status_code == 401
+
+
+def test_the_page_loads_nothing_from_elsewhere() -> None:
+    page = PAGE.read_text(encoding="utf-8")
+    assert 'data-app="sn-topology"' in page
+    for outside in ("http://", "https://", "//cdn", "<script src", "<link rel=\"stylesheet"):
+        assert outside not in page.replace('xmlns="http://www.w3.org/2000/svg"', ""), outside
+    assert "../api/v1/topology" in page
