@@ -38,6 +38,7 @@ PARTS: dict[str, str] = {
     "simulate_bench": "simulate.json",
     "ha_bench": "ha.json",
     "ingest_bench": "ingest.json",
+    "failslow_bench": "failslow.json",
 }
 #: After a part's timeout: SIGTERM (it stops what it started), then this long, then SIGKILL.
 GRACE_S = 30.0

@@ -289,6 +289,16 @@ class _Tree:
             raise ValueError("a counter does not go backwards")
         self.symbol_errors[self._ib(device)] += n
 
+    def _fail_slow(self, *_args: object) -> None:
+        raise ValueError("port fail-slow faults are played by simulated agents "
+                         "(sn-monitor agent --simulate), not by simulate's template reports")
+
+    congest_ib_port = degrade_ib_port = _fail_slow
+    ib_devices = DEFAULT_IB_DEVICES
+
+    def clear_ib_port_fail_slow(self, device: str) -> None:
+        self._ib(device)  # nothing to clear: no port fail-slow fault plays here
+
     def add_stuck_process(self, name: str = "python", count: int = 1) -> None:
         if count < 1:
             raise ValueError("count must be >= 1")

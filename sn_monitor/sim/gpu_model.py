@@ -18,7 +18,7 @@ import math
 import random
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 GIB = 1024**3
@@ -29,6 +29,17 @@ REASON_SW_POWER_CAP = 0x4
 REASON_HW_SLOWDOWN = 0x8
 REASON_SW_THERMAL_SLOWDOWN = 0x20
 REASON_HW_THERMAL_SLOWDOWN = 0x40
+REASON_HW_POWER_BRAKE_SLOWDOWN = 0x80
+#: The slowing reasons a ``gpu-throttled`` fault may name (agent.nvml.THROTTLE_REASONS).
+THROTTLE_REASON_BITS = {
+    "sw_power_cap": REASON_SW_POWER_CAP,
+    "hw_slowdown": REASON_HW_SLOWDOWN,
+    "sw_thermal_slowdown": REASON_SW_THERMAL_SLOWDOWN,
+    "hw_thermal_slowdown": REASON_HW_THERMAL_SLOWDOWN,
+    "hw_power_brake_slowdown": REASON_HW_POWER_BRAKE_SLOWDOWN,
+}
+#: The pid a noisy neighbour's process has on GPU i: NEIGHBOUR_PID + i.
+NEIGHBOUR_PID = 70_000
 
 XID_FALLEN_OFF_BUS = 79
 
@@ -158,6 +169,22 @@ def training_load(elapsed_seconds: float, rng: random.Random) -> float:
 
 
 @dataclass(slots=True)
+class FailSlowState:
+    """What the fail-slow faults hold on a GPU (all at rest: a healthy GPU).
+
+    ``nvlink_bandwidth_ratio``: the share of its peers' NVLink data rate the GPU moves
+    (the NVLink data counters scale by it); ``neighbour_share``: how much of the GPU
+    another tenant's process takes (the simulated job's rank slows by it).
+    """
+
+    clock_ratio: float = 1.0
+    reasons: int = 0
+    nvlink_errors_per_second: float = 0.0
+    nvlink_bandwidth_ratio: float = 1.0
+    neighbour_share: float = 0.0
+
+
+@dataclass(slots=True)
 class _Counters:
     """Integrals since power-on, for GPM-style "between two samples" metrics."""
 
@@ -242,6 +269,7 @@ class SimulatedGpu:
         self.fabric_cluster_uuid = bytes(16)
         #: Compute processes on the GPU: (pid, used memory bytes).
         self.processes: list[tuple[int, int]] = []
+        self.fail_slow = FailSlowState()
         self._counters = _Counters()
 
     # ---------------------------------------------------------------- derived values
@@ -304,10 +332,11 @@ class SimulatedGpu:
         if target is None:
             target = self.load_function(self._counters.elapsed_seconds, self._rng)
         self.utilization = min(1.0, max(0.0, target))
-        reasons = 0
+        reasons = self.fail_slow.reasons
         clock_factor = self._thermal_clock_factor()
         if clock_factor < 1.0:
             reasons |= REASON_SW_THERMAL_SLOWDOWN
+        clock_factor *= self.fail_slow.clock_ratio
         if self.temperature_celsius >= p.slowdown_celsius:
             reasons |= REASON_HW_THERMAL_SLOWDOWN | REASON_HW_SLOWDOWN
         dynamic = self.utilization * (p.full_load_power_watts - p.idle_power_watts)
@@ -338,6 +367,7 @@ class SimulatedGpu:
         c.pcie_rx_bytes += self.pcie_rx_bytes_per_second * dt_seconds
         c.pcie_tx_bytes += self.pcie_tx_bytes_per_second * dt_seconds
         self._advance_nvlinks(dt_seconds)
+        self._advance_nvlink_errors(dt_seconds)
         if self.temperature_celsius >= p.shutdown_celsius:
             # The driver's thermal shutdown: the GPU drops off the bus.
             self._fall_off_bus()
@@ -345,7 +375,7 @@ class SimulatedGpu:
     def _advance_nvlinks(self, dt_seconds: float) -> None:
         """Collectives move data over every link that is up, in step with the GPU's load."""
         moved = (self.profile.nvlink_link_bytes_per_second * _NVLINK_TRAINING_SHARE
-                 * self.utilization * dt_seconds)
+                 * self.utilization * self.fail_slow.nvlink_bandwidth_ratio * dt_seconds)
         for link in self.nvlinks:
             if link.up:
                 link.transmitted_bytes += moved
@@ -370,6 +400,84 @@ class SimulatedGpu:
     def _pcie_link_bytes_per_second(self) -> float:
         lane = _PCIE_LANE_BYTES_PER_SECOND.get(self.pcie_generation, 3938e6)
         return lane * self.pcie_width
+
+    def _advance_nvlink_errors(self, dt_seconds: float) -> None:
+        """An NVLink error storm (``nvlink-slow``): replays, CRC errors, recoveries.
+
+        The errors land on a link that is still up; a recovery now and then.
+        """
+        rate = self.fail_slow.nvlink_errors_per_second
+        if rate <= 0:
+            return
+        links = [link for link in self.nvlinks if link.up] or self.nvlinks
+        link = links[self._rng.randrange(len(links))]
+        replays = int(rate * dt_seconds * self._rng.uniform(0.5, 1.5))
+        link.replay_errors += replays
+        link.crc_flit_errors += replays * 3
+        if self._rng.random() < 0.05 * dt_seconds:
+            link.recovery_errors += 1
+
+    # ---------------------------------------------------------------- fail-slow faults
+
+    def inject_throttle(self, reasons: Sequence[str], ratio: float) -> None:
+        """The clocks held at ``ratio`` of what they would be, for ``reasons``.
+
+        A power brake, a hardware slowdown signal, a power cap set low out of band.
+        """
+        if not 0.05 <= ratio <= 1.0:
+            raise ValueError(f"clock ratio must be in 0.05..1, got {ratio}")
+        unknown = [r for r in reasons if r not in THROTTLE_REASON_BITS]
+        if unknown or not reasons:
+            raise ValueError(f"throttle reasons must be some of {sorted(THROTTLE_REASON_BITS)}")
+        with self.lock:
+            self.fail_slow.clock_ratio = ratio
+            self.fail_slow.reasons = 0
+            for reason in reasons:
+                self.fail_slow.reasons |= THROTTLE_REASON_BITS[reason]
+
+    def clear_throttle(self) -> None:
+        with self.lock:
+            self.fail_slow.clock_ratio = 1.0
+            self.fail_slow.reasons = 0
+
+    def inject_nvlink_slow(self, links_down: int, errors_per_second: float,
+                           bandwidth_ratio: float) -> None:
+        """An NVLink error storm: errors climb and ``links_down`` links drop.
+
+        The GPU's NVLink data rate falls to ``bandwidth_ratio`` of its peers'.
+        """
+        if not 0 <= links_down < len(self.nvlinks) or errors_per_second < 0:
+            raise ValueError("links_down must leave a link up; errors_per_second >= 0")
+        if not 0.0 < bandwidth_ratio <= 1.0:
+            raise ValueError(f"bandwidth ratio must be in (0, 1], got {bandwidth_ratio}")
+        for link in range(links_down):
+            self.set_nvlink_down(link)
+        with self.lock:
+            self.fail_slow.nvlink_errors_per_second = errors_per_second
+            self.fail_slow.nvlink_bandwidth_ratio = bandwidth_ratio
+
+    def clear_nvlink_slow(self) -> None:
+        with self.lock:
+            self.fail_slow.nvlink_errors_per_second = 0.0
+            self.fail_slow.nvlink_bandwidth_ratio = 1.0
+            for link in self.nvlinks:
+                link.up = True
+
+    def inject_noisy_neighbour(self, share: float) -> None:
+        """Another tenant's compute process on this GPU, taking ``share`` of it."""
+        if not 0.0 < share < 1.0:
+            raise ValueError(f"share must be in (0, 1), got {share}")
+        with self.lock:
+            pid = NEIGHBOUR_PID + self.index
+            used = int(share * 0.3 * self.profile.memory_total_bytes)
+            self.processes = [p for p in self.processes if p[0] != pid] + [(pid, used)]
+            self.fail_slow.neighbour_share = share
+
+    def clear_noisy_neighbour(self) -> None:
+        with self.lock:
+            pid = NEIGHBOUR_PID + self.index
+            self.processes = [p for p in self.processes if p[0] != pid]
+            self.fail_slow.neighbour_share = 0.0
 
     # ---------------------------------------------------------------- power limit
 

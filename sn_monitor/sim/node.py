@@ -230,7 +230,49 @@ FAULTS: dict[str, FaultKind] = {
         str(p.get("name", "python")), int(p.get("count", 1))), needs_gpu=False),
     "stuck-process-gone": FaultKind(lambda n, g, p: n.tree.clear_stuck_processes(),
                                     needs_gpu=False),
+    **{
+        # Fail-slow: the node keeps working, slower (sn_monitor.sim.failslow models the job).
+        "congested-link": FaultKind(lambda n, g, p: n.tree.congest_ib_port(
+            str(p["device"]), float(p.get("factor", 20.0))), needs_gpu=False),
+        "congested-link-cleared": FaultKind(lambda n, g, p: n.tree.clear_ib_port_fail_slow(
+            str(p["device"])), needs_gpu=False),
+        "nic-degraded": FaultKind(lambda n, g, p: n.tree.degrade_ib_port(
+            str(p["device"]), float(p.get("rate_gbps", 200.0))), needs_gpu=False),
+        "nic-degraded-cleared": FaultKind(lambda n, g, p: n.tree.clear_ib_port_fail_slow(
+            str(p["device"])), needs_gpu=False),
+        "nvlink-slow": FaultKind(lambda n, g, p: _gpu(n, g).inject_nvlink_slow(
+            int(p.get("links_down", 1)), float(p.get("errors_per_second", 100.0)),
+            float(p.get("bandwidth_ratio", 0.6)))),
+        "nvlink-slow-cleared": FaultKind(lambda n, g, p: _gpu(n, g).clear_nvlink_slow()),
+        "gpu-throttled": FaultKind(lambda n, g, p: _gpu(n, g).inject_throttle(
+            _reasons(p.get("reason", "hw_slowdown")), float(p.get("ratio", 0.7)))),
+        "gpu-throttled-cleared": FaultKind(lambda n, g, p: _gpu(n, g).clear_throttle()),
+        "noisy-neighbour": FaultKind(lambda n, g, p: _gpu(n, g).inject_noisy_neighbour(
+            float(p.get("share", 0.3)))),
+        "noisy-neighbour-cleared": FaultKind(
+            lambda n, g, p: _gpu(n, g).clear_noisy_neighbour()),
+        "fail-slow-clear": FaultKind(lambda n, g, p: clear_fail_slow(n), needs_gpu=False),
+    },
 }
+
+
+def _reasons(value: object) -> list[str]:
+    """``"hw_slowdown"``, ``"hw_slowdown,hw_power_brake_slowdown"`` or a list of names."""
+    if isinstance(value, str):
+        return [r.strip() for r in value.split(",") if r.strip()]
+    if isinstance(value, list) and all(isinstance(r, str) for r in value):
+        return list(value)
+    raise ValueError(f"reason must be a name or a list of names, got {value!r}")
+
+
+def clear_fail_slow(node: SimulatedNode) -> None:
+    """Every fail-slow fault on the node cleared: ports, clocks, NVLinks, neighbours."""
+    for device in node.tree.ib_devices:
+        node.tree.clear_ib_port_fail_slow(device)
+    for gpu in node.gpus:
+        gpu.clear_throttle()
+        gpu.clear_nvlink_slow()
+        gpu.clear_noisy_neighbour()
 
 
 def fault_endpoint(node: SimulatedNode) -> Callable[[bytes], tuple[int, dict[str, Any]]]:

@@ -131,12 +131,27 @@ _NETDEV_HEADER = (
 
 
 @dataclass
+class PortFailSlow:
+    """What a fail-slow fault holds on a port (at rest: a healthy port).
+
+    ``wait_factor`` multiplies ``port_xmit_wait`` (and ECN marks / CNPs on RoCE ports by
+    ten times as much); ``throughput_share`` scales the data moved; ``rate_gbps`` is the
+    link's trained rate when below its maximum (None: the maximum).
+    """
+
+    wait_factor: float = 1.0
+    throughput_share: float = 1.0
+    rate_gbps: float | None = None
+
+
+@dataclass
 class _IbPort:
     device: str
     ethernet: bool
     counters: dict[str, int]
     up: bool = True
     dirty: set[str] = field(default_factory=set)
+    fail_slow: PortFailSlow = field(default_factory=lambda: PortFailSlow())
 
     def bump(self, name: str, delta: int) -> None:
         if delta > 0:
@@ -321,6 +336,39 @@ class SimulatedNodeTree:
             port.bump("symbol_error", n)
             self._write_port(port)
 
+    def congest_ib_port(self, device: str, factor: float) -> None:
+        """``device`` port 1 congested: it waits ``factor`` times as long to send.
+
+        ``port_xmit_wait`` climbs that much faster (RoCE: ECN marks and CNPs too) and the
+        port moves less.
+        """
+        if factor < 1.0:
+            raise ValueError(f"a congestion factor is at least 1, got {factor}")
+        with self._lock:
+            port = self._port(device)
+            port.fail_slow.wait_factor = factor
+            port.fail_slow.throughput_share = max(0.5, 1.0 - 0.005 * factor)
+
+    def degrade_ib_port(self, device: str, rate_gbps: float) -> None:
+        """``device`` port 1 trains again at ``rate_gbps`` (fewer lanes, a lower speed).
+
+        The ``rate`` file says so, the data moved is capped by it, the port waits more.
+        """
+        with self._lock:
+            port = self._port(device)
+            if not 0 < rate_gbps < _port_gbps(port):
+                raise ValueError(f"a degraded rate is below {_port_gbps(port):g} Gb/s")
+            port.fail_slow.rate_gbps = rate_gbps
+            port.fail_slow.wait_factor = 4.0
+            self._write(self._port_dir(port) / "rate", _rate_text(port))
+
+    def clear_ib_port_fail_slow(self, device: str) -> None:
+        """``device`` port 1 back at its full rate, uncongested."""
+        with self._lock:
+            port = self._port(device)
+            port.fail_slow = PortFailSlow()
+            self._write(self._port_dir(port) / "rate", _rate_text(port))
+
     def flap_carrier(self, netdev: str) -> None:
         """The interface loses carrier and gets it back: ``carrier_changes`` += 2."""
         with self._lock:
@@ -396,8 +444,9 @@ class SimulatedNodeTree:
     def _advance_port(self, port: _IbPort, dt: float, load: float) -> None:
         if not port.up:
             return
-        rate = 25e9 if port.ethernet else 50e9  # bytes/s: 200 / 400 Gb/s
-        utilization = 0.001 + 0.85 * load
+        slow = port.fail_slow
+        rate = (slow.rate_gbps or _port_gbps(port)) * 1e9 / 8
+        utilization = (0.001 + 0.85 * load) * slow.throughput_share
         for direction in ("rcv", "xmit"):
             nbytes = rate * utilization * dt * self._jitter()
             port.bump(f"port_{direction}_data", int(nbytes / 4))
@@ -408,10 +457,10 @@ class SimulatedNodeTree:
                 port.bump("rx_write_requests", int(nbytes / 65536))
                 port.bump("rx_read_requests", int(nbytes / (65536 * 400)))
         # Congestion grows faster than load: the send queue waits, RoCE marks ECN.
-        congestion = load * load * dt * self._jitter()
+        congestion = load * load * dt * self._jitter() * slow.wait_factor
         port.bump("port_xmit_wait", int(congestion * 2e6))
         if port.ethernet:
-            marked = int(congestion * 5e3)
+            marked = int(congestion * 5e3 * (1.0 + 10.0 * (slow.wait_factor - 1.0)))
             port.bump("np_ecn_marked_roce_packets", marked)
             port.bump("np_cnp_sent", marked)
             port.bump("rp_cnp_handled", marked)
@@ -495,13 +544,15 @@ class SimulatedNodeTree:
             self._write(dev_dir / "fw_ver", f"{fw}\n")
             self._write(dev_dir / "board_id", "MT_0000000838\n")
             port_dir = dev_dir / "ports" / "1"
-            rate = "200 Gb/sec (2X NDR)" if port.ethernet else "400 Gb/sec (4X NDR)"
-            self._write(port_dir / "rate", f"{rate}\n")
+            self._write(port_dir / "rate", _rate_text(port))
             layer = "Ethernet" if port.ethernet else "InfiniBand"
             self._write(port_dir / "link_layer", f"{layer}\n")
         for dev in self._netdevs.values():
             self._write_netdev(dev)
             self._write(self.sysfs / "class" / "net" / dev.name / "mtu", f"{dev.mtu}\n")
+
+    def _port_dir(self, port: _IbPort) -> Path:
+        return self.sysfs / "class" / "infiniband" / port.device / "ports" / "1"
 
     def _write_port(self, port: _IbPort) -> None:
         port_dir = self.sysfs / "class" / "infiniband" / port.device / "ports" / "1"
@@ -560,6 +611,17 @@ class SimulatedNodeTree:
         lines.append(f"procs_running {max(1, round(self._load1))}")
         lines.append("procs_blocked 0")
         return "\n".join(lines) + "\n"
+
+
+def _port_gbps(port: _IbPort) -> float:
+    """The port's full rate: 200 Gb/s RoCE, 400 Gb/s NDR InfiniBand."""
+    return 200.0 if port.ethernet else 400.0
+
+
+def _rate_text(port: _IbPort) -> str:
+    """The ``rate`` file: ``400 Gb/sec (4X NDR)``; lanes of 100 Gb/s (NDR) each."""
+    gbps = port.fail_slow.rate_gbps or _port_gbps(port)
+    return f"{gbps:g} Gb/sec ({max(1, round(gbps / 100))}X NDR)\n"
 
 
 def _netdev_text(devs: Iterable[_NetDev]) -> str:

@@ -174,6 +174,50 @@ FAULT_SPECS: dict[str, FaultSpec] = {
         doc="processes hang in uninterruptible sleep (D), as on a dead NFS mount"),
     "stuck-process-gone": FaultSpec(FAULTS["stuck-process-gone"].needs_gpu,
                                     doc="the stuck processes are gone"),
+    # Fail-slow: the node keeps working, slower. Port ones play on simulated agents only.
+    "congested-link": FaultSpec(FAULTS["congested-link"].needs_gpu, {
+        "device": _device(), "factor": FaultParam(
+            "number", default=20.0, low=1.0, high=1000.0,
+            doc="how many times longer the port waits to send (port_xmit_wait)")},
+        doc="a port congested: it waits to send, RoCE marks ECN, it moves less"),
+    "congested-link-cleared": FaultSpec(FAULTS["congested-link-cleared"].needs_gpu,
+                                        {"device": _device()}, doc="the congestion is gone"),
+    "nic-degraded": FaultSpec(FAULTS["nic-degraded"].needs_gpu, {
+        "device": _device(), "rate_gbps": FaultParam(
+            "number", default=200.0, low=1.0, high=399.0,
+            doc="the rate the link trained at, Gb/s (full: 400)")},
+        doc="a port's link trains below its full rate (fewer lanes, a lower speed)"),
+    "nic-degraded-cleared": FaultSpec(FAULTS["nic-degraded-cleared"].needs_gpu,
+                                      {"device": _device()},
+                                      doc="the link trains at its full rate again"),
+    "nvlink-slow": FaultSpec(FAULTS["nvlink-slow"].needs_gpu, {
+        "links_down": FaultParam("int", default=1, low=0, high=NVLINKS - 1,
+                                 doc="NVLinks that go down"),
+        "errors_per_second": FaultParam("number", default=100.0, low=0.0, high=1e9,
+                                        doc="replay errors a second (CRC errors 3x)"),
+        "bandwidth_ratio": FaultParam("ratio", default=0.6, low=0.01, high=1.0,
+                                      doc="the GPU's NVLink data rate against its peers'")},
+        doc="an NVLink error storm: errors climb, links drop, the GPU's NVLink slows"),
+    "nvlink-slow-cleared": FaultSpec(FAULTS["nvlink-slow-cleared"].needs_gpu,
+                                     doc="the NVLinks are healthy and up again"),
+    "gpu-throttled": FaultSpec(FAULTS["gpu-throttled"].needs_gpu, {
+        "reason": FaultParam("string", default="hw_slowdown",
+                             doc="throttle reasons, comma-separated: sw_power_cap, "
+                                 "hw_slowdown, sw_thermal_slowdown, hw_thermal_slowdown, "
+                                 "hw_power_brake_slowdown"),
+        "ratio": FaultParam("ratio", default=0.7, low=0.05, high=1.0,
+                            doc="the SM clock's share of its maximum")},
+        doc="the GPU's clocks held low with a throttle reason"),
+    "gpu-throttled-cleared": FaultSpec(FAULTS["gpu-throttled-cleared"].needs_gpu,
+                                       doc="the clocks are free again"),
+    "noisy-neighbour": FaultSpec(FAULTS["noisy-neighbour"].needs_gpu, {
+        "share": FaultParam("ratio", default=0.3, low=0.01, high=0.99,
+                            doc="the share of the GPU the other tenant takes")},
+        doc="another tenant's compute process on the GPU"),
+    "noisy-neighbour-cleared": FaultSpec(FAULTS["noisy-neighbour-cleared"].needs_gpu,
+                                         doc="the other tenant's process is gone"),
+    "fail-slow-clear": FaultSpec(FAULTS["fail-slow-clear"].needs_gpu,
+                                 doc="every fail-slow fault on the node cleared"),
     # Fleet-level faults: they act on the whole (simulated) agent.
     "node-lost": FaultSpec(False, fleet_only=True,
                            doc="the node stops reporting (server, agent or network gone)"),
