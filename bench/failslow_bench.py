@@ -5,7 +5,9 @@ Run with ``python -m bench.failslow_bench`` (``make bench``); ``--quick`` for a 
 job is :class:`sn_monitor.sim.failslow.FailSlowJob` (256 HGX H100 nodes on a
 rail-optimised fabric, a report per node every 5 s), the finder is the controller's
 :class:`sn_monitor.controller.failslow.finder.BottleneckFinder`, fed every report (with
-the topologies they carry) and the job's step time, and asked every 5 s.
+the topologies they carry) and the job's pace as the controller reads it (the steps the
+ranks report, through the controller's own ``JobProgress.recent_step_time``: seconds per
+step over the last 30 s), and asked every 5 s.
 
 The run: a healthy warm-up, then ``--faults-per-kind`` faults of each of the five kinds
 (congested-link, nic-degraded, nvlink-slow, gpu-throttled, noisy-neighbour) in a seeded
@@ -39,6 +41,7 @@ from typing import Any
 
 from bench.common import add_output_args, finish, machine, pct, results_path, stop_on_sigterm
 from sn_monitor.controller.failslow.finder import BottleneckFinder
+from sn_monitor.controller.jobs.progress import JobProgress
 from sn_monitor.sim.failslow import (
     DISTRACTOR_KINDS,
     FAIL_SLOW_KINDS,
@@ -150,6 +153,10 @@ def run(job: FailSlowJob, plan: Plan, finder: BottleneckFinder) -> tuple[Score, 
     """Feed the finder the whole run; its namings scored and what the run cost."""
     score = Score(plan.faults)
     jobs = {job.job: job.job_nodes}
+    # The pace as the controller reads it: the frontier of the ranks' progress over its
+    # last 30 s (JobProgress.recent_step_time), not the model's own step time.
+    progress = JobProgress(max_ranks=1)
+    step, step_at = 0, job.now
     wall, cpu = time.monotonic(), time.process_time()
     model_seconds = 0.0
     ticks = 0
@@ -162,7 +169,16 @@ def run(job: FailSlowJob, plan: Plan, finder: BottleneckFinder) -> tuple[Score, 
             finder.observe(report, now)
             if report.topology is not None:
                 finder.observe_topology(report.node, report.topology)
-        finder.observe_step_time(job.job, tick.step_time_seconds, now)
+        updates = []
+        while step_at + tick.step_time_seconds <= now:
+            step_at += tick.step_time_seconds
+            step += 1
+            updates.append((step, step_at))
+        if updates:
+            progress.update(0, job.job_nodes[0], 1, updates, None, now)
+        pace = progress.recent_step_time()
+        if pace is not None:
+            finder.observe_step_time(job.job, pace, now)
         score.take([(b.node, b.link, b.kind) for b in finder.find(jobs, now)], now)
         ticks += 1
     cost = {"ticks": ticks, "reports": ticks * (len(job.job_nodes) + len(job.spare_nodes)),

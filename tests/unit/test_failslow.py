@@ -203,3 +203,25 @@ def test_meter_rates_survive_trimmed_reports_and_counter_resets():
     assert port.transmit.value == pytest.approx(1000.0)
     meter.observe(report(410), 5.0)
     assert port.transmit.value == pytest.approx(400.0)
+
+
+def test_a_burst_that_is_over_is_not_named_even_while_the_job_is_slow(warm):
+    fleet, finder, t = warm
+    run(fleet, finder, t, 30.0, 2.5)  # slow for a reason no counter shows
+    fleet.wait[("n4", "mlx5_1")] = 2e7  # one report's worth of waiting ...
+    run(fleet, finder, t + 30, 5.0, 2.5)
+    fleet.wait[("n4", "mlx5_1")] = 2e4  # ... then none: its smoothed rate still decays
+    assert run(fleet, finder, t + 35, 30.0, 2.5) == []
+
+
+def test_a_job_back_at_its_pace_is_not_slow_on_its_next_two_samples():
+    trend = StepTrend(TrendSettings(min_samples=4, recent_seconds=20))
+    for i in range(40):
+        trend.add(1.0, float(i))
+    for i in range(40, 60):
+        trend.add(1.3, float(i))
+    assert trend.slowdown(59.0) is not None
+    trend.add(1.0, 60.0)
+    assert trend.slowdown(60.0) is not None  # one sample back: a pause in a slow stretch
+    trend.add(1.0, 61.0)
+    assert trend.slowdown(61.0) is None  # the recent median still says 1.3

@@ -53,13 +53,15 @@ DEFAULT_TAU_SECONDS = 15.0
 class Rate:
     """One cumulative counter's smoothed rate per second."""
 
-    __slots__ = ("_at", "_last", "value")
+    __slots__ = ("_at", "_last", "latest", "value")
 
     def __init__(self) -> None:
         self._last: int | None = None
         self._at = 0.0
         #: The smoothed rate; None until two readings.
         self.value: float | None = None
+        #: The rate over the last interval alone: whether the counter still moves now.
+        self.latest: float | None = None
 
     def feed(self, total: int | None, now: float, tau: float) -> None:
         if total is None:
@@ -72,6 +74,7 @@ class Rate:
         if dt <= 0:
             return
         rate = (total - last) / dt
+        self.latest = rate
         if self.value is None:
             self.value = rate
         else:

@@ -12,7 +12,9 @@ the job's healthy pace:
   longer than the window becomes the new pace (a smaller model shard, a new input
   pipeline is not a fault forever);
 - **slow** when ``recent >= baseline x (1 + min_slowdown)``, judged only once the
-  window holds ``min_samples``. ``since`` is the first sample of the slow stretch.
+  window holds ``min_samples``, until the last two samples are both back under that
+  line (the recent median would keep a job that recovered "slow" for half a window).
+  ``since`` is the first sample of the slow stretch.
 """
 
 from __future__ import annotations
@@ -85,7 +87,9 @@ class StepTrend:
         ordered = sorted(v for _, v in samples)
         baseline = ordered[min(len(ordered) - 1, int(s.baseline_quantile * len(ordered)))]
         current = statistics.median(recent)
-        if current < baseline * (1.0 + s.min_slowdown):
+        line = baseline * (1.0 + s.min_slowdown)
+        if current < line or (len(samples) >= 2 and samples[-1][1] < line
+                              and samples[-2][1] < line):
             return None
         return current / baseline - 1.0, current, baseline
 

@@ -19,7 +19,10 @@ that differs is the one to name:
 Each suspect has a ``strength``: how far past its threshold it stands (1 at the
 threshold). Facts come before statistics: a link that trained down or a GPU that
 reports a throttle reason outranks a port that merely waits more (``PRIORITY``), and a
-trained-down port, which waits too, is not named again as congested.
+trained-down port, which waits too, is not named again as congested. A counter's rate
+is its smoothed rate (one noisy interval does not make a suspect) and must hold over the
+last interval too: a burst of waiting or an error storm that is over (its smoothed rate
+still decaying) is not what holds the job back now.
 """
 
 from __future__ import annotations
@@ -144,8 +147,9 @@ def _rail_suspects(members: list[tuple[str, PortReading, int | None]], s: Suspec
     ecn_median = _median(ecns) or 0.0
     for node, port, rail in active:
         wait = port.transmit_wait.value
-        if wait is None or wait < floor or (node, port.device) in degraded:
-            continue
+        if (wait is None or wait < floor or (port.transmit_wait.latest or 0.0) < floor
+                or (node, port.device) in degraded):
+            continue  # a burst that is over is not what holds the job back now
         ratio = wait / max(median, s.wait_floor_per_second / s.wait_ratio)
         evidence = f"{_where(node, port, rail)}: xmit_wait {ratio:.0f}x the rail median"
         if port.has_ecn and port.ecn.value:
@@ -203,7 +207,8 @@ def _nvlink_suspect(node: str, g: GpuReading, median_tx: float | None,
     parts: list[str] = []
     strength = 0.0
     errors = g.nvlink_errors.value
-    if errors is not None and errors >= s.nvlink_errors_per_second:
+    if (errors is not None and errors >= s.nvlink_errors_per_second
+            and (g.nvlink_errors.latest or 0.0) >= s.nvlink_errors_per_second):
         parts.append(f"NVLink errors {_per_second(errors)}")
         strength = max(strength, errors / s.nvlink_errors_per_second)
     if g.nvlinks_down:
