@@ -9,9 +9,10 @@ import argparse
 import logging
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from sn_monitor import __version__
 from sn_monitor.agent.settings import AgentSettings, agent_settings_from, load_agent_settings
@@ -598,34 +599,27 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_breaker(args: argparse.Namespace) -> int:
-    """``sn-monitor breaker``: the controller's circuit breaker, through its API."""
+def _ask_active_controller(command: str, args: argparse.Namespace,
+                           send: Callable[[str, dict[str, str]], Any]) -> Any | int:
+    """``send(url, headers)`` to each of ``--controller`` in turn until the active one answers.
+
+    The 200 reply; an exit status (printed why) when the token cannot be read, the active
+    controller refuses, or none answered (down, or a standby).
+    """
     import requests
 
     from sn_monitor.transport import TokenError, is_standby, read_token, redact_url
 
-    if args.what != "status" and not (args.reason or "").strip():
-        print(f"sn-monitor breaker: {args.what} needs --reason (it goes in the audit trail)",
-              file=sys.stderr)
-        return EXIT_CONFIG
     try:
         token = read_token(args.token_file) if args.token_file else None
     except TokenError as err:
-        print(f"sn-monitor breaker: {err}", file=sys.stderr)
+        print(f"sn-monitor {command}: {err}", file=sys.stderr)
         return EXIT_CONFIG
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     failures: list[str] = []
     for url in args.controller:
-        endpoint = f"{url.rstrip('/')}/api/v1/breaker"
         try:
-            if args.what == "status":
-                reply = requests.get(endpoint, headers=headers, timeout=10,
-                                     verify=args.ca_file or True)
-            else:
-                reply = requests.post(endpoint, headers=headers, timeout=30,
-                                      verify=args.ca_file or True,
-                                      json={"open": args.what == "open",
-                                            "reason": args.reason.strip()})
+            reply = send(url.rstrip("/"), headers)
         except requests.RequestException as err:
             failures.append(f"{redact_url(url)}: {type(err).__name__}")
             continue
@@ -637,14 +631,37 @@ def run_breaker(args: argparse.Namespace) -> int:
                 why = reply.json().get("error", reply.text)
             except ValueError:
                 why = reply.text
-            print(f"sn-monitor breaker: {redact_url(url)} answered {reply.status_code}: "
+            print(f"sn-monitor {command}: {redact_url(url)} answered {reply.status_code}: "
                   f"{why}", file=sys.stderr)
             return 1
-        _print_breaker(reply.json())
-        return 0
-    print(f"sn-monitor breaker: no active controller answered ({'; '.join(failures)})",
+        return reply
+    print(f"sn-monitor {command}: no active controller answered ({'; '.join(failures)})",
           file=sys.stderr)
     return 1
+
+
+def run_breaker(args: argparse.Namespace) -> int:
+    """``sn-monitor breaker``: the controller's circuit breaker, through its API."""
+    import requests
+
+    if args.what != "status" and not (args.reason or "").strip():
+        print(f"sn-monitor breaker: {args.what} needs --reason (it goes in the audit trail)",
+              file=sys.stderr)
+        return EXIT_CONFIG
+
+    def send(url: str, headers: dict[str, str]) -> Any:
+        if args.what == "status":
+            return requests.get(f"{url}/api/v1/breaker", headers=headers, timeout=10,
+                                verify=args.ca_file or True)
+        return requests.post(f"{url}/api/v1/breaker", headers=headers, timeout=30,
+                             verify=args.ca_file or True,
+                             json={"open": args.what == "open", "reason": args.reason.strip()})
+
+    reply = _ask_active_controller("breaker", args, send)
+    if isinstance(reply, int):
+        return reply
+    _print_breaker(reply.json())
+    return 0
 
 
 def run_topology(args: argparse.Namespace) -> int:
@@ -652,42 +669,18 @@ def run_topology(args: argparse.Namespace) -> int:
     import requests
 
     from sn_monitor.topology_text import render_topology
-    from sn_monitor.transport import TokenError, is_standby, read_token, redact_url
 
-    try:
-        token = read_token(args.token_file) if args.token_file else None
-    except TokenError as err:
-        print(f"sn-monitor topology: {err}", file=sys.stderr)
-        return EXIT_CONFIG
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     params = {"job": args.job} if args.job else None
-    failures: list[str] = []
-    for url in args.controller:
-        try:
-            reply = requests.get(f"{url.rstrip('/')}/api/v1/topology", params=params,
-                                 headers=headers, timeout=30, verify=args.ca_file or True)
-        except requests.RequestException as err:
-            failures.append(f"{redact_url(url)}: {type(err).__name__}")
-            continue
-        if is_standby(reply.status_code, reply.headers):
-            failures.append(f"{redact_url(url)}: a standby")
-            continue
-        if reply.status_code != 200:
-            try:
-                why = reply.json().get("error", reply.text)
-            except ValueError:
-                why = reply.text
-            print(f"sn-monitor topology: {redact_url(url)} answered {reply.status_code}: "
-                  f"{why}", file=sys.stderr)
-            return 1
-        if args.json:
-            print(reply.text)
-        else:
-            print("\n".join(render_topology(reply.json(), args.job)))
-        return 0
-    print(f"sn-monitor topology: no active controller answered ({'; '.join(failures)})",
-          file=sys.stderr)
-    return 1
+
+    def send(url: str, headers: dict[str, str]) -> Any:
+        return requests.get(f"{url}/api/v1/topology", params=params, headers=headers,
+                            timeout=30, verify=args.ca_file or True)
+
+    reply = _ask_active_controller("topology", args, send)
+    if isinstance(reply, int):
+        return reply
+    print(reply.text if args.json else "\n".join(render_topology(reply.json(), args.job)))
+    return 0
 
 
 def _print_breaker(doc: dict[str, object]) -> None:

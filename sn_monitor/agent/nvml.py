@@ -484,14 +484,15 @@ class NvmlLibrary:
         enabled = int(self._nvml.NVML_FEATURE_ENABLED)
         links: list[NvLinkRemote] = []
         for link in range(device.nvlink_count):
-            state = self._strict_call(device, "nvlink_state", "nvmlDeviceGetNvLinkState", link)
+            state = self._call(device, "nvlink_state", "nvmlDeviceGetNvLinkState", link,
+                               strict=True)
             if state is None or int(state) != enabled:
                 links.append(NvLinkRemote(link, up=None if state is None else False))
                 continue
-            kind = self._strict_call(
-                device, "nvlink_remote_type", "nvmlDeviceGetNvLinkRemoteDeviceType", link)
-            pci = self._strict_call(
-                device, "nvlink_remote_pci", "nvmlDeviceGetNvLinkRemotePciInfo", link)
+            kind = self._call(device, "nvlink_remote_type",
+                              "nvmlDeviceGetNvLinkRemoteDeviceType", link, strict=True)
+            pci = self._call(device, "nvlink_remote_pci", "nvmlDeviceGetNvLinkRemotePciInfo",
+                             link, strict=True)
             links.append(NvLinkRemote(
                 link,
                 up=True,
@@ -500,22 +501,6 @@ class NvmlLibrary:
                 remote_pci_bus_id=None if pci is None else canonical_bus_id(str(pci.busId)),
             ))
         return GpuLinks(device.index, device.uuid, device.pci_bus_id, tuple(links))
-
-    def _strict_call(self, device: _Device, key: str, function: str, *args: Any) -> Any:
-        """Like :meth:`_call`, but an error that is neither absence nor fault raises."""
-        if key in device.absent or function in self._missing_functions:
-            return None
-        fn = getattr(self._nvml, function, None)
-        if fn is None:
-            self._function_missing(function)
-            return None
-        try:
-            return fn(device.handle, *args)
-        except self._nvml.NVMLError as error:
-            if _error_code(error) in _ABSENT or _error_code(error) in _FAULTS:
-                self._classify(device, key, function, error)  # a fault raises here
-                return None
-            raise NvmlError(f"GPU {device.index}: {function} failed: {error}") from error
 
     # ---------------------------------------------------------------- devices
 
@@ -752,10 +737,14 @@ class NvmlLibrary:
 
     # ---------------------------------------------------------------- the call wrapper
 
-    def _call(self, device: _Device, key: str, function: str, *args: Any) -> Any:
+    def _call(self, device: _Device, key: str, function: str, *args: Any,
+              strict: bool = False) -> Any:
         """Call ``function(handle, *args)``; None when absent, :class:`_DeviceFault` on faults.
 
-        ``key`` names the field for the per-device "not supported" memory.
+        ``key`` names the field for the per-device "not supported" memory. ``strict``: an
+        error that is neither absence nor a fault (a transient one) raises
+        :class:`NvmlError` instead of leaving the value out (a topology is never built
+        from a half-read).
         """
         if key in device.absent or function in self._missing_functions:
             return None
@@ -766,7 +755,10 @@ class NvmlLibrary:
         try:
             return fn(device.handle, *args)
         except self._nvml.NVMLError as error:
-            self._classify(device, key, function, error)
+            code = _error_code(error)
+            if strict and code not in _ABSENT and code not in _FAULTS:
+                raise NvmlError(f"GPU {device.index}: {function} failed: {error}") from error
+            self._classify(device, key, function, error)  # a fault raises here
             return None
 
     def _classify(self, device: _Device, key: str, function: str, error: BaseException) -> None:
