@@ -196,6 +196,8 @@ FAULTS: dict[str, FaultKind] = {
     "overheat": FaultKind(lambda n, g, p: _gpu(n, g).inject_cooling_failure(
         float(p.get("factor", 1.7)))),
     "cooling-repaired": FaultKind(lambda n, g, p: _gpu(n, g).clear_cooling_failure()),
+    # A repair by hand (nvidia-smi --gpu-reset): pending row remaps take effect.
+    "gpu-reset": FaultKind(lambda n, g, p: n.reset_gpu(_index(g))),
     "xid": FaultKind(lambda n, g, p: n.inject_xid(_index(g), int(p["code"]),
                                                   str(p.get("message", "Simulated fault")))),
     "ecc-uncorrectable": FaultKind(lambda n, g, p: _gpu(n, g).inject_ecc_uncorrectable(

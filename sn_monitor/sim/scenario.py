@@ -112,6 +112,9 @@ FAULT_SPECS: dict[str, FaultSpec] = {
         doc="the GPU's cooling fails: it heats towards its slowdown temperature"),
     "cooling-repaired": FaultSpec(FAULTS["cooling-repaired"].needs_gpu,
                                   doc="the cooling works again"),
+    "gpu-reset": FaultSpec(FAULTS["gpu-reset"].needs_gpu,
+                           doc="a person resets the GPU (nvidia-smi --gpu-reset): pending "
+                               "row remaps take effect, ECC counts start again"),
     "xid": FaultSpec(FAULTS["xid"].needs_gpu, {
         "code": FaultParam("int", required=True, low=1, high=1023, doc="the XID number"),
         "message": FaultParam("string", default="Simulated fault", doc="driver text")},

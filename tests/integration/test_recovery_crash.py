@@ -316,7 +316,14 @@ def _check_round(w: CrashWorld, name: str, node: str, known: set[str], log: int)
 
 
 def _reset(w: CrashWorld, node: str) -> None:
-    """The evicted node is repaired: uncordoned and back in the spare pool."""
+    """The evicted node is repaired: its GPUs reset, uncordoned and back in the spare pool.
+
+    The reset is the repair: an uncorrectable ECC error leaves a row remap pending until
+    the GPU is reset, and a node returned to the pool with it still pending is not
+    healthy: a later recovery would find no healthy spare and shrink the job.
+    """
+    for gpu in range(w.faulted.get(node, 0)):
+        w.c.agents[node].fault("gpu-reset", gpu % 8)
     headers = {"Authorization": f"Bearer {w.c.admin_token}"}
     for path in (f"/api/v1/nodes/{node}/uncordon", f"/api/v1/jobs/{w.job.name}/spares/{node}"):
         reply = requests.post(f"{w.c.url}{path}", headers=headers, timeout=10)
