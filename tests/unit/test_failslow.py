@@ -34,7 +34,9 @@ TOPOLOGY = NodeTopology(
 class Fleet:
     """Eight nodes' counters, advanced by hand; faults are edits of the per-second rates."""
 
-    def __init__(self, seed: int = 1) -> None:
+    def __init__(self, seed: int = 1, roce: bool = False) -> None:
+        self.roce = roce  # RoCE rails: ECN marks and CNPs, no port_xmit_wait
+        self.ecn = {(n, f"mlx5_{i}"): 50.0 for n in NODES for i in range(9)}
         self.rng = random.Random(seed)
         self.totals: dict[tuple[str, str, str], float] = {}
         self.rate = {(n, f"mlx5_{i}"): 400 * GB for n in NODES for i in range(9)}
@@ -54,15 +56,19 @@ class Fleet:
         for i in range(9):
             device = f"mlx5_{i}"
             rate = self.rate[(node, device)]
-            ports.append(IbPortReport(
-                device=device, port=1, state=4, rate_bytes_per_second=rate,
-                counters={
-                    "transmitted_bytes": self._bump((node, device, "tx"), 0.7 * rate, dt),
-                    "received_bytes": self._bump((node, device, "rx"), 0.7 * rate, dt),
-                    "transmit_wait": self._bump((node, device, "wait"),
-                                                self.wait[(node, device)], dt),
-                    "symbol_errors": 0,
-                }))
+            counters = {
+                "transmitted_bytes": self._bump((node, device, "tx"), 0.7 * rate, dt),
+                "received_bytes": self._bump((node, device, "rx"), 0.7 * rate, dt),
+                "symbol_errors": 0,
+            }
+            if self.roce:
+                marked = self._bump((node, device, "ecn"), self.ecn[(node, device)], dt)
+                counters.update(np_ecn_marked_roce_packets=marked, np_cnp_sent=marked)
+            else:
+                counters["transmit_wait"] = self._bump((node, device, "wait"),
+                                                       self.wait[(node, device)], dt)
+            ports.append(IbPortReport(device=device, port=1, state=4,
+                                      rate_bytes_per_second=rate, counters=counters))
         gpus = [GpuReport(
             index=g, sm_clock_hertz=self.clock[(node, g)], sm_max_clock_hertz=1.98e9,
             throttle_reasons=self.reasons.get((node, g), []),
@@ -225,3 +231,13 @@ def test_a_job_back_at_its_pace_is_not_slow_on_its_next_two_samples():
     assert trend.slowdown(60.0) is not None  # one sample back: a pause in a slow stretch
     trend.add(1.0, 61.0)
     assert trend.slowdown(61.0) is None  # the recent median still says 1.3
+
+
+def test_congestion_on_roce_rails_is_read_from_ecn_marks():
+    fleet, finder = Fleet(roce=True), BottleneckFinder(FailSlowSettings())
+    assert run(fleet, finder, 0.0, 600.0, 2.0) == []
+    fleet.ecn[("n6", "mlx5_5")] = 5e4
+    found = run(fleet, finder, 600.0, 60.0, 2.4)
+    assert [(b.node, b.link, b.kind) for b in found] == [("n6", "mlx5_5", "congested-link")]
+    assert "ECN marks" in found[0].evidence
+    assert "x the rail median" in found[0].evidence

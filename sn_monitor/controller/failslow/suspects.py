@@ -56,6 +56,9 @@ class SuspectSettings:
     wait_ratio: float = setting(default=6.0, check=positive)
     #: ... and at least this many ticks a second (an idle rail's median is ~0).
     wait_floor_per_second: float = setting(default=1e5, check=positive)
+    #: congested-link on RoCE: ECN-marked packets at least ``wait_ratio`` times the rail
+    #: median and at least this many a second.
+    ecn_floor_per_second: float = setting(default=1e3, check=positive)
     #: nic-degraded: a rate below this share of the rail's best.
     rate_share: float = setting(default=0.9, check=fraction)
     #: gpu-throttled: an SM clock below this share of the job's median clock.
@@ -139,31 +142,49 @@ def _rail_suspects(members: list[tuple[str, PortReading, int | None]], s: Suspec
                                strength=(best / rate) / (1 / s.rate_share),
                                evidence=f"{where}: rate {_gbps(rate)} Gb/s of {_gbps(best)}"))
     waits = [p.transmit_wait.value for _, p, _ in active if p.transmit_wait.value is not None]
-    median = _median(waits)
-    if median is None or len(waits) < 2:
+    ecns = [p.ecn.value for _, p, _ in active if p.has_ecn and p.ecn.value is not None]
+    if len(waits) < 2 and len(ecns) < 2:
         return out
-    floor = max(median * s.wait_ratio, s.wait_floor_per_second)
-    ecns = [p.ecn.value or 0.0 for _, p, _ in active if p.has_ecn]
-    ecn_median = _median(ecns) or 0.0
+    wait_line = _line(waits, s.wait_ratio, s.wait_floor_per_second)
+    ecn_line = _line(ecns, s.wait_ratio, s.ecn_floor_per_second)
     for node, port, rail in active:
-        wait = port.transmit_wait.value
-        if (wait is None or wait < floor or (port.transmit_wait.latest or 0.0) < floor
-                or (node, port.device) in degraded):
+        if (node, port.device) in degraded:
+            continue
+        wait = _standing(port.transmit_wait.value, port.transmit_wait.latest, wait_line)
+        ecn = _standing(port.ecn.value, port.ecn.latest, ecn_line) if port.has_ecn else None
+        if wait is None and ecn is None:
             continue  # a burst that is over is not what holds the job back now
-        ratio = wait / max(median, s.wait_floor_per_second / s.wait_ratio)
-        evidence = f"{_where(node, port, rail)}: xmit_wait {ratio:.0f}x the rail median"
+        parts = []
+        strength = 0.0
+        if wait is not None and wait_line is not None:
+            parts.append(f"xmit_wait {wait / (wait_line / s.wait_ratio):.0f}x the rail median")
+            strength = wait / wait_line
         if port.has_ecn and port.ecn.value:
-            evidence += f", ECN marks {_per_second(port.ecn.value)}"
-            if ecn_median:
-                evidence += f" ({port.ecn.value / ecn_median:.0f}x)"
-        if port.rate_bytes_per_second:
-            util = port.utilization()
-            if util is not None:
-                evidence += (f", {_gbps(util * port.rate_bytes_per_second)} of "
-                             f"{_gbps(port.rate_bytes_per_second)} Gb/s")
-        out.append(Suspect("congested-link", node, port.device, rail, None,
-                           strength=wait / floor, evidence=evidence))
+            text = f"ECN marks {_per_second(port.ecn.value)}"
+            if ecn is not None and ecn_line is not None:
+                text += f" ({ecn / (ecn_line / s.wait_ratio):.0f}x the rail median)"
+                strength = max(strength, ecn / ecn_line)
+            parts.append(text)
+        util = port.utilization()
+        if util is not None and port.rate_bytes_per_second:
+            parts.append(f"{_gbps(util * port.rate_bytes_per_second)} of "
+                         f"{_gbps(port.rate_bytes_per_second)} Gb/s")
+        out.append(Suspect("congested-link", node, port.device, rail, None, strength=strength,
+                           evidence=f"{_where(node, port, rail)}: {', '.join(parts)}"))
     return out
+
+
+def _line(values: list[float], ratio: float, floor: float) -> float | None:
+    """What stands out of ``values``: ``ratio`` times their median, at least ``floor``."""
+    median = _median(values) if len(values) >= 2 else None
+    return None if median is None else max(median * ratio, floor)
+
+
+def _standing(smoothed: float | None, latest: float | None, line: float | None) -> float | None:
+    """The smoothed rate when it and the last interval's are both over ``line``."""
+    if line is None or smoothed is None or smoothed < line or (latest or 0.0) < line:
+        return None
+    return smoothed
 
 
 def _where(node: str, port: PortReading, rail: int | None) -> str:
