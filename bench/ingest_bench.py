@@ -69,13 +69,22 @@ def _bodies(nodes: int) -> list[list[bytes]]:
 
 
 def _trimmed_bodies(nodes: int, rules: list[Any]) -> tuple[list[list[bytes]], list[list[bytes]]]:
-    """Per variant, per node: trimmed bodies with the values peers read, and without."""
+    """Per variant, per node: trimmed bodies with the values the controller reads, and without.
+
+    The edge rules are the controller's own: its rules', and the link rates' values
+    (``FABRIC_METRICS``) that its topology and bottleneck finder read.
+    """
     from sn_monitor.rules.edge import EdgeCatalog
     from sn_monitor.rules.series import Trim
     from sn_monitor.rules.view import NodeView
     from sn_monitor.sim.fleet import base_reports, node_labels, node_name
 
-    edge = EdgeCatalog(rules).for_node(NodeView(name="x"))
+    try:
+        from sn_monitor.controller.fabric.meter import FABRIC_METRICS
+    except ImportError:  # --compare with a checkout from before the link rates
+        edge = EdgeCatalog(rules).for_node(NodeView(name="x"))
+    else:
+        edge = EdgeCatalog(rules, FABRIC_METRICS).for_node(NodeView(name="x"))
     encoder = msgspec.json.Encoder()
     out: tuple[list[list[bytes]], list[list[bytes]]] = ([], [])
     for trim, sink in ((Trim(edge.keep), out[0]), (Trim(()), out[1])):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -194,21 +195,23 @@ def test_step_trend_baseline_since_and_bounds():
 
 
 def test_meter_rates_survive_trimmed_reports_and_counter_resets():
-    meter = FabricMeter(tau_seconds=1e-9)  # no smoothing: the last interval's rate
+    meter = FabricMeter(tau_seconds=1e-9, every_seconds=0)  # the last interval's rate
     def report(tx: int, with_ports: bool = True) -> Report:
         ports = [IbPortReport(device="mlx5_0", port=1, counters={"transmitted_bytes": tx})]
         return Report(node="n", instance="i", sequence=1, sample_time_seconds=0,
                       infiniband=ports if with_ports else [])
+    def rate() -> float | None:
+        return meter.node("n").ports[("mlx5_0", 1)].transmit.value
+
     meter.observe(report(1000), 0.0)
     meter.observe(report(3000), 2.0)
-    port = meter.node("n").ports[("mlx5_0", 1)]
-    assert port.transmit.value == pytest.approx(1000.0)
+    assert rate() == pytest.approx(1000.0)  # a node read for the first time: a rate at once
     meter.observe(report(0, with_ports=False), 3.0)
-    assert port.transmit.value == pytest.approx(1000.0)
+    assert rate() == pytest.approx(1000.0)
     meter.observe(report(10), 4.0)  # the counter started again
-    assert port.transmit.value == pytest.approx(1000.0)
+    assert rate() == pytest.approx(1000.0)
     meter.observe(report(410), 5.0)
-    assert port.transmit.value == pytest.approx(400.0)
+    assert rate() == pytest.approx(400.0)
 
 
 def test_a_burst_that_is_over_is_not_named_even_while_the_job_is_slow(warm):
@@ -241,3 +244,22 @@ def test_congestion_on_roce_rails_is_read_from_ecn_marks():
     assert [(b.node, b.link, b.kind) for b in found] == [("n6", "mlx5_5", "congested-link")]
     assert "ECN marks" in found[0].evidence
     assert "x the rail median" in found[0].evidence
+
+
+def test_meter_takes_rates_every_few_seconds_and_states_from_every_report():
+    meter = FabricMeter(tau_seconds=1e-9, every_seconds=4.5)
+
+    def report(tx: int, state: int = 4) -> Report:
+        return Report(node="n", instance="i", sequence=1, sample_time_seconds=0,
+                      infiniband=[IbPortReport(device="mlx5_0", port=1, state=state,
+                                               counters={"transmitted_bytes": tx})])
+    def port() -> Any:
+        return meter.node("n").ports[("mlx5_0", 1)]
+
+    meter.observe(report(0), 0.0)
+    meter.observe(report(1000), 1.0)  # too soon for a rate
+    assert port().transmit.value is None
+    meter.observe(report(5000, state=1), 5.0)
+    assert port().transmit.value == pytest.approx(1000.0)
+    meter.observe(report(5000, state=4), 6.0)  # a port's state shows at once
+    assert port().state == 4

@@ -69,8 +69,8 @@ def test_topology_serves_racks_rails_rates_and_health(api: Api) -> None:
     labels = {"supernode": "sn0", "rack": "r1"}
     send(api, "gpu-1", 1, t, labels=labels, topology_digest=DIGEST, topology=TOPOLOGY,
          infiniband=ports(0))
-    send(api, "gpu-1", 2, t + 2, labels=labels, topology_digest=DIGEST,
-         infiniband=ports(2_000_000_000))
+    send(api, "gpu-1", 2, t + 5, labels=labels, topology_digest=DIGEST,
+         infiniband=ports(5_000_000_000))
     send(api, "gpu-2", 1, t, labels={"supernode": "sn0", "rack": "r2"})
     response = api.get("/api/v1/topology")
     assert response.status_code == 200
@@ -89,8 +89,8 @@ def test_topology_serves_racks_rails_rates_and_health(api: Api) -> None:
     assert doc["rails"][0]["ports"] == [{"node": "gpu-1", "device": "mlx5_0", "port": 1}]
     assert doc["nodes"]["gpu-2"]["has_topology"] is False
 
-    send(api, "gpu-1", 3, t + 4, labels=labels, topology_digest=DIGEST,
-         infiniband=ports(4_000_000_000, state=1))
+    send(api, "gpu-1", 3, t + 6, labels=labels, topology_digest=DIGEST,
+         infiniband=ports(6_000_000_000, state=1))
     doc = api.get("/api/v1/topology").json()
     down = doc["nodes"]["gpu-1"]["nics"][1]["ports"][0]
     assert (down["state"], down["health"]) == (1, "failed")

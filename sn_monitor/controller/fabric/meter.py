@@ -6,6 +6,14 @@ rates. :class:`FabricMeter` keeps, per node, the last counters of each port and 
 and a smoothed rate of each: an exponentially weighted mean with time constant
 ``tau`` seconds, so that one noisy interval neither paints a link red nor names it.
 
+Ingest only keeps a reference: every ``every`` seconds per node (5 s: the finder judges
+every 5 s, and an agent that evaluates its node-local rules sends these values that
+often anyway) the report's ports and GPUs are kept as the node's newest snapshot, and
+the rates are worked out from it when someone reads the node (:meth:`FabricMeter.node`:
+the finder, for a job's nodes; the topology view). A fleet of thousands whose nodes
+nobody reads costs the report path a dictionary lookup. A port's state and link rate
+are those of the latest report (a port that goes down shows at once).
+
 A report that leaves a port or GPU out (a trimmed report: the agent evaluates its
 node-local rules and sends values every few seconds) changes nothing: the rates stand
 until the next report that carries them. A counter that went backwards (the agent
@@ -15,7 +23,7 @@ restarted, a device was reset) starts its rate again.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sn_monitor.model import GpuReport, IbPortReport, Report
@@ -48,6 +56,8 @@ FABRIC_METRICS: tuple[str, ...] = (
 )
 #: The smoothing time constant of the rates, seconds.
 DEFAULT_TAU_SECONDS = 15.0
+#: The least time between two readings of a node's rates, seconds.
+DEFAULT_EVERY_SECONDS = 4.5
 
 
 class Rate:
@@ -98,6 +108,9 @@ class PortReading:
     errors: Rate = field(default_factory=Rate)
     #: Whether the port reports ECN / CNP counters at all (RoCE).
     has_ecn: bool = False
+    #: The names of its error counters, and how many counters the port had then.
+    error_names: tuple[str, ...] = ()
+    counted: int = -1
 
     def utilization(self) -> float | None:
         """Transmit throughput over the link's rate, 0..1; None when either is unknown."""
@@ -126,11 +139,17 @@ class GpuReading:
 
 @dataclass(slots=True)
 class NodeReadings:
-    """What the meter knows of one node; ``at``: the controller time of its last values."""
+    """What the meter knows of one node; ``at``: the time of its last rates."""
 
     ports: dict[tuple[str, int], PortReading] = field(default_factory=dict)
     gpus: dict[int, GpuReading] = field(default_factory=dict)
-    at: float = 0.0
+    at: float = -math.inf
+    #: The newest snapshots not yet worked into the rates, oldest first, at most two
+    #: (a node read for the first time has a rate at once): (time, ports, GPUs).
+    pending: list[tuple[float, Sequence[IbPortReport], Sequence[GpuReport]]] = field(
+        default_factory=list)
+    #: The ports of the latest report that carried any, for their states and link rates.
+    latest_ports: Sequence[IbPortReport] = ()
 
 
 def _sum(counters: Mapping[str, int], names: Iterable[str]) -> int | None:
@@ -138,9 +157,17 @@ def _sum(counters: Mapping[str, int], names: Iterable[str]) -> int | None:
     return sum(values) if values else None
 
 
-def _errors(counters: Mapping[str, int]) -> int | None:
-    values = [v for k, v in counters.items() if any(m in k for m in ERROR_MARKERS)]
-    return sum(values) if values else None
+_ERROR_NAMES: dict[str, bool] = {}
+
+
+def _is_error(name: str) -> bool:
+    """Whether a counter counts errors (memoised: a port's names repeat every report)."""
+    known = _ERROR_NAMES.get(name)
+    if known is None:
+        if len(_ERROR_NAMES) >= 4096:  # names come from the wire: bounded
+            _ERROR_NAMES.clear()
+        known = _ERROR_NAMES[name] = any(m in name for m in ERROR_MARKERS)
+    return known
 
 
 def _nvlink_errors(gpu: GpuReport) -> int | None:
@@ -156,10 +183,12 @@ class FabricMeter:
     under the same lock.
     """
 
-    def __init__(self, tau_seconds: float = DEFAULT_TAU_SECONDS) -> None:
-        if tau_seconds <= 0:
-            raise ValueError("tau_seconds must be > 0")
+    def __init__(self, tau_seconds: float = DEFAULT_TAU_SECONDS,
+                 every_seconds: float = DEFAULT_EVERY_SECONDS) -> None:
+        if tau_seconds <= 0 or every_seconds < 0:
+            raise ValueError("tau_seconds must be > 0 and every_seconds >= 0")
         self.tau = tau_seconds
+        self.every = every_seconds
         self._nodes: dict[str, NodeReadings] = {}
 
     def observe(self, report: Report, now: float) -> None:
@@ -169,21 +198,39 @@ class FabricMeter:
         readings = self._nodes.get(report.node)
         if readings is None:
             readings = self._nodes[report.node] = NodeReadings()
-        readings.at = now
-        for port in report.infiniband:
-            self._port(readings, port, now)
-        for gpu in report.gpus:
-            self._gpu(readings, gpu, now)
+        if now - readings.at >= self.every:
+            readings.at = now
+            pending = readings.pending
+            if len(pending) >= 2:
+                del pending[0]
+            pending.append((now, report.infiniband, report.gpus))
+        if report.infiniband:  # the ports' states and link rates: the latest report's
+            readings.latest_ports = report.infiniband
+
+    def _work_in(self, readings: NodeReadings) -> None:
+        """The pending snapshots into the node's rates, oldest first; the latest states."""
+        pending, readings.pending = readings.pending, []
+        for now, ports, gpus in pending:
+            for port in ports:
+                self._port(readings, port, now)
+            for gpu in gpus:
+                self._gpu(readings, gpu, now)
+        latest, readings.latest_ports = readings.latest_ports, ()
+        for port in latest:
+            reading = readings.ports.get((port.device, port.port))
+            if reading is None:
+                reading = readings.ports[(port.device, port.port)] = PortReading(
+                    port.device, port.port)
+            if port.state is not None:
+                reading.state = port.state
+            if port.rate_bytes_per_second is not None:
+                reading.rate_bytes_per_second = port.rate_bytes_per_second
 
     def _port(self, readings: NodeReadings, port: IbPortReport, now: float) -> None:
         key = (port.device, port.port)
         reading = readings.ports.get(key)
         if reading is None:
             reading = readings.ports[key] = PortReading(port.device, port.port)
-        if port.state is not None:
-            reading.state = port.state
-        if port.rate_bytes_per_second is not None:
-            reading.rate_bytes_per_second = port.rate_bytes_per_second
         counters, tau = port.counters, self.tau
         if not counters:
             return
@@ -195,7 +242,11 @@ class FabricMeter:
             reading.has_ecn = True
             reading.ecn.feed(ecn, now, tau)
         reading.cnp.feed(_sum(counters, CNP_COUNTERS), now, tau)
-        reading.errors.feed(_errors(counters), now, tau)
+        if len(counters) != reading.counted:  # the port's error counters, named once
+            reading.counted = len(counters)
+            reading.error_names = tuple(n for n in counters if _is_error(n))
+        if reading.error_names:
+            reading.errors.feed(sum(counters.get(n, 0) for n in reading.error_names), now, tau)
 
     def _gpu(self, readings: NodeReadings, gpu: GpuReport, now: float) -> None:
         reading = readings.gpus.get(gpu.index)
@@ -213,8 +264,14 @@ class FabricMeter:
         reading.nvlink_errors.feed(_nvlink_errors(gpu), now, self.tau)
 
     def node(self, name: str) -> NodeReadings | None:
-        """The node's readings; None before a report with values."""
-        return self._nodes.get(name)
+        """The node's readings, its newest values worked in.
+
+        None before a report with values.
+        """
+        readings = self._nodes.get(name)
+        if readings is not None and (readings.pending or readings.latest_ports):
+            self._work_in(readings)
+        return readings
 
     def forget(self, name: str) -> None:
         """Drop a node (it left the fleet)."""
