@@ -109,8 +109,11 @@ class StepTrend:
         return self._samples[-1][1] if self._samples else None
 
     def baseline(self) -> float | None:
-        """The baseline now (None before ``min_samples``)."""
-        if len(self._samples) < self.settings.min_samples:
+        """The baseline now, as far as the samples go.
+
+        Judging waits for ``min_samples``; this shows the pace from the first sample on.
+        """
+        if not self._samples:
             return None
         ordered = sorted(v for _, v in self._samples)
         return ordered[min(len(ordered) - 1, int(self.settings.baseline_quantile * len(ordered)))]
