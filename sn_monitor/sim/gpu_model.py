@@ -267,6 +267,8 @@ class SimulatedGpu:
         self.fabric_status = NVML_SUCCESS
         self.fabric_clique_id = 0
         self.fabric_cluster_uuid = bytes(16)
+        #: Wall seconds per simulated second, for the traffic counters (see _advance_nvlinks).
+        self.traffic_scale = 1.0
         #: Compute processes on the GPU: (pid, used memory bytes).
         self.processes: list[tuple[int, int]] = []
         self.fail_slow = FailSlowState()
@@ -373,9 +375,14 @@ class SimulatedGpu:
             self._fall_off_bus()
 
     def _advance_nvlinks(self, dt_seconds: float) -> None:
-        """Collectives move data over every link that is up, in step with the GPU's load."""
+        """Collectives move data over every link that is up, in step with the GPU's load.
+
+        ``traffic_scale``: wall seconds per simulated second when the simulation runs
+        faster than the wall clock (throughput is measured per wall second).
+        """
         moved = (self.profile.nvlink_link_bytes_per_second * _NVLINK_TRAINING_SHARE
-                 * self.utilization * self.fail_slow.nvlink_bandwidth_ratio * dt_seconds)
+                 * self.utilization * self.fail_slow.nvlink_bandwidth_ratio * dt_seconds
+                 * self.traffic_scale)
         for link in self.nvlinks:
             if link.up:
                 link.transmitted_bytes += moved

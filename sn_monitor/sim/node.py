@@ -91,7 +91,9 @@ class SimulatedNode:
         simulation runs faster than the wall clock (``--sim-speed``): a sped-up thermal
         model, but a link's throughput as it is measured, per second of the wall clock.
         """
+        scale = 1.0 if traffic_seconds is None or dt_seconds <= 0 else traffic_seconds / dt_seconds
         for gpu in self.gpus:
+            gpu.traffic_scale = scale
             gpu.step(dt_seconds)
         load = sum(g.utilization for g in self.gpus) / max(1, len(self.gpus))
         self.tree.advance(dt_seconds if traffic_seconds is None else traffic_seconds, load)

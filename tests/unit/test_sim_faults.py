@@ -252,3 +252,22 @@ def test_nvlink_slow_moves_less_nvlink_data_than_a_healthy_peer(node):
     moved = [sum(link.transmitted_bytes for link in g.nvlinks) - b
              for g, b in zip(node.gpus, before, strict=True)]
     assert moved[1] == pytest.approx(0.5 * moved[0], rel=0.05)
+
+
+def test_traffic_counters_move_with_the_wall_clock_when_the_simulation_runs_faster(tmp_path):
+    from sn_monitor.sim.node import SimulatedNode
+
+    node = SimulatedNode(tmp_path / "n", gpus=1)
+    gpu = node.gpus[0]
+    before = sum(link.transmitted_bytes for link in gpu.nvlinks)
+    tree_before = node.tree.ib_counter("mlx5_0", "port_xmit_data")
+    node.step(10.0, traffic_seconds=1.0)  # ten simulated seconds in one of the wall clock
+    fast = sum(link.transmitted_bytes for link in gpu.nvlinks) - before
+    fast_tree = node.tree.ib_counter("mlx5_0", "port_xmit_data") - tree_before
+    before = sum(link.transmitted_bytes for link in gpu.nvlinks)
+    tree_before = node.tree.ib_counter("mlx5_0", "port_xmit_data")
+    node.step(1.0)
+    real = sum(link.transmitted_bytes for link in gpu.nvlinks) - before
+    real_tree = node.tree.ib_counter("mlx5_0", "port_xmit_data") - tree_before
+    assert 0.5 < fast / real < 2.0  # one wall second's worth, not ten
+    assert 0.5 < fast_tree / real_tree < 2.0
