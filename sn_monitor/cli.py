@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run on a simulated node with this many GPUs (no GPU needed)")
     agent.add_argument("--listen", type=_listen, metavar="HOST:PORT",
                        help="address for /metrics and /healthz (default 0.0.0.0:9847)")
-    agent.add_argument("--node", help="node name (default: config, then the hostname)")
+    agent.add_argument("--node",
+                       help="node name (default: config, then $NODE_NAME, then the hostname)")
     agent.add_argument("--controller", action="append", metavar="URL",
                        help="report to this controller (http[s]://host:9848); give it "
                             "again for each controller of a high-availability pair")
@@ -294,8 +295,8 @@ _CONTROLLER_KEYS = frozenset({"state_dir", "rules", "token_file", "max_body_byte
                               "sweep_interval", "policy", "runner", "drivers", "routes",
                               "jobs", "recovery", "settle", "tls", "store", "ha",
                               "xid_catalog"})
-_AGENT_KEYS = frozenset({"node", "labels", "interval", "controller", "paths", "collectors",
-                         "guard"})
+_AGENT_KEYS = frozenset({"node", "labels", "labels_from_node", "interval", "controller",
+                         "paths", "collectors", "guard"})
 
 
 def check_file(path: Path) -> str:

@@ -9,8 +9,10 @@ on its own thread so a slow or hanging controller never delays sampling or the g
 events are spooled on the sampling thread first, so a report skipped in between loses
 none. With a controller, the node's topology is collected after the first sample and
 every minute on a thread of its own (:mod:`sn_monitor.agent.topology_loop`) and handed to
-the reporter. SIGTERM or SIGINT starts an orderly stop with a hard deadline well below
-systemd's default ``TimeoutStopSec``.
+the reporter; with ``labels_from_node`` on (the Kubernetes DaemonSet), the node's Node is
+read at start and every few minutes on another (:mod:`sn_monitor.agent.node_labels`) and
+its supernode and rack go into the reports. SIGTERM or SIGINT starts an orderly stop with
+a hard deadline well below systemd's default ``TimeoutStopSec``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from sn_monitor.agent.commands import CommandExecutor, Remedies
 from sn_monitor.agent.exporter import AgentStatus, SnapshotCollector
 from sn_monitor.agent.exposition import ExpositionCache
 from sn_monitor.agent.guard import ThermalGuard
+from sn_monitor.agent.node_labels import NodeLabelLoop, NodeReader, build_node_label_loop
 from sn_monitor.agent.nvml import NvmlError, NvmlLibrary
 from sn_monitor.agent.registry import build_collectors
 from sn_monitor.agent.remedy import Actuator, ProgramActuator, RebootLedger
@@ -191,8 +194,13 @@ class Agent:
         self._stopped = threading.Event()
         self._report_loop: ReportLoop | None = None
         self._topology_loop: TopologyLoop | None = None
+        self._label_loop: tuple[NodeLabelLoop, NodeReader] | None = None
         self.notifier = SystemdNotifier(clock)
         if protection is not None and protection.reporter is not None:
+            if settings.labels_from_node.enabled:
+                self._label_loop = build_node_label_loop(
+                    settings.labels_from_node, settings.node, settings.labels,
+                    protection.reporter.set_labels)
             self._report_loop = ReportLoop(protection.reporter, protection.executor)
             self._topology_loop = TopologyLoop(
                 partial(read_topology, _nvml_library(collectors), Path(settings.paths.sysfs)),
@@ -200,6 +208,9 @@ class Agent:
                 TOPOLOGY_INTERVAL_SECONDS / time_scale,
                 node=settings.node,
             )
+        elif settings.labels_from_node.enabled:
+            log.info("labels_from_node is on but no controller is set: labels go only in "
+                     "reports, so the Node is not read", extra={"node": settings.node})
         host, port = parse_listen(settings.listen)
         self.http = AgentHttpServer(
             host, port, self.exposition, lambda: self.sampler.latest, clock,
@@ -268,6 +279,8 @@ class Agent:
 
     def start(self) -> None:
         """Take the first sample, then serve and sample every ``interval``."""
+        if self._label_loop is not None:
+            self._label_loop[0].start()  # its first read goes on while NVML starts
         if self._report_loop is not None:
             self._report_loop.start()
         self.tick()
@@ -289,6 +302,10 @@ class Agent:
         self._sampling.stop(timeout=STOP_DEADLINE_SECONDS / 2)
         if self._topology_loop is not None:
             self._topology_loop.stop(timeout=2.0)
+        if self._label_loop is not None:
+            loop, reader = self._label_loop
+            loop.stop(timeout=2.0)
+            reader.close()
         if self._report_loop is not None:
             self._report_loop.stop(timeout=5.0)
         if self.protection is not None:

@@ -274,6 +274,19 @@ class Reporter:
         """The node's topology now: its digest goes with every report from the next on."""
         self._topology = (topology, topology_digest(topology))
 
+    def set_labels(self, labels: Mapping[str, str]) -> None:
+        """The node's labels from the next report on (the Node's, read on another thread)."""
+        labels = dict(labels)
+        self._labels = labels  # one reference swap: the report thread reads it whole
+        rules = self.rules
+        if rules is not None:
+            rules.set_labels(labels)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The labels the next report carries."""
+        return dict(self._labels)
+
     @property
     def topology_sent(self) -> str | None:
         """The digest of the topology a controller last accepted (None: none yet)."""

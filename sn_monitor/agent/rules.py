@@ -36,6 +36,10 @@ class NodeRules:
         self._view = NodeView(name=node, labels=dict(labels))
         self._views = {node: self._view}
 
+    def set_labels(self, labels: Mapping[str, str]) -> None:
+        """The node's labels as the rules see them from the next evaluation on."""
+        self._view.labels = dict(labels)
+
     def evaluate(self, report: Report) -> Report:
         """``report`` trimmed, with this version and every finding firing after it."""
         if report.takes_rules:  # as the controller judges a full report: every rule

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from dataclasses import dataclass, field, fields
@@ -277,12 +278,67 @@ class RemediationSettings:
         return self.mode == "enforce"
 
 
+#: Where Kubernetes mounts a pod's service account token and the cluster's CA.
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+#: Report label -> Node label key. No Kubernetes convention names a rack or a supernode
+#: (topology.kubernetes.io has only region and zone), so the defaults are keys of our own
+#: prefix, the one of the controller's taint; ``nvidia.com/gpu.clique`` (NVIDIA GPU feature
+#: discovery, on multi-node NVLink systems) names the NVLink domain and may be mapped to
+#: supernode instead.
+DEFAULT_NODE_LABEL_MAP: dict[str, str] = {"supernode": "sn-monitor.io/supernode",
+                                          "rack": "sn-monitor.io/rack"}
+
+_NODE_LABEL_KEY = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+
+
+def _label_map(value: dict[str, str]) -> None:
+    if not value:
+        raise ValueError("map at least one report label to a Node label key, "
+                         "e.g. {supernode: sn-monitor.io/supernode}")
+    for label, key in value.items():
+        if not label or len(label) > 64:
+            raise ValueError(f"report label {label!r} must be 1 to 64 characters")
+        if not isinstance(key, str) or len(key) > 317 or not _NODE_LABEL_KEY.fullmatch(key):
+            raise ValueError(f"{label}: {key!r} is not a Kubernetes label key "
+                             "(prefix/name, e.g. sn-monitor.io/rack)")
+
+
+@dataclass(frozen=True)
+class NodeLabelSettings:
+    """Report labels read from this node's Kubernetes Node (:mod:`sn_monitor.agent.node_labels`).
+
+    The Node named ``node`` is read at start and every ``interval`` with the pod's
+    service account (``token_file``, ``ca_file``) from ``api_url`` (default: the
+    in-cluster address, ``https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT``);
+    ``map`` says which Node label becomes which report label. Labels set in ``labels``
+    win over the Node's. The service account needs ``get`` on ``nodes``.
+    """
+
+    enabled: bool = False
+    mapping: dict[str, str] = setting(default_factory=lambda: dict(DEFAULT_NODE_LABEL_MAP),
+                                      key="map", check=_label_map)
+    interval: Duration = setting(default=Duration(300.0), check=positive)
+    timeout: Duration = setting(default=Duration(5.0), check=positive)
+    api_url: str | None = setting(default=None, check=_http_url)
+    token_file: str = f"{SERVICE_ACCOUNT_DIR}/token"
+    ca_file: str = f"{SERVICE_ACCOUNT_DIR}/ca.crt"
+
+
+def default_node_name() -> str:
+    """``$NODE_NAME`` (the DaemonSet's downward API: spec.nodeName), else the hostname."""
+    return os.environ.get("NODE_NAME", "").strip() or socket.gethostname()
+
+
 @dataclass(frozen=True)
 class AgentSettings:
     """Everything ``sn-monitor agent`` reads from deploy/agent.yaml."""
 
-    node: str = field(default_factory=socket.gethostname)
+    node: str = field(default_factory=default_node_name)
     labels: dict[str, str] = field(default_factory=dict)
+    labels_from_node: NodeLabelSettings = field(default_factory=NodeLabelSettings)
     interval: Duration = setting(default=Duration(1.0), check=positive)
     listen: str = setting(default="0.0.0.0:9847", check=listen_address)
     controller: ControllerSettings = field(default_factory=ControllerSettings)

@@ -30,6 +30,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
+from sn_monitor.agent.settings import SERVICE_ACCOUNT_DIR, load_agent_settings
 from sn_monitor.controller.k8s.settings import KubernetesSettings
 from tests.conftest import FIXTURES, ROOT
 
@@ -593,15 +594,30 @@ def test_controller_runs_least_privileged():
         assert {"requests", "limits"} <= container["resources"].keys()
 
 
-def test_agent_service_account_has_no_permissions():
+def test_agent_service_account_may_only_read_nodes():
+    """The agent reads its own Node (labels_from_node): get on nodes, and nothing else."""
     account = find("ServiceAccount", "sn-agent")
-    assert account["automountServiceAccountToken"] is False
+    assert account["automountServiceAccountToken"] is False  # only the agent's pods mount it
     spec = pod_spec(find("DaemonSet", "sn-agent"))
     assert spec["serviceAccountName"] == "sn-agent"
-    assert spec["automountServiceAccountToken"] is False
-    for binding in objects():
-        if binding["kind"] in ("RoleBinding", "ClusterRoleBinding"):
-            assert all(s["name"] != "sn-agent" for s in binding["subjects"])
+    config = yaml.safe_load((K8S / "config" / "agent.yaml").read_text())
+    assert config["labels_from_node"]["enabled"] is True
+    assert spec["automountServiceAccountToken"] is True  # the token and CA labels_from_node read
+    settings = load_agent_settings(K8S / "config" / "agent.yaml")
+    assert settings.labels_from_node.token_file.startswith(SERVICE_ACCOUNT_DIR)
+    assert settings.labels_from_node.ca_file.startswith(SERVICE_ACCOUNT_DIR)
+    assert settings.labels_from_node.api_url is None  # in-cluster: KUBERNETES_SERVICE_*
+    role = find("ClusterRole", "sn-agent")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    binding = find("ClusterRoleBinding", "sn-agent")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                  "kind": "ClusterRole", "name": "sn-agent"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "sn-agent",
+                                    "namespace": NAMESPACE}]
+    for other in objects():  # no other binding grants the agent anything
+        if other["kind"] in ("RoleBinding", "ClusterRoleBinding") \
+                and other["metadata"]["name"] != "sn-agent":
+            assert all(s["name"] != "sn-agent" for s in other["subjects"])
 
 
 #: Every CoreV1Api method the drivers call, and the (resource, verb) it needs. A new call
