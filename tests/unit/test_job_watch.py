@@ -262,3 +262,19 @@ def test_parse_event_and_split_lines():
     assert event.resource_version == "7"
     assert list(split_lines([b'{"a"', b': 1}\n{"b": 2}\n', b"\n", b"{}"])) == [
         b'{"a": 1}', b'{"b": 2}', b"{}"]
+
+
+def test_the_controller_setting_builds_the_watch(server):
+    from sn_monitor.config import bind, parse_yaml
+    from sn_monitor.controller.daemon import build_job_watch
+    from sn_monitor.controller.settings import ControllerSettings
+
+    settings = bind(ControllerSettings, parse_yaml(
+        f"kubernetes: {{watch_jobs: true, namespace: training, api: {{host: '{server.url}'}}}}\n",
+        "controller.yaml"))
+
+    class _Controller:
+        jobs = FakeJobs()
+
+    job_watch = build_job_watch(settings, _Controller(), ManualClock())  # type: ignore[arg-type]
+    assert job_watch.api.list().resource_version == "100"
