@@ -25,6 +25,7 @@ from sn_monitor.controller.ha.elector import Elector
 from sn_monitor.controller.ha.lease import HaSettings, Lease
 from sn_monitor.controller.ha.standby import StandbyApp, StandbyStatus
 from sn_monitor.controller.ha.store_lease import StoreLease
+from sn_monitor.controller.job_watch import JobWatch
 from sn_monitor.controller.report_lane import report_lane
 from sn_monitor.controller.runtime import STOP_DEADLINE_SECONDS, Runtime, Worker, every
 from sn_monitor.controller.service import Controller
@@ -153,6 +154,20 @@ def _store_dsn(settings: ControllerSettings) -> str:
     if not dsn:
         raise ConfigError("controller config", "store.dsn_file", None, f"{path} is empty")
     return dsn
+
+
+def build_job_watch(settings: ControllerSettings, controller: Controller,
+                    clock: Clock) -> JobWatch:
+    """For ``kubernetes.watch_jobs``: the DistributedJob watch (imports the client)."""
+    from sn_monitor.controller.k8s.job_api import DistributedJobApi
+
+    watch = settings.kubernetes
+    try:
+        api = DistributedJobApi(watch.api_settings(), watch.namespace)
+    except ValueError as err:
+        raise ConfigError("controller config", "kubernetes", None, str(err)) from None
+    return JobWatch(api, controller.jobs, clock,
+                    status_interval=float(watch.status_interval))
 
 
 def build_lease(ha: HaSettings, store: Store, clock: Clock) -> Lease:
@@ -351,6 +366,11 @@ def _serve_active(settings: ControllerSettings, clock: Clock, rules: list[Rule],
     runtime.add(Worker("actions", every(ACTION_TICK_SECONDS, controller.runner.tick)))
     runtime.add(Worker("reload", reload))
     runtime.add(Worker("writer", controller.writer.run))
+    if settings.kubernetes.watch_jobs:
+        job_watch = build_job_watch(settings, controller, clock)
+        runtime.add(Worker("job-watch", job_watch.run))
+        runtime.add(Worker("job-status", every(float(settings.kubernetes.status_interval),
+                                               job_watch.write_statuses)))
     if elector is not None:
         keep = elector.keep_leading
         runtime.add(Worker("lease", lambda stop: keep(stop, on_lost), on_crash="stop"))

@@ -23,6 +23,7 @@ from sn_monitor.controller.actions.runner import RunnerSettings
 from sn_monitor.controller.failslow.finder import FailSlowSettings
 from sn_monitor.controller.ha.lease import HaSettings
 from sn_monitor.controller.jobs.settings import JobSettings
+from sn_monitor.controller.k8s.settings import JobWatchSettings
 from sn_monitor.controller.remediation import LadderSettings
 from sn_monitor.controller.tls import TlsSettings
 from sn_monitor.rules.xid_catalog import check_catalog_file
@@ -85,6 +86,8 @@ class ControllerSettings:
     routes: dict[str, list[str]] = setting(default_factory=dict, check=check_routes)
     #: DistributedJob files (a directory of *.yaml); jobs can also come through the API.
     jobs: str | None = None
+    #: DistributedJob custom resources as jobs (``kubernetes: {watch_jobs: true}``).
+    kubernetes: JobWatchSettings = field(default_factory=JobWatchSettings)
     recovery: JobSettings = field(default_factory=JobSettings)
     #: The remediation ladder: reset the GPU, reboot, replace (each verified).
     remediation: LadderSettings = field(default_factory=LadderSettings)

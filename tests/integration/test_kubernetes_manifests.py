@@ -31,6 +31,8 @@ import yaml
 from kubernetes import client as k8s
 
 from sn_monitor.agent.settings import SERVICE_ACCOUNT_DIR, load_agent_settings
+from sn_monitor.controller.jobs.crd import CRD_NAME, spec_schema
+from sn_monitor.controller.k8s.job_api import JOB_API_CALLS
 from sn_monitor.controller.k8s.settings import KubernetesSettings
 from tests.conftest import FIXTURES, ROOT
 
@@ -41,7 +43,7 @@ CRD_SCHEMAS = FIXTURES / "k8s-crds"
 #: Shows the layout of the Secrets an operator creates by hand; never applied.
 SECRET_EXAMPLE = K8S / "secret.example.yaml"
 NAMESPACE = "sn-monitor"
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
 CRD_KINDS = {"ServiceMonitor": "servicemonitors", "PodMonitor": "podmonitors",
              "PrometheusRule": "prometheusrules"}
 API = k8s.ApiClient()
@@ -268,6 +270,58 @@ def test_checker_catches_broken_manifests(kind: str, break_it, expected: str):
     break_it(doc)
     found = problems(doc)
     assert any(expected in p for p in found), found
+
+
+# ------------------------------------------------------------------ the DistributedJob CRD
+
+CRD_FILE = K8S / "distributedjob-crd.yaml"
+JOB_FILES = sorted((ROOT / "deploy" / "jobs").glob("*.yaml"))
+
+
+def test_distributedjob_crd_is_the_generated_one_and_valid():
+    (crd,) = load_all(CRD_FILE)
+    assert crd["metadata"]["name"] == CRD_NAME == "distributedjobs.training.ai"
+    assert problems(crd) == []  # V1CustomResourceDefinition, as the other manifests
+    spec = crd["spec"]
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"]["shortNames"] == ["dj"]
+    assert spec["names"]["kind"] == "DistributedJob"
+    (version,) = spec["versions"]
+    assert version["name"] == "v1"
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "State", "Generation", "Nodes", "ETTR", "Age"]
+    schema = version["schema"]["openAPIV3Schema"]
+    assert schema["properties"]["spec"] == spec_schema()  # made from the loader's spec
+
+
+def _structural_problems(schema: dict[str, Any], path: str = "") -> Iterator[str]:
+    """Where a schema is not structural: a node with neither a type nor an escape."""
+    if not ("type" in schema or schema.get("x-kubernetes-int-or-string")
+            or schema.get("x-kubernetes-preserve-unknown-fields")):
+        yield f"{path or '.'}: no type"
+    for key, sub in schema.get("properties", {}).items():
+        yield from _structural_problems(sub, f"{path}.{key}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            yield from _structural_problems(schema[key], f"{path}[{key}]")
+
+
+def test_distributedjob_crd_schema_is_structural():
+    (crd,) = load_all(CRD_FILE)
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert list(_structural_problems(schema)) == []
+
+
+@pytest.mark.parametrize("path", JOB_FILES, ids=[p.name for p in JOB_FILES])
+def test_job_files_apply_unchanged_as_distributedjobs(path: Path):
+    (crd,) = load_all(CRD_FILE)
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    (doc,) = load_all(path)
+    validator = jsonschema.Draft4Validator(schema)
+    assert [e.message for e in validator.iter_errors(doc)] == []
+    assert list(unknown_keys(doc, schema, "DistributedJob")) == []
+    assert doc["apiVersion"] == "training.ai/v1"
 
 
 # ------------------------------------------------------------------ what they carry
@@ -634,6 +688,7 @@ API_CALLS = {
     "delete_namespaced_pod": ("pods", "delete"),                # _delete_failed (restore)
     "patch_namespaced_pod": ("pods", "patch"),                  # _annotate (checkpoint)
 }
+JOB_API = ROOT / "sn_monitor" / "controller" / "k8s" / "job_api.py"
 DRIVERS = [ROOT / "sn_monitor" / "controller" / "actions" / "drivers" / name
            for name in ("kubernetes.py", "k8s_jobs.py")]
 
@@ -644,10 +699,21 @@ def test_controller_rbac_grants_exactly_what_the_drivers_call():
     assert called <= API_CALLS.keys(), f"not in API_CALLS: {sorted(called - API_CALLS.keys())}"
     needed = {API_CALLS[m] for m in called}
     role = find("ClusterRole", "sn-controller")
-    granted = {(resource, verb) for rule in role["rules"] for resource in rule["resources"]
+    core = [rule for rule in role["rules"] if rule["apiGroups"] == [""]]
+    granted = {(resource, verb) for rule in core for resource in rule["resources"]
                for verb in rule["verbs"]}
-    assert all(rule["apiGroups"] == [""] for rule in role["rules"])  # all CoreV1Api
     assert granted == needed
+    # the DistributedJob watch (controller/k8s/job_api.py): exactly these, nothing else
+    jobs = [rule for rule in role["rules"] if rule["apiGroups"] != [""]]
+    assert all(rule["apiGroups"] == ["training.ai"] for rule in jobs)
+    granted_jobs = {(resource, verb) for rule in jobs for resource in rule["resources"]
+                    for verb in rule["verbs"]}
+    assert granted_jobs == {("distributedjobs", v) for v in ("get", "list", "watch")} | {
+        ("distributedjobs/status", v) for v in ("get", "update", "patch")}
+    job_calls = set(re.findall(r"self\.api\.(\w+)\(", JOB_API.read_text()))
+    assert job_calls
+    assert job_calls <= JOB_API_CALLS.keys()
+    assert {JOB_API_CALLS[m] for m in job_calls} <= granted_jobs
     binding = find("ClusterRoleBinding", "sn-controller")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
                                   "kind": "ClusterRole", "name": "sn-controller"}

@@ -19,6 +19,7 @@ KUBERNETES_MODULES = frozenset({
     "sn_monitor.controller.actions.drivers.k8s_jobs",
     "sn_monitor.controller.ha.k8s_lease",
     "sn_monitor.controller.ha.k8s_role",
+    "sn_monitor.controller.k8s.job_api",
 })
 
 NO_KUBERNETES = """\

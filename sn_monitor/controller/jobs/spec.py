@@ -92,11 +92,19 @@ def _dns_label(value: str) -> None:
             f"ending with a letter or digit, at most 63 characters), got {value!r}")
 
 
-def _at_least(minimum: int) -> Any:
-    def check(value: int) -> None:
-        if value < minimum:
-            raise ValueError(f"must be at least {minimum}, got {value}")
-    return check
+@dataclass(frozen=True)
+class _AtLeast:
+    """A settings check that the CRD's schema shows too (``minimum``, see crd.py)."""
+
+    minimum: int
+
+    def __call__(self, value: int | None) -> None:
+        if value is not None and value < self.minimum:
+            raise ValueError(f"must be at least {self.minimum}, got {value}")
+
+
+def _at_least(minimum: int) -> _AtLeast:
+    return _AtLeast(minimum)
 
 
 def _positive(value: float | None) -> None:
@@ -151,9 +159,7 @@ def _checkpoint_dir(value: str) -> None:
         raise ValueError(f"must be an absolute path (as the controller sees it), got {value!r}")
 
 
-def _keep(value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ValueError(f"must be at least 1, got {value}")
+_keep = _AtLeast(1)
 
 
 def _marker(value: str | None) -> None:
@@ -333,6 +339,15 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise JobSpecError("", key, None, "duplicate key")
         out[key] = value
     return out
+
+
+#: The shorthands :func:`_normalize` expands, by key path under ``spec``, and what each
+#: key takes then: the CRD's schema (crd.py) lets these through as written.
+SHORTHANDS: dict[tuple[str, ...], Literal["any", "int-or-string"]] = {
+    ("control", "webhook"): "any",           # a URL, or {url, secret, ...}
+    ("control", "command"): "any",           # an argv list, or {program, ...}
+    ("control", "slurm", "jobId"): "int-or-string",  # 1234 or "1234"
+}
 
 
 def _normalize(doc: Document) -> Any:

@@ -106,3 +106,27 @@ class KubernetesJobSettings:
     def api_settings(self) -> KubernetesSettings:
         return KubernetesSettings(host=self.host, kubeconfig=self.kubeconfig,
                                   context=self.context, timeout=self.timeout)
+
+
+@dataclass(frozen=True)
+class JobWatchSettings:
+    """The controller's ``kubernetes:``: DistributedJob custom resources as jobs.
+
+    ``watch_jobs``: list and watch ``training.ai/v1`` DistributedJobs (install
+    deploy/kubernetes/distributedjob-crd.yaml) and write their status; ``namespace``:
+    only that namespace's (unset: every namespace). ``api`` reaches the API server as
+    the drivers do (in-cluster by default). ``status_interval``: at most one status
+    write per object this often.
+    """
+
+    watch_jobs: bool = False
+    namespace: str | None = setting(default=None, check=optional(_namespace))
+    status_interval: Duration = setting(default=Duration(5.0), check=positive)
+    api: KubernetesSettings | None = None
+
+    def __post_init__(self) -> None:
+        if self.watch_jobs:
+            require_client()
+
+    def api_settings(self) -> KubernetesSettings:
+        return self.api if self.api is not None else KubernetesSettings()
