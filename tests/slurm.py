@@ -25,6 +25,7 @@ kills every such cluster whose starting process is gone (:func:`reap_orphans`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -107,10 +108,8 @@ def _kill_pidfiles(directory: Path) -> None:
         try:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def reap_orphans() -> list[Path]:
@@ -224,6 +223,15 @@ class SlurmCluster:
         self._spawn("slurmctld", [self.programs.slurmctld, "-D", "-f", str(self.conf)])
         self._wait("slurmctld answers scontrol ping",
                    lambda: self.run("scontrol", "ping", check=False).returncode == 0)
+        if any(name.startswith("slurmd") for name in self._processes):
+            # a restarted slurmctld knows its nodes as UNKNOWN until their slurmds register
+            self._wait("the slurmds registered again", self._nodes_registered)
+
+    def _nodes_registered(self) -> bool:
+        out = self.run("sinfo", "--noheader", "--Node", "--format=%N %T", check=False).stdout
+        states = dict(line.split() for line in out.splitlines() if line.strip())
+        return all(node in states and not states[node].startswith("unknown")
+                   for node in self.nodes)
 
     def stop_controller(self) -> None:
         """Stop slurmctld (its state stays): clients cannot reach a controller."""
@@ -272,6 +280,13 @@ class SlurmCluster:
             if "DRAIN" in self.node_state(node):
                 self.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
 
+    def reset(self) -> None:
+        """Between tests: cancel every job, resume every node, wait until all are idle."""
+        self.run("scancel", "--user", "root")
+        self._wait_queue_empty(STOP_TIMEOUT_S)
+        self.resume(*self.nodes)
+        self.wait_nodes_idle(self.nodes)
+
     def job(self, job_id: str) -> dict[str, str]:
         """``scontrol show job``, as key=value pairs (values without spaces only)."""
         out = self.run("scontrol", "show", "job", job_id).stdout
@@ -287,8 +302,15 @@ class SlurmCluster:
         path = self._dir / f"job-{time.monotonic_ns()}.sh"
         path.write_text(script)
         out = self.run("sbatch", "--parsable", f"--output={self._dir}/job-%j.out",
-                       *args, str(path)).stdout
+                       "--open-mode=append", *args, str(path)).stdout
         return out.strip().split(";")[0]
+
+    def job_output(self, job_id: str) -> str:
+        """What the batch job wrote (``--output``), over all its runs."""
+        try:
+            return (self._dir / f"job-{job_id}.out").read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
 
     def wait_job(self, job_id: str, state: str, timeout: float = START_TIMEOUT_S) -> dict[str, str]:
         """Wait until the job is in ``state``; its fields."""
@@ -354,10 +376,11 @@ class SlurmCluster:
             "AccountingStorageType=accounting_storage/none",
             "MpiDefault=none",
             "SwitchType=switch/none",
-            "SchedulerType=sched/backfill",
+            # the main scheduler every second (not 60 s): a requeued job starts again soon
+            "SchedulerParameters=sched_interval=1",
             "ReturnToService=2",
             # a client gives up on a controller that is not there after a few seconds
-            "MessageTimeout=3",
+            "MessageTimeout=2",
             "SlurmctldTimeout=10",
             "SlurmdTimeout=60",
             "MinJobAge=600",
