@@ -132,7 +132,7 @@ class SlurmDriver:
         node = _node(request)
         if request.action in ("cordon", "evict"):
             reason = drain_reason(request.reason)
-            self._scontrol("update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+            self.drain(node, reason)
             return Outcome(f"drained Slurm node {node}", {"reason": reason})
         if request.action == "uncordon":
             current = self.show(node)
@@ -143,7 +143,7 @@ class SlurmDriver:
                 raise PermanentError(
                     f"Slurm node {node} was drained by someone else "
                     f"(Reason={current.reason!r}): not resuming it")
-            self._scontrol("update", f"NodeName={node}", "State=RESUME")
+            self.resume(node)
             return Outcome(f"resumed Slurm node {node}", {"changed": True})
         raise PermanentError(f"the slurm driver cannot {request.action}")
 
@@ -160,6 +160,14 @@ class SlurmDriver:
         if request.action == "uncordon":
             return not current.drained
         return None
+
+    def drain(self, node: str, reason: str) -> None:
+        """``scontrol update NodeName=<node> State=DRAIN Reason=<reason>`` (reason as given)."""
+        self._scontrol("update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+
+    def resume(self, node: str) -> None:
+        """``scontrol update NodeName=<node> State=RESUME``, whoever drained it."""
+        self._scontrol("update", f"NodeName={node}", "State=RESUME")
 
     def show(self, node: str) -> NodeState:
         """``scontrol show node <node>``, parsed."""
