@@ -320,7 +320,13 @@ class SlurmCluster:
             fields.update(self.job(job_id))
             return fields.get("JobState") == state
 
-        self._wait(f"job {job_id} {state}", reached, timeout)
+        try:
+            self._wait(f"job {job_id} {state}", reached, timeout)
+        except SlurmError as err:
+            seen = self.run("scontrol", "show", "job", job_id, check=False).stdout
+            nodes = self.run("sinfo", "--Node", "--long", check=False).stdout
+            raise SlurmError(f"{err}\n--- scontrol show job ---\n{seen}\n--- sinfo ---\n"
+                             f"{nodes}") from None
         return fields
 
     def wait_nodes_idle(self, nodes: tuple[str, ...], timeout: float = START_TIMEOUT_S) -> None:
