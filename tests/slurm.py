@@ -367,7 +367,9 @@ class SlurmCluster:
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
+            # cred_expire: how long slurmd remembers a killed job's revoked credential, and
+            # so how long a requeued job waits to start again (default 120 s)
+            f"AuthInfo=socket={self.munge_socket},cred_expire=5",
             f"StateSaveLocation={d / 'state'}",
             f"SlurmdSpoolDir={d / 'spool'}/%n",
             f"SlurmctldPidFile={d / 'slurmctld.pid'}",
@@ -386,7 +388,7 @@ class SlurmCluster:
             "SchedulerParameters=sched_interval=1",
             "ReturnToService=2",
             # a client gives up on a controller that is not there after a few seconds
-            "MessageTimeout=2",
+            "MessageTimeout=3",
             "SlurmctldTimeout=10",
             "SlurmdTimeout=60",
             "MinJobAge=600",

@@ -167,13 +167,15 @@ def test_requeue_of_a_batch_job_runs_it_again(slurm: SlurmCluster) -> None:
     assert fields["Restarts"] == "1"
     assert control.reconcile(act("restore", None)) is True
     assert again.details == {"requeued": [], "pending": [job], "changed": False, "via": "slurm"}
-    # Slurm holds a requeued job back (BeginTime, about two minutes): let it start now
-    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+    # Slurm holds a requeued job back (BeginTime) for cred_expire (tests/slurm.py: 5 s, by
+    # default 120): slurmd refuses the job's revoked credential until then
     fields = slurm.wait_job(job, "RUNNING")
     assert fields["Restarts"] == "1"
-    output = slurm.job_output(job)
-    assert f"start {job} restarts=0" in output
-    assert f"start {job} restarts=1" in output
+    deadline = time.monotonic() + 10  # RUNNING comes before the script's first line
+    while f"start {job} restarts=1" not in slurm.job_output(job):
+        assert time.monotonic() < deadline, slurm.job_output(job)
+        time.sleep(0.1)
+    assert f"start {job} restarts=0" in slurm.job_output(job)
 
 
 def test_requeue_of_a_multi_node_job_by_name(slurm: SlurmCluster) -> None:
@@ -188,7 +190,6 @@ def test_requeue_of_a_multi_node_job_by_name(slurm: SlurmCluster) -> None:
     assert outcome.details["requeued"] == [job]
     slurm.wait_job(job, "PENDING")
     assert control.reconcile(act("failover", None)) is True
-    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
     again = slurm.wait_job(job, "RUNNING")
     assert again["Restarts"] == "1"
     assert again["NumNodes"] == "2"

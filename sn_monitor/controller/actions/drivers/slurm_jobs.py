@@ -30,7 +30,8 @@ permission errors are permanent.
 What a real slurmctld (22.05; tests/integration/test_slurm_real.py) does: right after a
 requeue the job is ``COMPLETING`` (its processes are being killed; a second requeue then
 already answers "Job is pending execution"), then ``PENDING`` with ``Restarts`` counted
-up and a ``BeginTime`` about two minutes ahead; a finished job slurmctld still remembers
+up and a ``BeginTime`` ``cred_expire`` ahead (``AuthInfo``, 120 s by default: until then
+slurmd refuses the job's revoked credential); a finished job slurmctld still remembers
 (``COMPLETED``, ``FAILED``) is requeued like a running one and runs again.
 """
 
