@@ -112,6 +112,22 @@ def _kill_pidfiles(directory: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def _kill_jobs(conf: Path) -> None:
+    """SIGKILL what is left of the cluster's jobs: processes whose environment names its
+    ``SLURM_CONF`` (proctrack/linuxproc can miss a child forked as the job is killed)."""
+    marker = f"SLURM_CONF={conf}".encode()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker not in environ.read_bytes().split(b"\0"):
+                continue
+            pid = int(environ.parent.name)
+        except (OSError, ValueError):
+            continue
+        if pid != os.getpid():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def reap_orphans() -> list[Path]:
     """Kill and remove the clusters left by test runs killed before they could stop them
     (their owner process is gone); returns their directories."""
@@ -124,6 +140,7 @@ def reap_orphans() -> list[Path]:
         if _alive(owner):
             continue
         _kill_pidfiles(owner_file.parent)
+        _kill_jobs(owner_file.parent / "slurm.conf")
         shutil.rmtree(owner_file.parent, ignore_errors=True)
         reaped.append(owner_file.parent)
     return reaped
@@ -214,6 +231,7 @@ class SlurmCluster:
                     "slurmctld", "munged"]:
                 self._terminate(name)
             _kill_pidfiles(self.tmpdir)
+            _kill_jobs(self.conf)
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
             self._processes.clear()

@@ -30,7 +30,9 @@ from tests.slurm import SlurmCluster
 pytestmark = pytest.mark.integration
 
 REASON = 'GPU 3 XID 79; "quoted" $(rm -rf /)'
-SLEEP_JOB = "#!/bin/bash\necho start $SLURM_JOB_ID restarts=${SLURM_RESTART_COUNT:-0}\nsleep 120\n"
+#: exec: no child for proctrack/linuxproc to miss when it kills the job at a requeue.
+SLEEP_JOB = ("#!/bin/bash\necho start $SLURM_JOB_ID restarts=${SLURM_RESTART_COUNT:-0}\n"
+             "exec sleep 120\n")
 
 
 @pytest.fixture
