@@ -28,6 +28,8 @@ from sn_monitor.model import CheckResult
 log = logging.getLogger("sn_monitor")
 
 EXIT_CONFIG = 2
+#: slurm-health's agent (sn_monitor.slurm_health.DEFAULT_AGENT; imported only when it runs).
+DEFAULT_AGENT_URL = "http://127.0.0.1:9847"
 #: The controller's store cannot be opened (unreachable server, unwritable directory):
 #: a supervisor may start it again later.
 EXIT_STORE = 1
@@ -268,6 +270,33 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--json", action="store_true", help="print the checks as JSON")
     _log_options(verify, default_level="warning")
 
+    health = sub.add_parser(
+        "slurm-health", help="Slurm HealthCheckProgram: drain this node when its GPUs fail",
+        description="For slurm.conf's HealthCheckProgram (as LBNL NHC): asks the local agent "
+                    "(/healthz, then /metrics) or, when none answers, checks the GPUs here "
+                    "through NVML (the snapshot checks of sn-monitor verify); on a failure "
+                    "drains the node with Reason=\"sn-monitor slurm-health: <why>\", on "
+                    "success resumes only a drain with that prefix. Exit 0 healthy, 1 "
+                    "unhealthy (drained), 2 the check or scontrol could not run.")
+    health.add_argument("--node", help="the Slurm node name (default: $SLURMD_NODENAME, "
+                                       "which slurmd sets, else the short host name)")
+    health.add_argument("--agent", default=DEFAULT_AGENT_URL, metavar="URL",
+                        help=f"the local agent (default {DEFAULT_AGENT_URL}); '' to skip it")
+    health.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="for the agent's answers and for scontrol (default 5)")
+    health.add_argument("--scontrol", default="scontrol", help="the scontrol to run")
+    health.add_argument("--expected-gpus", type=_positive_int, metavar="N",
+                        help="GPUs the node must have")
+    health.add_argument("--config", type=Path,
+                        help="agent config file (for the checks without an agent)")
+    health.add_argument("--simulate", type=_positive_int, metavar="GPUS",
+                        help="without an agent: check a simulated node (no GPU needed)")
+    health.add_argument("--fault", action="append", default=[], metavar="NAME[@GPU]",
+                        help="with --simulate: inject this fault first; repeatable")
+    health.add_argument("--dry-run", action="store_true",
+                        help="say what would be drained or resumed, change nothing")
+    _log_options(health, default_level="warning")
+
     check = sub.add_parser("check-config", help="validate config files (agent, controller, rule, "
                            "job, scenario, token, fleet, XID catalogue); exit 2 on any error")
     check.add_argument("files", nargs="+", type=Path)
@@ -458,6 +487,44 @@ def run_verify(args: argparse.Namespace) -> int:
             print(f"{verdict}  {check.name:<18} {check.detail}")
         print(summary(checks))
     return 0 if ok else 1
+
+
+def run_slurm_health(args: argparse.Namespace) -> int:
+    """``sn-monitor slurm-health``: see :mod:`sn_monitor.slurm_health`."""
+    import os
+
+    from sn_monitor.config import Duration
+    from sn_monitor.controller.actions.drivers.slurm import SlurmDriver, SlurmSettings
+    from sn_monitor.slurm_health import node_name, run
+
+    if args.timeout <= 0:
+        print("sn-monitor slurm-health: --timeout must be positive", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.fault and args.simulate is None:
+        print("sn-monitor slurm-health: --fault needs --simulate", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        settings = load_agent_settings(args.config)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return EXIT_CONFIG
+    # Every HealthCheckInterval: the snapshot checks only, no minutes-long diagnostics.
+    verify = replace(settings.remediation.verify, dcgm_level=0, command=None,
+                     expected_gpus=args.expected_gpus or settings.remediation.verify.expected_gpus)
+    settings = replace(settings, remediation=replace(settings.remediation, verify=verify))
+
+    def local_checks() -> list[CheckResult]:
+        if args.simulate is not None:
+            return _verify_simulated(settings, args.simulate, args.fault)
+        from sn_monitor.agent.nvml import load_pynvml
+
+        return _verify_once(settings, load_pynvml())
+
+    driver = SlurmDriver(SlurmSettings(scontrol=args.scontrol, timeout=Duration(args.timeout)))
+    return run(node=node_name(args.node, dict(os.environ)), agent=args.agent or None,
+               timeout=args.timeout, expected_gpus=args.expected_gpus,
+               local_checks=local_checks, driver=driver, dry_run=args.dry_run,
+               out=sys.stdout, err=sys.stderr)
 
 
 class VerifyError(SnMonitorError):
@@ -759,6 +826,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "verify":
         configure_logging(args.log_format or "text", args.log_level or "warning")
         return run_verify(args)
+    if args.command == "slurm-health":
+        configure_logging(args.log_format or "text", args.log_level or "warning")
+        return run_slurm_health(args)
     if args.command == "goodput":
         configure_logging(args.log_format or "text", args.log_level or "error")
         return run_goodput(args)

@@ -15,6 +15,7 @@ import pytest
 
 from tests.drivers.servers import RecordingHTTPServer
 from tests.postgres import PostgresServer, find_bindir
+from tests.slurm import SlurmCluster, SlurmError, find_slurm, missing_programs
 from tests.threads import install as install_thread_guard
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,6 +90,35 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """A real Slurm (munged, slurmctld, three slurmds on loopback: tests/slurm.py), started
+    once per session.
+
+    Skipped when Slurm is not installed or cannot start here, unless ``REQUIRE_SLURM=1``
+    (which .ci/run sets, after installing ``slurmctld slurmd slurm-client munge``): then
+    it fails.
+    """
+    programs = find_slurm()
+    if programs is None:
+        reason = (f"Slurm is not installed (missing: {', '.join(missing_programs())}): run "
+                  ".ci/run, or apt-get install slurmctld slurmd slurm-client munge")
+        if os.environ.get("REQUIRE_SLURM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    cluster = SlurmCluster(programs)
+    try:
+        cluster.start()
+    except SlurmError as err:
+        if os.environ.get("REQUIRE_SLURM") == "1":
+            raise
+        pytest.skip(f"Slurm is installed but cannot start here: {err}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @dataclass(frozen=True)

@@ -104,3 +104,31 @@ def test_parse_show_node(state: str, reason: str | None, drained: bool, ours: bo
     assert parsed.reason == reason
     assert parsed.drained is drained
     assert parsed.ours is ours
+
+
+# Real ``scontrol show node`` output of Slurm 22.05 (Debian 12), captured from the
+# throwaway cluster of tests/slurm.py.
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+
+
+@pytest.mark.parametrize(("name", "state", "reason", "ours"), [
+    ("show_node_idle.txt", "IDLE", None, False),
+    ("show_node_idle_drain.txt", "IDLE+DRAIN",
+     'sn-monitor: GPU 3 XID 79; "quoted" $(rm -rf /)', True),
+    ("show_node_allocated_drain.txt", "ALLOCATED+DRAIN", "bad DIMM, ticket 4711", False),
+])
+def test_parse_real_show_node(name: str, state: str, reason: str | None, ours: bool) -> None:
+    parsed = parse_show_node((FIXTURES / name).read_text())
+    assert (parsed.state, parsed.reason, parsed.ours) == (state, reason, ours)
+    assert parsed.drained is ("DRAIN" in state)
+
+
+def test_unknown_node_on_stdout_is_permanent(tmp_path: Path) -> None:
+    """``scontrol show node n9`` prints "Node n9 not found" on stdout, nothing on stderr,
+    and exits 1 (as an unreachable slurmctld also exits 1)."""
+    script = tmp_path / "scontrol"
+    script.write_text("#!/bin/sh\necho \"Node $3 not found\"\nexit 1\n")
+    script.chmod(0o755)
+    driver = SlurmDriver(SlurmSettings(scontrol=str(script)))
+    with pytest.raises(PermanentError, match="Node n1 not found"):
+        driver.run(act("uncordon"))

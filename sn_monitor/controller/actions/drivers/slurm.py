@@ -11,8 +11,10 @@
   already done.
 
 ``scontrol`` runs with an argument list (never a shell: the reason is user text) and a
-timeout. A timeout or an unexpected failure is temporary (slurmctld restarting, busy);
-``Invalid node name`` and permission errors are permanent.
+timeout. A timeout or an unexpected failure is temporary (slurmctld restarting, busy,
+"Unable to contact slurm controller"); an unknown node (``Invalid node name``, ``Node N
+not found``) and permission errors are permanent. tests/integration/test_slurm_real.py
+checks these against a real slurmctld (Slurm 22.05).
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ log = logging.getLogger(__name__)
 
 REASON_PREFIX = "sn-monitor"
 #: stderr phrases that retrying cannot fix (anything else may pass: slurmctld busy, ...).
-_PERMANENT = re.compile(r"Invalid node name|Access/permission denied|Invalid user")
+#: ``update`` of an unknown node says "Invalid node name specified" (stderr), ``show node``
+#: says "Node n9 not found" (stdout); both exit 1, as does an unreachable slurmctld
+#: ("Unable to contact slurm controller (connect failure)", temporary).
+_PERMANENT = re.compile(
+    r"Invalid node name|Node \S+ not found|Access/permission denied|Invalid user")
 
 
 def run_slurm_tool(argv: list[str], what: str, timeout: float, permanent: re.Pattern[str],
@@ -50,7 +56,9 @@ def run_slurm_tool(argv: list[str], what: str, timeout: float, permanent: re.Pat
     except OSError as err:
         raise PermanentError(f"cannot run {argv[0]}: {err.strerror}") from None
     if result.returncode != 0:
-        stderr = " ".join(result.stderr.split())[-500:] or f"exit {result.returncode}"
+        # scontrol writes some refusals to stdout ("Node n9 not found" from show node).
+        stderr = (" ".join(result.stderr.split())[-500:]
+                  or " ".join(result.stdout.split())[-500:] or f"exit {result.returncode}")
         if permanent.search(stderr):
             raise PermanentError(f"{what}: {stderr}")
         if on_failure is not None:
@@ -124,7 +132,7 @@ class SlurmDriver:
         node = _node(request)
         if request.action in ("cordon", "evict"):
             reason = drain_reason(request.reason)
-            self._scontrol("update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+            self.drain(node, reason)
             return Outcome(f"drained Slurm node {node}", {"reason": reason})
         if request.action == "uncordon":
             current = self.show(node)
@@ -135,7 +143,7 @@ class SlurmDriver:
                 raise PermanentError(
                     f"Slurm node {node} was drained by someone else "
                     f"(Reason={current.reason!r}): not resuming it")
-            self._scontrol("update", f"NodeName={node}", "State=RESUME")
+            self.resume(node)
             return Outcome(f"resumed Slurm node {node}", {"changed": True})
         raise PermanentError(f"the slurm driver cannot {request.action}")
 
@@ -152,6 +160,14 @@ class SlurmDriver:
         if request.action == "uncordon":
             return not current.drained
         return None
+
+    def drain(self, node: str, reason: str) -> None:
+        """``scontrol update NodeName=<node> State=DRAIN Reason=<reason>`` (reason as given)."""
+        self._scontrol("update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+
+    def resume(self, node: str) -> None:
+        """``scontrol update NodeName=<node> State=RESUME``, whoever drained it."""
+        self._scontrol("update", f"NodeName={node}", "State=RESUME")
 
     def show(self, node: str) -> NodeState:
         """``scontrol show node <node>``, parsed."""

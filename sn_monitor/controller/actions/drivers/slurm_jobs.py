@@ -21,9 +21,18 @@ A DistributedJob that runs as a Slurm batch job names it by id or by name::
   succeeds with that message, so the audit trail says what happened and no alert fires.
 
 ``scontrol`` and ``squeue`` run with an argument list (never a shell) and a timeout. A
-timeout or an unexpected failure (slurmctld busy or restarting) is temporary; an invalid
-job id, a finished job, a job that may not be requeued (``--no-requeue``, not a batch
-job) and permission errors are permanent.
+timeout or an unexpected failure (slurmctld busy or restarting: "Unable to contact slurm
+controller", "Unexpected message received") is temporary; an invalid job id (a job
+slurmctld has forgotten, after ``MinJobAge``), a job that may not be requeued
+(``--no-requeue``: "Requested operation is presently disabled", not a batch job) and
+permission errors are permanent.
+
+What a real slurmctld (22.05; tests/integration/test_slurm_real.py) does: right after a
+requeue the job is ``COMPLETING`` (its processes are being killed; a second requeue then
+already answers "Job is pending execution"), then ``PENDING`` with ``Restarts`` counted
+up and a ``BeginTime`` ``cred_expire`` ahead (``AuthInfo``, 120 s by default: until then
+slurmd refuses the job's revoked credential); a finished job slurmctld still remembers
+(``COMPLETED``, ``FAILED``) is requeued like a running one and runs again.
 """
 
 from __future__ import annotations
