@@ -278,3 +278,33 @@ def test_the_controller_setting_builds_the_watch(server):
 
     job_watch = build_job_watch(settings, _Controller(), ManualClock())  # type: ignore[arg-type]
     assert job_watch.api.list().resource_version == "100"
+
+
+def test_the_seed_file_through_the_watch_is_a_job_of_the_real_controller(server, tmp_path):
+    from tests.unit.test_controller_service import make_harness
+
+    h = make_harness(tmp_path, [])
+    api = DistributedJobApi(KubernetesSettings(host=server.url, timeout=2.0), "training")
+    job_watch = JobWatch(api, h.controller.jobs, h.clock, status_interval=5.0, backoff=0.01,
+                         max_backoff=0.05)
+    stop = threading.Event()
+    thread = threading.Thread(target=job_watch.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        server.apply(SEED)
+        assert wait_until(lambda: h.controller.get_job("trillion-model") is not None)
+        job = h.controller.get_job("trillion-model")
+        assert job["source"] == "kubernetes:training/trillion-model"
+        assert job["replicas"] == 128
+        assert wait_until(lambda: server.status_writes)
+        status = server.status_writes[0].body["status"]
+        assert status["state"] == job["state"]
+        assert status["observedGeneration"] == 1
+        server.delete(SEED["metadata"]["name"])  # kubectl delete dj trillion-model
+        assert wait_until(lambda: h.controller.get_job("trillion-model") is None)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        h.controller.close()
+        h.store.close()
+    assert not thread.is_alive()
