@@ -124,11 +124,17 @@ class CrashWorld:
         assert self.c.controller.kill(signal.SIGKILL) == -signal.SIGKILL
 
     def fault(self, node: str) -> None:
-        """A fatal XID (79) on the next GPU of ``node`` not yet used: an XID incident stays
-        open for its rule's ``clear_after`` (10 m), and a node comes back in later rounds."""
+        """A fatal XID (48, a double-bit ECC error) on the next GPU of ``node`` not yet used:
+        an XID incident stays open for its rule's ``clear_after`` (10 m), and a node comes
+        back in later rounds.
+
+        Not 79: the simulated XID 79 leaves the GPU answering NVML, and when the kernel
+        log's "fallen off the bus" line beats the NVML event to the agent, the healthy
+        reading that follows closes the incident before its settle time (ci41).
+        """
         gpu = self.faulted.get(node, 0)
         self.faulted[node] = gpu + 1
-        self.c.agents[node].fault("xid", gpu % 8, code=79)
+        self.c.agents[node].fault("xid", gpu % 8, code=48)
 
     def fault_alive(self, node: str) -> None:
         """An uncorrectable ECC error on the next GPU of ``node``: the ranks live on (unlike
