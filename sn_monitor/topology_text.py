@@ -7,10 +7,11 @@ naming its unhealthy ports. A pure function of the API's JSON, like the page tha
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from sn_monitor.natural import natural_key
 
 #: Worst first.
 _HEALTH_RANK = {"failed": 0, "degraded": 1, "unknown": 2, "ok": 3}
@@ -68,7 +69,7 @@ def _tree(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                        for r in sn.get("racks") or []]}
             for sn in doc.get("supernodes") or []]
     placed = {n for sn in tree for r in sn["racks"] for n in r["nodes"]}
-    loose = sorted(set(nodes) - placed, key=_natural)
+    loose = sorted(set(nodes) - placed, key=natural_key)
     if loose:
         tree.append({"name": "", "racks": [{"name": "", "nodes": loose}]})
     return tree
@@ -124,7 +125,7 @@ def _rails(rails: Sequence[Mapping[str, Any]],
         mean = _percent(sum(utils) / len(utils), sign=False) if utils else "-"
         bad = sorted(((ref, p) for ref, p in ports if p.get("health") != "ok"),
                      key=lambda rp: (_HEALTH_RANK.get(str(rp[1].get("health")), 2),
-                                     _natural(str(rp[0].get("node")))))
+                                     natural_key(str(rp[0].get("node")))))
         named = ", ".join(f"{ref.get('node')}/{ref.get('device')} "
                           f"{p.get('health') or 'unknown'} ({_port_state(p)})"
                           for ref, p in bad)
@@ -168,6 +169,3 @@ def _when(seconds: float | None, clock_only: bool = False) -> str:
                          time.gmtime(seconds))
 
 
-def _natural(name: str) -> tuple[Any, ...]:
-    """``sim-2`` before ``sim-10``."""
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))

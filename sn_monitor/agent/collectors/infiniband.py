@@ -22,6 +22,7 @@ from typing import Final, TypeVar
 from sn_monitor.agent.collectors.base import CollectorError, SourceMissing
 from sn_monitor.agent.collectors.sysfs import read_attribute, read_raw
 from sn_monitor.agent.snapshot import Collected, IbPortSample
+from sn_monitor.natural import natural_key
 
 log = logging.getLogger(__name__)
 
@@ -97,13 +98,6 @@ def parse_rate(text: str) -> float:
         raise ValueError(f"not an InfiniBand rate: {text!r}")
     scale = 1e9 if match.group(2) == "G" else 1e6
     return float(match.group(1)) * scale / 8
-
-
-def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
-    """``mlx5_2`` before ``mlx5_10``."""
-    return tuple(
-        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part
-    )
 
 
 def _listing(path: str) -> list[str]:
@@ -292,7 +286,7 @@ class InfinibandCollector:
         try:
             devices = sorted(
                 (e.name for e in os.scandir(self._root) if not e.name.startswith(".")),
-                key=_natural_key,
+                key=natural_key,
             )
         except OSError as exc:
             raise CollectorError(f"cannot list {self._root}: {exc}") from exc

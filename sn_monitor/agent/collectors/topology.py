@@ -44,6 +44,7 @@ from sn_monitor.model import (
     NvLinkPeer,
     NvLinkPeerKind,
 )
+from sn_monitor.natural import natural_key
 
 _ROOT_COMPLEX = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
 _PEER_KINDS: frozenset[str] = frozenset({"gpu", "switch", "cpu", "unknown"})
@@ -132,12 +133,6 @@ def _peer_kind(kind: str) -> NvLinkPeerKind:
     if kind == "cpu":
         return "cpu"
     return "unknown"
-
-
-def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
-    """``mlx5_2`` before ``mlx5_10``."""
-    return tuple((0, int(part)) if part.isdigit() else (1, part)
-                 for part in re.split(r"(\d+)", name) if part)
 
 
 # ------------------------------------------------------------------ reading /sys

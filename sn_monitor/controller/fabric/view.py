@@ -17,7 +17,6 @@ bottlenecks. Each node, GPU, port and rail gets a ``health`` the page colours:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ from sn_monitor.controller.fabric.meter import (
     PortReading,
 )
 from sn_monitor.model import GpuTopology, NicTopology
+from sn_monitor.natural import natural_key
 from sn_monitor.rules.view import NodeView
 
 _ACTIVE = 4
@@ -140,7 +140,7 @@ def _node(view: NodeView, state: str, incidents: list[Mapping[str, Any]], book: 
     for port_report in report.infiniband if report else ():
         ports_of.setdefault(port_report.device, [])
     nics = [_nic(name, device, topo_nics.get(device), ports_of.get(device, []), best, marked)
-            for device in sorted(set(topo_nics) | set(ports_of), key=_natural)]
+            for device in sorted(set(topo_nics) | set(ports_of), key=natural_key)]
     health = {"healthy": "ok", "degraded": "degraded", "cordoned": "degraded",
               "lost": "failed", "evicted": "failed"}.get(state, "unknown")
     if report is None:
@@ -275,8 +275,3 @@ def _rails(nodes: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
             health = "ok" if known else "unknown"
         out.append({"rail": rail, "health": health, "ports": [m for m, _ in members]})
     return out
-
-
-def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
-    return tuple((0, int(part)) if part.isdigit() else (1, part)
-                 for part in re.split(r"(\d+)", name) if part)
