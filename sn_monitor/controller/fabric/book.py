@@ -34,16 +34,19 @@ class TopologyBook:
         topology): the reply sets ``topology_wanted``.
         """
         if report.topology is not None:
-            digest = report.topology_digest or topology_digest(report.topology)
-            held = self._nodes.get(report.node)
-            if held is None or held.digest != digest:
-                self._nodes[report.node] = NodeWiring(
-                    digest, report.topology, {n.device: n for n in report.topology.nics})
+            self.put(report.node, report.topology, report.topology_digest)
             return False
         if not report.topology_digest:
             return False  # an agent that sends no topology
         held = self._nodes.get(report.node)
         return held is None or held.digest != report.topology_digest
+
+    def put(self, node: str, topology: NodeTopology, digest: str = "") -> None:
+        """Keep ``node``'s topology (``digest``: as its agent sent it; else computed)."""
+        digest = digest or topology_digest(topology)
+        held = self._nodes.get(node)
+        if held is None or held.digest != digest:
+            self._nodes[node] = NodeWiring(digest, topology, {n.device: n for n in topology.nics})
 
     def get(self, node: str) -> NodeWiring | None:
         return self._nodes.get(node)
@@ -61,6 +64,3 @@ class TopologyBook:
             return None
         nic = wiring.nics.get(device)
         return nic.role if nic is not None else "other"
-
-    def forget(self, node: str) -> None:
-        self._nodes.pop(node, None)

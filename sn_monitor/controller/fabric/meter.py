@@ -273,9 +273,5 @@ class FabricMeter:
             self._work_in(readings)
         return readings
 
-    def forget(self, name: str) -> None:
-        """Drop a node (it left the fleet)."""
-        self._nodes.pop(name, None)
-
     def nodes(self) -> Iterable[str]:
         return self._nodes.keys()

@@ -95,12 +95,11 @@ class BottleneckFinder:
     def observe(self, report: Report, now: float) -> None:
         """A node's report: its counters and, when it carries one, its topology."""
         if report.topology is not None:
-            self.book.take(report)
+            self.book.put(report.node, report.topology, report.topology_digest)
         self.meter.observe(report, now)
 
     def observe_topology(self, node: str, topology: NodeTopology) -> None:
-        self.book.take(Report(node=node, instance="-", sequence=0, sample_time_seconds=0.0,
-                              topology=topology))
+        self.book.put(node, topology)
 
     def observe_step_time(self, job: str, step_time_seconds: float, now: float) -> None:
         """The job's current step time (the median over its ranks), every few seconds."""

@@ -82,10 +82,9 @@ class StepTrend:
         if len(samples) < s.min_samples:
             return None
         recent = [v for t, v in samples if t >= now - s.recent_seconds]
-        if not recent:
+        baseline = self.baseline()
+        if not recent or baseline is None:
             return None
-        ordered = sorted(v for _, v in samples)
-        baseline = ordered[min(len(ordered) - 1, int(s.baseline_quantile * len(ordered)))]
         current = statistics.median(recent)
         line = baseline * (1.0 + s.min_slowdown)
         if current < line or (len(samples) >= 2 and samples[-1][1] < line
