@@ -263,3 +263,17 @@ def test_meter_takes_rates_every_few_seconds_and_states_from_every_report():
     assert port().transmit.value == pytest.approx(1000.0)
     meter.observe(report(5000, state=4), 6.0)  # a port's state shows at once
     assert port().state == 4
+
+
+def test_a_bad_fail_slow_setting_names_the_file_key_and_line(tmp_path):
+    from sn_monitor.config import ConfigError
+    from sn_monitor.controller.settings import load_controller_settings
+
+    path = tmp_path / "controller.yaml"
+    path.write_text("fail_slow:\n  trend: {min_slowdown: 0.1}\n  suspects: {wait_ratio: -1}\n")
+    with pytest.raises(ConfigError, match=r"controller.yaml:3: fail_slow.suspects.wait_ratio: "
+                                          r"must be greater than 0"):
+        load_controller_settings(path)
+    path.write_text("fail_slow: {trend: {min_slowdown: 0.1}, confirm: 3}\n")
+    settings = load_controller_settings(path).fail_slow
+    assert (settings.trend.min_slowdown, settings.confirm) == (0.1, 3)
