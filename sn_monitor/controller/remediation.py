@@ -110,6 +110,9 @@ class Repair:
     #: ``check``: a person (or a reboot) asked for the check, not a fault: what fails it
     #: keeps the node out of the spare pools, but a person's uncordon is not undone.
     origin: Literal["fault", "check"] = "fault"
+    #: Every incident whose fault this repair took in (the first and those that joined):
+    #: their rungs are decided, so a restarted controller does not ask for them again.
+    incidents: list[int] = field(default_factory=list)
 
     def to_doc(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -240,6 +243,8 @@ class RemediationLadder:
                 reason = f"{reason} ({again})"
             if current is not None and current.active:
                 climb = LADDER.index(rung) > LADDER.index(current.rung)
+                if incident_id is not None:
+                    current.incidents.append(incident_id)
                 current.history.append(f"{_clock_text(now)} {rule}: {reason}")
                 if climb and current.step in ("waiting", "acting"):
                     # the rung asked is under way or waiting: the next one replaces it
@@ -251,7 +256,8 @@ class RemediationLadder:
             repair = Repair(node=node, gpu=gpu, rung=rung, step="acting", rule=rule,
                             reason=reason, incident_id=incident_id, started=now, since=now,
                             history=[f"{_clock_text(now)} {rule}: {reason}"],
-                            origin="check" if rung == "check" else "fault")
+                            origin="check" if rung == "check" else "fault",
+                            incidents=[] if incident_id is None else [incident_id])
             if current is not None:
                 self._ended.append(current)
             self._repairs[node] = repair
@@ -259,6 +265,12 @@ class RemediationLadder:
                         extra={"node": node, "gpu": gpu, "rule": rule})
             self._act(repair, now)
             self._save()
+
+    def decided(self, incident_id: int) -> bool:
+        """Whether a repair (in progress or ended) took in ``incident_id``'s fault."""
+        with self._lock:
+            return any(incident_id in r.incidents or r.incident_id == incident_id
+                       for r in (*self._repairs.values(), *self._ended))
 
     def _after_earlier_repair(self, node: str, rung: Rung, now: float) -> tuple[Rung, str]:
         """One rung above the last repair of ``node`` that passed within repeat_within."""

@@ -305,8 +305,7 @@ class Controller:
                  if step in SETTLED_ACTIONS]
         # A job recovery is keyed by its incident inside the orchestrator: asking again
         # for one it already handled does nothing, so it is always settled again.
-        missing = [step for step in steps if step == RECOVER or self.store.get_action_by_key(
-            f"incident:{incident.id}:{step}") is None]
+        missing = [step for step in steps if step == RECOVER or not self._decided(incident, step)]
         if not missing:
             return
         finding = _firing_finding(incident, rule)
@@ -316,6 +315,16 @@ class Controller:
                  extra={"node": incident.node, "rule": incident.rule})
         with self._lock:
             self._deferred.extend((due, step, finding, incident.id) for step in missing)
+
+    def _decided(self, incident: Incident, step: str) -> bool:
+        """Whether ``step`` of ``incident`` was acted on before the restart.
+
+        A ladder rung is the ladder's (a repair keeps the incidents it took in; its
+        actions are keyed by the repair); any other action is keyed by the incident.
+        """
+        if step in LADDER_RUNGS:
+            return self.remediation.decided(incident.id)
+        return self.store.get_action_by_key(f"incident:{incident.id}:{step}") is not None
 
     def _load_job_files(self) -> None:
         if self.settings.jobs is None:

@@ -30,7 +30,7 @@ SPARE = "s0"
 class Rig:
     """A controller, a job on four nodes and a spare, and n1's agent simulated."""
 
-    def __init__(self, tmp_path: Path, **ladder: Any) -> None:
+    def __init__(self, tmp_path: Path, *, in_job: bool = True, **ladder: Any) -> None:
         self.h: Harness = make_harness(tmp_path / "controller", load_rules([packaged_rules()]))
         if ladder:
             self.h.controller.remediation.settings = LadderSettings(**ladder)
@@ -40,7 +40,8 @@ class Rig:
             "spec": {"replicas": 4, "nodes": JOB_NODES, "spares": [SPARE],
                      "checkpoint": {"dir": str(tmp_path)},
                      "control": {"command": ["/bin/true"]}}}))
-        self.h.controller.jobs.add_job(job, "test")
+        if in_job:
+            self.h.controller.jobs.add_job(job, "test")
         (tmp_path / "agent").mkdir()
         self.agent = Remedied(tmp_path / "agent", RemediationSettings(
             mode="enforce", verify=VerifySettings(dcgm_level=0)))
@@ -97,8 +98,8 @@ class Rig:
 def rig(tmp_path: Path) -> Iterator[Any]:
     made: list[Rig] = []
 
-    def make(**ladder: Any) -> Rig:
-        made.append(Rig(tmp_path, **ladder))
+    def make(*, in_job: bool = True, **ladder: Any) -> Rig:
+        made.append(Rig(tmp_path, in_job=in_job, **ladder))
         return made[-1]
     yield make
     for one in made:
@@ -222,6 +223,36 @@ def test_a_ladder_survives_a_controller_restart(rig: Any, tmp_path: Path) -> Non
     r.agent.node.gpus[3].set_processes([])
     r.run(rounds=12, seconds=5.0)
     assert (r.repair()["rung"], r.repair()["step"]) == ("reset_gpu", "done")
+
+
+def test_a_restart_does_not_repair_again_what_a_ladder_already_took_in(
+        rig: Any, tmp_path: Path) -> None:
+    """Two faults, one repair: neither incident's rung is asked for again after a restart.
+
+    On a node in no job (a job's recovery owns the incidents on its nodes).
+
+    An incident may stay open after the repair (until a person closes it); a restarted
+    controller settles again the actions it cannot find recorded, and a rung is recorded
+    by the ladder, not by the incident.
+    """
+    r = rig(in_job=False)
+    r.exchange(events=[xid(0, 95, r.h.clock.time(), 3), xid(1, 95, r.h.clock.time(), 2)])
+    r.event_id = 2
+    r.run()
+    first = r.repair()
+    assert (first["rung"], first["step"]) == ("reset_gpu", "done"), first["history"]
+    assert len(first["incidents"]) == 2
+    open_ids = {i["id"] for i in r.h.controller.list_incidents("open", "n1", 100)}
+    assert set(first["incidents"]) & open_ids  # still open: settled again after a restart
+    resets = len(r.h.actions("reset_gpu"))
+
+    store = r.h.store
+    r.h.controller.close()
+    r.h = make_harness(tmp_path / "controller", load_rules([packaged_rules()]), store=store)
+    r.run(rounds=3, seconds=5.0)
+    assert r.h.controller.remediation.repairs("n1") == [first]
+    assert len(r.h.actions("reset_gpu")) == resets
+    assert r.h.actions("reboot") == []
 
 
 def test_a_node_a_person_uncordons_returns_to_the_pool_only_after_its_check(rig: Any) -> None:
