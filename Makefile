@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 WHEELHOUSE := $(VENV)/wheelhouse
 WHEELS := $(WHEELHOUSE)/.complete
 
-.PHONY: all demo test fuzz lint bench soak crash goodput clean venv wheelhouse
+.PHONY: all demo test e2e fuzz lint bench soak crash goodput clean venv wheelhouse examples
 
 all: test
 
@@ -18,6 +18,20 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The examples' extra (torch, for examples/pytorch/, `make e2e` and the torchrun MTTR
+# benchmark; the package itself never imports it). TORCH is installed first: here, the
+# CPU build this machine keeps on disk; elsewhere e.g.
+# TORCH="torch --index-url https://download.pytorch.org/whl/cpu" (a plain `pip install
+# torch` on x86_64 Linux downloads the CUDA build, several GB).
+TORCH ?= torch==2.13.0
+EXAMPLES := $(VENV)/.examples-installed
+$(EXAMPLES): $(STAMP)
+	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet -e '.[dev,examples]'
+	touch $@
+
+examples: $(EXAMPLES)
 
 $(WHEELS): $(STAMP)
 	rm -rf $(WHEELHOUSE)
@@ -41,7 +55,14 @@ goodput: $(STAMP)
 # started, and every test passes with the machine busy. TEST_WORKERS=0 runs them in one.
 TEST_WORKERS ?= 2
 test: $(STAMP) $(WHEELS)
-	WHEELHOUSE=$(WHEELHOUSE) $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	WHEELHOUSE=$(WHEELHOUSE) $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile \
+		--ignore=tests/e2e
+
+# The end-to-end runs with a real PyTorch job (tests/e2e/: torchrun, gloo, DCP, a dead
+# node replaced by a spare, final weights compared with an uninterrupted run): a few
+# minutes, so not in `make test`; .ci/run runs both.
+e2e: $(EXAMPLES)
+	REQUIRE_TORCH=1 $(BIN)/pytest -q -o timeout=900 tests/e2e
 
 # The schema-driven fuzz of the API and the property tests, with budgets 20 to 100 times
 # those of `make test` (tests/fuzzing.py): several minutes.
@@ -52,7 +73,7 @@ fuzz: $(STAMP)
 		tests/unit/test_rules_property.py tests/unit/test_kmsg.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check sn_monitor tests bench
+	$(BIN)/ruff check sn_monitor tests bench examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
@@ -61,7 +82,7 @@ lint: $(STAMP)
 # measure. BENCH_ARGS=--quick: the smoke runs, results in a temporary directory (not
 # bench/results/); BENCH_ARGS="--only controller_bench" for one part.
 BENCH_ARGS ?=
-bench: $(STAMP)
+bench: $(EXAMPLES)
 	command -v prometheus-node-exporter >/dev/null || (apt-get install -y -q prometheus-node-exporter || echo "node_exporter not installed: comparison skipped")
 	$(BIN)/python -m bench $(BENCH_ARGS)
 

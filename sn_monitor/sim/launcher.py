@@ -50,7 +50,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -175,18 +175,19 @@ def init(state_path: Path, args: argparse.Namespace) -> int:
     return 0
 
 
-def start(state_path: Path, nodes: list[str]) -> int:
-    with locked(state_path) as state:
-        kill_ranks([r["pid"] for r in state.get("ranks", [])])
-        ranks = start_ranks(state, nodes, 0)
-        state["calls"].append({"action": "start", "at": time.time(), "nodes": nodes,
-                               "generation": 0, "pids": [r["pid"] for r in ranks]})
-    print(f"started generation 0 on {len(nodes)} nodes")
-    return 0
+#: What a launcher does on ``restore``: stop the old generation, start ``generation`` on
+#: ``nodes`` (``params`` is the whole SN_PARAMS); what to record in the call.
+Restart = Callable[[dict[str, Any], list[str], int, dict[str, Any]], dict[str, Any]]
 
 
-def act(state_path: Path) -> int:
-    """One action from the controller (SN_ACTION, SN_ACTION_ID, SN_PARAMS)."""
+def act(state_path: Path, restart: Restart | None = None, what: str = "ranks") -> int:
+    """One action from the controller (SN_ACTION, SN_ACTION_ID, SN_PARAMS).
+
+    ``restore`` runs ``restart`` (this launcher's: kill the ranks, start them again)
+    unless its action id was carried out already; anything else is recorded only. Every
+    call goes into the state's ``calls``; what was done is printed (the command driver
+    keeps the first line as the action's outcome). ``what`` names the processes started.
+    """
     action = os.environ.get("SN_ACTION", "")
     action_id = os.environ.get("SN_ACTION_ID", "")
     try:
@@ -198,28 +199,48 @@ def act(state_path: Path) -> int:
         _hold(load(state_path).get("hold_file"))
     with locked(state_path) as state:
         calls = state.setdefault("calls", [])
-        duplicate = any(c.get("action_id") == action_id and c.get("done")
-                        for c in calls if action_id)
+        duplicate = bool(action_id) and any(
+            c.get("action_id") == action_id and c.get("done") for c in calls)
         call: dict[str, Any] = {"action": action, "action_id": action_id, "params": params,
                                 "at": time.time(), "duplicate": duplicate, "done": False}
         calls.append(call)
         if action == "restore" and not duplicate:
             nodes = [str(n) for n in params.get("nodes") or []]
-            generation = int(params.get("generation") or 0)
             if not nodes:
                 print("restore without nodes", file=sys.stderr)
                 return 1  # the state is still written: the call is on record
-            killed = kill_ranks([r["pid"] for r in state.get("ranks", [])])
-            ranks = start_ranks(state, nodes, generation,
-                                float(state.get("restart_delay") or 0.0))
-            call.update(killed=killed, pids=[r["pid"] for r in ranks])
+            generation = int(params.get("generation") or 0)
+            call.update((restart or _restart_ranks)(state, nodes, generation, params))
         call["done"] = True
     if action == "restore":
-        print(f"restore: generation {params.get('generation')} on "
-              f"{len(params.get('nodes') or [])} nodes" + (" (already done)" if duplicate else ""))
+        checkpoint = (params.get("checkpoint") or {}).get("path") or "none (from scratch)"
+        print(f"restore: generation {params.get('generation')}: {what} on "
+              f"{len(params.get('nodes') or [])} nodes, checkpoint {checkpoint}"
+              + (" (already done: same action id)" if duplicate else ""))
     else:
-        print(f"{action}: nothing to do")
+        print(f"{action or 'no action'}: nothing to do")
     return 0
+
+
+def _restart_ranks(state: dict[str, Any], nodes: list[str], generation: int,
+                   params: dict[str, Any]) -> dict[str, Any]:
+    killed = kill_ranks([r["pid"] for r in state.get("ranks", [])])
+    delay = float(state.get("restart_delay") or 0.0) if generation else 0.0
+    ranks = start_ranks(state, nodes, generation, delay)
+    return {"killed": killed, "pids": [r["pid"] for r in ranks]}
+
+
+def start(state_path: Path, nodes: list[str], restart: Restart | None = None,
+          what: str = "ranks") -> int:
+    """Generation 0 on ``nodes`` (whatever ran before is stopped first)."""
+    with locked(state_path) as state:
+        done = (restart or _restart_ranks)(state, nodes, 0, {})
+        state.setdefault("calls", []).append(
+            {"action": "start", "at": time.time(), "nodes": nodes, "generation": 0, **done})
+    print(f"started generation 0: {what} on {len(nodes)} nodes")
+    return 0
+
+
 
 
 def _hold(hold_file: str | None, limit: float = 60.0) -> None:

@@ -1,0 +1,169 @@
+"""A real PyTorch job brought back by sn-monitor: torchrun, gloo, DCP, a dead node, a spare.
+
+Every process is real: ``sn-monitor controller``, an ``sn-monitor agent --simulate 8``
+per node, and per node of the job a ``torchrun`` agent with one rank of
+``examples/pytorch/train.py`` (DDP on gloo, ``torch.distributed.checkpoint``), started and
+restarted by ``examples/pytorch/launcher.py``, the job's ``spec.control`` command.
+
+The job runs on sim-0..sim-3 with sim-4 as its spare. Generation 0's save of step 60
+writes its data but stalls before ``.metadata``; then sim-2 takes a fatal XID and dies
+(its torchrun agent, rank and sn-monitor agent SIGKILLed). sn-monitor evicts it, takes
+the spare, and the launcher restarts torchrun on the new node list; the ranks load the
+latest complete checkpoint (never the incomplete step 60) and train to the end. The
+final weights are compared, byte for byte, with an uninterrupted run of the same job.
+
+``make e2e`` runs it (torch: ``pip install -e '.[examples]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sn_monitor.dcp import is_complete, read_metadata
+from tests.e2e.torch_job import CONFIG, LAUNCHER, ROUTES, TRAIN, TorchJob
+from tests.integration.cluster import Cluster
+
+
+def torch_available() -> bool:
+    """torch is importable (``pip install -e '.[examples]'``); REQUIRE_TORCH=1 makes its
+    absence a failure, not a skip (CI)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        if os.environ.get("REQUIRE_TORCH") == "1":
+            pytest.fail("torch is not installed and REQUIRE_TORCH=1: "
+                        "pip install -e '.[examples]'")
+        return False
+    return True
+
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not torch_available(), reason="torch is not installed")]
+
+STEPS = 140
+CHECKPOINT_EVERY = 20
+STALLED = 60
+STEP_TIME = 0.05
+FAILED = "sim-2"
+#: Bounded waits, generous for a loaded two-core machine (each rank imports torch).
+START_WAIT = 180.0
+WAIT = 180.0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, nodes=5, config=CONFIG, routes=ROUTES)
+    jobs: list[TorchJob] = []
+    c.torch_jobs = jobs  # type: ignore[attr-defined]
+    try:
+        c.start(timeout=90)
+        yield c
+    finally:
+        for job in jobs:
+            job.close()
+        c.close()
+
+
+def reference_run(root: Path) -> Path:
+    """The same job, never interrupted: one torchrun with four ranks, no controller."""
+    root.mkdir(parents=True)
+    weights = root / "reference.pt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SN_")}
+    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+         "--nproc-per-node", "4", str(TRAIN), "--steps", str(STEPS),
+         "--checkpoint-every", str(CHECKPOINT_EVERY), "--checkpoint-dir", str(root / "ckpt"),
+         "--final-weights", str(weights)],
+        capture_output=True, text=True, timeout=WAIT, check=False, env=env, cwd=root)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return weights
+
+
+def test_a_dead_node_of_a_torchrun_job_is_replaced_and_training_ends_bit_identical(
+        cluster: Cluster, tmp_path: Path) -> None:
+    import torch
+
+    c = cluster
+    job = TorchJob(c, "torch", ["sim-0", "sim-1", "sim-2", "sim-3"], ["sim-4"],
+                   steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, step_time=STEP_TIME,
+                   first_generation_args=f"--stall-save-at {STALLED}")
+    c.torch_jobs.append(job)  # type: ignore[attr-defined]
+    job.post()
+    job.start()
+    job.wait_checkpoint(CHECKPOINT_EVERY, START_WAIT)
+    stalled = job.ckpt / f"step_{STALLED:09d}"
+    c.wait_for(lambda: (job.ckpt / f"stalled-{stalled.name}").exists(), WAIT,
+               f"generation 0's save of step {STALLED} stalled before its .metadata")
+    assert list(stalled.glob("*.distcp")), "the stalled save wrote no data"
+    assert not is_complete(stalled)
+    complete = job.get()["checkpoint"]
+    assert complete["step"] < STALLED
+
+    # sim-2: a fatal XID, then the node is gone (ranks, torchrun agent, sn-monitor agent)
+    c.agents[FAILED].fault("xid", 0, code=48)
+    c.wait_for(lambda: [i for i in c.incidents(node=FAILED) if i["rule"] == "fatal-xid"],
+               WAIT, f"a fatal-xid incident for {FAILED}")
+    job.kill_node(FAILED)
+
+    rec = job.wait_recovery("done", WAIT)
+    assert rec["failed_nodes"] == [FAILED]
+    assert rec["replacement_nodes"] == ["sim-4"]
+    assert rec["nodes"] == ["sim-0", "sim-1", "sim-4", "sim-3"]
+    assert rec["generation"] == 1
+    # the latest complete checkpoint, never the newer incomplete one
+    point = rec["checkpoint"]
+    assert point is not None
+    assert point["path"] != str(stalled)
+    assert point["step"] < STALLED
+    assert is_complete(point["path"])
+    steps = sorted(int(p.name[5:]) for p in job.ckpt.glob("step_*") if is_complete(p))
+    assert point["step"] == max(s for s in steps if s < STALLED), steps
+    # a real DCP checkpoint: every rank wrote a share, rank 0 the .metadata
+    meta = read_metadata(point["path"])
+    assert {item.relative_path for item in meta.items} == {f"__{r}_0.distcp" for r in range(4)}
+    assert any(name.startswith("model.") for name in meta.entries)
+    assert any(name.startswith("optim.") for name in meta.entries)
+
+    # the launcher restarted torchrun once, on the new node list, with that checkpoint
+    restores = [x for x in job.state()["calls"] if x["action"] == "restore"]
+    assert len([x for x in restores if not x["duplicate"]]) == 1, restores
+    assert restores[0]["params"]["nodes"] == rec["nodes"]
+    assert restores[0]["params"]["checkpoint"] == point
+    assert [a["node"] for a in job.state()["agents"]] == rec["nodes"]
+
+    loaded = job.wait_mark("loaded", 1, WAIT)
+    assert loaded["step"] == point["step"]
+    assert loaded["path"] == point["path"]
+    job.wait_mark("done", 1, WAIT)
+    assert job.marks(1)["done"]["step"] == STEPS
+    c.wait_for(lambda: job.weights.exists(), 30, "the final weights")
+
+    # the launcher said what it did (the action's record keeps it), and a repeated
+    # restore (the controller retrying one action id) is a no-op
+    (action,) = [a for a in c.actions() if a["action"] == "restore"]
+    assert action["state"] == "succeeded", action
+    assert "torchrun on 4 nodes" in action["outcome"], action
+    agents = job.state()["agents"]
+    again = subprocess.run(
+        [*LAUNCHER, "--state", str(job.state_path)], capture_output=True, text=True,
+        timeout=60, check=True, env={**os.environ, "SN_ACTION": "restore",
+                                     "SN_ACTION_ID": restores[0]["action_id"],
+                                     "SN_PARAMS": json.dumps(restores[0]["params"])})
+    assert "already done" in again.stdout
+    assert job.state()["agents"] == agents
+    assert job.state()["calls"][-1]["duplicate"]
+
+    reference = torch.load(reference_run(tmp_path / "reference"), weights_only=True)
+    resumed = torch.load(job.weights, weights_only=True)
+    assert list(resumed) == list(reference)
+    for name, tensor in reference.items():
+        assert resumed[name].dtype == tensor.dtype == torch.float32
+        assert torch.equal(resumed[name].view(torch.int32), tensor.view(torch.int32)), name
