@@ -9,7 +9,7 @@ next) with ``SN_NODE`` set to the node's name. Every node is simulated on this m
 on a real cluster the same job is a Slurm ``srun torchrun`` or a PyTorchJob / JobSet
 (README, "A real PyTorch job").
 
-    launcher.py --state F init --controller URL --job NAME --checkpoint-dir D --log-dir L \\
+    launcher.py --state F init --controller URL --job NAME --checkpoint-dir D --log-dir L \
         [--token-file T] [--first-generation-args ARGS] -- TRAIN_ARGS...
     launcher.py --state F start --nodes n0,n1,...   # generation 0
     launcher.py --state F kill-node NODE            # tests: the node dies (SIGKILL)

@@ -4,8 +4,8 @@ Run one copy per node with torchrun (``examples/pytorch/launcher.py`` does, one 
 agent per simulated node, c10d rendezvous on 127.0.0.1)::
 
     export SN_CONTROLLER_URL=http://127.0.0.1:9848 SN_JOB=llm SN_NODE=node-3
-    torchrun --nnodes 4 --nproc-per-node 1 --rdzv-backend c10d \\
-        --rdzv-endpoint 127.0.0.1:29400 --rdzv-id llm-g0 --max-restarts 0 \\
+    torchrun --nnodes 4 --nproc-per-node 1 --rdzv-backend c10d \
+        --rdzv-endpoint 127.0.0.1:29400 --rdzv-id llm-g0 --max-restarts 0 \
         examples/pytorch/train.py --steps 400 --checkpoint-dir /ckpt/llm --checkpoint-every 50
 
 What it does, as a real training script would:
@@ -25,16 +25,19 @@ What it does, as a real training script would:
   (``dcp.async_save``, on a process group of its own) where torch has it: training goes on
   while the files are written, and rank 0 reports the checkpoint once it is complete.
 - **Resume.** At start every rank asks the controller for its restore point; with none
-  (no controller, or none recorded) it takes the latest *complete* checkpoint in the
-  directory (``sn_monitor.dcp.is_complete``: ``.metadata`` there and every byte it names),
-  else it starts from scratch. A restore point that is not a complete checkpoint stops
-  the run (exit 3): starting over would silently throw the job's work away.
+  (no controller, or none recorded) it takes the one its launcher was given
+  (``SN_RESTORE_CHECKPOINT``), else the latest *complete* checkpoint in the directory
+  (``sn_monitor.dcp.is_complete``: ``.metadata`` there and every byte it names), else it
+  starts from scratch. A restore point that is not a complete checkpoint stops the run
+  (exit 1, saying why): starting over would silently throw the job's work away.
 
 For measurements: ``--timeline FILE`` (rank 0) appends a JSON line per milestone
-(``started``, ``rendezvous``, ``loaded``, ``first_step``, ``done``) with its wall time.
+(``started``, ``rendezvous``, ``loaded``, ``first_step``, ``checkpoint`` for each complete
+save, ``scheduled`` or ``requested``, and ``done``) with its wall time.
 ``--final-weights FILE`` (rank 0) saves the model's state dict at the end. For tests:
-``--stall-save-at S`` writes the save of step S but never its ``.metadata`` (rank 0 waits
-instead, writing ``DIR/stalled-S``): a job killed then leaves an incomplete checkpoint.
+``--stall-save N`` writes the N-th save of the run but never its ``.metadata`` (rank 0
+waits instead, writing ``DIR/stalled-step_<step>``): a job killed then leaves an
+incomplete checkpoint.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 from concurrent.futures import Future  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -65,7 +69,7 @@ from sn_monitor.dcp import is_complete  # noqa: E402
 FEATURES = 32
 HIDDEN = 64
 BATCH = 64
-#: The longest a stalled save (``--stall-save-at``) waits to be killed.
+#: The longest a stalled save (``--stall-save``) waits to be killed.
 STALL_LIMIT_SECONDS = 600.0
 
 
@@ -127,56 +131,69 @@ class StallingWriter(FileSystemWriter):
         raise RuntimeError("the stalled save was never killed")
 
 
+@dataclass
+class Save:
+    """One checkpoint save: complete once ``future`` is done (None: a synchronous one)."""
+
+    step: int
+    path: Path
+    why: str
+    blocked_seconds: float
+    future: Future[Any] | None = None
+
+
 class Checkpointer:
     """DCP saves of the model and optimizer; one in flight at a time."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 checkpoint_dir: Path, *, asynchronous: bool, stall_at: int | None) -> None:
+                 checkpoint_dir: Path, *, asynchronous: bool, stall: int | None) -> None:
         self.model = model
         self.optimizer = optimizer
         self.dir = checkpoint_dir
         self.asynchronous = asynchronous and hasattr(dcp, "async_save")
-        self.stall_at = stall_at
+        self.stall = stall
+        self.count = 0
         # Its own process group: the async save's collectives run on a thread, beside the
         # training's allreduce on the default group.
         self.group = dist.new_group(backend="gloo")
-        self.pending: tuple[int, Path, float, Future[Any]] | None = None
+        self.pending: Save | None = None
 
     def state(self, step: int) -> dict[str, Any]:
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         return {"model": model_state, "optim": optim_state,
                 "step": torch.tensor(step, dtype=torch.int64)}
 
-    def save(self, step: int) -> tuple[Path, float] | None:
+    def save(self, step: int, why: str) -> Save | None:
         """Start the save of ``step`` (the one before it finished first).
 
-        A synchronous save returns its path and the seconds training stood still.
+        A synchronous save returns itself, complete.
         """
         self.wait()
+        self.count += 1
         path = step_dir(self.dir, step)
-        writer_type = StallingWriter if step == self.stall_at else FileSystemWriter
+        writer_type = StallingWriter if self.count == self.stall else FileSystemWriter
         writer = writer_type(str(path))
         started = time.monotonic()
         if self.asynchronous:
             future = dcp.async_save(self.state(step), storage_writer=writer,
                                     process_group=self.group)
-            self.pending = (step, path, time.monotonic() - started, future)
+            self.pending = Save(step, path, why, time.monotonic() - started, future)
             return None
         dcp.save(self.state(step), storage_writer=writer, process_group=self.group)
-        return path, time.monotonic() - started
+        return Save(step, path, why, time.monotonic() - started)
 
-    def finished(self) -> tuple[int, Path, float] | None:
+    def finished(self) -> Save | None:
         """The asynchronous save that completed since the last call, if one did."""
-        if self.pending is None or not self.pending[3].done():
+        done = self.pending
+        if done is None or done.future is None or not done.future.done():
             return None
-        step, path, blocked, future = self.pending
         self.pending = None
-        future.result()  # a failed save raises here: the run stops, as a real one would
-        return step, path, blocked
+        done.future.result()  # a failed save raises here: the run stops, as a real one would
+        return done
 
-    def wait(self) -> tuple[int, Path, float] | None:
-        if self.pending is not None:
-            self.pending[3].result()
+    def wait(self) -> Save | None:
+        if self.pending is not None and self.pending.future is not None:
+            self.pending.future.result()
         return self.finished()
 
     def load(self, path: Path) -> int:
@@ -220,7 +237,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="save synchronously (dcp.save) even where async_save exists")
     parser.add_argument("--timeline", type=Path, metavar="FILE")
     parser.add_argument("--final-weights", type=Path, metavar="FILE")
-    parser.add_argument("--stall-save-at", type=int, metavar="STEP")
+    parser.add_argument("--stall-save", type=int, metavar="N",
+                        help="the N-th save of this run never writes its .metadata (tests)")
     args = parser.parse_args(argv)
     if args.steps < 0 or args.checkpoint_every < 1:
         parser.error("--steps >= 0 and --checkpoint-every >= 1")
@@ -235,14 +253,22 @@ def connect() -> JobClient | None:
 
 
 def resume_from(point: RestorePoint | None, checkpoint_dir: Path) -> tuple[Path | None, str]:
-    """The checkpoint to load: the controller's restore point, else the latest complete."""
-    if point is None:
+    """The checkpoint to load: the controller's restore point.
+
+    Without an answer from the controller: the one the launcher was given
+    (``SN_RESTORE_CHECKPOINT``), else the latest complete one in the directory.
+    """
+    if point is not None:
+        source, how = (Path(point.path) if point.path else None,
+                       f"generation {point.generation}, step {point.step}")
+    elif os.environ.get("SN_RESTORE_CHECKPOINT"):
+        source, how = Path(os.environ["SN_RESTORE_CHECKPOINT"]), "the launcher's restore"
+    else:
         return latest_complete(checkpoint_dir), "latest local checkpoint"
-    source = Path(point.path) if point.path else None
     if source is not None and not is_complete(source):
-        raise SystemExit(f"train.py: cannot resume: the controller's restore point {source} "
-                         f"is not a complete checkpoint: {is_complete(source).reason}")
-    return source, f"generation {point.generation}, step {point.step}"
+        raise SystemExit(f"train.py: cannot resume from {source} ({how}): not a complete "
+                         f"checkpoint: {is_complete(source).reason}")
+    return source, how
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     model = data_parallel(build_model(args.seed))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     checkpoints = Checkpointer(model, optimizer, args.checkpoint_dir,
-                               asynchronous=not args.sync_save, stall_at=args.stall_save_at)
+                               asynchronous=not args.sync_save, stall=args.stall_save)
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
 
     source, how = resume_from(point, args.checkpoint_dir)
@@ -278,11 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("starting from step 0", flush=True)
 
-    def report(done: tuple[int, Path, float] | None) -> None:
+    def report(done: Save | None) -> None:
         if done is not None and rank == 0:
             if client is not None:
-                client.checkpoint_saved(done[0], done[1], save_seconds=done[2])
-            print(f"checkpoint {done[1]} complete", flush=True)
+                # what training stood still for (the interval advisor's input)
+                client.checkpoint_saved(done.step, done.path,
+                                        save_seconds=done.blocked_seconds)
+            timeline.mark("checkpoint", step=done.step, why=done.why)
+            print(f"checkpoint {done.path} complete ({done.why})", flush=True)
 
     first = True
     loss = torch.tensor(0.0)
@@ -304,8 +333,8 @@ def main(argv: list[str] | None = None) -> int:
                                   else 0])
         dist.all_reduce(requested, op=dist.ReduceOp.MAX)  # every rank saves at one step
         report(checkpoints.finished())
-        if step % args.checkpoint_every == 0 or requested.item():
-            report(checkpoints.save(step))
+        if requested.item() or step % args.checkpoint_every == 0:
+            report(checkpoints.save(step, "requested" if requested.item() else "scheduled"))
     report(checkpoints.wait())
 
     if rank == 0 and args.final_weights is not None:

@@ -5,12 +5,13 @@ per node, and per node of the job a ``torchrun`` agent with one rank of
 ``examples/pytorch/train.py`` (DDP on gloo, ``torch.distributed.checkpoint``), started and
 restarted by ``examples/pytorch/launcher.py``, the job's ``spec.control`` command.
 
-The job runs on sim-0..sim-3 with sim-4 as its spare. Generation 0's save of step 60
-writes its data but stalls before ``.metadata``; then sim-2 takes a fatal XID and dies
-(its torchrun agent, rank and sn-monitor agent SIGKILLed). sn-monitor evicts it, takes
-the spare, and the launcher restarts torchrun on the new node list; the ranks load the
-latest complete checkpoint (never the incomplete step 60) and train to the end. The
-final weights are compared, byte for byte, with an uninterrupted run of the same job.
+The job runs on sim-0..sim-3 with sim-4 as its spare, and saves when the controller
+asks (``checkpointInterval: 2s``). Generation 0's second save writes its data but stalls
+before ``.metadata``; then sim-2 takes a fatal XID and dies (its torchrun agent, rank and
+sn-monitor agent SIGKILLed). sn-monitor evicts it, takes the spare, and the launcher
+restarts torchrun on the new node list; the ranks load the latest complete checkpoint
+(never the newer incomplete one) and train to the end. The final weights are compared,
+byte for byte, with an uninterrupted run of the same job.
 
 ``make e2e`` runs it (torch: ``pip install -e '.[examples]'``).
 """
@@ -47,9 +48,12 @@ def torch_available() -> bool:
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not torch_available(), reason="torch is not installed")]
 
-STEPS = 140
-CHECKPOINT_EVERY = 20
-STALLED = 60
+STEPS = 200
+#: Every save is the controller's request (``checkpointInterval``), none the script's own.
+NEVER = 10**9
+INTERVAL = "2s"
+#: Generation 0's second save writes its data but never its .metadata.
+STALLED_SAVE = 2
 STEP_TIME = 0.05
 FAILED = "sim-2"
 #: Bounded waits, generous for a loaded two-core machine (each rank imports torch).
@@ -80,7 +84,7 @@ def reference_run(root: Path) -> Path:
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
          "--nproc-per-node", "4", str(TRAIN), "--steps", str(STEPS),
-         "--checkpoint-every", str(CHECKPOINT_EVERY), "--checkpoint-dir", str(root / "ckpt"),
+         "--checkpoint-every", "20", "--checkpoint-dir", str(root / "ckpt"),
          "--final-weights", str(weights)],
         capture_output=True, text=True, timeout=WAIT, check=False, env=env, cwd=root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -93,19 +97,26 @@ def test_a_dead_node_of_a_torchrun_job_is_replaced_and_training_ends_bit_identic
 
     c = cluster
     job = TorchJob(c, "torch", ["sim-0", "sim-1", "sim-2", "sim-3"], ["sim-4"],
-                   steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, step_time=STEP_TIME,
-                   first_generation_args=f"--stall-save-at {STALLED}")
+                   steps=STEPS, checkpoint_every=NEVER, step_time=STEP_TIME,
+                   checkpoint_interval=INTERVAL,
+                   first_generation_args=f"--stall-save {STALLED_SAVE}")
     c.torch_jobs.append(job)  # type: ignore[attr-defined]
     job.post()
     job.start()
-    job.wait_checkpoint(CHECKPOINT_EVERY, START_WAIT)
-    stalled = job.ckpt / f"step_{STALLED:09d}"
-    c.wait_for(lambda: (job.ckpt / f"stalled-{stalled.name}").exists(), WAIT,
-               f"generation 0's save of step {STALLED} stalled before its .metadata")
+    job.wait_checkpoint(1, START_WAIT)
+    marker = c.wait_for(lambda: next(job.ckpt.glob("stalled-step_*"), None), WAIT,
+                        f"generation 0's save {STALLED_SAVE} stalled before its .metadata")
+    stalled = job.ckpt / marker.name.removeprefix("stalled-")
     assert list(stalled.glob("*.distcp")), "the stalled save wrote no data"
     assert not is_complete(stalled)
-    complete = job.get()["checkpoint"]
-    assert complete["step"] < STALLED
+    # generation 0 can save nothing more (the next save waits for the stalled one)
+    complete = sorted(int(p.name[5:]) for p in job.ckpt.glob("step_*") if is_complete(p))
+    assert complete, "no complete checkpoint before the stalled one"
+    assert max(complete) < int(stalled.name[5:])
+    # every save was the controller's: on its schedule, through the progress replies
+    saves = [m for m in job.timeline() if m["event"] == "checkpoint"]
+    assert [m["step"] for m in saves] == complete
+    assert {m["why"] for m in saves} == {"requested"}
 
     # sim-2: a fatal XID, then the node is gone (ranks, torchrun agent, sn-monitor agent)
     c.agents[FAILED].fault("xid", 0, code=48)
@@ -122,10 +133,8 @@ def test_a_dead_node_of_a_torchrun_job_is_replaced_and_training_ends_bit_identic
     point = rec["checkpoint"]
     assert point is not None
     assert point["path"] != str(stalled)
-    assert point["step"] < STALLED
+    assert point["step"] == max(complete), (point, complete)
     assert is_complete(point["path"])
-    steps = sorted(int(p.name[5:]) for p in job.ckpt.glob("step_*") if is_complete(p))
-    assert point["step"] == max(s for s in steps if s < STALLED), steps
     # a real DCP checkpoint: every rank wrote a share, rank 0 the .metadata
     meta = read_metadata(point["path"])
     assert {item.relative_path for item in meta.items} == {f"__{r}_0.distcp" for r in range(4)}
