@@ -20,8 +20,8 @@ What it does, as a real training script would:
 - **Checkpoints.** ``torch.distributed.checkpoint`` (DCP) saves the model, the optimizer
   and the step to ``DIR/step_<9 digits>/``, each rank writing its share (``__R_0.distcp``)
   and rank 0 the ``.metadata`` last: every ``--checkpoint-every`` steps and when the
-  controller asks (``should_checkpoint()``; the ranks agree on the step with an allreduce,
-  as they see the request at different steps). The save is asynchronous
+  controller asks (rank 0's ``should_checkpoint()``, broadcast: each rank's client sees
+  the request at a step of its own, and one request is one save). The save is asynchronous
   (``dcp.async_save``, on a process group of its own) where torch has it: training goes on
   while the files are written, and rank 0 reports the checkpoint once it is complete.
 - **Resume.** At start every rank asks the controller for its restore point; with none
@@ -329,9 +329,11 @@ def main(argv: list[str] | None = None) -> int:
         if first:
             timeline.mark("first_step", step=step)
             first = False
-        requested = torch.tensor([1 if client is not None and client.should_checkpoint()
-                                  else 0])
-        dist.all_reduce(requested, op=dist.ReduceOp.MAX)  # every rank saves at one step
+        # Rank 0's client decides and tells the others: each rank's client sees a request
+        # in its own progress reply, at a step of its own, and one request is one save.
+        asked = rank == 0 and client is not None and client.should_checkpoint()
+        requested = torch.tensor([1 if asked else 0])
+        dist.broadcast(requested, src=0)
         report(checkpoints.finished())
         if requested.item() or step % args.checkpoint_every == 0:
             report(checkpoints.save(step, "requested" if requested.item() else "scheduled"))
