@@ -265,9 +265,9 @@ def resume_from(point: RestorePoint | None, checkpoint_dir: Path) -> tuple[Path 
         source, how = Path(os.environ["SN_RESTORE_CHECKPOINT"]), "the launcher's restore"
     else:
         return latest_complete(checkpoint_dir), "latest local checkpoint"
-    if source is not None and not is_complete(source):
+    if source is not None and not (complete := is_complete(source)):
         raise SystemExit(f"train.py: cannot resume from {source} ({how}): not a complete "
-                         f"checkpoint: {is_complete(source).reason}")
+                         f"checkpoint: {complete.reason}")
     return source, how
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import requests
 
+from sn_monitor.sim.launcher import load
 from tests.integration.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,8 +101,7 @@ class TorchJob:
         return dict(self.c.get(f"/api/v1/jobs/{self.name}"))
 
     def state(self) -> dict[str, Any]:
-        path = self.state_path
-        return dict(json.loads(path.read_text())) if path.exists() else {}
+        return load(self.state_path)
 
     def recoveries(self) -> list[dict[str, Any]]:
         return list(self.c.get("/api/v1/recoveries", job=self.name)["recoveries"])
