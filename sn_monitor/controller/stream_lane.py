@@ -68,6 +68,8 @@ class ReportStreamSession:
 
         False when the stream is to close (a frame over the limit, answered 413).
         """
+        if self._reader.too_large is not None:
+            return False  # answered 413 already: closing once the answers are out
         answers: list[_Outgoing] = []
         gate, identity, peer = self._gate, self._identity, self._peer
         for flags, payload in self._reader.feed(data):

@@ -135,7 +135,10 @@ class StoreWriter:
                     while not self._queue and not stop.is_set():
                         self._cond.wait(timeout=0.5)
                     if not self._queue:
-                        return  # stopped, and everything written
+                        # stopped, and everything written: what comes now is written
+                        # at once (no write, and no answer waiting on one, is left behind)
+                        self._threaded = False
+                        return
                     batch = self._take()
                     self._busy = True
                 try:

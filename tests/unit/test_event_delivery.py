@@ -23,9 +23,11 @@ from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import ManualClock
 from sn_monitor.controller.app import build_app
 from sn_monitor.controller.auth import Identity, TokenBook
+from sn_monitor.report_stream import ACK, frame
 from tests.unit.test_controller_api import AGENT, write_tokens
 from tests.unit.test_controller_service import T0, Harness, report_body
 from tests.unit.test_report_lane import MAX_BODY, Reader, request
+from tests.unit.test_report_stream import open_stream
 from tests.unit.test_reporter import snapshot, xid
 from tests.unit.test_tls import Server
 
@@ -138,3 +140,22 @@ def test_answers_behind_one_that_waits_for_its_events_keep_their_order(
     assert second["sequence"] == 2
     assert "store" in health
     assert (last["sequence"], last["events_stored_through"]) == (3, 3)
+
+
+def test_stream_answers_behind_one_that_waits_keep_their_order_and_the_close_waits(
+        server: Server) -> None:
+    with server.connect() as sock:
+        stream = open_stream(sock)
+        stream.send(event_report(1), ACK)
+        stream.send(report_body(NODE, temps=[50.0], sequence=2))
+        stream.send(report_body(NODE, temps=[50.0], sequence=3), ACK)
+        first, second = stream.answer(), stream.answer()
+        assert (first.sequence, first.accepted, first.reply.events_stored_through) == (1, 1, 1)
+        assert (second.sequence, second.accepted) == (3, 2)
+        # an events report, then a frame over the limit, in one write: the events are
+        # acknowledged before the 413, and only then does the stream close
+        sock.sendall(frame(event_report(4), ACK) + frame(b"x" * (MAX_BODY + 1)))
+        acknowledged, refused = stream.answer(), stream.answer()
+        assert (acknowledged.sequence, acknowledged.reply.events_stored_through) == (4, 4)
+        assert refused.status == 413
+        assert stream.closed()
