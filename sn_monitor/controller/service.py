@@ -5,8 +5,11 @@ Ingest is the hot path (thousands of reports a second, on the event loop): it de
 judges and answers, and never waits on the store, a file or a lock held across I/O. What
 a report means for the store (events, new nodes, incidents and the actions they start) is
 queued for the one writer (:mod:`sn_monitor.controller.writer`), which the sweep's
-findings take too. Everything slow or periodic (heartbeats, peer comparisons, retries,
-re-sending firing alerts, node states) happens in :meth:`sweep`, on its own thread.
+findings take too; a report with events is answered once the writer has stored them (a
+:class:`~sn_monitor.controller.writer.PendingReply` the HTTP layer waits for without
+holding the event loop), so that its answer acknowledges them. Everything slow or
+periodic (heartbeats, peer comparisons, retries, re-sending firing alerts, node states)
+happens in :meth:`sweep`, on its own thread.
 """
 
 from __future__ import annotations
