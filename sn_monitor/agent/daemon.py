@@ -31,6 +31,7 @@ from typing import Any
 from sn_monitor.agent.collectors.base import Collector
 from sn_monitor.agent.collectors.gpu import NvmlCollector
 from sn_monitor.agent.commands import CommandExecutor, Remedies
+from sn_monitor.agent.counter_memory import CounterMemory
 from sn_monitor.agent.exporter import AgentStatus, SnapshotCollector
 from sn_monitor.agent.exposition import ExpositionCache
 from sn_monitor.agent.guard import ThermalGuard
@@ -406,6 +407,7 @@ def build_agent(
             timeout=settings.controller.timeout, interval=settings.interval,
             metrics_port=port or None, verify=settings.controller.ca_file or True,
             cert=settings.controller.client_cert,
+            counter_memory=CounterMemory(state / "rule-counters.json"),
         )
     return Agent(settings, collectors, clock, before_sample, after_sample,
                  Protection(guard, executor, reporter), time_scale=time_scale)

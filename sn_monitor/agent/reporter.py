@@ -53,9 +53,12 @@ by another carrying it.
 A reply may carry the node-local rules the controller wants this node to evaluate
 (:mod:`sn_monitor.rules.edge`): from the next report on, the agent runs them on each
 sample (:class:`~sn_monitor.agent.rules.NodeRules`) and sends their findings with only
-the values the controller's own rules read. Rules this agent cannot take (a newer
-controller's) are logged once and the reports stay full: the controller then evaluates
-them itself, as it does for an agent of an earlier version.
+the values the controller's own rules read. Their rate and increase rules begin from the
+counters kept by the agent's last run (``counter_memory``,
+:mod:`sn_monitor.agent.counter_memory`), so a counter that rose during a restart fires.
+Rules this agent cannot take (a newer controller's) are logged once and the reports stay
+full: the controller then evaluates them itself, as it does for an agent of an earlier
+version.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ from typing import TYPE_CHECKING, Literal
 import msgspec
 
 from sn_monitor import __version__
+from sn_monitor.agent.counter_memory import CounterMemory
 from sn_monitor.agent.report import build_report
 from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
@@ -172,6 +176,7 @@ class Reporter:
         verify: bool | str = True,
         cert: tuple[str, str] | None = None,
         streams: bool = True,
+        counter_memory: CounterMemory | None = None,
     ) -> None:
         if not 0 < max_events_per_report <= MAX_EVENTS:
             raise ValueError(f"max_events_per_report must be in 1..{MAX_EVENTS}")
@@ -230,6 +235,8 @@ class Reporter:
         self._topology_carried: str | None = None
         #: The node-local rules this agent evaluates (None: the controller evaluates all).
         self.rules: NodeRules | None = None  # imported with the first rules (2.5 MB)
+        #: Where those rules keep their counters across restarts (None: they do not).
+        self._counter_memory = counter_memory
         self._refused_rules: str | None = None
         #: After rules it could not take, the agent sends full reports for the controller
         #: to evaluate until this monotonic time, then asks again.
@@ -614,7 +621,8 @@ class Reporter:
             self._full_until = self._clock.monotonic() + RULES_RETRY_SECONDS
             return
         try:
-            self.rules = NodeRules(edge, self._node, self._labels, self._clock)
+            self.rules = NodeRules(edge, self._node, self._labels, self._clock,
+                                   self._counter_memory)
         except ConfigError as err:
             self._refuse_rules(edge.version, str(err))
             return

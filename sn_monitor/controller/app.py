@@ -17,6 +17,7 @@ rows. ``tests/unit/test_api_threads.py`` checks every route against this rule.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -52,6 +53,7 @@ from sn_monitor.controller.peer_identity import (
     ClientCertificate,
     report_identity,
 )
+from sn_monitor.controller.writer import PendingReply
 from sn_monitor.model import (
     NODE_NAME_MAX_LENGTH,
     NODE_NAME_PATTERN,
@@ -77,7 +79,8 @@ class BreakerChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class ControllerApi(Protocol):
     """What the HTTP layer needs from the controller."""
 
-    def ingest(self, body: bytes, identity: Identity, peer: str | None) -> ReportReply: ...
+    def ingest(self, body: bytes, identity: Identity,
+               peer: str | None) -> ReportReply | PendingReply: ...
     def ingest_alerts(self, body: bytes, who: str) -> dict[str, Any]: ...
     def list_nodes(self) -> list[dict[str, Any]]: ...
     def get_node(self, name: str) -> dict[str, Any] | None: ...
@@ -277,17 +280,33 @@ class ReportGate:
         """Whether ``headers`` announce a body over the limit (one never to be read)."""
         return announces_over(_latin1(headers.get(b"content-length")), self.max_body_bytes)
 
-    def answer(self, identity: Identity, body: bytes, peer: str | None) -> tuple[int, bytes]:
-        """Ingest one report: (HTTP status, JSON body)."""
+    def answer(self, identity: Identity, body: bytes, peer: str | None
+               ) -> tuple[int, bytes] | PendingReply:
+        """Ingest one report: (HTTP status, JSON body), or the reply its events wait for.
+
+        A :class:`PendingReply` is answered once its ``written`` future is done
+        (:meth:`answer_when_written`), and nothing behind it on the connection before.
+        """
         try:
             reply = self.ingest(identity, body, peer)
         except ControllerError as err:
             return status_of(err), self.error_body(err.message)
+        if isinstance(reply, PendingReply):
+            return reply
         return 200, _encoder.encode(reply)
 
-    def ingest(self, identity: Identity, body: bytes, peer: str | None) -> ReportReply:
+    def ingest(self, identity: Identity, body: bytes, peer: str | None
+               ) -> ReportReply | PendingReply:
         """Ingest one report; ControllerError if refused (the stream answers it itself)."""
         return self._controller.ingest(body, identity, peer)
+
+    @staticmethod
+    def answer_when_written(pending: PendingReply) -> ASGIApp:
+        """An ASGI app that answers ``pending`` once its report's events are written."""
+        async def answer(scope: Scope, receive: Receive, send: Send) -> None:
+            await asyncio.wrap_future(pending.written)
+            await _send_report_answer(send, 200, _encoder.encode(pending.reply()))
+        return answer
 
     @staticmethod
     def error_body(message: str) -> bytes:
@@ -350,15 +369,22 @@ def build_app(
                 if not message.get("more_body", False):
                     break
             client = scope.get("client")
-            status, body = gate.answer(identity, b"".join(chunks), client[0] if client else None)
+            answer = gate.answer(identity, b"".join(chunks), client[0] if client else None)
         except ControllerError as err:
-            status, body = status_of(err), gate.error_body(err.message)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+            answer = status_of(err), gate.error_body(err.message)
+        if isinstance(answer, PendingReply):
+            await gate.answer_when_written(answer)(scope, receive, send)
+            return
+        await _send_report_answer(send, *answer)
 
     return ControllerApp(reports, router, gate)
+
+
+async def _send_report_answer(send: Send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _build_router(
@@ -417,6 +443,9 @@ def _build_router(
         identity = identify(request, "agent")
         body = await read_body(request, shape=False)  # decode_report refuses any shape
         reply = controller.ingest(body, identity, request.client.host if request.client else None)
+        if isinstance(reply, PendingReply):
+            await asyncio.wrap_future(reply.written)
+            reply = reply.reply()
         return Response(_encoder.encode(reply), media_type="application/json")
 
     @guarded

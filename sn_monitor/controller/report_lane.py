@@ -50,7 +50,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from sn_monitor.controller.app import REPORTS_PATH, ReportGate, status_of
 from sn_monitor.controller.auth import Identity
@@ -61,6 +65,7 @@ from sn_monitor.controller.peer_identity import (
     client_certificate,
 )
 from sn_monitor.controller.stream_lane import ReportStreamSession
+from sn_monitor.controller.writer import PendingReply
 from sn_monitor.report_stream import IDLE_SECONDS, STREAM_PATH, SWITCHING, UPGRADE
 
 _PATH = REPORTS_PATH.encode()
@@ -129,8 +134,8 @@ class ReportLaneProtocol(HttpToolsProtocol):
             return  # the rest of a refused body: dropped unparsed
         if self._stream is not None:
             self._used_at = self.loop.time()
-            if not self._stream.feed(data):
-                self._close_lingering()
+            if not self._stream.feed(data):  # closed once the answers before are out
+                self._stream.after_answers(self._close_lingering)
             return
         if self._boundary and (self.cycle is None or self.cycle.response_complete):
             if data.startswith(_PLAIN_LINE):
@@ -159,17 +164,21 @@ class ReportLaneProtocol(HttpToolsProtocol):
             total = end + 4 + int(headers[b"content-length"])
             if len(data) < total:
                 break  # the body comes in later reads: httptools collects it
-            self.server_state.total_requests += 1
             keep_alive = headers.get(b"connection", b"").lower() != b"close"
             try:
                 identity = gate.admit(headers, self._certificate)
             except ControllerError as err:
-                status, body = status_of(err), gate.error_body(err.message)
+                answer: tuple[int, bytes] | PendingReply = (
+                    status_of(err), gate.error_body(err.message))
             else:
                 peer = self.client[0] if self.client else None
-                status, body = gate.answer(identity, data[end + 4:total], peer)
-            self._write_answer(status, body, keep_alive)
+                answer = gate.answer(identity, data[end + 4:total], peer)
             data = data[total:]
+            if isinstance(answer, PendingReply):
+                self._answer_when_written(answer, keep_alive)
+                return data  # what follows waits its turn behind that answer (httptools')
+            self.server_state.total_requests += 1
+            self._write_answer(*answer, keep_alive)
             if not keep_alive:
                 self.transport.close()
                 return b""
@@ -202,12 +211,17 @@ class ReportLaneProtocol(HttpToolsProtocol):
         self.transport.write(SWITCHING)
         self._stream = ReportStreamSession(self.gate, identity,
                                            self.client[0] if self.client else None,
-                                           self.transport.write)
+                                           self._write_on_stream, self.loop.call_soon_threadsafe)
         self._used_at = self.loop.time()
         if self.timeout_keep_alive_task is None:
             self.timeout_keep_alive_task = self.loop.call_later(
                 IDLE_SECONDS, self.timeout_keep_alive_handler)
         return data[end + 4:]
+
+    def _write_on_stream(self, data: bytes) -> None:
+        """Write answers on the stream, unless the connection closed while they waited."""
+        if not self.transport.is_closing():
+            self.transport.write(data)
 
     def timeout_keep_alive_handler(self) -> None:
         """Close an idle kept-alive connection; one used since the timer was set waits on."""
@@ -294,12 +308,44 @@ class ReportLaneProtocol(HttpToolsProtocol):
         else:
             assert lane.identity is not None  # admitted: the gate said who
             peer = self.client[0] if self.client else None
-            status, body = gate.answer(lane.identity, b"".join(lane.chunks), peer)
+            answer = gate.answer(lane.identity, b"".join(lane.chunks), peer)
+            if isinstance(answer, PendingReply):
+                self._answer_when_written(answer, lane.keep_alive)
+                return
+            status, body = answer
         self._write_answer(status, body, lane.keep_alive)
         if lane.keep_alive:
             self.on_response_complete()
         else:
             self.transport.close()
+
+    def _answer_when_written(self, pending: PendingReply, keep_alive: bool) -> None:
+        """Answer a report whose events are being written once they are, as uvicorn would.
+
+        The answer is an ASGI cycle of uvicorn's (:meth:`ReportGate.answer_when_written`),
+        so that what comes behind it on the connection waits its turn: a request parsed
+        while it waits is queued behind it by uvicorn, and the lane answers nothing while
+        a cycle is unanswered. Only reports that carry events take this path.
+        """
+        scope: Any = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+                      "http_version": "1.1", "server": self.server, "client": self.client,
+                      "scheme": self.scheme, "root_path": self.root_path, "headers": [],
+                      "method": "POST", "path": REPORTS_PATH, "raw_path": _PATH,
+                      "query_string": b"", "state": {}}
+        cycle = RequestResponseCycle(
+            scope=scope, transport=self.transport, flow=self.flow, logger=self.logger,
+            access_logger=self.access_logger, access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(), expect_100_continue=False,
+            keep_alive=keep_alive, on_response=self._answered_when_written)
+        cycle.more_body = False
+        self.cycle = cycle
+        answer: Any = self.gate.answer_when_written(pending)  # Starlette's ASGI type
+        self._start_asgi_task(cycle, answer)
+
+    def _answered_when_written(self) -> None:
+        self._used_at = self.loop.time()
+        self.on_response_complete()
 
     def _write_answer(self, status: int, body: bytes, keep_alive: bool) -> None:
         self.transport.write(b"".join((

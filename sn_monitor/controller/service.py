@@ -5,8 +5,11 @@ Ingest is the hot path (thousands of reports a second, on the event loop): it de
 judges and answers, and never waits on the store, a file or a lock held across I/O. What
 a report means for the store (events, new nodes, incidents and the actions they start) is
 queued for the one writer (:mod:`sn_monitor.controller.writer`), which the sweep's
-findings take too. Everything slow or periodic (heartbeats, peer comparisons, retries,
-re-sending firing alerts, node states) happens in :meth:`sweep`, on its own thread.
+findings take too; a report with events is answered once the writer has stored them (a
+:class:`~sn_monitor.controller.writer.PendingReply` the HTTP layer waits for without
+holding the event loop), so that its answer acknowledges them. Everything slow or
+periodic (heartbeats, peer comparisons, retries, re-sending firing alerts, node states)
+happens in :meth:`sweep`, on its own thread.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.stall import StallWatch
 from sn_monitor.controller.store import Incident, Store, StoreError, StoreUnavailable
 from sn_monitor.controller.store_health import StoreHealth
-from sn_monitor.controller.writer import StoreWriter
+from sn_monitor.controller.writer import PendingReply, StoreWriter
 from sn_monitor.model import (
     ActionName,
     CheckpointBody,
@@ -346,10 +349,13 @@ class Controller:
 
     # ------------------------------------------------------------------ ingest
 
-    def ingest(self, body: bytes, identity: Identity, peer: str | None = None) -> ReportReply:
-        """Take one report; the reply acknowledges its stored events and carries commands.
+    def ingest(self, body: bytes, identity: Identity, peer: str | None = None
+               ) -> ReportReply | PendingReply:
+        """Take one report; the reply acknowledges its events and carries commands.
 
-        On the event loop: nothing here waits on the store (see the module docstring).
+        On the event loop: nothing here waits on the store (see the module docstring). A
+        report with events gets a :class:`PendingReply` while the writer has them queued:
+        the API answers it once they are written, so that answer acknowledges them.
         """
         started = time.perf_counter()
         try:
@@ -365,13 +371,11 @@ class Controller:
         now = view.received_wall if accepted.applied else self.clock.time()
         if accepted.new_node or accepted.labels_changed:
             self.writer.call(partial(self._node_seen, report.node, dict(report.labels), now))
-        stored_through = -1
+        written = None
         if report.events:
             # dated by the controller's clock, as the view the rules judge is
             events = controller_times(report, now).events
-            self.writer.events(report.node, report.instance, events, now)
-            stored_through = min(self.writer.stored_through(report.node, report.instance),
-                                 max(e.id for e in events))
+            written = self.writer.events(report.node, report.instance, events, now)
         if peer is not None and report.metrics_port is not None:
             self._peers[report.node] = (peer, report.metrics_port)
         edge_rules = None
@@ -400,9 +404,19 @@ class Controller:
         tally = self.telemetry.ingest
         tally.report("accepted" if accepted.applied else "stale")
         tally.observe(time.perf_counter() - started)
-        return ReportReply(sequence=report.sequence, events_stored_through=stored_through,
-                           commands=commands, edge_rules=edge_rules, node=report.node,
-                           topology_wanted=topology_wanted)
+        reply = ReportReply(sequence=report.sequence, commands=commands,
+                            edge_rules=edge_rules, node=report.node,
+                            topology_wanted=topology_wanted)
+        if written is None:
+            return reply
+        acknowledged = partial(self._acknowledging, reply, report)
+        return acknowledged() if written.done() else PendingReply(written, acknowledged)
+
+    def _acknowledging(self, reply: ReportReply, report: Report) -> ReportReply:
+        """``reply`` acknowledging the report's events stored (after the writer had them)."""
+        stored = self.writer.stored_through(report.node, report.instance)
+        return msgspec.structs.replace(
+            reply, events_stored_through=min(stored, max(e.id for e in report.events)))
 
     def _gpus_back(self, report: Report) -> None:
         """A GPU that was lost (or fell off the bus) reads healthy again: those close."""

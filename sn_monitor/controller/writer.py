@@ -6,10 +6,13 @@ agent's command result) is queued here and written by one thread in the order it
 queued. The sweep's findings take the same queue, so an incident is always opened before
 it is closed. Consecutive reports' events are written in one durable transaction.
 
-Events are acknowledged only once they are durable: a reply says how far the node's events
-are stored (:meth:`StoreWriter.stored_through`), which for the events of that very report
-is usually the next reply. The agent keeps unacknowledged events spooled and sends them
-again; the store and the event rules take each event once.
+Events are acknowledged only once they are durable, and by the answer to the report that
+carries them: :meth:`StoreWriter.events` hands back a future that is done once they are
+written (or their write failed), and the report's answer (:class:`PendingReply`) waits for
+it, saying how far the node's events are stored (:meth:`StoreWriter.stored_through`). A
+report without events waits on nothing. The agent keeps unacknowledged events spooled and
+sends them again (only after a write failed, or an answer was lost); the store and the
+event rules take each event once.
 
 Not started as a worker (tests, the goodput replay on a virtual clock), each write runs at
 once on the caller's thread: the same code in the same order, deterministic.
@@ -21,12 +24,13 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Final
 
 from sn_monitor.controller.store import Store
 from sn_monitor.controller.store_health import StoreHealth
-from sn_monitor.model import EventRecord
+from sn_monitor.model import EventRecord, ReportReply
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,28 @@ class _Events:
     instance: str
     events: Sequence[EventRecord]
     at: float
+    #: Done once the events are written, or their write failed.
+    written: Future[None] = field(default_factory=Future)
+
+
+class PendingReply:
+    """A report's reply that waits for the report's events to be written.
+
+    ``written`` is done (on the writer's thread) once they are stored or their write
+    failed; :meth:`reply` is then the answer, acknowledging what is stored. The API
+    answers the report only then, so that the answer that carries events acknowledges
+    them (the agent sends them once) and never acknowledges what a crash could lose.
+    """
+
+    __slots__ = ("_finish", "written")
+
+    def __init__(self, written: Future[None], finish: Callable[[], ReportReply]) -> None:
+        self.written = written
+        self._finish = finish
+
+    def reply(self) -> ReportReply:
+        """The reply, once :attr:`written` is done."""
+        return self._finish()
 
 
 class StoreWriter:
@@ -62,9 +88,14 @@ class StoreWriter:
     # -- what the controller queues ------------------------------------------------------
 
     def events(self, node: str, instance: str, events: Sequence[EventRecord],
-               at: float) -> None:
-        """Store a report's events (received at ``at``)."""
-        self._put(_Events(node, instance, events, at))
+               at: float) -> Future[None]:
+        """Store a report's events (received at ``at``); done once written or failed.
+
+        Without a writer thread the future is done when this returns.
+        """
+        item = _Events(node, instance, events, at)
+        self._put(item)
+        return item.written
 
     def call(self, write: Write) -> None:
         """Run ``write`` (a store write, or a decision that writes) after what is queued."""
@@ -104,7 +135,10 @@ class StoreWriter:
                     while not self._queue and not stop.is_set():
                         self._cond.wait(timeout=0.5)
                     if not self._queue:
-                        return  # stopped, and everything written
+                        # stopped, and everything written: what comes now is written
+                        # at once (no write, and no answer waiting on one, is left behind)
+                        self._threaded = False
+                        return
                     batch = self._take()
                     self._busy = True
                 try:
@@ -137,7 +171,11 @@ class StoreWriter:
     def _write(self, batch: list[_Events | Write]) -> None:
         events = [item for item in batch if isinstance(item, _Events)]
         if events:
-            self._store_events(events)
+            try:
+                self._store_events(events)
+            finally:  # stored or not, their answers go out (unacknowledged if not)
+                for queued in events:
+                    queued.written.set_result(None)
         for item in batch:
             if not isinstance(item, _Events):
                 item()
