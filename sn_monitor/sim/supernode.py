@@ -203,6 +203,8 @@ class Supernode:
         self.port = int(port)
         self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
         self.names = [node_name(i, options.nodes) for i in range(options.nodes)]
+        #: Each node's labels (supernode, rack), as its agent reports them.
+        self.labels = {name: node_labels(i) for i, name in enumerate(self.names)}
         self.job_nodes = self.names[:options.nodes - options.spares]
         self.spares = self.names[options.nodes - options.spares:]
         self.job_root = self.root / "job"
@@ -290,10 +292,10 @@ class Supernode:
         ports = free_ports("127.0.0.1", self.port, opts.nodes)
         agent_configs = self.root / "agents"
         agent_configs.mkdir(exist_ok=True)
-        for index, (name, port) in enumerate(zip(self.names, ports, strict=True)):
+        for name, port in zip(self.names, ports, strict=True):
             self.agent_urls[name] = f"http://127.0.0.1:{port}"
             agent_config = agent_configs / f"{name}.yaml"
-            agent_config.write_text(yaml.safe_dump({"labels": node_labels(index)}))
+            agent_config.write_text(yaml.safe_dump({"labels": self.labels[name]}))
             self.agents[name] = Child(name, [
                 sys.executable, "-m", "sn_monitor.cli", "agent", "--simulate", str(opts.gpus),
                 "--config", str(agent_config),
