@@ -288,15 +288,28 @@ class SnapshotCollector:
     @staticmethod
     def _xids(snapshot: NodeSnapshot) -> Iterator[Family]:
         family = counter(
-            "sn_gpu_xid_errors", "XID errors by code, from NVML events and the kernel log.",
+            "sn_gpu_xid_errors",
+            "XID errors by code, from NVML events and the kernel log; the codes after which "
+            "NVIDIA says to reset the GPU or reboot are here at 0 before their first error.",
             labels=["gpu", "uuid", "xid"],
         )
-        uuids = {g.index: g.uuid for g in snapshot.gpus}
+        # gpu="" collects the XIDs that name no GPU the agent knows; it is there at 0 too
+        totals: dict[tuple[str, str], float] = {}
         for count in snapshot.xid_counts:
             gpu = "" if count.gpu is None else str(count.gpu)
-            uuid = uuids.get(count.gpu, "") if count.gpu is not None else ""
-            family.add_metric([gpu, uuid, str(count.xid)], float(count.count))
+            family.add_metric([gpu, count.uuid, str(count.xid)], float(count.count))
+            totals[(gpu, count.uuid)] = totals.get((gpu, count.uuid), 0.0) + count.count
+        totals.setdefault(("", ""), 0.0)
         yield family
+        every = counter(
+            "sn_gpu_xid_errors_all_codes",
+            "XID errors of every code, from NVML events and the kernel log: there at 0 on "
+            "every GPU before the first error, so increase() counts the first XID of any code.",
+            labels=GPU_LABELS,
+        )
+        for (gpu, uuid), n in totals.items():
+            every.add_metric([gpu, uuid], n)
+        yield every
         events = counter(
             "sn_agent_events", "Fault events seen since the agent started, by kind.",
             labels=["kind"],

@@ -36,6 +36,7 @@ from sn_monitor.agent.snapshot import (
 from sn_monitor.agent.watchdog import CallOutcome, CollectorWorker
 from sn_monitor.clock import Clock
 from sn_monitor.model import Event
+from sn_monitor.rules.xid_catalog import gpu_fatal_codes
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +62,18 @@ class XidLedger:
     the same GPU and code within ``window`` seconds and that report is not already paired.
     Repeats from the same source are never merged: a GPU that throws XID 13 five times
     counts five.
+
+    The ``watched`` codes (default: those after which NVIDIA says to reset the GPU or
+    reboot, :func:`~sn_monitor.rules.xid_catalog.gpu_fatal_codes`) are counted from 0 on
+    every GPU the agent knows, before their first error: Prometheus' ``increase()``
+    sees a series' first error only if the series was there before it.
     """
 
-    def __init__(self, clock: Clock, window: float = 10.0) -> None:
+    def __init__(self, clock: Clock, window: float = 10.0,
+                 watched: Iterable[int] | None = None) -> None:
         self._clock = clock
         self._window = window
+        self._watched = frozenset(gpu_fatal_codes() if watched is None else watched)
         self._recent: deque[_Seen] = deque()
         self._counts: dict[tuple[int | None, int], int] = {}
 
@@ -101,13 +109,18 @@ class XidLedger:
             kept.append(event)
         return kept
 
-    def counts(self) -> tuple[XidCount, ...]:
-        """Every (GPU, XID) seen so far with its count, in a stable order."""
+    def counts(self, gpus: Sequence[GpuSample] = ()) -> tuple[XidCount, ...]:
+        """Every (GPU, XID) seen so far, and each watched code of each of ``gpus``.
+
+        The watched codes count 0 until seen; the order is stable; each count carries
+        its GPU's UUID from ``gpus``.
+        """
+        uuids = {g.index: g.uuid for g in gpus}
+        keys = set(self._counts) | {(g.index, code) for g in gpus for code in self._watched}
         return tuple(
-            XidCount(gpu=gpu, xid=code, count=n)
-            for (gpu, code), n in sorted(
-                self._counts.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1])
-            )
+            XidCount(gpu=gpu, xid=code, count=self._counts.get((gpu, code), 0),
+                     uuid="" if gpu is None else uuids.get(gpu, ""))
+            for gpu, code in sorted(keys, key=lambda key: (key[0] is None, key[0] or 0, key[1]))
         )
 
 
@@ -225,7 +238,7 @@ class Sampler:
             host=host,
             processes=next((p.processes for p in parts if p.processes is not None), None),
             events=admitted,
-            xid_counts=self._ledger.counts(),
+            xid_counts=self._ledger.counts(self._known_gpus),
             event_counts=tuple(sorted(self._event_counts.items())),
             collectors=tuple(statuses),
         )

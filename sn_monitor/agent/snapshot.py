@@ -238,11 +238,16 @@ class CollectorStatus:
 
 @dataclass(frozen=True, slots=True)
 class XidCount:
-    """How many times one XID code was seen on one GPU since the agent started."""
+    """How many times one XID code was seen on one GPU since the agent started.
+
+    ``uuid`` is the GPU's as last seen ("" for an XID that names no known GPU), so a
+    cycle in which NVML fails does not change the series' labels.
+    """
 
     gpu: int | None
     xid: int
     count: int
+    uuid: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,8 @@ def render_node(snapshot: NodeSnapshot, guard_note: str = "") -> Group:
         table.add_column(column, justify="right" if column != "throttle" else "left")
     per_gpu: dict[int | None, dict[int, int]] = {}
     for count in snapshot.xid_counts:
-        per_gpu.setdefault(count.gpu, {})[count.xid] = count.count
+        if count.count:  # the watched codes are counted from 0: only the seen ones show
+            per_gpu.setdefault(count.gpu, {})[count.xid] = count.count
     for gpu in snapshot.gpus:
         table.add_row(
             str(gpu.index),

@@ -2,6 +2,11 @@
 
 State (node states, firing rules, open incidents, action outcomes) is read from the
 controller when Prometheus scrapes; latencies are observed as they happen.
+
+Every counter and histogram whose label values are known in advance (each action and
+outcome, each report outcome and event kind, each job's recoveries) is served at 0 before
+its first event: Prometheus' ``increase()`` and ``rate()`` see a series' first event only
+if the series was there before it ("avoid missing metrics").
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import (
@@ -22,13 +27,21 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sn_monitor import __version__
+from sn_monitor.controller.audit import ACTION_STATES
 from sn_monitor.controller.jobs.views import JobMetrics
+from sn_monitor.model import ActionName, EventKind
 
 #: The one family written by hand (node_state_exposition).
 NODE_STATE: Final = "sn_node_state"
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0)
 INGEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 STALL_BUCKETS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+#: ``sn_actions_total``'s label values: every action a rule or a recovery may ask for, and
+#: every state an action is counted in (all but the passing ``pending`` and ``running``).
+ACTIONS: Final = get_args(ActionName)
+ACTION_OUTCOMES: Final = tuple(sorted(ACTION_STATES - {"pending", "running"}))
+#: ``sn_controller_reports_total``'s outcomes (:meth:`IngestTally.report`).
+REPORT_OUTCOMES: Final = ("accepted", "stale", "invalid", "forbidden")
 
 
 @dataclass(frozen=True)
@@ -83,7 +96,9 @@ class ControllerStateCollector(Collector):
                                     value=state.open_incidents)
         actions = CounterMetricFamily("sn_actions", "Actions by outcome.",
                                       labels=["action", "outcome"])
-        for (action, outcome), count in sorted(state.action_outcomes.items()):
+        counts = dict.fromkeys(((a, o) for a in ACTIONS for o in ACTION_OUTCOMES), 0)
+        counts.update(state.action_outcomes)
+        for (action, outcome), count in sorted(counts.items()):
             actions.add_metric([action, outcome], float(count))
         yield actions
         yield GaugeMetricFamily("sn_breaker_open",
@@ -187,7 +202,8 @@ def _job_families(jobs: JobMetrics) -> Iterator[Metric]:
         "From the fault first seen to the job's progress resumed (MTTR).", labels=["job"])
     phases = GaugeMetricFamily("sn_recovery_last_phase_seconds",
                                "How the job's latest recovery split.", labels=["job", "phase"])
-    by_job: dict[str, list[float]] = {}
+    # every job's histogram is there, empty, from the job's creation
+    by_job: dict[str, list[float]] = {name: [] for name in jobs.jobs}
     latest: dict[str, tuple[float, tuple[float, ...]]] = {}
     for rec in jobs.recoveries:
         by_job.setdefault(rec.job, []).append(rec.total)
@@ -234,7 +250,7 @@ class IngestTally(Collector):
     """
 
     def __init__(self) -> None:
-        self._outcomes: dict[str, int] = {}
+        self._outcomes: dict[str, int] = dict.fromkeys(REPORT_OUTCOMES, 0)
         self._buckets = [0] * (len(INGEST_BUCKETS) + 1)
         self._sum = 0.0
 
@@ -283,6 +299,8 @@ class ControllerMetrics:
             "sn_controller_events", "Agent events stored, by kind.", ["kind"],
             registry=self.registry,
         )
+        for kind in get_args(EventKind):
+            self.events.labels(kind)
         self.webhook_alerts = Counter(
             "sn_controller_alertmanager_alerts",
             "Alerts received on POST /api/v1/alertmanager, by outcome: accepted (an alert "

@@ -53,6 +53,14 @@ RESOLUTIONS: Final[frozenset[str]] = frozenset({
     UNSPECIFIED,
 })
 
+#: The buckets after which the GPU cannot be trusted until it is reset or its node rebooted
+#: (NVIDIA's RESET_GPU and RESTART_BM, and the workflows that end in one): the codes the
+#: packaged ``fatal-xid`` rule acts on, and the ones the agent exports at 0 on every GPU.
+GPU_FATAL_RESOLUTIONS: Final[frozenset[str]] = frozenset({
+    "RESET_GPU", "RESTART_BM", "RESTART_VM", "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR",
+    "CHECK_UVM",
+})
+
 #: The optional ``category`` of an entry: what part of the system the code is about.
 CATEGORIES: Final[frozenset[str]] = frozenset({
     "application", "driver", "engine", "memory", "nvlink", "gsp", "firmware", "pcie", "c2c",
@@ -208,6 +216,15 @@ def load_catalog(path: Path | None = None) -> XidCatalog:
     if path is None:
         return _packaged_catalog()
     return _read(Path(path))
+
+
+def gpu_fatal_codes() -> frozenset[int]:
+    """The packaged catalogue's codes in :data:`GPU_FATAL_RESOLUTIONS`.
+
+    19 in its 2025-09-30 revision: 46, 48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136,
+    140, 143, 151, 155, 156, 158, 159.
+    """
+    return _packaged_catalog().codes(GPU_FATAL_RESOLUTIONS)
 
 
 @functools.cache

@@ -356,6 +356,17 @@ class Demo:
             windows.setdefault(node, []).append((since, float("inf")))
         return windows
 
+    def _nodes_of(self, subject: str) -> list[str]:
+        """The nodes an incident is about: the node, or a whole rack's.
+
+        A rule's blast-radius domain (``rack:r03``) stands for the rack's nodes, each of
+        which also has its own incident, judged on its own.
+        """
+        label, _, value = subject.partition(":")
+        if not value:
+            return [subject]
+        return [node for node, labels in self.sn.labels.items() if labels.get(label) == value]
+
     def _false_alarms(self, incidents: list[dict[str, Any]],
                       actions: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
         """Healthy nodes taken for faulty: (node-lost incidents, evictions).
@@ -367,7 +378,8 @@ class Demo:
         false_lost = [f"{i['node']} at {i['detected_at'] - self.started_wall:.1f}s"
                       for i in incidents if i["rule"] == "node-lost" and not any(
                           start - 0.5 <= i["detected_at"] <= end
-                          for start, end in windows.get(i["node"], ()))]
+                          for node in self._nodes_of(i["node"])
+                          for start, end in windows.get(node, ()))]
         faulted: dict[str, float] = {}
         for inj in self.injections:
             if inj.injected_wall is not None and inj.expects_detection:

@@ -165,8 +165,12 @@ def node_name(index: int, nodes: int) -> str:
 
 
 def node_labels(index: int) -> dict[str, str]:
-    """A node's labels: 256 nodes a supernode, 16 a rack, 32 a job (the peers group)."""
-    return {"job": f"job-{index // 32:03d}", "rack": f"r{index // 16:03d}",
+    """A node's labels: 256 nodes a supernode, 8 a rack, 32 a job (the peers group).
+
+    Eight 8-GPU servers fill a liquid-cooled rack (an air-cooled one holds four, as the
+    demo's supernode has them).
+    """
+    return {"job": f"job-{index // 32:03d}", "rack": f"r{index // 8:03d}",
             "supernode": f"sn{index // 256:02d}"}
 
 

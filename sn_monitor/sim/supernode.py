@@ -8,7 +8,10 @@ What ``sn-monitor demo`` runs, on 127.0.0.1, under one state directory:
   for evict / cordon (the launcher, which only records them) and the job's directory;
 * one ``sn-monitor agent --simulate G`` per node (``sim-0000`` ...), the real agent code
   on a simulated node whose physics run ``speed`` times faster, on consecutive free
-  ports after the controller's;
+  ports after the controller's, labelled as a real supernode's agents are
+  (:func:`node_labels`: supernode ``sn0``, racks of four nodes), so that the
+  controller's service discovery, the dashboards' ``$supernode`` and the topology page's
+  racks have values;
 * a DistributedJob ``demo`` over every node but the last ``spares`` (its spares), run by
   :mod:`sn_monitor.sim.launcher`: one :mod:`sn_monitor.sim.train` rank per node,
   started detached, restarted on the controller's ``restore``.
@@ -52,6 +55,11 @@ STEADY_FOR_SECONDS = 3.0
 STEADY_WAIT_SECONDS = 30.0
 #: The fleet-level faults the supernode plays itself (the rest go to POST /sim/fault).
 PROCESS_FAULTS = ("node-lost", "node-back", "straggler")
+#: The supernode's name on every agent (deploy/prometheus/prometheus-demo.yml gives the
+#: controller's series the same).
+SUPERNODE = "sn0"
+#: Nodes a rack: an 8-GPU HGX server draws about 10 kW, four fill an air-cooled rack.
+NODES_PER_RACK = 4
 
 
 class SupernodeError(RuntimeError, SnMonitorError):
@@ -72,6 +80,15 @@ class SupernodeOptions:
     checkpoint_every: int = 20
     #: Rule files or directories (default: the rules packaged with sn-monitor).
     rules: tuple[Path, ...] = ()
+
+
+def node_labels(index: int) -> dict[str, str]:
+    """The labels of the supernode's ``index``-th node: ``{supernode: sn0, rack: r00}``.
+
+    Racks fill in node order, :data:`NODES_PER_RACK` nodes each: the job's spares (the
+    last nodes) share the last rack.
+    """
+    return {"supernode": SUPERNODE, "rack": f"r{index // NODES_PER_RACK:02d}"}
 
 
 def port_free(host: str, port: int) -> bool:
@@ -186,6 +203,8 @@ class Supernode:
         self.port = int(port)
         self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
         self.names = [node_name(i, options.nodes) for i in range(options.nodes)]
+        #: Each node's labels (supernode, rack), as its agent reports them.
+        self.labels = {name: node_labels(i) for i, name in enumerate(self.names)}
         self.job_nodes = self.names[:options.nodes - options.spares]
         self.spares = self.names[options.nodes - options.spares:]
         self.job_root = self.root / "job"
@@ -271,10 +290,15 @@ class Supernode:
         self.controller.start()
         progress(f"controller starting on {self.url} (state in {self.root})")
         ports = free_ports("127.0.0.1", self.port, opts.nodes)
+        agent_configs = self.root / "agents"
+        agent_configs.mkdir(exist_ok=True)
         for name, port in zip(self.names, ports, strict=True):
             self.agent_urls[name] = f"http://127.0.0.1:{port}"
+            agent_config = agent_configs / f"{name}.yaml"
+            agent_config.write_text(yaml.safe_dump({"labels": self.labels[name]}))
             self.agents[name] = Child(name, [
                 sys.executable, "-m", "sn_monitor.cli", "agent", "--simulate", str(opts.gpus),
+                "--config", str(agent_config),
                 "--controller", self.url, "--node", name, "--listen", f"127.0.0.1:{port}",
                 "--state-dir", str(self.root / "agents" / name),
                 "--sim-speed", f"{opts.speed:g}", "--log-format", "json",

@@ -257,8 +257,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_variables_have_values(prometheus: str):
-    # the demo's agents carry no supernode label (their config sets none): not checked
-    for name, match in (("node", "sn_gpu_info"), ("gpu", "sn_gpu_info"), ("job", "sn_job_state")):
+    for name, match in (("supernode", 'up{job="sn-agent"}'), ("node", "sn_gpu_info"),
+                        ("gpu", "sn_gpu_info"), ("job", "sn_job_state")):
         url = f"{prometheus}/label/{name}/values?{urllib.parse.urlencode({'match[]': match})}"
         assert _get(url)["data"], name
 

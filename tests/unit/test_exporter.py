@@ -47,7 +47,10 @@ def _snapshot(**kwargs):
                                  counters=(("received_bytes", 400), ("symbol_errors", 0))),),
         host=HostSample(cpu_seconds_total=(("user", 1.5), ("idle", 9.0)), load1=0.5,
                         memory_bandwidth=(MemoryBandwidthSample("mon_L3_00", 99),)),
-        xid_counts=(XidCount(gpu=0, xid=79, count=2), XidCount(gpu=None, xid=13, count=1)),
+        xid_counts=(XidCount(gpu=0, xid=79, count=2, uuid="GPU-0"),
+                    XidCount(gpu=0, xid=13, count=1, uuid="GPU-0"),
+                    XidCount(gpu=1, xid=79, count=0, uuid="GPU-1"),
+                    XidCount(gpu=None, xid=13, count=1)),
         event_counts=(("xid", 3),),
         collectors=(CollectorStatus("nvml", True, 0.002), CollectorStatus("kmsg", False, 0.0),
                     CollectorStatus("host", False, 12.5, stuck=True)),
@@ -84,6 +87,11 @@ def test_values_and_units():
     assert samples[_k("sn_gpu_nvlink_up", **g0, link="1")] == 0.0
     assert samples[_k("sn_gpu_xid_errors_total", **g0, xid="79")] == 2.0
     assert samples[_k("sn_gpu_xid_errors_total", gpu="", uuid="", xid="13")] == 1
+    assert samples[_k("sn_gpu_xid_errors_total", gpu="1", uuid="GPU-1", xid="79")] == 0
+    # every code of a GPU in one counter, there at 0 before its first error
+    assert samples[_k("sn_gpu_xid_errors_all_codes_total", **g0)] == 3
+    assert samples[_k("sn_gpu_xid_errors_all_codes_total", gpu="1", uuid="GPU-1")] == 0
+    assert samples[_k("sn_gpu_xid_errors_all_codes_total", gpu="", uuid="")] == 1
     assert samples[_k("sn_infiniband_port_received_bytes_total", device="mlx5_0", port="1")] == 400
     assert samples[_k("sn_agent_collector_success", collector="kmsg")] == 0.0
     assert samples[_k("sn_agent_collector_stuck", collector="kmsg")] == 0.0
@@ -104,6 +112,23 @@ def test_missing_values_are_left_out_not_nan():
     assert not any(k[0] == "sn_gpu_nvlink_crc_errors_total" and ("link", "1") in k[1]
                    for k in samples)
     assert "NaN" not in text
+
+
+def test_xid_counters_of_a_node_without_errors_are_there_at_zero():
+    """Prometheus' increase() sees a counter's first error only if the counter was there
+    before it: a node that never had an XID serves the totals (and the watched codes the
+    sampler hands over) at 0."""
+    quiet = tuple(XidCount(gpu=g.index, xid=79, count=0, uuid=g.uuid)
+                  for g in (FULL_GPU, BARE_GPU))
+    samples = _samples(_scrape(_snapshot(xid_counts=quiet)))
+    xids = {k: v for k, v in samples.items() if k[0].startswith("sn_gpu_xid_errors")}
+    assert xids == {
+        _k("sn_gpu_xid_errors_total", gpu="0", uuid="GPU-0", xid="79"): 0,
+        _k("sn_gpu_xid_errors_total", gpu="1", uuid="GPU-1", xid="79"): 0,
+        _k("sn_gpu_xid_errors_all_codes_total", gpu="0", uuid="GPU-0"): 0,
+        _k("sn_gpu_xid_errors_all_codes_total", gpu="1", uuid="GPU-1"): 0,
+        _k("sn_gpu_xid_errors_all_codes_total", gpu="", uuid=""): 0,
+    }
 
 
 def test_no_hostname_label_anywhere():

@@ -124,8 +124,17 @@ def test_captured_kernel_xids_are_mapped_to_gpus():
     assert 'sn_gpu_xid_errors_total{gpu="2",' in text
     lines = {line.split("{")[0] + "{" + line.split("{")[1].split("}")[0]: line.rsplit(" ", 1)[1]
              for line in text.splitlines() if line.startswith("sn_gpu_xid_errors_total{")}
-    by_code = {key.split('xid="')[1].rstrip('"'): float(v) for key, v in lines.items()}
+    by_code = {key.split('xid="')[1].rstrip('"'): float(v) for key, v in lines.items()
+               if float(v)}
     assert by_code == {"13": 16.0, "43": 1.0, "119": 6.0}
+    # the reset / reboot codes are there at 0 on every GPU, 119 included
+    assert 'sn_gpu_xid_errors_total{gpu="7",uuid="GPU-66a0375e-6b9e-4052-a5e5-563a0f817c26",' \
+        'xid="119"} 0.0' in text
+    assert 'sn_gpu_xid_errors_all_codes_total{gpu="2",' in text
+    totals = [line for line in text.splitlines()
+              if line.startswith("sn_gpu_xid_errors_all_codes_total{")]
+    assert len(totals) == 9  # the 8 GPUs and the XIDs that name none
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in totals) == 23.0
 
 
 def test_golden_passes_promtool_lint():

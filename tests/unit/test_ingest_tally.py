@@ -20,7 +20,7 @@ def test_reports_and_ingest_times_are_exposed_as_a_counter_and_a_histogram():
         generate_latest(registry).decode())}
     reports = {s.labels["outcome"]: s.value for s in families["sn_controller_reports"].samples
                if s.name.endswith("_total")}
-    assert reports == {"accepted": 2, "stale": 1, "invalid": 1}
+    assert reports == {"accepted": 2, "stale": 1, "invalid": 1, "forbidden": 0}  # there at 0
     assert tally.count("accepted") == 2
     samples = families["sn_controller_ingest_seconds"].samples
     buckets = {s.labels["le"]: s.value for s in samples if s.name.endswith("_bucket")}

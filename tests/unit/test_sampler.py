@@ -11,6 +11,7 @@ from sn_monitor.agent.sampler import Sampler, XidLedger, map_events_to_gpus
 from sn_monitor.agent.snapshot import Collected, GpuSample, HostSample, XidCount
 from sn_monitor.clock import ManualClock
 from sn_monitor.model import Event
+from sn_monitor.rules.xid_catalog import gpu_fatal_codes
 
 
 class ScriptedCollector:
@@ -124,7 +125,43 @@ def test_events_are_counted_by_kind_across_cycles(samplers):
     sampler.sample()
     snapshot = sampler.sample()
     assert dict(snapshot.event_counts) == {"xid": 2}
-    assert snapshot.xid_counts == (XidCount(gpu=0, xid=31, count=2),)
+    seen = [c for c in snapshot.xid_counts if c.count]
+    assert seen == [XidCount(gpu=0, xid=31, count=2, uuid="GPU-a")]
+
+
+def test_watched_codes_are_counted_from_zero_on_every_known_gpu():
+    ledger = XidLedger(ManualClock(), watched=[79, 48])
+    assert ledger.counts() == ()  # no GPU known: nothing to count from 0
+    ledger.admit([_xid("nvml", 1, 13), _xid("kmsg", None, 31)])
+    assert ledger.counts([GPU0, GPU1]) == (
+        XidCount(gpu=0, xid=48, count=0, uuid="GPU-a"),
+        XidCount(gpu=0, xid=79, count=0, uuid="GPU-a"),
+        XidCount(gpu=1, xid=13, count=1, uuid="GPU-b"),
+        XidCount(gpu=1, xid=48, count=0, uuid="GPU-b"),
+        XidCount(gpu=1, xid=79, count=0, uuid="GPU-b"),
+        XidCount(gpu=None, xid=31, count=1, uuid=""),
+    )
+
+
+def test_the_catalogues_reset_and_reboot_codes_are_watched_by_default():
+    ledger = XidLedger(ManualClock())
+    watched = {c.xid for c in ledger.counts([GPU0])}
+    assert watched == gpu_fatal_codes()
+    assert {48, 64, 74, 79, 95, 119, 120, 140} <= watched  # SnGpuFatalXid's codes
+    assert 13 not in watched  # an application's fault: counted once seen
+
+
+def test_xid_series_keep_their_uuid_while_nvml_fails(samplers):
+    nvml = ScriptedCollector("nvml", [Collected(gpus=(GPU0,)), CollectorError("lost"),
+                                      CollectorError("lost")])
+    kmsg = ScriptedCollector("kmsg", [Collected(), Collected(events=(_xid("kmsg", 0, 79),)),
+                                      Collected()])
+    sampler = Sampler("n1", [nvml, kmsg], ManualClock())
+    samplers.append(sampler)
+    before = sampler.sample().xid_counts
+    during = sampler.sample().xid_counts
+    assert {(c.gpu, c.uuid, c.xid) for c in during} == {(c.gpu, c.uuid, c.xid) for c in before}
+    assert [(c.xid, c.count) for c in during if c.count] == [(79, 1)]
 
 
 def test_gpu_index_is_kept_for_kernel_events_when_nvml_fails_later(samplers):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from sn_monitor.sim.supernode import port_free
+from sn_monitor.sim.fleet import node_name
+from sn_monitor.sim.supernode import node_labels, port_free
 
 
 def _leave_time_wait() -> int:
@@ -45,3 +46,15 @@ def test_a_port_someone_listens_on_is_taken() -> None:
         assert not port_free("127.0.0.1", int(server.getsockname()[1]))
     finally:
         server.close()
+
+
+def test_the_demos_nodes_sit_in_racks_of_four_of_supernode_sn0() -> None:
+    racks: dict[str, list[str]] = {}
+    for index in range(16):
+        labels = node_labels(index)
+        assert labels["supernode"] == "sn0"
+        racks.setdefault(labels["rack"], []).append(node_name(index, 16))
+    assert racks == {"r00": ["sim-0000", "sim-0001", "sim-0002", "sim-0003"],
+                     "r01": ["sim-0004", "sim-0005", "sim-0006", "sim-0007"],
+                     "r02": ["sim-0008", "sim-0009", "sim-0010", "sim-0011"],
+                     "r03": ["sim-0012", "sim-0013", "sim-0014", "sim-0015"]}

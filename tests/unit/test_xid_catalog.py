@@ -16,12 +16,14 @@ from sn_monitor.errors import SnMonitorError
 from sn_monitor.rules.spec import load_rules, packaged_rules
 from sn_monitor.rules.xid_catalog import (
     CATEGORIES,
+    GPU_FATAL_RESOLUTIONS,
     PACKAGED_CATALOG,
     RESOLUTIONS,
     UNSPECIFIED,
     CatalogError,
     XidCatalog,
     XidEntry,
+    gpu_fatal_codes,
     load_catalog,
 )
 
@@ -169,6 +171,14 @@ def test_the_packaged_rules_directory_still_loads_as_rules():
     # The catalogue sits in the packaged rules directory; the rules loader passes over it.
     names = {rule.name for rule in load_rules([packaged_rules()])}
     assert "fatal-xid" in names
+
+
+def test_the_codes_the_agent_counts_from_zero_are_the_fatal_xid_rules():
+    """The agent exports these codes at 0 on every GPU; the fatal-xid rule acts on them."""
+    (fatal,) = [r for r in load_rules([packaged_rules()]) if r.name == "fatal-xid"]
+    assert set(fatal.resolutions) == GPU_FATAL_RESOLUTIONS
+    assert gpu_fatal_codes() == load_catalog().codes(fatal.resolutions)
+    assert len(gpu_fatal_codes()) == 19  # series per GPU: say so in the docs if it changes
 
 
 def test_a_catalogue_named_as_a_rule_file_is_refused(tmp_path):

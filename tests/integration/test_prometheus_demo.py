@@ -1,0 +1,219 @@
+"""A real Prometheus scraping the demo's simulated supernode, as a new user would set it up.
+
+The supernode is the demo's own (:class:`sn_monitor.sim.supernode.Supernode`: a
+controller, simulated agents with their supernode and rack labels, a training job with
+a spare), small; Prometheus runs ``deploy/prometheus/prometheus-demo.yml`` (agents found
+through the controller's service discovery) with the repository's rules, on 1 s scrape
+and evaluation intervals. Checked: every dashboard variable has values and the topology
+groups the nodes by rack; one XID reads 1 in "XIDs in the last hour"; after the job's
+first recovery, its recovery p90 is a number. Both counters were created by their first
+event before, so ``increase()`` read 0 and the p90 NaN.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from sn_monitor.sim.supernode import JOB, Supernode, SupernodeOptions
+from tests.conftest import ROOT, require_tool
+from tests.integration.cluster import free_port
+
+pytestmark = pytest.mark.integration
+
+DEMO_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus-demo.yml"
+RULES = ROOT / "rules" / "prometheus"
+DASHBOARDS = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
+#: Five nodes (racks of four: r00 holds four, r01 one), the last one the job's spare.
+NODES, GPUS = 5, 2
+XIDS_LAST_HOUR = "instance:sn_gpu_xid_errors:increase1h"
+RECOVERY_P90 = "job:sn_recovery_duration_seconds:p90"
+T = TypeVar("T")
+
+
+class Prometheus:
+    """A ``prometheus`` process on loopback and its HTTP API."""
+
+    def __init__(self, config: Path, tsdb: Path) -> None:
+        port = free_port()
+        self.api = f"http://127.0.0.1:{port}/api/v1"
+        self.log = tsdb.parent / "prometheus.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [require_tool("prometheus"), f"--config.file={config}",
+                 f"--storage.tsdb.path={tsdb}", f"--web.listen-address=127.0.0.1:{port}"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+    def get(self, path: str, **params: str | list[str]) -> Any:
+        query = urllib.parse.urlencode(params, doseq=True)
+        with urllib.request.urlopen(f"{self.api}/{path}?{query}", timeout=5) as reply:
+            return json.load(reply)["data"]
+
+    def query(self, expr: str) -> dict[str, float]:
+        """Each series' value, keyed by its labels as ``k=v,...``."""
+        return {",".join(f"{k}={v}" for k, v in sorted(r["metric"].items())): float(r["value"][1])
+                for r in self.get("query", query=expr)["result"]}
+
+    def value(self, expr: str) -> float | None:
+        """The value of an expression that gives one series (None: none)."""
+        found = list(self.query(expr).values())
+        assert len(found) <= 1, f"{expr}: {found}"
+        return found[0] if found else None
+
+    def wait(self, probe: Callable[[], T], what: str, timeout: float = 60.0) -> T:
+        """``probe()`` until it is truthy, at most ``timeout`` seconds; the last answer in
+        the failure."""
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while True:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            try:
+                last = probe()
+            except OSError as err:  # not listening yet
+                last = err
+            else:
+                if last:
+                    return last
+            if time.monotonic() > deadline:
+                raise AssertionError(f"waited {timeout:g} s for {what}; last: {last!r}")
+            time.sleep(0.25)
+
+    def wait_value(self, expr: str, accept: Callable[[float], bool], what: str,
+                   timeout: float = 60.0) -> float:
+        """Wait until ``expr`` gives one series whose value ``accept`` takes; return it."""
+        seen: list[float | None] = [None]
+
+        def probe() -> bool:
+            seen.append(self.value(expr))
+            return seen[-1] is not None and accept(seen[-1])
+        try:
+            self.wait(probe, what, timeout)
+        except AssertionError as err:
+            raise AssertionError(f"{err} ({expr} = {seen[-1]})") from None
+        value = seen[-1]
+        assert value is not None
+        return value
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def demo_config(controller: str, tmp_path: Path) -> Path:
+    """The shipped demo config, pointed at this controller, with 1 s intervals."""
+    data = yaml.safe_load(DEMO_CONFIG.read_text())
+    data["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
+    data["rule_files"] = [str(RULES / "*.yml")]
+    jobs = {job["job_name"]: job for job in data["scrape_configs"]}
+    jobs["sn-controller"]["static_configs"][0]["targets"] = [controller.split("//")[1]]
+    (sd,) = jobs["sn-agent"]["http_sd_configs"]
+    sd.update(url=f"{controller}/api/v1/sd", refresh_interval="1s")
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Supernode, Prometheus]]:
+    root = tmp_path_factory.mktemp("prometheus-demo")
+    supernode = Supernode(SupernodeOptions(
+        state_dir=root / "demo", nodes=NODES, gpus=GPUS, spares=1,
+        listen=f"127.0.0.1:{free_port()}"))
+    prometheus: Prometheus | None = None
+    try:
+        supernode.start(timeout=120)
+        prometheus = Prometheus(demo_config(supernode.url, root), root / "tsdb")
+
+        def every_target_up() -> bool:
+            targets = prometheus.get("targets")["activeTargets"]  # type: ignore[union-attr]
+            return len(targets) == NODES + 1 and all(t["health"] == "up" for t in targets)
+        prometheus.wait(every_target_up, "the controller and every agent scraped", 90)
+        yield supernode, prometheus
+    finally:
+        if prometheus is not None:
+            prometheus.close()
+        supernode.close()
+
+
+def _variables() -> Iterator[tuple[str, dict[str, Any]]]:
+    for path in DASHBOARDS:
+        for variable in json.loads(path.read_text()).get("templating", {}).get("list", []):
+            if variable.get("type") == "query":
+                yield path.name, variable
+
+
+def label_values(prometheus: Prometheus, query: str) -> list[str]:
+    """What Grafana's ``label_values(selector, label)`` / ``label_values(label)`` lists."""
+    found = re.fullmatch(r"label_values\((?:(.+),\s*)?(\w+)\)", query.strip())
+    assert found is not None, f"not a label_values() query: {query}"
+    selector, label = found.groups()
+    params: dict[str, str | list[str]] = {"match[]": [selector]} if selector else {}
+    return sorted(prometheus.get(f"label/{label}/values", **params))
+
+
+@pytest.mark.timeout(300)
+def test_every_dashboard_variable_has_values_and_the_nodes_sit_in_racks(demo):
+    supernode, prometheus = demo
+    chosen: dict[str, str] = {}  # each variable set to its first value, as a person would
+    listed: dict[tuple[str, str], list[str]] = {}
+    variables = list(_variables())
+    assert {name for name, _ in variables} == {
+        "sn-gpu-health.json", "sn-jobs.json", "sn-node.json", "sn-overview.json"}
+    for dashboard, variable in variables:
+        query = variable["definition"] or variable["query"]
+        for name, value in chosen.items():
+            query = query.replace(f"${name}", value)
+        values = label_values(prometheus, query)
+        assert values, f"{dashboard}: ${variable['name']} ({query}) has no values"
+        listed[(dashboard, variable["name"])] = values
+        chosen[variable["name"]] = values[0]
+        assert all(re.fullmatch(r"[\w-]+", v) for v in values), values
+    for dashboard in ("sn-gpu-health.json", "sn-node.json", "sn-overview.json"):
+        assert listed[(dashboard, "supernode")] == ["sn0"]
+    assert listed[("sn-node.json", "node")] == supernode.names
+    assert listed[("sn-node.json", "gpu")] == [str(g) for g in range(GPUS)]
+    assert listed[("sn-jobs.json", "job")] == [JOB]
+    topology = supernode.get("/api/v1/topology")
+    assert [(s["name"], [(r["name"], r["nodes"]) for r in s["racks"]])
+            for s in topology["supernodes"]] == [
+        ("sn0", [("r00", supernode.names[:4]), ("r01", supernode.names[4:])])]
+
+
+@pytest.mark.timeout(300)
+def test_the_first_xid_and_the_first_recovery_count(demo):
+    supernode, prometheus = demo
+    # an application XID on the spare: a code the agent has no series for until it is seen
+    spare = supernode.spares[0]
+    supernode.inject(spare, "xid", 1, {"code": 13, "message": "Graphics SM Warp Exception"})
+    prometheus.wait_value(f'sum(sn_gpu_xid_errors_total{{node="{spare}", xid="13"}})',
+                          lambda v: v == 1, f"Prometheus to scrape the XID of {spare}")
+    prometheus.wait_value(f'{XIDS_LAST_HOUR}{{node="{spare}"}}', lambda v: v == 1,
+                          f'"XIDs in the last hour" of {spare} to read 1', timeout=20)
+    assert prometheus.query(XIDS_LAST_HOUR + " > 0") == prometheus.query(
+        f'{XIDS_LAST_HOUR}{{node="{spare}"}}')  # the one node, the one XID
+    # a fatal XID on a job node: the job fails over to the spare and restores
+    broken = supernode.job_nodes[0]
+    supernode.inject(broken, "xid", 0, {"code": 119, "message": "GSP RPC timeout"})
+    prometheus.wait_value(f'{XIDS_LAST_HOUR}{{node="{broken}"}}', lambda v: v == 1,
+                          f'"XIDs in the last hour" of {broken} to read 1', timeout=30)
+    prometheus.wait_value(f'sn_recovery_duration_seconds_count{{job="{JOB}"}}',
+                          lambda v: v >= 1, "the job's first recovery", timeout=180)
+    seconds = prometheus.wait_value(f'{RECOVERY_P90}{{job="{JOB}"}}',
+                                    lambda v: not math.isnan(v),
+                                    "the recovery p90 to be a number", timeout=20)
+    assert 0 < seconds <= 1800
