@@ -53,6 +53,9 @@ class ControllerState:
         default_factory=dict)
     #: The fail-slow bottlenecks standing: (job, node, link, kind).
     fail_slow: tuple[tuple[str, str, str, str], ...] = ()
+    #: How many rules each source gave (a rules path as configured, ``packaged``, or
+    #: ``config`` for ``rules: []``).
+    rules: Mapping[str, int] = field(default_factory=dict)
 
 
 class ControllerStateCollector(Collector):
@@ -72,6 +75,13 @@ class ControllerStateCollector(Collector):
         yield info
         yield GaugeMetricFamily("sn_controller_nodes", "Nodes the controller knows.",
                                 value=len(state.node_states))
+        rules = GaugeMetricFamily(
+            "sn_controller_rules", "Rules the controller loaded, by source (a rules path as "
+            "configured, packaged, or config for rules: []); 0 in all: it watches nothing.",
+            labels=["source"])
+        for source, count in sorted(state.rules.items()):
+            rules.add_metric([source], float(count))
+        yield rules
         firing = GaugeMetricFamily("sn_rule_firing",
                                    "1 while a rule fires on a node (any subject of it).",
                                    labels=["rule", "node"])
