@@ -208,7 +208,8 @@ def check_controller_and_agent(sn: Installed, deploy: Path) -> None:
         if status != 201:
             raise SmokeFailure(f"POST /api/v1/jobs with the seed job file: {status} {body!r}")
         status, body = http("GET", f"{url}/api/v1/jobs/{SEED_JOB}")
-        if status != 200 or json.loads(body)["state"] != "running":
+        if status != 200 or json.loads(body)["state"] != "pending" or json.loads(body)[
+                "effective_training_ratio"] is not None:  # no rank has reported yet
             raise SmokeFailure(f"GET /api/v1/jobs/{SEED_JOB}: {status} {body!r}")
         summary = json.loads(sn.ok("simulate", "--controller", url, "--nodes", "4",
                                    "--interval", "0.5", "--duration", "3", "--json",
