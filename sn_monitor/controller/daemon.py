@@ -39,7 +39,13 @@ from sn_monitor.controller.tls import (
     uvicorn_options,
 )
 from sn_monitor.notify import SystemdNotifier
-from sn_monitor.rules.spec import NO_RULES, RuleSet, default_rule_paths, load_rule_set
+from sn_monitor.rules.spec import (
+    CONFIG_SOURCE,
+    NO_RULES,
+    RuleSet,
+    default_rule_paths,
+    load_rule_set,
+)
 
 if TYPE_CHECKING:
     from sn_monitor.controller.ha.k8s_role import PodRoleLabel
@@ -60,10 +66,6 @@ def rule_paths(settings: ControllerSettings) -> tuple[list[Path], str]:
         return default_rule_paths()
     paths = [Path(p) for p in settings.rules]
     return paths, ", ".join(map(str, paths))
-
-
-#: The ``source`` of ``sn_controller_rules`` when the config says ``rules: []``.
-CONFIG_SOURCE = "config"
 
 
 def read_rules(settings: ControllerSettings) -> RuleSet:

@@ -77,7 +77,7 @@ from sn_monitor.model import (
 from sn_monitor.rules.alerts import WebhookRejected, decode_webhook
 from sn_monitor.rules.base import Now
 from sn_monitor.rules.engine import Finding, RuleEngine
-from sn_monitor.rules.spec import AlertRule, EventRule, Rule
+from sn_monitor.rules.spec import CONFIG_SOURCE, AlertRule, EventRule, Rule
 from sn_monitor.rules.view import NodeState, NodeView
 from sn_monitor.rules.xid_catalog import load_catalog
 
@@ -1366,7 +1366,7 @@ def _means_broken(f: Finding) -> bool:
 
 
 def _sources_of(rules: Sequence[Rule], sources: Mapping[str, int] | None) -> dict[str, int]:
-    return dict(sources) if sources is not None else {"config": len(rules)}
+    return dict(sources) if sources is not None else {CONFIG_SOURCE: len(rules)}
 
 
 def restart_grace(rules: Sequence[Rule]) -> float:

@@ -492,6 +492,8 @@ NO_RULES: Final = ("the rule files hold no rules: the controller would watch not
                    "(rules: [] in its config runs it without)")
 #: The ``source`` of the rules packaged with sn-monitor (``sn_controller_rules``).
 PACKAGED_SOURCE: Final = "packaged"
+#: The ``source`` of rules given by the controller's config itself (``rules: []``).
+CONFIG_SOURCE: Final = "config"
 
 
 def source_name(path: Path) -> str:
@@ -521,26 +523,22 @@ def load_rule_set(paths: Sequence[Path]) -> RuleSet:
     sources: dict[str, int] = {}
     first: dict[str, tuple[str, int | None]] = {}
     escalations: list[tuple[Rule, str, int, int | None]] = []
-    for path in paths:
-        source = source_name(path)
-        sources.setdefault(source, 0)
-        for doc in _documents_of(path):
-            parsed = parse_rules(doc)
-            for index, rule in enumerate(parsed):
-                line = doc.line((index, "name"))
-                if rule.escalate is not None:
-                    escalations.append((rule, doc.path, index,
-                                        doc.line((index, "escalate", "to"))))
-                if rule.name in first:
-                    first_file, first_line = first[rule.name]
-                    where = (f"line {first_line}" if first_file == doc.path
-                             else f"{first_file}:{first_line}")
-                    raise ConfigError(doc.path, f"rules[{index}].name", line,
-                                      f"duplicate rule name {rule.name!r} "
-                                      f"(first defined at {where})")
-                first[rule.name] = (doc.path, line)
-            rules.extend(parsed)
-            sources[source] += len(parsed)
+    for given, doc in ((p, doc) for p in paths for doc in _documents_of(p)):
+        parsed = parse_rules(doc)
+        for index, rule in enumerate(parsed):
+            line = doc.line((index, "name"))
+            if rule.escalate is not None:
+                escalations.append((rule, doc.path, index, doc.line((index, "escalate", "to"))))
+            if rule.name in first:
+                first_file, first_line = first[rule.name]
+                where = (f"line {first_line}" if first_file == doc.path
+                         else f"{first_file}:{first_line}")
+                raise ConfigError(doc.path, f"rules[{index}].name", line,
+                                  f"duplicate rule name {rule.name!r} (first defined at {where})")
+            first[rule.name] = (doc.path, line)
+        rules.extend(parsed)
+        source = source_name(given)
+        sources[source] = sources.get(source, 0) + len(parsed)
     for rule, file_name, index, line in escalations:
         assert rule.escalate is not None
         if rule.escalate.to not in first:
