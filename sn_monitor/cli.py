@@ -328,17 +328,20 @@ _AGENT_KEYS = frozenset({"node", "labels", "labels_from_node", "interval", "cont
                          "paths", "collectors", "guard"})
 
 
-def check_file(path: Path) -> str:
+def check_file(path: Path, notes: list[str] | None = None) -> str:
     """Validate one config file of any kind; return what it was. Raises ConfigError.
 
     An XID catalogue is told by its ``kind: XidCatalog``, or by an ``entries:`` list
-    where the kind was left out (so that the error says the kind is missing).
+    where the kind was left out (so that the error says the kind is missing). What the
+    file names that is not on this machine (a token file, a rules directory) is not
+    checked: said in ``notes``.
     """
-    from sn_monitor.controller.auth import TokenBook
-    from sn_monitor.controller.settings import ControllerSettings
+    from sn_monitor.controller.auth import check_token_file
+    from sn_monitor.controller.settings import ControllerSettings, check_rules
     from sn_monitor.rules.spec import load_rules
     from sn_monitor.rules.xid_catalog import is_catalog_document, parse_catalog
 
+    notes = notes if notes is not None else []
     doc = load_yaml(path)
     if isinstance(doc.data, dict) and doc.data.get("kind") == "Scenario":
         from sn_monitor.sim.scenario import parse_scenario
@@ -357,7 +360,8 @@ def check_file(path: Path) -> str:
     if isinstance(doc.data, list):
         if any(isinstance(item, dict) and ({"token", "token_file", "role"} & item.keys())
                for item in doc.data):
-            TokenBook.load(path)
+            notes.extend(f"token_file {name} is not on this machine: not checked"
+                         for name in check_token_file(path))
             return "token file"
         load_rules([path])
         return "rule file"
@@ -368,7 +372,7 @@ def check_file(path: Path) -> str:
         return "fleet config"
     if isinstance(doc.data, dict) and _CONTROLLER_KEYS & doc.data.keys() and not (
             _AGENT_KEYS & doc.data.keys()):
-        bind(ControllerSettings, doc)
+        notes.extend(check_rules(bind(ControllerSettings, doc), doc))
         return "controller config"
     agent_settings_from(doc)
     return "agent config"
@@ -378,13 +382,16 @@ def check_config(files: Sequence[Path]) -> int:
     """Validate each file; print every error as ``file:line: key: message``."""
     failed = False
     for path in files:
+        notes: list[str] = []
         try:
-            kind = check_file(path)
+            kind = check_file(path, notes)
         except ConfigError as err:
             print(err, file=sys.stderr)
             failed = True
         else:
             print(f"{path}: ok ({kind})")
+            for note in notes:
+                print(f"{path}: note: {note}")
     return EXIT_CONFIG if failed else 0
 
 

@@ -86,19 +86,7 @@ class TokenBook:
     @classmethod
     def load(cls, path: str | Path) -> TokenBook:
         """Read the token file; every problem is a ConfigError naming file, key and line."""
-        doc = load_yaml(path)
-        if not isinstance(doc.data, list):
-            raise doc.error((), "expected a list of tokens")
-        identities: dict[bytes, Identity] = {}
-        for i, raw in enumerate(doc.data):
-            entry = bind(TokenEntry, doc, raw, (i,))
-            token = _token_of(entry, doc, i)
-            _check_node_patterns(entry, doc, i)
-            digest = _digest(token)
-            if digest in identities:
-                raise doc.error((i,), f"the same token is listed twice ({entry.name})")
-            identities[digest] = Identity(entry.name, entry.role, tuple(entry.nodes))
-        return cls(identities)
+        return cls(_identities(load_yaml(path), absent=None))
 
     def identify(self, authorization: str | None) -> Identity | None:
         """The identity behind an ``Authorization: Bearer ...`` header, or None."""
@@ -113,6 +101,41 @@ class TokenBook:
         return self._by_digest.get(_digest(token.strip()))
 
 
+def check_token_file(path: str | Path) -> list[str]:
+    """Check a token file as :meth:`TokenBook.load` does (ConfigError), on any machine.
+
+    A ``token_file`` that is not on this machine (the file is checked on a workstation
+    before it is installed) is returned, not an error: the controller that loads it
+    refuses to start without it. One that is here is read and checked.
+    """
+    absent: list[str] = []
+    _identities(load_yaml(path), absent=absent)
+    return absent
+
+
+def _identities(doc: Document, absent: list[str] | None) -> dict[bytes, Identity]:
+    """The token file's identities by digest; with ``absent``, missing token files go there."""
+    if not isinstance(doc.data, list):
+        raise doc.error((), "expected a list of tokens")
+    identities: dict[bytes, Identity] = {}
+    for i, raw in enumerate(doc.data):
+        entry = bind(TokenEntry, doc, raw, (i,))
+        if (entry.token is None) == (entry.token_file is None):
+            raise doc.error((i,), "give exactly one of token and token_file")
+        if (absent is not None and entry.token_file is not None
+                and not Path(entry.token_file).exists()):
+            absent.append(entry.token_file)
+            _check_node_patterns(entry, doc, i)
+            continue
+        token = _token_of(entry, doc, i)
+        _check_node_patterns(entry, doc, i)
+        digest = _digest(token)
+        if digest in identities:
+            raise doc.error((i,), f"the same token is listed twice ({entry.name})")
+        identities[digest] = Identity(entry.name, entry.role, tuple(entry.nodes))
+    return identities
+
+
 def _check_node_patterns(entry: TokenEntry, doc: Document, index: int) -> None:
     for j, pattern in enumerate(entry.nodes):
         if not _NODE_PATTERN.fullmatch(pattern):
@@ -123,8 +146,6 @@ def _check_node_patterns(entry: TokenEntry, doc: Document, index: int) -> None:
 
 
 def _token_of(entry: TokenEntry, doc: Document, index: int) -> str:
-    if (entry.token is None) == (entry.token_file is None):
-        raise doc.error((index,), "give exactly one of token and token_file")
     if entry.token is not None:
         token = entry.token.strip()
     else:
@@ -138,4 +159,4 @@ def _token_of(entry: TokenEntry, doc: Document, index: int) -> str:
     return token
 
 
-__all__ = ["OPEN_ACCESS", "ConfigError", "Identity", "TokenBook"]
+__all__ = ["OPEN_ACCESS", "ConfigError", "Identity", "TokenBook", "check_token_file"]

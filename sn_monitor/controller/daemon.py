@@ -39,7 +39,13 @@ from sn_monitor.controller.tls import (
     uvicorn_options,
 )
 from sn_monitor.notify import SystemdNotifier
-from sn_monitor.rules.spec import Rule, default_rule_paths, load_rules
+from sn_monitor.rules.spec import (
+    CONFIG_SOURCE,
+    NO_RULES,
+    RuleSet,
+    default_rule_paths,
+    load_rule_set,
+)
 
 if TYPE_CHECKING:
     from sn_monitor.controller.ha.k8s_role import PodRoleLabel
@@ -62,12 +68,21 @@ def rule_paths(settings: ControllerSettings) -> tuple[list[Path], str]:
     return paths, ", ".join(map(str, paths))
 
 
-def read_rules(settings: ControllerSettings) -> list[Rule]:
-    """The controller's rules (ConfigError naming file, key and line); logs their source."""
+def read_rules(settings: ControllerSettings) -> RuleSet:
+    """The controller's rules (ConfigError naming file, key and line); logs their source.
+
+    No rules at all is a ConfigError (a controller that watches nothing looks exactly
+    like a healthy one), unless the config asks for none with ``rules: []``.
+    """
     paths, source = rule_paths(settings)
-    rules = load_rules(paths)
-    log.info("%d rules from %s", len(rules), source)
-    return rules
+    if not paths:
+        log.warning("no rules: the config says rules: [] (no node fault is acted on)")
+        return RuleSet([], {CONFIG_SOURCE: 0})
+    loaded = load_rule_set(paths)
+    if not loaded.rules:
+        raise ConfigError(source, "", None, NO_RULES)
+    log.info("%d rules from %s", len(loaded.rules), source)
+    return loaded
 
 
 def _already_stopping(signum: int, frame: FrameType | None) -> None:
@@ -307,11 +322,12 @@ def _stand_by(settings: ControllerSettings, elector: Elector,
     return "won" if won.is_set() else "failed" if failed.is_set() else "stopped"
 
 
-def _serve_active(settings: ControllerSettings, clock: Clock, rules: list[Rule],
+def _serve_active(settings: ControllerSettings, clock: Clock, rules: RuleSet,
                   tokens: TokenBook | None, store: Store, drivers: Drivers,
                   elector: Elector | None, notifier: SystemdNotifier) -> int:
     """Serve as the active controller: the server here, the workers supervised (runtime.py)."""
-    controller = Controller(settings, rules, clock, store, drivers, watch_stalls=True)
+    controller = Controller(settings, rules.rules, clock, store, drivers, watch_stalls=True,
+                            rule_sources=rules.sources)
     controller.start()
     tune_garbage_collector()
     runtime = Runtime(clock)
@@ -339,7 +355,8 @@ def _serve_active(settings: ControllerSettings, clock: Clock, rules: list[Rule],
                 continue
             reload_wanted.clear()
             try:
-                controller.reload_rules(read_rules(settings))
+                reloaded = read_rules(settings)
+                controller.reload_rules(reloaded.rules, reloaded.sources)
             except ConfigError as err:
                 log.error("rules not reloaded, the old ones stay: %s", err)
             if reloader is not None:
@@ -377,7 +394,7 @@ def _serve_active(settings: ControllerSettings, clock: Clock, rules: list[Rule],
     runtime.on_failure = stop_serving
     signal.signal(signal.SIGHUP, on_hup)
     log.info("controller serving %s on %s with %d rules, store %s",
-             "HTTPS" if tls is not None else "HTTP", settings.listen, len(rules),
+             "HTTPS" if tls is not None else "HTTP", settings.listen, len(rules.rules),
              store.path)
     runtime.start()
     try:

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 SOURCE_PREFIX = "kubernetes:"
 BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 30.0
-_STATE_REASONS = {"running": "Running", "recovering": "Recovering",
+_STATE_REASONS = {"pending": "Pending", "running": "Running", "recovering": "Recovering",
                   "awaiting_approval": "AwaitingApproval", "failed": "Failed"}
 
 

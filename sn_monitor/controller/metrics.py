@@ -66,6 +66,9 @@ class ControllerState:
         default_factory=dict)
     #: The fail-slow bottlenecks standing: (job, node, link, kind).
     fail_slow: tuple[tuple[str, str, str, str], ...] = ()
+    #: How many rules each source gave (a rules path as configured, ``packaged``, or
+    #: ``config`` for ``rules: []``).
+    rules: Mapping[str, int] = field(default_factory=dict)
 
 
 class ControllerStateCollector(Collector):
@@ -85,6 +88,13 @@ class ControllerStateCollector(Collector):
         yield info
         yield GaugeMetricFamily("sn_controller_nodes", "Nodes the controller knows.",
                                 value=len(state.node_states))
+        rules = GaugeMetricFamily(
+            "sn_controller_rules", "Rules the controller loaded, by source (a rules path as "
+            "configured, packaged, or config for rules: []); 0 in all: it watches nothing.",
+            labels=["source"])
+        for source, count in sorted(state.rules.items()):
+            rules.add_metric([source], float(count))
+        yield rules
         firing = GaugeMetricFamily("sn_rule_firing",
                                    "1 while a rule fires on a node (any subject of it).",
                                    labels=["rule", "node"])
@@ -175,7 +185,8 @@ def _job_families(jobs: JobMetrics) -> Iterator[Metric]:
                                    labels=["job"])
     ettr = GaugeMetricFamily(
         "sn_job_effective_training_ratio",
-        "Productive training time / wall time since the job was added (ETTR).", labels=["job"])
+        "Productive training time / wall time since the job started (ETTR); absent while "
+        "it is pending (no rank has reported a step yet).", labels=["job"])
     age = GaugeMetricFamily("sn_job_checkpoint_age_seconds",
                             "Age of the latest complete checkpoint.", labels=["job"])
     step = GaugeMetricFamily("sn_job_step", "The highest step the job reported.",

@@ -80,7 +80,7 @@ from sn_monitor.model import (
 from sn_monitor.rules.alerts import WebhookRejected, decode_webhook
 from sn_monitor.rules.base import Now
 from sn_monitor.rules.engine import Finding, RuleEngine
-from sn_monitor.rules.spec import AlertRule, EventRule, Rule
+from sn_monitor.rules.spec import CONFIG_SOURCE, AlertRule, EventRule, Rule
 from sn_monitor.rules.view import NodeState, NodeView
 from sn_monitor.rules.xid_catalog import load_catalog
 
@@ -124,13 +124,17 @@ class Controller:
         drivers: Drivers,
         *,
         watch_stalls: bool = False,
+        rule_sources: Mapping[str, int] | None = None,
     ) -> None:
         """The controller's parts, wired; nothing is read from the store yet (:meth:`start`).
 
         ``watch_stalls``: leave the controller's own stalls out of node silence (the
         daemon; tests that move a manual clock by hand mean every second they move it).
+        ``rule_sources``: how many of ``rules`` each source gave (``sn_controller_rules``);
+        default: all of them from ``config``.
         """
         self.settings = settings
+        self._rule_sources = _sources_of(rules, rule_sources)
         self.clock = clock
         self.store = store
         self.drivers = drivers
@@ -1028,10 +1032,12 @@ class Controller:
             out = frozenset((self._lost | self._cordoned) & known)
         return ClusterSummary(total_nodes=max(1, len(known)), unavailable=out)
 
-    def reload_rules(self, rules: Sequence[Rule]) -> None:
+    def reload_rules(self, rules: Sequence[Rule],
+                     sources: Mapping[str, int] | None = None) -> None:
         """SIGHUP: new rules, firing state kept for unchanged ones."""
         with self._engine_lock:
             findings = self.engine.reload(rules)
+            self._rule_sources = _sources_of(rules, sources)
         self._handle(findings)
         log.info("rules reloaded: %d rules", len(rules))
 
@@ -1330,6 +1336,7 @@ class Controller:
             store_queue=self.writer.depth,
             ingest_lag=self.stalls.ingest_lag() if self.stalls is not None else None,
             jobs=self.jobs.metrics(),
+            rules=self._rule_sources,
             **self._paces(),
         )
 
@@ -1370,6 +1377,10 @@ def _decode(decoder: msgspec.json.Decoder[_T], body: bytes) -> _T:
 def _means_broken(f: Finding) -> bool:
     """Whether ``f`` says its node itself is broken (it counts for the breaker)."""
     return f.kind == "heartbeat" or bool(NODE_FATAL_ACTIONS & set(f.actions))
+
+
+def _sources_of(rules: Sequence[Rule], sources: Mapping[str, int] | None) -> dict[str, int]:
+    return dict(sources) if sources is not None else {CONFIG_SOURCE: len(rules)}
 
 
 def restart_grace(rules: Sequence[Rule]) -> float:

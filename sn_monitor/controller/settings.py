@@ -8,6 +8,7 @@ from typing import Literal
 
 from sn_monitor.config import (
     ConfigError,
+    Document,
     Duration,
     bind,
     listen_address,
@@ -26,6 +27,7 @@ from sn_monitor.controller.jobs.settings import JobSettings
 from sn_monitor.controller.k8s.settings import JobWatchSettings
 from sn_monitor.controller.remediation import LadderSettings
 from sn_monitor.controller.tls import TlsSettings
+from sn_monitor.rules.spec import NO_RULES, load_rule_set
 from sn_monitor.rules.xid_catalog import check_catalog_file
 
 #: Where a PostgreSQL store's connection string may come from instead of ``dsn_file``.
@@ -112,5 +114,28 @@ def load_controller_settings(path: str | Path | None) -> ControllerSettings:
     return bind(ControllerSettings, load_yaml(path))
 
 
+def check_rules(settings: ControllerSettings, doc: Document) -> list[str]:
+    """``check-config``'s look at the rules a controller config names; returns notes.
+
+    The rules paths on this machine are loaded as the controller loads them: a directory
+    without rule files, or rule files without a rule, is an error at ``rules``. A path
+    not on this machine (a container's, the host's the file is for) is named in a note
+    and not checked: the controller refuses to start without it.
+    """
+    if not settings.rules:  # unset: the defaults; []: no rules, asked for
+        return []
+    paths = [Path(p) for p in settings.rules]
+    here = [p for p in paths if p.exists()]
+    notes = [f"rules[{i}]: {p} is not on this machine: not checked"
+             for i, p in enumerate(paths) if not p.exists()]
+    try:
+        loaded = load_rule_set(here)
+    except ConfigError as err:
+        raise doc.error(("rules",), str(err)) from None
+    if not notes and not loaded.rules:
+        raise doc.error(("rules",), NO_RULES)
+    return notes
+
+
 __all__ = ["ConfigError", "ControllerSettings", "DriverSettings", "HaSettings", "StoreSettings",
-           "TlsSettings", "load_controller_settings"]
+           "TlsSettings", "check_rules", "load_controller_settings"]

@@ -457,16 +457,56 @@ def rule_documents(paths: Sequence[Path]) -> list[Document]:
 
     An XID catalogue in a directory (``kind: XidCatalog``; the packaged rules directory
     holds one, and an operator may keep an edited copy beside the rules) is not a rule
-    file and is passed over; a file named on its own is always read as rules.
+    file and is passed over; a file named on its own is always read as rules. A path
+    that does not exist, or a directory without a rule file, is a ConfigError: a typo
+    must not leave a controller that watches nothing.
     """
-    docs: list[Document] = []
-    for path in paths:
-        if path.is_dir():
-            docs.extend(doc for doc in map(load_yaml, sorted(path.glob("*.yaml")))
-                        if not is_catalog_document(doc.data))
-        else:
-            docs.append(load_yaml(path))
+    return [doc for path in paths for doc in _documents_of(path)]
+
+
+def _documents_of(path: Path) -> list[Document]:
+    if not path.exists():
+        raise ConfigError(str(path), "", None, "rules path does not exist")
+    if not path.is_dir():
+        return [load_yaml(path)]
+    docs = [doc for doc in map(load_yaml, sorted(path.glob("*.yaml")))
+            if not is_catalog_document(doc.data)]
+    if not docs:
+        raise ConfigError(str(path), "", None, _no_rule_files(path))
     return docs
+
+
+def _no_rule_files(directory: Path) -> str:
+    """What a directory without rule files holds instead, for the error."""
+    others = sorted(p.name for p in directory.iterdir())
+    if not others:
+        return "no rule files (*.yaml) in this directory: it is empty"
+    shown = ", ".join(others[:5]) + (f", and {len(others) - 5} more" if len(others) > 5 else "")
+    hint = "; rule files must end in .yaml" if any(n.endswith(".yml") for n in others) else ""
+    return (f"no rule files (*.yaml) in this directory: found {len(others)} other "
+            f"file{'s' if len(others) != 1 else ''} ({shown}){hint}")
+
+
+#: Why a controller refuses rule files that hold no rule at all.
+NO_RULES: Final = ("the rule files hold no rules: the controller would watch nothing "
+                   "(rules: [] in its config runs it without)")
+#: The ``source`` of the rules packaged with sn-monitor (``sn_controller_rules``).
+PACKAGED_SOURCE: Final = "packaged"
+#: The ``source`` of rules given by the controller's config itself (``rules: []``).
+CONFIG_SOURCE: Final = "config"
+
+
+def source_name(path: Path) -> str:
+    """How ``sn_controller_rules`` names the rules of ``path``: as given, or ``packaged``."""
+    return PACKAGED_SOURCE if path.resolve() == packaged_rules() else str(path)
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """Rules as loaded, and how many each source (a path as given, or ``packaged``) gave."""
+
+    rules: list[Rule]
+    sources: dict[str, int]
 
 
 def load_rules(paths: list[Path]) -> list[Rule]:
@@ -474,10 +514,16 @@ def load_rules(paths: list[Path]) -> list[Rule]:
 
     Raise ConfigError naming file, key path and line; a name defined twice names both.
     """
+    return load_rule_set(paths).rules
+
+
+def load_rule_set(paths: Sequence[Path]) -> RuleSet:
+    """Every rule in ``paths``, and how many each path gave (see :func:`load_rules`)."""
     rules: list[Rule] = []
+    sources: dict[str, int] = {}
     first: dict[str, tuple[str, int | None]] = {}
     escalations: list[tuple[Rule, str, int, int | None]] = []
-    for doc in rule_documents(paths):
+    for given, doc in ((p, doc) for p in paths for doc in _documents_of(p)):
         parsed = parse_rules(doc)
         for index, rule in enumerate(parsed):
             line = doc.line((index, "name"))
@@ -491,9 +537,11 @@ def load_rules(paths: list[Path]) -> list[Rule]:
                                   f"duplicate rule name {rule.name!r} (first defined at {where})")
             first[rule.name] = (doc.path, line)
         rules.extend(parsed)
+        source = source_name(given)
+        sources[source] = sources.get(source, 0) + len(parsed)
     for rule, file_name, index, line in escalations:
         assert rule.escalate is not None
         if rule.escalate.to not in first:
             raise ConfigError(file_name, f"rules[{index}].escalate.to", line,
                               f"no rule named {rule.escalate.to!r} to escalate to")
-    return rules
+    return RuleSet(rules, sources)

@@ -39,9 +39,6 @@ from pathlib import Path
 
 EXTRA_HINT = "pip install 'sn-monitor[kubernetes]'"
 SEED_JOB = "trillion-model"
-#: Shipped files check-config does not take as they are (they name files that only
-#: exist on a configured host).
-NOT_CHECKED = frozenset({"tokens.example.yaml", "secret.example.yaml"})
 SHORT_SCENARIO = """\
 kind: Scenario
 name: smoke
@@ -154,11 +151,9 @@ def shipped_files(sn: Installed, deploy: Path) -> list[Path]:
         (package / "sim" / "scenarios").glob("*.yaml"))
     if not packaged or not (package / "rules" / "default.yaml").is_file():
         raise SmokeFailure(f"the packaged rules or scenarios are missing under {package}")
-    configs = sorted(p for p in [*deploy.glob("*.yaml"), *deploy.glob("jobs/*.yaml"),
-                                 *deploy.glob("kubernetes/**/config/*.yaml"),
-                                 *deploy.glob("kubernetes/config/*.yaml"),
-                                 *deploy.glob("kubernetes/rules/*.yaml")]
-                     if p.name not in NOT_CHECKED)
+    configs = [*deploy.glob("*.yaml"), *deploy.glob("jobs/*.yaml"),  # tokens.example too
+               *deploy.glob("kubernetes/**/config/*.yaml"),
+               *deploy.glob("kubernetes/config/*.yaml"), *deploy.glob("kubernetes/rules/*.yaml")]
     return sorted(set(configs)) + packaged
 
 
@@ -213,7 +208,8 @@ def check_controller_and_agent(sn: Installed, deploy: Path) -> None:
         if status != 201:
             raise SmokeFailure(f"POST /api/v1/jobs with the seed job file: {status} {body!r}")
         status, body = http("GET", f"{url}/api/v1/jobs/{SEED_JOB}")
-        if status != 200 or json.loads(body)["state"] != "running":
+        if status != 200 or json.loads(body)["state"] != "pending" or json.loads(body)[
+                "effective_training_ratio"] is not None:  # no rank has reported yet
             raise SmokeFailure(f"GET /api/v1/jobs/{SEED_JOB}: {status} {body!r}")
         summary = json.loads(sn.ok("simulate", "--controller", url, "--nodes", "4",
                                    "--interval", "0.5", "--duration", "3", "--json",

@@ -7,6 +7,8 @@ import os
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,56 @@ def test_a_wrong_password_exits_1(tmp_path: Path, postgres_server: PostgresServe
     assert done.returncode == 1
     assert "password authentication failed" in done.stderr
     assert postgres_server.password not in done.stderr
+
+
+def _controller(tmp: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "sn_monitor.cli", "controller", "--state-dir",
+            str(tmp / "state"), *args]
+
+
+def test_a_rules_directory_without_rule_files_is_refused_naming_what_is_there(
+        tmp_path: Path) -> None:
+    old = tmp_path / "rules"  # the old rules/ path: only Prometheus' files are left there
+    (old / "prometheus").mkdir(parents=True)
+    (old / "sn-monitor-alerts.yml").write_text("groups: []\n")
+    done = subprocess.run(_controller(tmp_path, "--listen", "127.0.0.1:0", "--rules", str(old)),
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        f"{old}: no rule files (*.yaml) in this directory: found 2 other files (prometheus, "
+        "sn-monitor-alerts.yml); rule files must end in .yaml")
+    done = subprocess.run(_controller(tmp_path, "--listen", "127.0.0.1:0", "--rules",
+                                      str(tmp_path / "typo")),
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"{tmp_path / 'typo'}: rules path does not exist"
+
+
+def test_rules_asked_for_empty_start_and_say_so_in_the_metrics(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "controller.yaml"
+    config.write_text("rules: []\n")
+    log = tmp_path / "controller.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(_controller(tmp_path, "--config", str(config), "--listen",
+                                            f"127.0.0.1:{port}"),
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        body = ""
+        deadline = time.monotonic() + 60
+        while 'sn_controller_rules{source="config"}' not in body:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                            timeout=5) as answer:
+                    body = answer.read().decode()
+            except OSError:
+                time.sleep(0.2)
+        assert 'sn_controller_rules{source="config"} 0.0' in body.splitlines()
+        assert "no rules: the config says rules: []" in log.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

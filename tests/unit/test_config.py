@@ -59,9 +59,27 @@ def test_token_files_are_recognised_and_checked(tmp_path):
     secret.write_text("0123456789abcdef0123456789abcdef\n")
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(f"- {{name: a, role: agent, token_file: {secret}}}\n"
-                      f"- {{name: b, role: read, token_file: {tmp_path / 'missing'}}}\n")
+                      f"- {{name: b, role: read, token_file: {tmp_path}}}\n")
     with pytest.raises(ConfigError, match=r"tokens.yaml:2: \[1\].token_file: cannot read"):
         check_file(tokens)
+
+
+def test_a_token_file_not_on_this_machine_is_a_note_not_an_error(tmp_path, capsys):
+    # deploy/tokens.example.yaml names /etc/sn-monitor/*.token, checked on a workstation
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(f"- {{name: a, role: agent, token_file: {tmp_path / 'missing'}}}\n"
+                      f"- {{name: b, role: read, token: {'x' * 8}}}\n")
+    with pytest.raises(ConfigError, match=r"tokens.yaml:2: \[1\]: a token must be at least"):
+        check_file(tokens)  # what is in the file is still checked
+    tokens.write_text(f"- {{name: a, role: agent, token_file: {tmp_path / 'missing'}}}\n"
+                      f"- {{name: b, token_file: {tmp_path / 'missing'}, token: {'x' * 16}}}\n")
+    with pytest.raises(ConfigError, match=r"tokens.yaml:2: \[1\]: give exactly one of"):
+        check_file(tokens)
+    tokens.write_text(f"- {{name: a, role: agent, token_file: {tmp_path / 'missing'}}}\n")
+    assert check_config([tokens]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{tokens}: ok (token file)",
+        f"{tokens}: note: token_file {tmp_path / 'missing'} is not on this machine: not checked"]
 
 
 def test_check_config_exits_2_without_traceback():

@@ -6,6 +6,7 @@ and the controller's own stall is not its nodes' silence."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -251,3 +252,39 @@ def _body(node: str, now: float) -> bytes:
 def _anyone() -> Any:
     from sn_monitor.controller.auth import OPEN_ACCESS
     return OPEN_ACCESS
+
+
+def _ettr_samples(h: Harness) -> dict[str, float]:
+    return {m[0]: float(m[1]) for m in re.findall(
+        r'^sn_job_effective_training_ratio\{job="([^"]*)"\} (\S+)$',
+        h.controller.metrics().decode(), re.M)}
+
+
+def test_a_job_no_rank_reported_is_pending_without_ettr_until_its_first_step(world) -> None:
+    h = world(HEARTBEAT_RULE)
+    body = {"apiVersion": "training.ai/v1", "kind": "DistributedJob",
+            "metadata": {"name": "train"}, "spec": {"replicas": 128}}  # no nodes: the ranks'
+    added = h.controller.add_job(json.dumps(body).encode(), "tester", admin=True)
+    assert (added["state"], added["state_reason"]) == ("pending", "waiting for ranks 0/128")
+    h.clock.advance(3600)  # an hour in the queue is not an hour of lost training
+    h.controller.sweep()
+    doc = h.controller.get_job("train")
+    assert doc is not None
+    assert (doc["state"], doc["state_reason"], doc["nodes"]) == (
+        "pending", "waiting for ranks 0/128", [])
+    assert doc["effective_training_ratio"] is None
+    exposition = h.controller.metrics().decode()
+    assert 'sn_job_state{job="train",state="pending"} 1.0' in exposition.splitlines()
+    assert _ettr_samples(h) == {}  # no gauge: SnJobTrainingRatioLow cannot fire for it
+    for step in (1, 2, 3):
+        h.clock.advance(0 if step == 1 else 10)
+        h.controller.job_progress("train", json.dumps({
+            "rank": 0, "node": "n1", "world_size": 128,
+            "updates": [{"step": step, "time": h.clock.time()}]}).encode())
+    doc = h.controller.get_job("train")
+    assert doc is not None
+    assert (doc["state"], doc["state_reason"], doc["nodes"]) == ("running", "", ["n1"])
+    # since its first step, 20 s ago, both 10 s steps were productive (the hour it was
+    # pending is not counted: that is not training lost to faults)
+    assert doc["effective_training_ratio"] == pytest.approx(1.0)
+    assert _ettr_samples(h) == {"train": pytest.approx(1.0)}

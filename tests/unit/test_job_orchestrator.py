@@ -66,7 +66,7 @@ def _with_checkpoints(ckpt, clock):
 
 def test_add_list_remove_and_membership(orch, ckpt, store):
     status = orch.add_job(make_job(ckpt), "jobs/train.yaml")
-    assert status.state == "running"
+    assert status.state == "pending"  # until a rank reports progress
     assert status.nodes == tuple(NODES)
     assert status.spares == (node(16), node(17))
     assert orch.jobs_of_node(node(3)) == ["train"]
@@ -582,7 +582,7 @@ def test_a_dry_run_restore_is_not_shown_to_the_ranks(orch, clock, ckpt, submit):
     assert status.state == "cancelled"
     assert "dry run" in status.error
     assert orch.progress("train", 0, node(0), 16, []).restore is None
-    assert orch.job("train").state == "running"
+    assert orch.job("train").state == "pending"  # no rank has reported a step yet
     assert orch.metrics().recoveries == ()
 
 

@@ -61,13 +61,15 @@ class FakeJobs:
 
 
 def _status(job: DistributedJob, source: str) -> JobStatus:
+    """A new job as the orchestrator shows it: no rank has reported yet."""
     return JobStatus(
-        name=job.name, source=source, state="running", state_reason="", generation=1,
+        name=job.name, source=source, state="pending",
+        state_reason=f"waiting for ranks 0/{job.spec.replicas}", generation=1,
         failures=0, max_failures=job.spec.max_failures, strategy=job.spec.recovery_strategy,
         replicas=job.spec.replicas, min_replicas=job.spec.min_replicas,
-        nodes=tuple(f"node-{i}" for i in range(4)), spares=(), failed_nodes=(),
-        checkpoint=None, checkpoint_request=None, recovery=None, world_size=4,
-        ranks_reporting=4, last_step=None, median_step_seconds=None,
+        nodes=(), spares=(), failed_nodes=(),
+        checkpoint=None, checkpoint_request=None, recovery=None, world_size=0,
+        ranks_reporting=0, last_step=None, median_step_seconds=None,
         recent_step_seconds=None, effective_training_ratio=None,
         checkpoint_interval_seconds=900.0, checkpoint_interval_recommended_seconds=None,
         checkpoint_save_seconds=None, mtbf_seconds=None, created_at=0.0, updated_at=0.0,
@@ -120,14 +122,18 @@ def test_the_seed_file_creates_a_job_and_its_status(server, jobs, watch):
     assert write.content_type == "application/merge-patch+json"
     assert (write.namespace, write.name) == ("training", "trillion-model")
     status = write.body["status"]
-    assert status["state"] == "running"
+    assert (status["state"], status["reason"]) == ("pending", "waiting for ranks 0/128")
+    assert "ettr" not in status  # none until a rank reports
     assert status["generation"] == 1
-    assert status["nodes"] == 4
+    assert status["nodes"] == 0
     assert status["failures"] == 0
     assert status["observedGeneration"] == 1
-    accepted = {c["type"]: c for c in status["conditions"]}["Accepted"]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    accepted = conditions["Accepted"]
     assert accepted["status"] == "True"
     assert accepted["lastTransitionTime"].endswith("Z")
+    assert (conditions["Running"]["status"], conditions["Running"]["reason"],
+            conditions["Running"]["message"]) == ("False", "Pending", "waiting for ranks 0/128")
     # the watch and list asked with a resourceVersion and for bookmarks
     assert server.wait_watches(1)
     watches = server.calls("GET", watch=True)

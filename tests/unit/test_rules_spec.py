@@ -15,7 +15,9 @@ from sn_monitor.rules.spec import (
     HeartbeatRule,
     PeersRule,
     ThresholdRule,
+    load_rule_set,
     load_rules,
+    packaged_rules,
     parse_rules,
 )
 from sn_monitor.rules.xid_catalog import load_catalog
@@ -102,8 +104,40 @@ def test_empty_file_has_no_rules():
 
 
 def test_missing_file_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match="no such file"):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: rules path does not exist"):
         load_rules([tmp_path / "nope.yaml"])
+
+
+def test_a_directory_without_rule_files_says_what_it_holds(tmp_path):
+    # a typo, an emptied directory or the old rules/ path must not load as "no rules"
+    with pytest.raises(ConfigError) as caught:
+        load_rules([tmp_path])
+    assert str(caught.value) == f"{tmp_path}: no rule files (*.yaml) in this directory: it is empty"
+    for name in ("notes.txt", "gpu.yml", "old.json"):
+        (tmp_path / name).write_text("- name: x\n  event: xid\n")
+    with pytest.raises(ConfigError) as caught:
+        load_rules([tmp_path])
+    assert str(caught.value) == (
+        f"{tmp_path}: no rule files (*.yaml) in this directory: found 3 other files "
+        "(gpu.yml, notes.txt, old.json); rule files must end in .yaml")
+
+
+def test_a_directory_holding_only_an_xid_catalogue_has_no_rule_files(tmp_path):
+    (tmp_path / "xid_catalog.yaml").write_text(
+        (packaged_rules() / "xid_catalog.yaml").read_text())
+    with pytest.raises(ConfigError, match="no rule files .* found 1 other file "
+                                          r"\(xid_catalog.yaml\)$"):
+        load_rules([tmp_path])
+
+
+def test_a_rule_set_counts_the_rules_of_each_source(tmp_path):
+    (tmp_path / "a.yaml").write_text("- name: a\n  event: xid\n- name: b\n  event: sxid\n")
+    (tmp_path / "none.yaml").write_text("[]\n")
+    loaded = load_rule_set([tmp_path, packaged_rules()])
+    packaged = len(load_rules([packaged_rules()]))
+    assert packaged > 0
+    assert loaded.sources == {str(tmp_path): 2, "packaged": packaged}
+    assert len(loaded.rules) == 2 + packaged
 
 
 def test_kinds_parse_their_keys():

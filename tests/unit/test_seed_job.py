@@ -31,7 +31,8 @@ def test_the_seed_file_is_accepted_as_written(api: Api) -> None:
     created = _post_seed(api)
     assert created.status_code == 201, created.text
     doc = api.get(f"/api/v1/jobs/{JOB}", token=READ).json()
-    assert doc["state"] == "running"
+    assert (doc["state"], doc["state_reason"]) == ("pending", "waiting for ranks 0/128")
+    assert doc["effective_training_ratio"] is None
     assert (doc["replicas"], doc["max_failures"], doc["strategy"]) == (128, 40, "elastic")
     assert doc["nodes"] == []
     assert doc["spares"] == []
@@ -42,7 +43,8 @@ def test_its_nodes_are_those_its_ranks_report_from(api: Api) -> None:
     assert _post_seed(api).status_code == 201
     _progress(api, 0, "gpu-001", 1)
     _progress(api, 1, "gpu-002", 1)
-    assert api.get(f"/api/v1/jobs/{JOB}", token=READ).json()["nodes"] == ["gpu-001", "gpu-002"]
+    doc = api.get(f"/api/v1/jobs/{JOB}", token=READ).json()
+    assert (doc["state"], doc["nodes"]) == ("running", ["gpu-001", "gpu-002"])
     assert api.h.controller.jobs.jobs_of_node("gpu-002") == [JOB]
 
 

@@ -48,8 +48,9 @@ STATUS_SCHEMA: dict[str, Any] = {
     "description": "Written by the sn-monitor controller (the status subresource).",
     "properties": {
         "state": {"type": "string",
-                  "description": "running, recovering, awaiting_approval, failed; "
-                                 "Invalid when the spec was refused"},
+                  "description": "pending (no rank has reported progress yet), running, "
+                                 "recovering, awaiting_approval, failed; Invalid when the "
+                                 "spec was refused"},
         "reason": {"type": "string", "description": "Why the job is in its state."},
         "observedGeneration": {"type": "integer", "format": "int64",
                                "description": "The metadata.generation the controller "
@@ -63,7 +64,7 @@ STATUS_SCHEMA: dict[str, Any] = {
                                     "spec.maxFailures)."},
         "ettr": {"type": "number",
                  "description": "Effective training time ratio: productive time / "
-                                "wall time since the job was added."},
+                                "wall time since the job started (none while pending)."},
         "lastCheckpoint": {
             "type": "object",
             "description": "The latest complete checkpoint.",

@@ -7,7 +7,9 @@ orchestrator every few seconds.
 
 Effective training time ratio (ETTR)
 ------------------------------------
-``ETTR = productive seconds / wall seconds since the job was added``.
+``ETTR = productive seconds / wall seconds since the job started``: since its first
+step was reported (the time of that step). Before it, the job is ``pending`` and has no
+ETTR: the time its ranks wait to be scheduled is not training lost to faults.
 
 The job's *frontier* is the highest step any rank ever reported. Only moving the
 frontier is productive: when it advances from step ``F`` (reached at time ``t_F``) to
@@ -75,6 +77,8 @@ class JobProgress:
         self.last_advance: float | None = None
         self.frontier: int | None = None
         self.frontier_time: float | None = None
+        #: When the job started: the time of the first step any rank reported.
+        self.started: float | None = None
         self.productive = 0.0
         #: Whether the current stall was already reported as a hang.
         self.hang_reported = False
@@ -146,6 +150,8 @@ class JobProgress:
     def _frontier(self, step: int, when: float, now: float) -> None:
         if self.frontier is None or self.frontier_time is None:
             self.frontier, self.frontier_time = step, when
+            if self.started is None:
+                self.started = when
             self.dirty = True
             return
         if step <= self.frontier:

@@ -58,6 +58,8 @@ class JobBook(msgspec.Struct, kw_only=True):
 
     frontier: int | None = None
     frontier_time: float | None = None
+    #: When the job started (its first step); None in rows from before it was kept.
+    started_at: float | None = None
     productive: float = 0.0
     last_checkpoint: CheckpointRef | None = None
     last_checkpoint_at: float | None = None
@@ -154,6 +156,7 @@ class JobRegistry:
         if book.frontier is not None:
             progress.frontier = book.frontier
             progress.frontier_time = book.frontier_time or 0.0
+        progress.started = book.started_at
         progress.productive = book.productive
         return JobRecord(row, job, book, catalogue, progress)
 
@@ -306,7 +309,7 @@ class JobRegistry:
         p = j.progress
         j.book = msgspec.structs.replace(j.book, frontier=p.frontier,
                                          frontier_time=p.frontier_time,
-                                         productive=p.productive)
+                                         started_at=p.started, productive=p.productive)
         j.row = replace(j.row, **changes, data=msgspec.to_builtins(j.book),
                         updated_at=self.clock.time())
         self.store.save_job(j.row)

@@ -1,20 +1,44 @@
 """What the API and the metrics read of a job: its status and its metric values.
 
 Functions of a job's record and the time; the facade calls them under its lock.
+
+A job no rank has reported a step of yet (its frontier unknown: the ranks are still
+being scheduled, or were never started) is ``pending``, whatever its row says, and has
+no ETTR: a 0 would read as a job that trains badly, and raise its alert.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import cast
 
 from sn_monitor.controller.jobs.advisor import Advice
 from sn_monitor.controller.jobs.registry import JobRecord
-from sn_monitor.controller.jobs.views import CheckpointRequest, JobMetric, JobStatus
+from sn_monitor.controller.jobs.views import CheckpointRequest, JobMetric, JobState, JobStatus
+
+
+def started(j: JobRecord) -> bool:
+    """A rank of the job has reported a step (in any generation)."""
+    return j.progress.frontier is not None
+
+
+def job_state(j: JobRecord) -> tuple[JobState, str]:
+    """The job's state and its reason: ``pending`` while it runs and has not started."""
+    if j.row.state == "running" and not started(j):
+        return "pending", f"waiting for ranks {len(j.progress.ranks)}/{j.job.spec.replicas}"
+    return cast(JobState, j.row.state), j.row.state_reason
 
 
 def effective_training_ratio(j: JobRecord, now: float) -> float | None:
-    """Productive (training, not redone after a restore) seconds over the job's age."""
-    wall = now - j.row.created_at
+    """Productive (training, not redone after a restore) seconds over those since it started.
+
+    None before the job started. A job kept from before the start was recorded counts
+    from when it was added.
+    """
+    if not started(j):
+        return None
+    since = j.progress.started if j.progress.started is not None else j.row.created_at
+    wall = now - since
     return None if wall <= 0 else min(1.0, j.progress.productive / wall)
 
 
@@ -24,10 +48,10 @@ def job_status(j: JobRecord, now: float, *, recovery: str | None,
     """The job as ``GET /api/v1/jobs/NAME`` shows it."""
     latest = j.catalogue.latest_complete()
     spec = j.job.spec
+    state, reason = job_state(j)
     return JobStatus(
-        name=j.name, source=j.row.source,
-        state=j.row.state,  # type: ignore[arg-type]
-        state_reason=j.row.state_reason, generation=j.row.generation,
+        name=j.name, source=j.row.source, state=state, state_reason=reason,
+        generation=j.row.generation,
         failures=j.row.failures, max_failures=spec.max_failures,
         strategy=spec.recovery_strategy, replicas=spec.replicas,
         min_replicas=spec.min_replicas, nodes=j.row.nodes, spares=j.row.pool,
@@ -53,7 +77,7 @@ def job_metrics(records: Iterable[JobRecord], now: float,
         j.name: JobMetric(
             checkpoint_interval_recommended_seconds=(
                 advice.interval_seconds if (advice := advice_of(j)) is not None else None),
-            state=j.row.state,  # type: ignore[arg-type]
+            state=job_state(j)[0],
             generation=j.row.generation, failures_total=j.row.failures,
             checkpoint_age_seconds=j.catalogue.age_seconds(),
             effective_training_ratio=effective_training_ratio(j, now),

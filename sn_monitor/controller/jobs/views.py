@@ -19,7 +19,8 @@ from sn_monitor.controller.jobs.recovery.model import (
     RecoveryState,
 )
 
-JobState = Literal["running", "recovering", "awaiting_approval", "failed"]
+#: ``pending``: no rank has reported progress yet (the store's row says ``running``).
+JobState = Literal["pending", "running", "recovering", "awaiting_approval", "failed"]
 
 #: The rule names the jobs layer's own actions and incidents carry.
 RECOVERY_RULE: Final = "job-recovery"
