@@ -104,3 +104,14 @@ def test_a_repository_path_that_is_not_there_is_named() -> None:
     text = ("`deploy/agent.yaml`, `sn_monitor/sim/`, `deploy/nothing.yaml`, "
             "`rules/prometheus/*.yml`, `bench/results/x.json`, `tests/gone/`")
     assert missing_paths(text) == ["deploy/nothing.yaml", "tests/gone/"]
+
+
+def test_every_link_of_the_readme_names_a_page_that_exists() -> None:
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    assert len(links) >= 10
+    for link in links:
+        if "://" not in link:
+            assert (ROOT / link).is_file(), link
