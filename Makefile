@@ -45,7 +45,7 @@ demo: $(STAMP)
 	$(BIN)/sn-monitor demo
 
 # The Llama 3 failure trace on a 2,048-node job for 54 simulated days, every policy side by
-# side (README, "Goodput"); GOODPUT_ARGS for others, e.g. --days 7 or --trace FILE.
+# side (docs/benchmarks/goodput.md); GOODPUT_ARGS for others, e.g. --days 7 or --trace FILE.
 GOODPUT_ARGS ?=
 goodput: $(STAMP)
 	$(BIN)/sn-monitor goodput $(GOODPUT_ARGS)

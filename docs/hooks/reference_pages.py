@@ -111,7 +111,7 @@ def _type_name(tp: Any) -> str:
     if tp is Duration:
         return "duration"
     if dataclasses.is_dataclass(tp):
-        return "mapping (below)"
+        return "mapping"
     names = {str: "string", int: "integer", float: "number", bool: "true or false"}
     return names.get(tp, getattr(tp, "__name__", str(tp)))
 
@@ -138,7 +138,7 @@ def _default(field: dataclasses.Field[Any]) -> str:
     if value is None:
         return "unset"
     if dataclasses.is_dataclass(value):
-        return "(below)"
+        return "its keys'"
     if isinstance(value, Duration):
         return f"`{_seconds(value)}`"
     if isinstance(value, bool):
@@ -197,8 +197,18 @@ def _dataclass_of(tp: Any) -> type | None:
     return None
 
 
-def _settings_rows(cls: type, prefix: str) -> Iterator[tuple[str, type, list[list[str]]]]:
-    """(section key, its dataclass, table rows) for ``cls`` and every dataclass under it."""
+def section_id(anchor: str, key: str) -> str:
+    """The HTML id of the table of ``key`` (``policy.breaker``) under ``anchor``."""
+    return f"{anchor}-{key}".replace(".", "-").replace("[]", "").strip("-")
+
+
+def _settings_rows(cls: type, prefix: str,
+                   anchor: str) -> Iterator[tuple[str, type, list[list[str]]]]:
+    """(section key, its dataclass, table rows) for ``cls`` and every dataclass under it.
+
+    A key that holds a mapping of its own links to that mapping's table, whose heading
+    has the id :func:`section_id` gives (``anchor`` keeps two pages' ids apart).
+    """
     hints = typing.get_type_hints(cls)
     comments = _field_comments(cls)
     rows: list[list[str]] = []
@@ -212,24 +222,28 @@ def _settings_rows(cls: type, prefix: str) -> Iterator[tuple[str, type, list[lis
         if inner is not None:
             is_list = get_origin(hint) is list
             nested.append((key + ("[]" if is_list else ""), inner))
+        kind = _type_name(hint)
+        if inner is not None:
+            kind += f" ([below](#{section_id(anchor, nested[-1][0])}))"
         allowed = _check(field)
         about = comments.get(field.name, "")
         if allowed:
             about = f"{about} ({allowed})" if about else allowed.capitalize()
-        rows.append([f"`{key}`", _type_name(hint), _default(field), about])
+        rows.append([f"`{key}`", kind, _default(field), about])
     yield prefix.rstrip("."), cls, rows
     for key, inner in nested:
-        yield from _settings_rows(inner, key + ".")
+        yield from _settings_rows(inner, key + ".", anchor)
 
 
-def settings_section(title: str, cls: type, level: int = 2, about: str = "") -> list[str]:
+def settings_section(title: str, cls: type, anchor: str, level: int = 2,
+                     about: str = "") -> list[str]:
     """A heading, ``about``, then one table per settings dataclass under ``cls``."""
-    lines = ["#" * level + f" {title}", ""]
+    lines = ["#" * level + f" {title} {{#{anchor}}}", ""]
     if about:
         lines += [about, ""]
-    for key, section, rows in _settings_rows(cls, ""):
+    for key, section, rows in _settings_rows(cls, "", anchor):
         if key:
-            lines += ["#" * (level + 1) + f" `{key}`", ""]
+            lines += ["#" * (level + 1) + f" `{key}` {{#{section_id(anchor, key)}}}", ""]
         doc = _doc(section)
         if doc and not doc.startswith(section.__name__ + "("):  # not dataclass's own
             lines += [doc, ""]
@@ -252,13 +266,15 @@ def config_page() -> str:
              "`5s`, `2m`, `1h30m` or as a number of seconds. The commented examples: "
              "`deploy/agent.yaml`, `deploy/controller.yaml`, `deploy/fleet.yaml`; "
              "`sn-monitor check-config FILE` checks one.", ""]
-    lines += settings_section("Agent configuration", AgentSettings,
+    lines += settings_section("Agent configuration", AgentSettings, "agent-configuration",
                               about="`sn-monitor agent --config FILE`; command-line flags "
                                     "override it.")
     lines += settings_section("Controller configuration", ControllerSettings,
+                              "controller-configuration",
                               about="`sn-monitor controller --config FILE`; command-line "
                                     "flags override it.")
     lines += settings_section("Fleet view configuration", FleetSettings,
+                              "fleet-view-configuration",
                               about="`sn-monitor fleet --config FILE`.")
     return "\n".join(lines)
 
@@ -570,19 +586,19 @@ def files_page() -> str:
              "`/etc/sn-monitor/rules` when it exists, else the packaged rules; `SIGHUP` "
              "reloads them. What the controller does with a firing rule: "
              "[The controller](../controller/index.md).", ""]
-    lines += settings_section("Every rule", RuleBase, level=3,
+    lines += settings_section("Every rule", RuleBase, "every-rule", level=3,
                               about="Keys every kind takes.")
     base = {f.name for f in dataclasses.fields(RuleBase)}
     for kind in _rule_kinds():
         name = getattr(kind, "kind", kind.__name__)
-        lines += [f"### `{name}` rules", "", _doc(kind), ""]
-        rows = [r for key, section, rows in _settings_rows(kind, "") if section is kind
+        anchor = f"{name}-rules"
+        lines += [f"### `{name}` rules {{#{anchor}}}", "", _doc(kind), ""]
+        rows = [r for key, section, rows in _settings_rows(kind, "", anchor) if section is kind
                 for r in rows if r[0].strip("`") not in base]
         lines += [*_table(["key", "type", "default", "what"], rows), ""]
-        for key, section, sub_rows in _settings_rows(kind, ""):
-            if key and section is not kind and \
-                    key.split(".")[0] not in base:
-                lines += [f"#### `{key}`", "", _doc(section), ""]
+        for key, section, sub_rows in _settings_rows(kind, "", anchor):
+            if key and section is not kind and key.split(".")[0] not in base:
+                lines += [f"#### `{key}` {{#{section_id(anchor, key)}}}", "", _doc(section), ""]
                 lines += [*_table(["key", "type", "default", "what"], sub_rows), ""]
     rules = [rule for doc in rule_documents([packaged_rules()]) for rule in parse_rules(doc)]
     lines += ["## The default rules", "",
@@ -591,14 +607,14 @@ def files_page() -> str:
     lines += _table(["rule", "kind", "severity", "actions", "what"],
                     ([f"`{r.name}`", r.kind, str(r.severity or "the alert's"),
                       ", ".join(r.actions), r.description] for r in rules))
-    lines += ["", "## Job files", "",
+    lines += ["", "## Job files {#job-files}", "",
               "A `DistributedJob`, from `--jobs DIR`, `POST /api/v1/jobs` (JSON or YAML) or "
               "a Kubernetes custom resource. Examples: `deploy/jobs/minimal.yaml`, "
               "`deploy/jobs/example.yaml`. What the controller does with it: "
               "[Jobs](../jobs/index.md).", ""]
-    for key, section, rows in _settings_rows(DistributedJob, ""):
+    for key, section, rows in _settings_rows(DistributedJob, "", "job-files"):
         if key:
-            lines += [f"### `{key}`", ""]
+            lines += [f"### `{key}` {{#{section_id('job-files', key)}}}", ""]
             doc = _doc(section)
             if doc and not doc.startswith(section.__name__ + "("):
                 lines += [doc, ""]
