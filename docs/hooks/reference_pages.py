@@ -30,7 +30,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from sn_monitor.config import Duration
 
 #: Width of the ``--help`` text on the CLI page (a terminal's, not the reader's).
-HELP_WIDTH = 92
+HELP_WIDTH = 80
 
 
 # ------------------------------------------------------------------------ helpers
