@@ -115,3 +115,24 @@ def test_every_link_of_the_readme_names_a_page_that_exists() -> None:
     for link in links:
         if "://" not in link:
             assert (ROOT / link).is_file(), link
+
+
+def _quickstart(path: Path, heading: str) -> list[str]:
+    """The commands of the first ``sh`` block after ``heading`` (comments left out)."""
+    text = path.read_text()
+    block = text[text.index(heading):].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.replace("\\\n", " ").splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_the_quickstart_waits_for_its_incident_and_is_the_same_in_both_places() -> None:
+    readme = _quickstart(ROOT / "README.md", "## Quickstart")
+    site = _quickstart(ROOT / "docs" / "getting-started" / "index.md", "## A controller, an agent")
+    assert [" ".join(c.split()) for c in readme] == [" ".join(c.split()) for c in site]
+    fault = next(i for i, c in enumerate(readme) if "/sim/fault" in c)
+    ask = max(i for i, c in enumerate(readme) if "/api/v1/incidents" in c)
+    # the overheat takes about 45 s to open an incident: asking at once answers []
+    assert any("sleep" in c and "incidents" in c and "break" in c for c in readme[fault:ask]), \
+        "the quickstart asks for the incident without waiting for it"
+    # the daemons start in the background: the first requests must wait for them
+    assert all("--retry-connrefused" in c for c in readme if "-XPOST" in c)
