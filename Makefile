@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 WHEELHOUSE := $(VENV)/wheelhouse
 WHEELS := $(WHEELHOUSE)/.complete
 
-.PHONY: all demo test e2e fuzz lint bench soak crash goodput clean venv wheelhouse examples
+.PHONY: all demo test e2e fuzz lint docs bench soak crash goodput clean venv wheelhouse examples
 
 all: test
 
@@ -45,7 +45,7 @@ demo: $(STAMP)
 	$(BIN)/sn-monitor demo
 
 # The Llama 3 failure trace on a 2,048-node job for 54 simulated days, every policy side by
-# side (README, "Goodput"); GOODPUT_ARGS for others, e.g. --days 7 or --trace FILE.
+# side (docs/benchmarks/goodput.md); GOODPUT_ARGS for others, e.g. --days 7 or --trace FILE.
 GOODPUT_ARGS ?=
 goodput: $(STAMP)
 	$(BIN)/sn-monitor goodput $(GOODPUT_ARGS)
@@ -72,10 +72,20 @@ fuzz: $(STAMP)
 		tests/integration/test_api_fuzz.py tests/unit/test_hostile_input.py \
 		tests/unit/test_rules_property.py tests/unit/test_kmsg.py
 
+# The site is built too (--strict: a broken link or anchor fails; never --quiet, which
+# hides the warnings --strict counts).
 lint: $(STAMP)
-	$(BIN)/ruff check sn_monitor tests bench examples
+	$(BIN)/ruff check sn_monitor tests bench examples docs
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
+
+# The documentation site (mkdocs.yml, docs/) into build/site: open build/site/index.html,
+# or `.venv/bin/mkdocs serve` to read it at http://127.0.0.1:8000 as you edit. The
+# reference pages (CLI, config keys, metrics, API) are generated from the code as it builds
+# (docs/hooks/reference.py); --strict turns a broken link or anchor into an error.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
 # Every benchmark part (bench/__main__.py), each to its end even when another fails, then
 # a line per part with the date and the load average; exits 1 if any part could not

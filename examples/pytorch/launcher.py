@@ -7,7 +7,7 @@ job in a JSON state file and runs, for each node of the job, one ``torchrun`` ag
 ``--max-restarts 0``: a dead peer ends the generation, and sn-monitor decides what comes
 next) with ``SN_NODE`` set to the node's name. Every node is simulated on this machine;
 on a real cluster the same job is a Slurm ``srun torchrun`` or a PyTorchJob / JobSet
-(README, "A real PyTorch job").
+(docs/jobs/pytorch.md).
 
     launcher.py --state F init --controller URL --job NAME --checkpoint-dir D --log-dir L \
         [--token-file T] [--first-generation-args ARGS] -- TRAIN_ARGS...

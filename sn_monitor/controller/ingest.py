@@ -5,7 +5,7 @@ sender is checked against the token's identity; sequence numbers from one agent
 instance must increase (duplicates and reordered reports are answered, not applied).
 Detection uses the controller's receive time, never the agent's clock.
 
-What hostile or broken input gets (see also README, "Hostile input and fuzzing"):
+What hostile or broken input gets (see also docs/controller/hostile-input.md):
 
 - an empty body, bytes that are not UTF-8 JSON, a JSON value other than an object:
   400 (malformed) or 422 (naming the field), never more;

@@ -42,7 +42,7 @@ WAIT = 45.0
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     # The breaker and heartbeat settings of cluster.py. (An agent's backoff can outlast
     # the restarted controller's 10 s heartbeat timeout: a node may be declared lost and
-    # evicted after the outage. Not what this test is about; see the README.)
+    # evicted after the outage. Not what this test is about; see docs/operating/failures.md.)
     c = Cluster(tmp_path_factory.mktemp("outage"), nodes=3)
     try:
         c.start()

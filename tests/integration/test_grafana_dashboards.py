@@ -197,7 +197,7 @@ DEMO_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus-demo.yml"
 
 
 def demo_prometheus_config(listen: str) -> dict[str, Any]:
-    """The shipped demo config (README: The demo), for a demo on ``listen``, every 1 s.
+    """The shipped demo config (docs/getting-started/demo.md), for a demo on ``listen``, every 1 s.
 
     Only the address, the intervals and the rule files' path (absolute, as the copy is
     written elsewhere) change; labels, relabelling and honor_labels are as shipped.

@@ -1,7 +1,7 @@
 """Hostile and broken input: reports, agent clocks, agent identities, request bodies.
 
 Each case gets a clear 4xx naming what is wrong, or a documented accept (see
-sn_monitor/controller/ingest.py and README "Hostile input and fuzzing"); never a 5xx,
+sn_monitor/controller/ingest.py and docs/controller/hostile-input.md); never a 5xx,
 never a crash, never an action. The decoder is also driven by Hypothesis: arbitrary
 bytes, arbitrary JSON values and mutations of a valid report never raise anything but
 ControllerError, and what it accepts is within the wire's bounds. Budgets: tests/fuzzing.py.

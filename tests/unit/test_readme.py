@@ -1,4 +1,8 @@
-"""The numbers the README quotes about what ships are the numbers of what ships."""
+"""The numbers the documentation quotes about what ships are the numbers of what ships.
+
+The documentation is README.md and the site's pages under docs/ (the reference pages,
+generated from the code as the site builds, are checked by test_docs.py).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,14 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-README = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+README = " ".join(" ".join(p.read_text(encoding="utf-8") for p in PAGES).split())
 WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
          "eight": 8, "nine": 9, "ten": 10}
 
 
 def _quoted(noun: str) -> list[int]:
-    """Every ``N <noun>`` in the README (N in digits or a word), with line breaks ignored."""
+    """Every ``N <noun>`` in the documentation (N in digits or a word), line breaks ignored."""
     found = re.findall(rf"\b(\d+|{'|'.join(WORDS)}) {noun}\b", README)
     return [int(n) if n.isdigit() else WORDS[n] for n in found]
 
@@ -27,7 +32,7 @@ def _prometheus_rules(kind: str) -> int:
 
 def test_the_default_rule_count() -> None:
     count = len(yaml.safe_load((ROOT / "sn_monitor" / "rules" / "default.yaml").read_text()))
-    assert _quoted("default rules"), "the README no longer says how many default rules"
+    assert _quoted("default rules"), "the documentation no longer says how many default rules"
     assert set(_quoted("default rules")) == {count}
 
 
@@ -43,7 +48,7 @@ def test_the_dashboard_count() -> None:
 def test_the_packaged_scenarios_are_the_ones_named() -> None:
     shipped = {p.stem for p in (ROOT / "sn_monitor" / "sim" / "scenarios").glob("*.yaml")}
     match = re.search(r"\b(\w+) ship in the package \(((?:`[\w-]+`,? ?)+)", README)
-    assert match, "the README no longer lists the packaged scenarios"
+    assert match, "the documentation no longer lists the packaged scenarios"
     named = set(re.findall(r"`([\w-]+)`", match.group(2)))
     assert named == shipped
     assert WORDS[match.group(1)] == len(shipped)
