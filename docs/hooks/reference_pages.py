@@ -397,8 +397,9 @@ def controller_families() -> list[MetricFamily]:
         settings = ControllerSettings(state_dir=state)
         drivers = build_drivers(settings.drivers, settings.routes, clock)
         store = open_store(settings)
-        controller = Controller(settings, read_rules(settings), clock, store, drivers,
-                                watch_stalls=True)
+        rules = read_rules(settings)
+        controller = Controller(settings, rules.rules, clock, store, drivers,
+                                watch_stalls=True, rule_sources=rules.sources)
         try:
             controller.start()
             # The daemon's runtime says which of its workers run (controller/runtime.py).
