@@ -253,7 +253,7 @@ class Demo:
         header = Text.assemble(
             ("sn-monitor demo", "bold"),
             f"  scenario {opts.scenario.name}  t={format_seconds(round(simulated))} "
-            f"(x{opts.speed:g})  controller {self.sn.url}  page {page_url(self.sn.url)}\n",
+            f"(x{opts.speed:g})  controller {self.sn.url} (page /ui/topology)\n",
             (f"job {JOB}: ", "bold"),
             f"step {job.get('last_step')}  generation {job.get('generation')}  "
             f"state {job.get('state')}  ranks {job.get('ranks_reporting')}  "
