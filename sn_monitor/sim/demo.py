@@ -462,7 +462,7 @@ class Demo:
                     "effective_training_ratio": (round(ettr, 3) if isinstance(ettr, int | float)
                                                  else ettr),
                     "training": training},
-            "out_of_service": out_of_service(nodes, actions, repairs),
+            "out_of_service": out_of_service(nodes, actions, repairs, incidents),
             "bottlenecks": bottlenecks(incidents),
             "false_node_lost": false_lost,
             "false_evictions": evicted_healthy,
@@ -571,12 +571,14 @@ _TAKEN_OUT = ("cordon", "evict", "failover")
 
 
 def out_of_service(nodes: list[dict[str, Any]], actions: list[dict[str, Any]],
-                   repairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                   repairs: list[dict[str, Any]],
+                   incidents: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each node still cordoned or evicted, and why.
 
-    The incident and rule that took it out, and what it waits for: a person, the repair
-    ladder, the return-to-service check.
+    The incident and rule that took it out (a recovery's eviction: the incident that
+    started the recovery), and what it waits for: the repair ladder, or a person.
     """
+    rule_of = {i["id"]: i["rule"] for i in incidents}
     out = []
     for node in nodes:
         name = node["name"]
@@ -587,17 +589,21 @@ def out_of_service(nodes: list[dict[str, Any]], actions: list[dict[str, Any]],
                        key=lambda a: a["created_at"])
         last = taken[-1] if taken else None
         repair = next((r for r in repairs if r["node"] == name), None)
-        if repair is not None and repair["step"] == "replace":
-            awaits = "a person: no rung of the repair ladder cleared the fault"
-        elif repair is not None and repair["step"] in ("acting", "waiting", "verifying"):
+        if repair is not None and repair["step"] in ("acting", "waiting", "verifying"):
             awaits = (f"the repair ladder ({repair['rung']} {repair['step']}), then the "
                       "return-to-service check")
+        elif last is not None and last["action"] == "cordon":
+            awaits = (f"a person: uncordon it once repaired (POST /api/v1/nodes/{name}/"
+                      "uncordon), then the return-to-service check")
         else:
-            awaits = (f"a person, then the return-to-service check "
+            awaits = (f"a person: give it back to the job's spare pool once repaired "
                       f"(POST /api/v1/jobs/{JOB}/spares/{name})")
+        if repair is not None and repair["step"] == "replace":
+            awaits += "; no rung of the repair ladder cleared its fault"
         by = "?"
         if last is not None:
-            by = (f"{last['rule']}#{last['incident_id']}" if last["incident_id"] is not None
+            incident = last["incident_id"]
+            by = (f"{rule_of.get(incident, last['rule'])}#{incident}" if incident is not None
                   else last["rule"] or last["requested_by"] or "?")
         out.append({"node": name, "state": node["state"], "by": by,
                     "action": last["action"] if last else None,
@@ -629,14 +635,14 @@ def breaker_line(breaker: dict[str, Any]) -> str:
     """The breaker's final state, in one line."""
     if not breaker["tripped"]:
         return "circuit breaker: never tripped"
+    reason = str(breaker["reason"]).removeprefix("circuit breaker open: ")
     opened = breaker.get("opened_at_seconds")
     since = f" at t={format_seconds(round(opened))}" if opened is not None else ""
     if breaker["open"]:
-        return (f"circuit breaker: tripped{since} and still OPEN (evictions frozen): "
-                f"{breaker['reason']}")
+        return f"circuit breaker: tripped{since} and still OPEN (evictions frozen): {reason}"
     closed = breaker.get("closed_at_seconds")
     when = f" at t={format_seconds(round(closed))}" if closed is not None else ""
-    return f"circuit breaker: tripped{since} ({breaker['reason']}), closed{when}"
+    return f"circuit breaker: tripped{since} ({reason}), closed{when}"
 
 
 def render_summary(summary: dict[str, Any], console: Console) -> None:

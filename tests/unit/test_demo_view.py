@@ -146,7 +146,8 @@ def test_an_eviction_of_a_node_no_fault_was_played_on_is_a_false_one():
 
 
 def test_the_breaker_line_says_it_closed_or_is_still_open():
-    breaker = _summary()["breaker"]
+    breaker = {**_summary()["breaker"],
+               "reason": "circuit breaker open: 4 nodes faulted within 12s"}
     assert breaker_line(breaker) == ("circuit breaker: tripped at t=6m32s (4 nodes faulted "
                                      "within 12s), closed at t=7m22s")
     still = {**breaker, "open": True, "closed_at_seconds": None}
@@ -158,17 +159,25 @@ def test_a_node_still_out_says_what_took_it_out_and_what_it_waits_for():
     nodes = [{"name": "sim-0003", "state": "cordoned", "cordoned_by_us": True},
              {"name": "sim-0004", "state": "evicted", "cordoned_by_us": True},
              {"name": "sim-0001", "state": "healthy", "cordoned_by_us": False}]
-    actions = [_action("failover", "sim-0003", "succeeded", 250.0, rule="node-lost",
+    actions = [_action("evict", "sim-0003", "succeeded", 250.0, rule="job-recovery",
                        incident_id=9),
-               _action("evict", "sim-0004", "succeeded", 130.0, incident_id=7)]
-    repairs = [{"node": "sim-0004", "step": "replace", "rung": "replace"}]
-    out = {o["node"]: o for o in out_of_service(nodes, actions, repairs)}
+               _action("cordon", "sim-0004", "succeeded", 130.0, incident_id=7),
+               _action("cordon", "sim-0001", "succeeded", 100.0, incident_id=2),
+               _action("uncordon", "sim-0001", "succeeded", 200.0, incident_id=None)]
+    repairs = [{"node": "sim-0004", "step": "replace", "rung": "replace"},
+               {"node": "sim-0003", "step": "verifying", "rung": "check"}]
+    incidents = [_incident(9, "sim-0003", "node-lost", "critical"),
+                 _incident(7, "sim-0004", "fatal-xid", "critical")]
+    out = {o["node"]: o for o in out_of_service(nodes, actions, repairs, incidents)}
     assert set(out) == {"sim-0003", "sim-0004"}
+    # the recovery's eviction is shown by the incident that started the recovery
     assert out["sim-0003"]["by"] == "node-lost#9"
-    assert out["sim-0003"]["action"] == "failover"
-    assert "return-to-service check" in out["sim-0003"]["awaits"]
+    assert out["sim-0003"]["action"] == "evict"
+    assert out["sim-0003"]["awaits"] == ("the repair ladder (check verifying), then the "
+                                         "return-to-service check")
     assert out["sim-0004"]["by"] == "fatal-xid#7"
-    assert out["sim-0004"]["awaits"].startswith("a person")
+    assert out["sim-0004"]["awaits"].startswith("a person: uncordon it once repaired")
+    assert out["sim-0004"]["awaits"].endswith("no rung of the repair ladder cleared its fault")
 
 
 def test_the_summary_at_120_columns_ends_with_the_breaker_and_the_verdict():
