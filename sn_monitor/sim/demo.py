@@ -677,7 +677,8 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
                       f"{', '.join(rec['replacement_nodes']) or '-'}, generation "
                       f"{rec['generation']}" + (f", {mttr:.1f}s" if mttr is not None else ""))
     for item in summary.get("bottlenecks", []):
-        console.print(f"[yellow]{item['line']}[/yellow] ({item['status']})")
+        slowed = str(item["message"]).partition("; ")[0]  # job J: step time +N % since T
+        console.print(Text(f"{item['line']}: {slowed} ({item['status']})", style="yellow"))
     for out in summary.get("out_of_service", []):
         console.print(f"[magenta]{out['node']} is {out['state']}[/magenta]: "
                       f"{out['action'] or 'taken out'} by {out['by']}"
