@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from typing import Literal
 
 LogFormat = Literal["text", "json"]
@@ -55,3 +57,22 @@ def configure_logging(fmt: LogFormat = "text", level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+@contextlib.contextmanager
+def muted(*names: str) -> Iterator[None]:
+    """Nothing logged by the loggers ``names`` inside the block.
+
+    Their children with no level of their own are quiet too. For a simulation that runs
+    the real controller (a replay): the faults it plays are expected, and its CRITICAL
+    "needs a person" is not news to the person running it.
+    """
+    loggers = [logging.getLogger(name) for name in names]
+    before = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, before, strict=True):
+            logger.setLevel(level)

@@ -28,7 +28,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -618,6 +618,10 @@ def _build_router(
     async def topology_page(request: Request) -> Response:
         return HTMLResponse(_page("topology.html"), headers=_PAGE_HEADERS)
 
+    async def home(request: Request) -> Response:
+        # the controller's only page: a person who opens the bare address lands on it
+        return RedirectResponse("/ui/topology", status_code=307)
+
     @guarded
     async def approve_recovery(request: Request) -> Response:
         identity = identify(request, "operate")
@@ -693,6 +697,7 @@ def _build_router(
         Route("/api/v1/sd", service_discovery, methods=["GET"]),
         Route("/api/v1/topology", topology, methods=["GET"]),
         Route("/ui/topology", topology_page, methods=["GET"]),
+        Route("/", home, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", healthz, methods=["GET"]),
         Route("/livez", livez, methods=["GET"]),
@@ -884,6 +889,8 @@ def openapi_document() -> dict[str, Any]:
             "URL's #token=)",
             {"200": {"description": "the page", "content": {"text/html": {
                 "schema": {"type": "string"}}}}}, public=True)},
+        "/": {"get": op("Redirects to the topology page", {"307": {
+            "description": "to /ui/topology"}}, public=True)},
         "/api/v1/sd": {"get": op("Prometheus HTTP service discovery of every agent",
                                  {"200": {"description": "targets", "content": {
                                      "application/json": {"schema": {"type": "array"}}}}})},

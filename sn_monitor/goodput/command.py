@@ -91,10 +91,13 @@ def run_goodput(args: argparse.Namespace) -> int:
         print(f"sn-monitor goodput: {err}", file=sys.stderr)
         return EXIT_CONFIG
     started = time.perf_counter()
-    results = replay(trace, settings, ReplayOptions(policies=policies))
+    # the simulated controller logs only when asked: its faults are the trace's
+    options = ReplayOptions(policies=policies, controller_logs=args.log_level is not None)
+    results = replay(trace, settings, options)
     advised = next((r.checkpoint_interval_seconds for r in results
                     if r.name == "sn-monitor-advisor"), None)
-    refined = refine(trace, settings, advised) if args.refine and advised else []
+    refined = refine(trace, settings, advised, options=options) \
+        if args.refine and advised else []
     wall = time.perf_counter() - started
     if args.json:
         doc = to_json(results, trace, settings, seed, wall)

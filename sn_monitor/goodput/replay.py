@@ -14,6 +14,7 @@ from sn_monitor.goodput.controlled import Cadence, ControlledReplay, warning_che
 from sn_monitor.goodput.results import POLICIES, PolicyResult, result_of
 from sn_monitor.goodput.trace import Trace, retarget
 from sn_monitor.goodput.world import WorldSettings
+from sn_monitor.logs import muted
 from sn_monitor.rules.spec import Rule, load_rules, packaged_rules
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,9 @@ class ReplayOptions:
     policies: tuple[str, ...] = POLICIES
     rules: tuple[Path, ...] = ()
     cadence: Cadence = field(default_factory=Cadence)
+    #: Let the simulated controller log (``--log-level``): off, its expected faults (a
+    #: node "needs a person", CRITICAL) would bury the replay's result.
+    controller_logs: bool = False
 
 
 def job_nodes(settings: WorldSettings) -> list[str]:
@@ -108,12 +112,14 @@ def _controlled(name: str, trace: Trace, settings: WorldSettings, nodes: list[st
                                      dir=_fast_tmp()) as tmp:
         run = ControlledReplay(trace, settings, nodes, used, state_dir=Path(tmp),
                                interval=interval, cadence=options.cadence)
-        try:
-            world = run.run()
-            used_interval = run.interval()
-            controller_ettr = run.controller_ettr()
-        finally:
-            run.close()
+        quiet = muted() if options.controller_logs else muted("sn_monitor.controller")
+        with quiet:
+            try:
+                world = run.run()
+                used_interval = run.interval()
+                controller_ettr = run.controller_ettr()
+            finally:
+                run.close()
     actions = ", ".join(f"{k} {v}" for k, v in sorted(run.counts.items()))
     notes.append(f"controller actions: {actions}")
     title = "sn-monitor + advisor" if advisor else "sn-monitor"

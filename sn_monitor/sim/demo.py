@@ -8,11 +8,18 @@ freezes / resumes a whole agent for ``node-lost`` / ``node-back``. Twice a secon
 reads the controller's API and draws the nodes, the open incidents, the actions and the
 job's step and effective training ratio.
 
+The live view keeps each table's id, node and severity columns at any width from 100
+columns (the message is cut short with an ellipsis instead), shows the circuit breaker
+open (red) and then closed (when), and a ``bottleneck:`` line for each fail-slow
+bottleneck the finder names (the ``fail-slow`` scenario plays one).
+
 At the end it prints a summary: each injected fault, when it was detected (from the
 injection to the first incident on that node after it), what was done about it, how
-long the job's recovery took, and the job's effective training ratio. ``--headless``
-prints the summary as JSON, and the exit status is 1 when a fault that should have been
-detected was not.
+long the job's recovery took, the breaker's story, why each node still out of service
+is out (the incident that took it out and what it waits for), the topology page's
+address and a one-line verdict (``job recovered 2 times, ETTR 0.97, 0 false
+evictions``). ``--headless`` prints the summary as JSON, and the exit status is 1 when a
+fault that should have been detected was not.
 """
 
 from __future__ import annotations
@@ -35,12 +42,13 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from sn_monitor.sim.pace import CLEARED
 from sn_monitor.sim.scenario import Scenario, format_seconds
 from sn_monitor.sim.supernode import JOB, Supernode, SupernodeError, SupernodeOptions
 
 #: Faults that repair something: nothing to detect, they end an earlier fault.
 REPAIRS = frozenset({"cooling-repaired", "ib-port-up", "node-back", "nvml-release",
-                     "fabric-ready", "stuck-process-gone"})
+                     "fabric-ready", "stuck-process-gone", *CLEARED})
 #: After the scenario's last fault: at most this long (wall) for detections to land.
 GRACE_SECONDS = 20.0
 #: At the end, at most this long (wall) for the job to be seen training (a step made).
@@ -104,7 +112,9 @@ class Observed:
     job: dict[str, Any] | None = None
     health: dict[str, Any] = field(default_factory=dict)
     breaker_reason: str | None = None
-    breaker_since: float | None = None
+    #: Simulated seconds into the scenario when the breaker was seen open, then closed.
+    breaker_opened_at: float | None = None
+    breaker_closed_at: float | None = None
     error: str | None = None
 
 
@@ -175,11 +185,18 @@ class Demo:
             obs.error = f"controller unreachable: {err}"
             return
         breaker = obs.health.get("breaker") or {}
-        if breaker.get("open") and obs.breaker_reason is None:
+        simulated = self.elapsed * self.options.speed
+        if breaker.get("open") and (obs.breaker_opened_at is None
+                                    or obs.breaker_closed_at is not None):
             obs.breaker_reason = str(breaker.get("reason"))
-            obs.breaker_since = self.elapsed
+            obs.breaker_opened_at, obs.breaker_closed_at = simulated, None
             self._say(f"CIRCUIT BREAKER OPEN - evictions and failovers FROZEN: "
                       f"{obs.breaker_reason}")
+        elif (not breaker.get("open") and obs.breaker_opened_at is not None
+              and obs.breaker_closed_at is None):
+            obs.breaker_closed_at = simulated
+            self._say(f"circuit breaker closed at t={format_seconds(round(simulated))}: "
+                      f"evictions and failovers go on")
 
     def _undetected_now(self) -> bool:
         """True while an injected fault still waits for its first incident."""
@@ -232,41 +249,30 @@ class Demo:
         opts = self.options
         simulated = self.elapsed * opts.speed
         job = obs.job or {}
-        ettr = job.get("effective_training_ratio")
+        pace = job.get("recent_step_seconds")
         header = Text.assemble(
             ("sn-monitor demo", "bold"),
             f"  scenario {opts.scenario.name}  t={format_seconds(round(simulated))} "
-            f"(x{opts.speed:g})  controller {self.sn.url}\n",
+            f"(x{opts.speed:g})  controller {self.sn.url} (page /ui/topology)\n",
             (f"job {JOB}: ", "bold"),
             f"step {job.get('last_step')}  generation {job.get('generation')}  "
-            f"state {job.get('state')}  ranks {job.get('ranks_reporting')}  ",
-            ("ETTR " + (f"{ettr:.3f}" if isinstance(ettr, int | float) else "-"), "bold cyan"),
+            f"state {job.get('state')}  ranks {job.get('ranks_reporting')}  "
+            + (f"{pace:.3f} s/step  " if isinstance(pace, int | float) else ""),
+            (f"ETTR {ratio(job.get('effective_training_ratio'))}", "bold cyan"),
         )
         parts: list[Any] = [header]
-        if obs.breaker_reason is not None:
-            parts.append(Panel(Text(f"CIRCUIT BREAKER OPEN: evictions and failovers are "
-                                    f"FROZEN; a person is paged.\n{obs.breaker_reason}",
-                                    style="bold white on red")))
+        banner = breaker_banner(obs.breaker_reason, obs.breaker_opened_at,
+                                obs.breaker_closed_at)
+        if banner is not None:
+            parts.append(banner)
         if obs.error:
             parts.append(Text(obs.error, style="red"))
         parts.append(self._grid())
-        incidents = Table(title="open incidents", expand=True, title_justify="left")
-        for col in ("id", "node", "rule", "severity", "message"):
-            incidents.add_column(col, overflow="ellipsis", no_wrap=True)
-        for inc in obs.incidents[:10]:
-            incidents.add_row(str(inc["id"]), inc["node"], inc["rule"], inc["severity"],
-                              inc["message"])
-        actions = Table(title="actions (newest first)", expand=True, title_justify="left")
-        for col in ("action", "node", "rule", "state", "outcome"):
-            actions.add_column(col, overflow="ellipsis", no_wrap=True)
-        for act in sorted(obs.actions, key=lambda a: a["created_at"], reverse=True)[:10]:
-            style = {"succeeded": "green", "refused": "red", "failed": "red"}.get(
-                act["state"], "")
-            actions.add_row(act["action"], act["node"] or "-", act["rule"] or "-",
-                            Text(act["state"], style=style),
-                            act.get("verdict") or act.get("outcome") or "")
+        for line in bottleneck_lines(obs.incidents):
+            parts.append(Text(line, style="bold yellow"))
         faults = Text("\n".join(self.notes[-8:]) or "no fault injected yet", style="yellow")
-        parts += [incidents, actions, Panel(faults, title="injected faults")]
+        parts += [incidents_table(obs.incidents), actions_table(obs.actions),
+                  Panel(faults, title="injected faults")]
         return Group(*parts)
 
     def _grid(self) -> Table:
@@ -384,11 +390,7 @@ class Demo:
         for inj in self.injections:
             if inj.injected_wall is not None and inj.expects_detection:
                 faulted.setdefault(inj.node, inj.injected_wall)
-        false_evictions = [
-            f"{a['node']} ({a['state']})" for a in actions
-            if a["action"] == "evict" and a["state"] == "succeeded" and (
-                a["node"] not in faulted or a["created_at"] < faulted[a["node"]] - 0.5)]
-        return false_lost, false_evictions
+        return false_lost, false_evictions(actions, faulted)
 
     def _training(self) -> bool:
         """The job runs and makes steps now (two reads of its step, a moment apart)."""
@@ -417,6 +419,8 @@ class Demo:
             recoveries = sn.get("/api/v1/recoveries", job=JOB, limit=100)["recoveries"]
             job = sn.get(f"/api/v1/jobs/{JOB}")
             health = sn.health()
+            nodes = sn.get("/api/v1/nodes")["nodes"]
+            repairs = sn.get("/api/v1/remediation", limit=200)["repairs"]
         except (requests.RequestException, ValueError, KeyError) as err:
             return {"error": f"controller unreachable at the end: {err}", "ok": False,
                     "faults": [], "undetected": []}
@@ -430,8 +434,13 @@ class Demo:
         breaker = health.get("breaker") or {}
         latencies = [e["detection_latency_seconds"] for e in entries
                      if e["detection_latency_seconds"] is not None]
-        false_lost, false_evictions = self._false_alarms(incidents, actions)
-        return {
+        false_lost, evicted_healthy = self._false_alarms(incidents, actions)
+        obs = self.observed
+        ettr = job.get("effective_training_ratio")
+        closed_at = obs.breaker_closed_at
+        if closed_at is None and obs.breaker_opened_at is not None and not breaker.get("open"):
+            closed_at = self.elapsed * self.options.speed  # closed since the last poll
+        summary: dict[str, Any] = {
             "scenario": self.options.scenario.name,
             "speed": self.options.speed,
             "nodes": self.options.nodes,
@@ -446,10 +455,13 @@ class Demo:
                 "max": max(latencies) if latencies else None,
                 "mean": round(sum(latencies) / len(latencies), 2) if latencies else None},
             "actions": totals,
+            "page": page_url(sn.url),
             "breaker": {"tripped": bool(breaker.get("open")) or (
-                self.observed.breaker_reason is not None),
+                obs.breaker_opened_at is not None),
                 "open": bool(breaker.get("open")),
-                "reason": breaker.get("reason") or self.observed.breaker_reason},
+                "reason": breaker.get("reason") or obs.breaker_reason,
+                "opened_at_seconds": _rounded(obs.breaker_opened_at),
+                "closed_at_seconds": _rounded(closed_at)},
             "recoveries": [{"id": r["id"], "state": r["state"], "kind": r["kind"],
                             "failed_nodes": r["failed_nodes"],
                             "replacement_nodes": r["replacement_nodes"],
@@ -459,22 +471,201 @@ class Demo:
                     "generation": job.get("generation"),
                     "last_step": job.get("last_step"), "nodes": job.get("nodes"),
                     "spares": job.get("spares"),
-                    "effective_training_ratio": job.get("effective_training_ratio"),
+                    "effective_training_ratio": (round(ettr, 3) if isinstance(ettr, int | float)
+                                                 else ettr),
                     "training": training},
+            "out_of_service": out_of_service(nodes, actions, repairs, incidents),
+            "bottlenecks": bottlenecks(incidents),
             "false_node_lost": false_lost,
-            "false_evictions": false_evictions,
-            "ok": not undetected and not false_lost and not false_evictions and training,
+            "false_evictions": evicted_healthy,
+            "ok": not undetected and not false_lost and not evicted_healthy and training,
         }
+        summary["verdict"] = verdict(summary)
+        return summary
+
+
+# ---------------------------------------------------------------------- views and verdict
+
+
+def page_url(controller: str) -> str:
+    """The controller's topology page (``GET /`` redirects to it)."""
+    return f"{controller}/ui/topology"
+
+
+def ratio(value: object) -> str:
+    """An effective training ratio as people read it: ``0.97``, or ``-`` when none yet."""
+    return f"{value:.2f}" if isinstance(value, int | float) else "-"
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 1)
+
+
+def incidents_table(incidents: list[dict[str, Any]], limit: int = 10) -> Table:
+    """The open incidents: id, node, rule and severity keep their width.
+
+    The message takes what is left and ends in an ellipsis.
+    """
+    table = Table(title="open incidents", expand=True, title_justify="left")
+    for col in ("id", "node", "rule", "severity"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("message", ratio=1, no_wrap=True, overflow="ellipsis")
+    for inc in incidents[:limit]:
+        style = {"critical": "bold red", "warning": "yellow"}.get(inc["severity"], "")
+        table.add_row(str(inc["id"]), inc["node"], inc["rule"],
+                      Text(inc["severity"], style=style), inc["message"])
+    return table
+
+
+def actions_table(actions: list[dict[str, Any]], limit: int = 10) -> Table:
+    """The newest actions: the outcome (or why refused) takes what is left."""
+    table = Table(title="actions (newest first)", expand=True, title_justify="left")
+    for col in ("action", "node", "rule", "state"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("outcome", ratio=1, no_wrap=True, overflow="ellipsis")
+    for act in sorted(actions, key=lambda a: a["created_at"], reverse=True)[:limit]:
+        style = {"succeeded": "green", "refused": "red", "failed": "red"}.get(
+            act["state"], "")
+        table.add_row(act["action"], act["node"] or "-", act["rule"] or "-",
+                      Text(act["state"], style=style),
+                      act.get("verdict") or act.get("outcome") or "")
+    return table
+
+
+def breaker_banner(reason: str | None, opened_at: float | None,
+                   closed_at: float | None) -> Panel | None:
+    """Red while the breaker is open, green once it closed (simulated times)."""
+    if opened_at is None:
+        return None
+    if closed_at is None:
+        return Panel(Text(f"CIRCUIT BREAKER OPEN since t={format_seconds(round(opened_at))}: "
+                          f"evictions and failovers are FROZEN; a person is paged.\n{reason}",
+                          style="bold white on red"))
+    return Panel(Text(f"circuit breaker closed at t={format_seconds(round(closed_at))} "
+                      f"(open since t={format_seconds(round(opened_at))}: {reason}); "
+                      f"evictions and failovers go on", style="bold green"))
+
+
+def bottleneck_line(incident: dict[str, Any]) -> str:
+    """``bottleneck: node N link L (why)`` of a ``fail-slow`` incident."""
+    link = str(incident.get("subject") or "").partition("/")[2] or "?"
+    why = str(incident["message"]).partition("; ")[2] or incident["message"]
+    return f"bottleneck: node {incident['node']} link {link} ({why})"
+
+
+def bottleneck_lines(incidents: list[dict[str, Any]]) -> list[str]:
+    """One line per open fail-slow incident: what the bottleneck finder names."""
+    return [bottleneck_line(i) for i in incidents
+            if i["rule"] == "fail-slow" and i.get("status", "open") == "open"]
+
+
+def bottlenecks(incidents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every bottleneck the finder named during the run (open or resolved since)."""
+    return [{"incident": i["id"], "node": i["node"],
+             "link": str(i.get("subject") or "").partition("/")[2],
+             "status": i["status"], "message": i["message"], "line": bottleneck_line(i)}
+            for i in sorted(incidents, key=lambda i: i["detected_at"])
+            if i["rule"] == "fail-slow"]
+
+
+def false_evictions(actions: list[dict[str, Any]], faulted: dict[str, float]) -> list[str]:
+    """The nodes evicted with no fault injected on them (before the eviction).
+
+    ``faulted``: node -> the wall time of the first fault played on it.
+    """
+    return [f"{a['node']} ({a['state']})" for a in actions
+            if a["action"] == "evict" and a["state"] == "succeeded" and (
+                a["node"] not in faulted or a["created_at"] < faulted[a["node"]] - 0.5)]
+
+
+#: What took a node out of service.
+_TAKEN_OUT = ("cordon", "evict", "failover")
+
+
+def out_of_service(nodes: list[dict[str, Any]], actions: list[dict[str, Any]],
+                   repairs: list[dict[str, Any]],
+                   incidents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each node still cordoned or evicted, and why.
+
+    The incident and rule that took it out (a recovery's eviction: the incident that
+    started the recovery), and what it waits for: the repair ladder, or a person.
+    """
+    rule_of = {i["id"]: i["rule"] for i in incidents}
+    out = []
+    for node in nodes:
+        name = node["name"]
+        if node["state"] not in ("cordoned", "evicted") and not node.get("cordoned_by_us"):
+            continue
+        taken = sorted((a for a in actions if a["node"] == name
+                        and a["action"] in _TAKEN_OUT and a["state"] == "succeeded"),
+                       key=lambda a: a["created_at"])
+        last = taken[-1] if taken else None
+        repair = next((r for r in repairs if r["node"] == name), None)
+        if repair is not None and repair["step"] in ("acting", "waiting", "verifying"):
+            awaits = (f"the repair ladder ({repair['rung']} {repair['step']}), then the "
+                      "return-to-service check")
+        elif last is not None and last["action"] == "cordon":
+            awaits = (f"a person: uncordon it once repaired (POST /api/v1/nodes/{name}/"
+                      "uncordon), then the return-to-service check")
+        else:
+            awaits = (f"a person: give it back to the job's spare pool once repaired "
+                      f"(POST /api/v1/jobs/{JOB}/spares/{name})")
+        if repair is not None and repair["step"] == "replace":
+            awaits += "; no rung of the repair ladder cleared its fault"
+        by = "?"
+        if last is not None:
+            incident = last["incident_id"]
+            by = (f"{rule_of.get(incident, last['rule'])}#{incident}" if incident is not None
+                  else last["rule"] or last["requested_by"] or "?")
+        out.append({"node": name, "state": node["state"], "by": by,
+                    "action": last["action"] if last else None,
+                    "reason": (last.get("reason") or "") if last else "", "awaits": awaits})
+    return out
+
+
+def verdict(summary: dict[str, Any]) -> str:
+    """``job recovered 2 times, ETTR 0.97, 0 false evictions``: the run in one line.
+
+    Counted from the summary (the recoveries done, the job's ratio, the healthy nodes
+    evicted), with what went wrong if anything did.
+    """
+    recovered = sum(1 for r in summary["recoveries"] if r["state"] == "done")
+    evicted = len(summary["false_evictions"])
+    line = (f"job recovered {recovered} time{'' if recovered == 1 else 's'}, "
+            f"ETTR {ratio(summary['job']['effective_training_ratio'])}, "
+            f"{evicted} false eviction{'' if evicted == 1 else 's'}")
+    if summary["undetected"]:
+        line += f", {len(summary['undetected'])} fault(s) NOT DETECTED"
+    if summary["false_node_lost"]:
+        line += f", {len(summary['false_node_lost'])} healthy node(s) taken for lost"
+    if not summary["job"].get("training"):
+        line += ", job NOT training at the end"
+    return line
+
+
+def breaker_line(breaker: dict[str, Any]) -> str:
+    """The breaker's final state, in one line."""
+    if not breaker["tripped"]:
+        return "circuit breaker: never tripped"
+    reason = str(breaker["reason"]).removeprefix("circuit breaker open: ")
+    opened = breaker.get("opened_at_seconds")
+    since = f" at t={format_seconds(round(opened))}" if opened is not None else ""
+    if breaker["open"]:
+        return f"circuit breaker: tripped{since} and still OPEN (evictions frozen): {reason}"
+    closed = breaker.get("closed_at_seconds")
+    when = f" at t={format_seconds(round(closed))}" if closed is not None else ""
+    return f"circuit breaker: tripped{since} ({reason}), closed{when}"
 
 
 def render_summary(summary: dict[str, Any], console: Console) -> None:
-    """The summary as tables."""
+    """The summary as tables; its last lines are the breaker's final state and the verdict."""
     if "error" in summary:
         console.print(f"[red]{summary['error']}[/red]")
         return
     table = Table(title=f"scenario {summary['scenario']}: injected faults", expand=True)
-    for col in ("at", "node", "fault", "detected after", "incidents", "actions",
-                "recovery"):
+    for col in ("at", "node"):
+        table.add_column(col, no_wrap=True)
+    for col in ("fault", "detected after", "incidents", "actions", "recovery"):
         table.add_column(col, overflow="fold")
     for e in summary["faults"]:
         if e["expects_detection"]:
@@ -491,25 +682,28 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
                       ", ".join(e["actions"]) + ("\nrefused: " + "; ".join(e["refused"])
                                                  if e["refused"] else ""), recs)
     console.print(table)
-    breaker = summary["breaker"]
-    if breaker["tripped"]:
-        console.print(f"[bold red]circuit breaker tripped, evictions frozen:[/bold red] "
-                      f"{breaker['reason']}")
     for rec in summary["recoveries"]:
         mttr = rec["mttr_seconds"]
         console.print(f"recovery {rec['id'][:8]} ({rec['kind']}): {rec['state']}, "
                       f"{', '.join(rec['failed_nodes'])} -> "
                       f"{', '.join(rec['replacement_nodes']) or '-'}, generation "
                       f"{rec['generation']}" + (f", {mttr:.1f}s" if mttr is not None else ""))
+    for item in summary.get("bottlenecks", []):
+        slowed = str(item["message"]).partition("; ")[0]  # job J: step time +N % since T
+        console.print(Text(f"{item['line']}: {slowed} ({item['status']})", style="yellow"))
+    for out in summary.get("out_of_service", []):
+        console.print(f"[magenta]{out['node']} is {out['state']}[/magenta]: "
+                      f"{out['action'] or 'taken out'} by {out['by']}"
+                      + (f" ({out['reason']})" if out["reason"] else "")
+                      + f"; awaits {out['awaits']}")
     job = summary["job"]
-    ettr = job["effective_training_ratio"]
     reason = f" ({job['state_reason']})" if job.get("state_reason") else ""
     console.print(f"job {JOB}: {job['state']}{reason}, step {job['last_step']}, generation "
                   f"{job['generation']}, effective training ratio "
-                  + (f"{ettr:.3f}" if isinstance(ettr, int | float) else "-"))
+                  f"{ratio(job['effective_training_ratio'])}")
     lat = summary["detection_latency_seconds"]
     if lat["max"] is not None:
-        console.print(f"detection latency: mean {lat['mean']}s, max {lat['max']}s")
+        console.print(f"detection latency: mean {lat['mean']:.1f}s, max {lat['max']:.1f}s")
     if summary["undetected"]:
         console.print("[bold red]undetected:[/bold red] " + "; ".join(summary["undetected"]))
     for what, key in (("healthy nodes taken for lost", "false_node_lost"),
@@ -518,6 +712,13 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
             console.print(f"[bold red]{what}:[/bold red] " + "; ".join(summary[key]))
     if not summary["job"].get("training"):
         console.print(f"[bold red]job {JOB} is not training at the end[/bold red]")
+    console.print(f"topology page: {summary['page']} (served while the demo runs; "
+                  "--keep-running keeps it up)")
+    breaker = summary["breaker"]
+    style = "bold red" if breaker["open"] else ("bold green" if breaker["tripped"] else "")
+    console.print(Text(breaker_line(breaker), style=style))
+    console.print(Text("verdict: " + summary["verdict"],
+                       style="bold green" if summary["ok"] else "bold red"))
 
 
 def run_demo(options: DemoOptions) -> int:
@@ -553,6 +754,7 @@ def run_demo(options: DemoOptions) -> int:
                 return 1
             if stop.is_set():
                 return 130
+            progress(f"topology page: {page_url(sn.url)}")
             progress(f"playing scenario {options.scenario.name} at x{options.speed:g}: "
                      f"{options.scenario.description}")
             if headless:

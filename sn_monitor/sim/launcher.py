@@ -127,7 +127,8 @@ def start_ranks(state: dict[str, Any], nodes: Sequence[str], generation: int,
            and not k.startswith(("SLURM_", "SN_"))}
     env.update(SN_CONTROLLER_URL=state["controller"],
                SN_JOB=state["job"], WORLD_SIZE=str(len(nodes)), LOCAL_RANK="0",
-               SN_FLUSH_INTERVAL=str(state.get("flush_interval", 1.0)))
+               SN_FLUSH_INTERVAL=str(state.get("flush_interval", 1.0)),
+               SN_JOB_NODES=",".join(nodes))
     if state.get("token_file"):
         env["SN_TOKEN_FILE"] = state["token_file"]
     python = state.get("python") or sys.executable

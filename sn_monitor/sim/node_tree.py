@@ -130,6 +130,11 @@ _NETDEV_HEADER = (
 )
 
 
+def congestion_share(factor: float) -> float:
+    """The share of its data a port congested ``factor`` times (its wait) still moves."""
+    return max(0.5, 1.0 - 0.005 * factor)
+
+
 @dataclass
 class PortFailSlow:
     """What a fail-slow fault holds on a port (at rest: a healthy port).
@@ -347,7 +352,7 @@ class SimulatedNodeTree:
         with self._lock:
             port = self._port(device)
             port.fail_slow.wait_factor = factor
-            port.fail_slow.throughput_share = max(0.5, 1.0 - 0.005 * factor)
+            port.fail_slow.throughput_share = congestion_share(factor)
 
     def degrade_ib_port(self, device: str, rate_gbps: float) -> None:
         """``device`` port 1 trains again at ``rate_gbps`` (fewer lanes, a lower speed).

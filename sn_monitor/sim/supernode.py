@@ -14,7 +14,9 @@ What ``sn-monitor demo`` runs, on 127.0.0.1, under one state directory:
   racks have values;
 * a DistributedJob ``demo`` over every node but the last ``spares`` (its spares), run by
   :mod:`sn_monitor.sim.launcher`: one :mod:`sn_monitor.sim.train` rank per node,
-  started detached, restarted on the controller's ``restore``.
+  started detached, restarted on the controller's ``restore``. The ranks step at the
+  pace the fail-slow faults standing on the job's nodes allow (:mod:`sn_monitor.sim.pace`:
+  the supernode writes them to ``STATE/job/pace.json`` as it plays them).
 
 Every child runs in its own session (process group); :meth:`Supernode.close` stops them
 all (SIGCONT first, for agents a scenario has frozen, then SIGTERM, then SIGKILL).
@@ -43,6 +45,7 @@ from sn_monitor.errors import SnMonitorError
 from sn_monitor.rules.spec import packaged_rules, rule_documents
 from sn_monitor.sim import launcher
 from sn_monitor.sim.fleet import node_name
+from sn_monitor.sim.pace import PaceBook
 
 JOB = "demo"
 #: The shortest heartbeat timeout of the scaled rules (wall seconds).
@@ -209,6 +212,9 @@ class Supernode:
         self.spares = self.names[options.nodes - options.spares:]
         self.job_root = self.root / "job"
         self.launcher_state = self.job_root / "launcher.json"
+        self.job_root.mkdir(parents=True, exist_ok=True)
+        #: The fail-slow faults standing, which pace the job's ranks.
+        self.pace = PaceBook(self.job_root / "pace.json")
         self.session = requests.Session()
         self.agents: dict[str, Child] = {}
         self.agent_urls: dict[str, str] = {}
@@ -317,7 +323,8 @@ class Supernode:
             "--checkpoint-dir", str(self.job_root / "ckpt"),
             "--log-dir", str(self.job_root / "logs"), "--flush-interval", "0.5",
             "--", "--steps", "1000000000", "--step-time", f"{opts.step_time:g}",
-            "--checkpoint-every", str(opts.checkpoint_every), "--width", "16")
+            "--checkpoint-every", str(opts.checkpoint_every), "--width", "16",
+            "--pace-file", str(self.pace.path))
         self._run_launcher("start", "--nodes", ",".join(self.job_nodes))
 
         def training() -> bool:
@@ -405,7 +412,9 @@ class Supernode:
                                                     if v is not None}}
         if gpu is not None:
             body["gpu"] = gpu
-        return self._post_fault(node, body)
+        result = self._post_fault(node, body)
+        self.pace.play(node, fault, gpu, body)
+        return result
 
     def _post_fault(self, node: str, body: dict[str, Any]) -> str:
         reply = self.session.post(f"{self.agent_urls[node]}/sim/fault", json=body, timeout=10)

@@ -18,6 +18,10 @@ reported with ``progress(step)``; a checkpoint is saved every ``--checkpoint-eve
 steps and whenever the controller asks (``should_checkpoint()``). Rank 0 writes
 checkpoints and reports them; other ranks only report progress.
 
+``--pace-file F`` (the demo's): the step time follows the fail-slow faults standing on
+the job's nodes (``SN_JOB_NODES``, set by the launcher), as :mod:`sn_monitor.sim.pace`
+reads them.
+
 For tests: ``--crash-at S`` dies at the start of step S (exit code 1, no clean-up, like
 a node failure), ``--hang-at S`` stops making progress at the start of step S but keeps
 running (like a rank stuck in an NCCL collective) until it is killed.
@@ -38,6 +42,7 @@ from pathlib import Path
 
 from sn_monitor.client import JobClient
 from sn_monitor.dcp import DcpError, is_complete, read_metadata, write_checkpoint
+from sn_monitor.sim.pace import Pace
 
 #: The state-dict entry that holds the step (the layers are entries of their own).
 TRAIN_STATE = "train_state"
@@ -110,6 +115,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=100, metavar="K")
     parser.add_argument("--step-time", type=float, default=0.05, metavar="SECONDS",
                         help="simulated compute time per step")
+    parser.add_argument("--pace-file", type=Path, metavar="F",
+                        help="fail-slow faults standing on the job's nodes (sim.pace): "
+                             "the step time slows as they say")
     parser.add_argument("--width", type=int, default=64, help="floats per fake layer")
     parser.add_argument("--crash-at", type=int, metavar="STEP",
                         help="exit non-zero at the start of STEP (a node failure)")
@@ -119,6 +127,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.steps < 0 or args.checkpoint_every < 1 or args.step_time < 0:
         parser.error("--steps >= 0, --checkpoint-every >= 1 and --step-time >= 0")
     return args
+
+
+def job_pace(pace_file: Path | None) -> Pace | None:
+    """The job's pace from ``pace_file`` over the job's nodes (``SN_JOB_NODES``)."""
+    if pace_file is None:
+        return None
+    nodes = os.environ.get("SN_JOB_NODES")
+    return Pace(pace_file, nodes.split(",") if nodes else None)
+
+
+def step_seconds(step_time: float, pace: Pace | None) -> float:
+    """One step's compute time: the healthy one, slowed by the fail-slow faults standing."""
+    return step_time * (pace.factor() if pace is not None else 1.0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -153,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("starting from step 0", flush=True)
 
     last_saved = step
+    pace = job_pace(args.pace_file)
     while step < args.steps:
         step += 1
         if step == args.crash_at:
@@ -163,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             while True:
                 time.sleep(1)
         if args.step_time:
-            time.sleep(args.step_time)
+            time.sleep(step_seconds(args.step_time, pace))
         loss = train_step(model, step)
         client.progress(step)
         requested = client.should_checkpoint()

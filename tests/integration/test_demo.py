@@ -4,9 +4,10 @@ One run, as ``make demo`` runs it (a controller, 16 agents, a 14-rank job with 2
 at x10) on a machine kept busy by two CPU hogs all along, checks the JSON summary: exit
 0, every fault detected, no healthy node taken for lost or evicted, the throttle /
 release of the hot GPU, the fail-over and restore of the fatal XID, the circuit breaker
-freezing the burst and closing once the partition heals, the job training at the end
-on its nodes, and its effective training ratio. A broken scenario file is refused
-before anything starts.
+freezing the burst and closing once the partition heals (and the demo saying when), the
+job training at the end on its nodes, its effective training ratio and the one-line
+verdict counted from the run. The fail-slow scenario slows the job and the bottleneck
+finder names the link. A broken scenario file is refused before anything starts.
 """
 
 from __future__ import annotations
@@ -129,7 +130,29 @@ def test_the_burst_trips_the_breaker_and_evictions_are_frozen_until_it_heals(sum
               if a.split()[0] == "evict" and a.split()[1] in ("cancelled", "refused", "held")]
     assert frozen, burst
     assert summary["actions"]["evict"].get("succeeded", 0) <= 2  # the two real failures
-    assert summary["breaker"]["open"] is False  # closed by itself once the nodes were back
+    breaker = summary["breaker"]
+    assert breaker["open"] is False  # closed by itself once the nodes were back
+    # ... and the demo says when: on the live view's log and in the summary
+    assert breaker["opened_at_seconds"] < breaker["closed_at_seconds"]
+    assert "circuit breaker closed at t=" in summary["_stderr"]
+
+
+def test_the_verdict_is_counted_from_the_run(summary):
+    recovered = sum(1 for r in summary["recoveries"] if r["state"] == "done")
+    assert recovered >= 1
+    ettr = summary["job"]["effective_training_ratio"]
+    assert summary["verdict"] == (
+        f"job recovered {recovered} time{'' if recovered == 1 else 's'}, ETTR {ettr:.2f}, "
+        "0 false evictions")
+
+
+def test_the_page_is_named_and_each_node_still_out_says_why(summary):
+    page = f"{summary['controller']}/ui/topology"
+    assert summary["page"] == page
+    assert f"topology page: {page}" in summary["_stderr"]
+    for out in summary["out_of_service"]:
+        assert out["by"] != "?", out
+        assert out["awaits"], out
 
 
 def test_no_healthy_node_is_taken_for_faulty_and_the_job_trains_at_the_end(summary):
@@ -146,6 +169,30 @@ def test_the_job_trained_and_its_effective_training_ratio_is_reported(summary):
     assert job["last_step"] > 0
     assert job["generation"] >= 1
     assert 0 < job["effective_training_ratio"] <= 1
+
+
+@pytest.mark.timeout(420)
+def test_the_fail_slow_scenario_slows_the_job_and_the_finder_names_the_link(tmp_path: Path):
+    """A rail NIC at half rate: the job's step time follows it, and the bottleneck finder
+    names the node and port."""
+    state = tmp_path / "demo"
+    try:
+        done = _demo("--headless", "--nodes", "8", "--scenario", "fail-slow", "--speed",
+                     "10", "--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(state),
+                     timeout=400)
+    finally:
+        _kill_left_over(state)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    assert doc["ok"], doc
+    (slow,) = _faults(doc, "nic-degraded")
+    assert slow["incidents"][0].startswith("fail-slow#")
+    (named,) = doc["bottlenecks"]
+    assert (named["node"], named["link"]) == ("sim-0002", "mlx5_3")
+    assert named["line"].startswith("bottleneck: node sim-0002 link mlx5_3 (")
+    assert "step time +" in named["message"]
+    assert doc["false_evictions"] == []
+    assert doc["verdict"].startswith("job recovered 0 times, ETTR ")
 
 
 def test_a_bad_scenario_file_is_refused_with_its_line(tmp_path: Path):

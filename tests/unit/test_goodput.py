@@ -4,6 +4,7 @@ rate, trace files and their errors, the subcommand."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import subprocess
@@ -327,3 +328,31 @@ def test_the_subcommand_prints_json_and_refuses_a_bad_trace(tmp_path: Path) -> N
     assert bad.returncode == 2
     assert f"{tmp_path / 'bad.csv'}:2: kind:" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+# ---------------------------------------------------------------------- logging
+
+
+def test_a_replay_logs_nothing_above_warning_unless_asked(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The XID outlasts every rung: the simulated controller says "needs a person"
+    (CRITICAL) only when the person running the replay asked for its logs."""
+    from sn_monitor.cli import build_parser  # not main(): it sets the process's logging
+    from sn_monitor.goodput.command import run_goodput
+
+    caplog.set_level(logging.DEBUG)
+    quiet = ReplayOptions(policies=("sn-monitor",))
+    [result] = replay(_one_xid(), TINY, quiet)
+    assert result.interruptions == 1  # the fault was played and handled
+    assert [r.getMessage() for r in caplog.records if r.levelno > logging.WARNING] == []
+    assert logging.getLogger("sn_monitor.controller").level == logging.NOTSET  # restored
+
+    replay(_one_xid(), TINY, ReplayOptions(policies=("sn-monitor",), controller_logs=True))
+    assert any("no rung cleared the fault" in r.getMessage() and r.levelno == logging.CRITICAL
+               for r in caplog.records)
+
+    caplog.clear()
+    args = build_parser().parse_args(["goodput", "--nodes", "64", "--spares", "2",
+                                      "--days", "3", "--policies", "sn-monitor", "--json"])
+    assert run_goodput(args) == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno > logging.WARNING] == []

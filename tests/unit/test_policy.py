@@ -339,3 +339,8 @@ def test_uncordon_guard() -> None:
 def test_human_duration() -> None:
     assert [human_duration(s) for s in (0.5, 30, 120, 5400, 3661)] == \
         ["0.5s", "30s", "2m", "1h30m", "1h1m1s"]
+
+
+def test_human_duration_rounds_what_a_clock_measured() -> None:
+    assert [human_duration(s) for s in (0.0268811, 3.14159, 12.3456, 59.96)] == \
+        ["0.03s", "3.14s", "12.3s", "60s"]

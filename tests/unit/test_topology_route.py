@@ -22,6 +22,16 @@ def test_the_page_is_served_without_a_token_and_not_cached(tmp_path: Path) -> No
     assert api.client.get("/api/v1/nodes").status_code == 401
 
 
+def test_the_bare_address_redirects_to_the_page_without_a_token(tmp_path: Path) -> None:
+    api, _ = make_api(tmp_path)
+    reply = api.client.get("/", follow_redirects=False)
+    assert reply.status_code == 307
+    assert reply.headers["location"] == "/ui/topology"
+    followed = api.client.get("/")
+    assert followed.status_code == 200
+    assert followed.content == PAGE.read_bytes()
+
+
 def test_the_page_loads_nothing_from_elsewhere() -> None:
     page = PAGE.read_text(encoding="utf-8")
     assert 'data-app="sn-topology"' in page

@@ -108,9 +108,12 @@ def _action_names(value: list[str]) -> None:
 
 
 def human_duration(seconds: float) -> str:
-    """120 -> ``2m``, 5400 -> ``1h30m``, 0.5 -> ``0.5s``: for reasons people read."""
+    """120 -> ``2m``, 5400 -> ``1h30m``, 0.5 -> ``0.5s``, 0.0268 -> ``0.03s``: for people.
+
+    Under a minute: two decimals below 10 s, one below 60 s (a clock's noise is not news).
+    """
     if seconds < 60:
-        return f"{seconds:g}s"
+        return f"{round(seconds, 2 if seconds < 10 else 1):g}s"
     whole = round(seconds)
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
