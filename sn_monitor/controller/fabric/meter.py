@@ -38,6 +38,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import msgspec
+
 from sn_monitor.model import GpuReport, IbPortReport, Report
 
 #: Port counters summed into ``errors_per_second``: link and packet errors, not congestion.
@@ -170,8 +172,7 @@ class NodeReadings:
     frozen: NodeValues | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class PortValues:
+class PortValues(msgspec.Struct, frozen=True, gc=False):
     """One port's state, link rate and smoothed rates at one moment (see PortReading)."""
 
     device: str
@@ -187,8 +188,7 @@ class PortValues:
     errors_per_second: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class GpuValues:
+class GpuValues(msgspec.Struct, frozen=True, gc=False):
     """One GPU's latest values and smoothed NVLink rates at one moment (see GpuReading)."""
 
     index: int
@@ -204,9 +204,12 @@ class GpuValues:
     nvlink_errors_per_second: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class NodeValues:
-    """What the meter knew of one node at one moment: it never changes after."""
+class NodeValues(msgspec.Struct, frozen=True, gc=False):
+    """What the meter knew of one node at one moment: it never changes after.
+
+    Frozen values hold no cycle: the cyclic garbage collector never tracks them (a
+    full collection walks every tracked object, and pauses every thread meanwhile).
+    """
 
     ports: Mapping[tuple[str, int], PortValues]
     gpus: Mapping[int, GpuValues]

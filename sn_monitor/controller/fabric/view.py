@@ -5,9 +5,13 @@ labels and states, their topologies (:meth:`~.book.TopologyBook.wirings`), their
 rates (:meth:`~.meter.FabricMeter.values`), the open incidents, the jobs and the
 fail-slow bottlenecks. Every input is a copy or frozen: at thousands of nodes the
 document takes a second to build, and it is built with no lock held (the reports take
-the one that guards the book and the meter). Each node, GPU, port and rail gets a
-``health`` the page colours: ``ok``, ``degraded``, ``failed``, or ``unknown`` (no
-report yet).
+the one that guards the book and the meter). Each node's part is encoded as JSON as
+soon as it is made (a ``msgspec.Raw`` in ``nodes``): a whole document of a million
+dicts and lists, alive while it grows, made the cyclic garbage collector walk the
+process again and again, every thread (the event loop too) stopped a second each time;
+encoded with any msgspec JSON encoder, the document reads the same. Each node, GPU, port
+and rail gets a ``health`` the page colours: ``ok``, ``degraded``, ``failed``, or
+``unknown`` (no report yet).
 
 - a **port** is ``failed`` when its state is not ACTIVE, ``degraded`` when its rate is
   below the best of its rail, it counts errors, or a bottleneck names it;
@@ -24,6 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from sn_monitor.controller.fabric.book import NodeWiring
 from sn_monitor.controller.fabric.meter import (
     SLOWING_REASONS,
@@ -37,6 +43,7 @@ from sn_monitor.rules.view import NodeView
 
 _ACTIVE = 4
 _RANK = {"ok": 0, "unknown": 0, "degraded": 1, "failed": 2}
+_encoder = msgspec.json.Encoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +79,10 @@ def fleet_topology(
     fail_slow: Sequence[Mapping[str, Any]],
     job: str | None = None,
 ) -> dict[str, Any]:
-    """The ``/api/v1/topology`` document (see the module docstring)."""
+    """The ``/api/v1/topology`` document (see the module docstring).
+
+    ``nodes`` maps each node to its part, already encoded (``msgspec.Raw``).
+    """
     by_node: dict[str, list[Mapping[str, Any]]] = {}
     for incident in incidents:
         by_node.setdefault(str(incident["node"]), []).append(incident)
@@ -82,17 +92,20 @@ def fleet_topology(
     for j in jobs:
         for node in j.nodes:
             jobs_of.setdefault(node, []).append(j.name)
-    nodes: dict[str, Any] = {}
+    nodes: dict[str, msgspec.Raw] = {}
+    on_rails: dict[int, list[tuple[dict[str, Any], str]]] = {}
     tree: dict[str, dict[str, list[str]]] = {}
     for name in sorted(views):
         view = views[name]
         supernode = view.labels.get("supernode", "")
         rack = view.labels.get("rack", "")
         tree.setdefault(supernode, {}).setdefault(rack, []).append(name)
-        nodes[name] = _node(view, states.get(name, view.state), by_node.get(name, []),
-                            wirings.get(name), readings.get(name), best, marked,
-                            sorted(jobs_of.get(name, [])))
-    rails = _rails(nodes)
+        part = _node(view, states.get(name, view.state), by_node.get(name, []),
+                     wirings.get(name), readings.get(name), best, marked,
+                     sorted(jobs_of.get(name, [])))
+        _take_rail_ports(name, part, on_rails)
+        nodes[name] = msgspec.Raw(_encoder.encode(part))
+    rails = _rails(on_rails)
     return {
         "time": now,
         "job": job,
@@ -259,16 +272,20 @@ def _nic(node: str, device: str, topo: NicTopology | None, ports: list[PortValue
     }
 
 
-def _rails(nodes: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    rails: dict[int, list[tuple[dict[str, Any], str]]] = {}
-    for name, node in nodes.items():
-        for nic in node["nics"]:
-            if nic["rail"] is None:
-                continue
-            for port in nic["ports"]:
-                rails.setdefault(nic["rail"], []).append(
-                    ({"node": name, "device": nic["device"], "port": port["port"]},
-                     port["health"]))
+def _take_rail_ports(name: str, node: Mapping[str, Any],
+                     rails: dict[int, list[tuple[dict[str, Any], str]]]) -> None:
+    """The node's ports on a rail, with their health, onto their rail's list."""
+    for nic in node["nics"]:
+        if nic["rail"] is None:
+            continue
+        for port in nic["ports"]:
+            rails.setdefault(nic["rail"], []).append(
+                ({"node": name, "device": nic["device"], "port": port["port"]},
+                 port["health"]))
+
+
+def _rails(rails: Mapping[int, list[tuple[dict[str, Any], str]]]) -> list[dict[str, Any]]:
+    """Each rail's health and ports (:func:`_take_rail_ports` gathered them)."""
     out = []
     for rail, members in sorted(rails.items()):
         healths = [h for _, h in members]
