@@ -93,7 +93,7 @@ def fleet_topology(
         for node in j.nodes:
             jobs_of.setdefault(node, []).append(j.name)
     nodes: dict[str, msgspec.Raw] = {}
-    on_rails: dict[int, list[tuple[dict[str, Any], str]]] = {}
+    on_rails: dict[int, list[tuple[str, str, int, str]]] = {}
     tree: dict[str, dict[str, list[str]]] = {}
     for name in sorted(views):
         view = views[name]
@@ -273,22 +273,27 @@ def _nic(node: str, device: str, topo: NicTopology | None, ports: list[PortValue
 
 
 def _take_rail_ports(name: str, node: Mapping[str, Any],
-                     rails: dict[int, list[tuple[dict[str, Any], str]]]) -> None:
-    """The node's ports on a rail, with their health, onto their rail's list."""
+                     rails: dict[int, list[tuple[str, str, int, str]]]) -> None:
+    """The node's ports on a rail onto their rail's list: (node, device, port, health).
+
+    Tuples of strings and numbers, which the garbage collector stops tracking.
+    """
     for nic in node["nics"]:
         if nic["rail"] is None:
             continue
         for port in nic["ports"]:
             rails.setdefault(nic["rail"], []).append(
-                ({"node": name, "device": nic["device"], "port": port["port"]},
-                 port["health"]))
+                (name, nic["device"], port["port"], port["health"]))
 
 
-def _rails(rails: Mapping[int, list[tuple[dict[str, Any], str]]]) -> list[dict[str, Any]]:
-    """Each rail's health and ports (:func:`_take_rail_ports` gathered them)."""
+def _rails(rails: Mapping[int, list[tuple[str, str, int, str]]]) -> list[dict[str, Any]]:
+    """Each rail's health and ports (:func:`_take_rail_ports` gathered them).
+
+    Each rail's ports are encoded at once, as the nodes' parts are.
+    """
     out = []
     for rail, members in sorted(rails.items()):
-        healths = [h for _, h in members]
+        healths = [h for _, _, _, h in members]
         known = [h for h in healths if h != "unknown"]
         if known and all(h == "failed" for h in known):
             health = "failed"
@@ -296,5 +301,7 @@ def _rails(rails: Mapping[int, list[tuple[dict[str, Any], str]]]) -> list[dict[s
             health = "degraded"
         else:
             health = "ok" if known else "unknown"
-        out.append({"rail": rail, "health": health, "ports": [m for m, _ in members]})
+        ports = [{"node": node, "device": device, "port": port}
+                 for node, device, port, _ in members]
+        out.append({"rail": rail, "health": health, "ports": msgspec.Raw(_encoder.encode(ports))})
     return out
