@@ -12,7 +12,9 @@ its ASGI twin) and the probes (``/healthz``, ``/readyz``, ``/livez``,
 ``/openapi.json``). Every other handler makes its controller call in the thread pool
 (:func:`off_loop`): those read the store, take the job orchestrator's lock, verify
 checkpoints on shared storage, call Alertmanager or a driver, or render thousands of
-rows. ``tests/unit/test_api_threads.py`` checks every route against this rule.
+rows. Their answers are encoded there too (:func:`json_off_loop`): the topology of
+4,096 nodes is tens of MB of JSON. ``tests/unit/test_api_threads.py`` checks every
+route against this rule.
 """
 
 from __future__ import annotations
@@ -155,6 +157,22 @@ _T = TypeVar("_T")
 async def off_loop(fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
     """``fn(*args, **kwargs)`` in the thread pool (the rule in the module docstring)."""
     return await run_in_threadpool(fn, *args, **kwargs)
+
+
+async def json_off_loop(answer: Callable[[], Any], status: int = 200) -> Response:
+    """``answer()``, made and encoded as JSON in the thread pool (the module's rule).
+
+    A :class:`~sn_monitor.controller.errors.ControllerError` it raises comes back here.
+    """
+    body = await run_in_threadpool(lambda: _encoder.encode(answer()))
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def _found(doc: _T | None, missing: str) -> _T:
+    """``doc``, or NotFound saying ``missing`` when there is none."""
+    if doc is None:
+        raise NotFound(missing)
+    return doc
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -452,20 +470,19 @@ def _build_router(
     async def alertmanager(request: Request) -> Response:
         identity = identify(request, "operate")
         body = await read_body(request)
-        return _json(await off_loop(controller.ingest_alerts, body, identity.name))
+        return await json_off_loop(lambda: controller.ingest_alerts(body, identity.name))
 
     @guarded
     async def nodes(request: Request) -> Response:
         identify(request, "read")
-        return _json({"nodes": await off_loop(controller.list_nodes)})
+        return await json_off_loop(lambda: {"nodes": controller.list_nodes()})
 
     @guarded
     async def node(request: Request) -> Response:
         identify(request, "read")
-        found = await off_loop(controller.get_node, request.path_params["name"])
-        if found is None:
-            raise NotFound(f"no node {request.path_params['name']!r}")
-        return _json(found)
+        name = request.path_params["name"]
+        return await json_off_loop(lambda: _found(controller.get_node(name),
+                                                  f"no node {name!r}"))
 
     def node_action(action: str) -> Handler:
         @guarded
@@ -484,9 +501,8 @@ def _build_router(
                 reason = doc.get("reason") or reason
             if await off_loop(controller.get_node, name) is None:
                 raise NotFound(f"no node {name!r}")
-            record = await off_loop(controller.manual_action, action, name,
-                                             identity.name, reason)
-            return _json(record, 202)
+            return await json_off_loop(
+                lambda: controller.manual_action(action, name, identity.name, reason), 202)
         return run
 
     def _limit(request: Request) -> int:
@@ -513,46 +529,47 @@ def _build_router(
         status = request.query_params.get("status")
         if status not in (None, "open", "closed"):
             raise Invalid("status must be open or closed")
-        return _json({"incidents": await off_loop(
-            controller.list_incidents, status, request.query_params.get("node"),
-            _limit(request))})
+        node, limit = request.query_params.get("node"), _limit(request)
+        return await json_off_loop(
+            lambda: {"incidents": controller.list_incidents(status, node, limit)})
 
     @guarded
     async def incident(request: Request) -> Response:
         identify(request, "read")
         raw = request.path_params["incident_id"]
         number = _whole_number(raw)
-        found = await off_loop(controller.get_incident, number) if number is not None and \
-            number <= _MAX_ID else None
-        if found is None:
+        if number is None or number > _MAX_ID:
             raise NotFound(f"no incident {raw!r}")
-        return _json(found)
+        return await json_off_loop(lambda: _found(controller.get_incident(number),
+                                                  f"no incident {raw!r}"))
 
     @guarded
     async def actions(request: Request) -> Response:
         identify(request, "read")
         only_query(request, "node", "state", "limit")
-        return _json({"actions": await off_loop(
-            controller.list_actions, request.query_params.get("node"),
-            request.query_params.get("state"), _limit(request))})
+        node, state, limit = (request.query_params.get("node"),
+                              request.query_params.get("state"), _limit(request))
+        return await json_off_loop(
+            lambda: {"actions": controller.list_actions(node, state, limit)})
 
     @guarded
     async def events(request: Request) -> Response:
         identify(request, "read")
         only_query(request, "node", "kind", "limit")
-        return _json({"events": await off_loop(
-            controller.list_events, request.query_params.get("node"),
-            request.query_params.get("kind"), _limit(request))})
+        node, kind, limit = (request.query_params.get("node"),
+                             request.query_params.get("kind"), _limit(request))
+        return await json_off_loop(lambda: {"events": controller.list_events(node, kind, limit)})
 
     @guarded
     async def jobs(request: Request) -> Response:
         if request.method == "POST":
             identity = identify(request, "operate")
             body = await read_body(request, yaml_allowed=True)
-            return _json(await off_loop(controller.add_job, body, identity.name,
-                                                 identity.at_least("admin")), 201)
+            admin = identity.at_least("admin")
+            return await json_off_loop(lambda: controller.add_job(body, identity.name, admin),
+                                       201)
         identify(request, "read")
-        return _json({"jobs": await off_loop(controller.list_jobs)})
+        return await json_off_loop(lambda: {"jobs": controller.list_jobs()})
 
     @guarded
     async def job(request: Request) -> Response:
@@ -562,58 +579,56 @@ def _build_router(
             await off_loop(controller.delete_job, name, identity.name)
             return Response(status_code=204)
         identify(request, "read")
-        found = await off_loop(controller.get_job, name)
-        if found is None:
-            raise NotFound(f"no job {name!r}")
-        return _json(found)
+        return await json_off_loop(lambda: _found(controller.get_job(name), f"no job {name!r}"))
 
     @guarded
     async def job_progress(request: Request) -> Response:
         identify(request, "agent")
         body = await read_body(request)
-        return _json(await off_loop(controller.job_progress, request.path_params["name"], body))
+        name = request.path_params["name"]
+        return await json_off_loop(lambda: controller.job_progress(name, body))
 
     @guarded
     async def job_checkpoints(request: Request) -> Response:
         identify(request, "agent")
         body = await read_body(request)
-        return _json(await off_loop(controller.job_checkpoint,
-                                              request.path_params["name"], body))
+        name = request.path_params["name"]
+        return await json_off_loop(lambda: controller.job_checkpoint(name, body))
 
     @guarded
     async def restore_point(request: Request) -> Response:
         identify(request, "agent")
-        point = await off_loop(controller.restore_point, request.path_params["name"])
-        if point is None:
-            raise NotFound("no complete checkpoint yet")
-        return _json(point)
+        name = request.path_params["name"]
+        return await json_off_loop(lambda: _found(controller.restore_point(name),
+                                                  "no complete checkpoint yet"))
 
     @guarded
     async def return_to_pool(request: Request) -> Response:
         identity = identify(request, "operate")
-        return _json(await off_loop(
-            controller.return_to_pool, request.path_params["name"],
-            request.path_params["node"], identity.name))
+        name, node = request.path_params["name"], request.path_params["node"]
+        return await json_off_loop(lambda: controller.return_to_pool(name, node, identity.name))
 
     @guarded
     async def recoveries(request: Request) -> Response:
         identify(request, "read")
         only_query(request, "job", "limit")
-        return _json({"recoveries": await off_loop(
-            controller.list_recoveries, request.query_params.get("job"), _limit(request))})
+        job, limit = request.query_params.get("job"), _limit(request)
+        return await json_off_loop(
+            lambda: {"recoveries": controller.list_recoveries(job, limit)})
 
     @guarded
     async def repairs(request: Request) -> Response:
         identify(request, "read")
         only_query(request, "node", "limit")
-        return _json({"repairs": await off_loop(
-            controller.list_repairs, request.query_params.get("node"), _limit(request))})
+        node, limit = request.query_params.get("node"), _limit(request)
+        return await json_off_loop(lambda: {"repairs": controller.list_repairs(node, limit)})
 
     @guarded
     async def topology(request: Request) -> Response:
         identify(request, "read")
         only_query(request, "job")
-        return _json(await off_loop(controller.topology, request.query_params.get("job")))
+        job = request.query_params.get("job")
+        return await json_off_loop(lambda: controller.topology(job))
 
     async def topology_page(request: Request) -> Response:
         return HTMLResponse(_page("topology.html"), headers=_PAGE_HEADERS)
@@ -625,21 +640,20 @@ def _build_router(
     @guarded
     async def approve_recovery(request: Request) -> Response:
         identity = identify(request, "operate")
-        return _json(await off_loop(
-            controller.approve_recovery, request.path_params["recovery_id"], identity.name))
+        recovery = request.path_params["recovery_id"]
+        return await json_off_loop(lambda: controller.approve_recovery(recovery, identity.name))
 
     @guarded
     async def approve(request: Request) -> Response:
         identity = identify(request, "operate")
-        record = await off_loop(controller.approve, request.path_params["action_id"],
-                                         identity.name)
-        return _json(record)
+        action = request.path_params["action_id"]
+        return await json_off_loop(lambda: controller.approve(action, identity.name))
 
     @guarded
     async def breaker(request: Request) -> Response:
         if request.method == "GET":
             identify(request, "read")
-            return _json(await off_loop(controller.breaker_state))
+            return await json_off_loop(controller.breaker_state)
         identity = identify(request, "operate")
         body = await read_body(request)
         try:
@@ -648,13 +662,13 @@ def _build_router(
             raise Invalid(f"invalid body: {err}") from None
         except msgspec.DecodeError as err:
             raise Malformed(f"malformed JSON: {err}") from None
-        return _json(await off_loop(controller.set_breaker, doc.open, identity.name,
-                                             doc.reason))
+        return await json_off_loop(lambda: controller.set_breaker(doc.open, identity.name,
+                                                                  doc.reason))
 
     @guarded
     async def service_discovery(request: Request) -> Response:
         identify(request, "read")
-        return _json(await off_loop(controller.service_discovery))
+        return await json_off_loop(controller.service_discovery)
 
     async def healthz(request: Request) -> Response:
         ok, body = controller.health()

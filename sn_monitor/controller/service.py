@@ -671,12 +671,21 @@ class Controller:
         paces = [JobPace(j.name, j.nodes, j.generation, j.state == "running",
                          j.recent_step_seconds or j.median_step_seconds)
                  for j in self.jobs.jobs()]
-        with self._fabric_lock:
+        # the meter's readings lock first: waiting for it (a topology being read) while
+        # holding the fabric lock would hold every report
+        with self.finder.meter.reading(), self._fabric_lock:
             findings = self.failslow.tick(paces, now)
         self._take(findings)
 
     def topology(self, job: str | None = None) -> dict[str, Any]:
-        """``GET /api/v1/topology``: the fleet graph, rates and bottlenecks (fabric.view)."""
+        """``GET /api/v1/topology``: the fleet graph, rates and bottlenecks (fabric.view).
+
+        Under the fabric lock, which every report takes, only copies are made (the jobs
+        are read before it, their lock may wait on a store); the rates are worked in
+        under the meter's readings lock, which no report takes; the document (a second
+        or more at thousands of nodes) is built with no lock held. Otherwise the event
+        loop would wait on the fabric lock, every report behind it.
+        """
         now = self.clock.time()
         incidents = [{"id": i.id, "node": i.node, "rule": i.rule, "severity": i.severity,
                       "gpu": i.gpu, "message": i.message}
@@ -685,13 +694,13 @@ class Controller:
         views = self.registry.views()
         states = {name: self._state_of(name) for name in views}
         jobs: list[JobOnFabric] = []
+        statuses = [(j, self.jobs.ranks_by_node(j.name)) for j in self.jobs.jobs()]
         with self._fabric_lock:
-            for j in self.jobs.jobs():
+            for j, ranks in statuses:
                 trend = self.finder.trend(j.name)
                 slow = self.finder.slowdown(j.name, now)
                 jobs.append(JobOnFabric(
-                    name=j.name, state=j.state, nodes=j.nodes,
-                    ranks=self.jobs.ranks_by_node(j.name),
+                    name=j.name, state=j.state, nodes=j.nodes, ranks=ranks,
                     step_time_seconds=j.recent_step_seconds or j.median_step_seconds,
                     baseline_step_time_seconds=trend.baseline() if trend else None,
                     slowdown_ratio=slow.ratio if slow else 0.0 if trend else None))
@@ -699,9 +708,12 @@ class Controller:
                           "rail": b.rail, "gpu": b.gpu, "since": b.since,
                           "detected": b.detected, "slowdown_ratio": round(b.slowdown_ratio, 4),
                           "message": b.message} for b in self.failslow.standing.values()]
-            return fleet_topology(now=now, views=views, states=states, incidents=incidents,
-                                  book=self.finder.book, meter=self.finder.meter, jobs=jobs,
-                                  fail_slow=fail_slow, job=job)
+            wirings = self.finder.book.wirings()
+        meter = self.finder.meter
+        readings = {name: values for name in views if (values := meter.values(name)) is not None}
+        return fleet_topology(now=now, views=views, states=states, incidents=incidents,
+                              wirings=wirings, readings=readings, jobs=jobs,
+                              fail_slow=fail_slow, job=job)
 
     def _critical_members(self, job: str, nodes: Sequence[str] | None = None
                           ) -> tuple[str, ...]:

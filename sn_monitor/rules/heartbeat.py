@@ -37,7 +37,11 @@ class HeartbeatEvaluator(Evaluator[HeartbeatRule]):
         self._grace_from = -math.inf
 
     def forgive(self, now_monotonic: float) -> None:
-        """The controller stood still until now: silence is timed from after the grace."""
+        """The controller stood still until now: silence is timed from after the grace.
+
+        The grace is for nodes not yet found lost: a node lost before the stall stays
+        lost until it reports again (:meth:`observe`), however long the stall.
+        """
         self._grace_from = now_monotonic + UNREPORTED_GRACE_SECONDS
 
     def observe(self, view: NodeView, now: Now, out: list[Finding]) -> None:
@@ -59,13 +63,16 @@ class HeartbeatEvaluator(Evaluator[HeartbeatRule]):
                 continue
             if view.report is not None:
                 last_mono = view.received_monotonic
-                if last_mono < grace_from:
-                    last_mono = grace_from
                 if last_mono > cutoff:
                     if firing and self.is_firing(name, ""):
                         self.resolve(name, "", now.monotonic - last_mono, "reporting again",
                                      now, out)
                     continue
+                if last_mono < grace_from and not (firing and self.is_firing(name, "")):
+                    # silent since before the controller's own stall: timed from after it
+                    last_mono = grace_from
+                    if last_mono > cutoff:
+                        continue
                 last_wall = view.received_wall
             else:
                 first = self._first_seen.get(name)

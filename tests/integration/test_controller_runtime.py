@@ -8,6 +8,9 @@
   again (``sn_controller_worker_up`` back to 1) and the controller still works; a broken
   server stops the process in order.
 - SIGTERM under load: the process ends within the stop deadline, exit 0.
+- A ``GET /api/v1/topology`` whose document is being built (held there by the same
+  ``sitecustomize`` until the test lets it go): reports and ``/livez`` are answered
+  meanwhile, so the event loop waits for no API read.
 """
 
 from __future__ import annotations
@@ -52,6 +55,22 @@ if _slow:
 
     pathlib.Path.iterdir = _slow_iterdir
 
+_hold = os.environ.get("SN_TEST_HOLD_TOPOLOGY")
+if _hold:
+    import sn_monitor.controller.service as _service
+
+    _build = _service.fleet_topology
+
+    def _held_build(**kwargs):
+        if os.path.exists(_hold):
+            pathlib.Path(_hold + ".building").touch()
+            deadline = time.monotonic() + 300  # a bound on the test, should it fail
+            while os.path.exists(_hold) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return _build(**kwargs)
+
+    _service.fleet_topology = _held_build
+
 _breaks = os.environ.get("SN_TEST_BREAK_DIR")
 if _breaks:
     import importlib
@@ -94,6 +113,8 @@ class Rig:
             SITECUSTOMIZE.replace("BLOCK", repr(BLOCK_SECONDS)))
         self.breaks = root / "breaks"
         self.breaks.mkdir()
+        #: While this file exists, a topology being built waits (see SITECUSTOMIZE).
+        self.hold_topology = root / "hold-topology"
         self.ckpt = root / "ckpt"
         self.ckpt.mkdir()
         self.cluster = Cluster(root, nodes=0, config={
@@ -102,7 +123,8 @@ class Rig:
             controller.env = {
                 **os.environ, "PYTHONPATH": os.pathsep.join(
                     [str(self.site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-                "SN_TEST_SLOW_LISTING": str(self.ckpt), "SN_TEST_BREAK_DIR": str(self.breaks)}
+                "SN_TEST_SLOW_LISTING": str(self.ckpt), "SN_TEST_BREAK_DIR": str(self.breaks),
+                "SN_TEST_HOLD_TOPOLOGY": str(self.hold_topology)}
         self.sequence = 0
         self.session = requests.Session()
         self.session.headers.update({"Authorization": f"Bearer {self.cluster.agent_token}",
@@ -195,6 +217,32 @@ def test_a_blocked_checkpoint_listing_stalls_no_report(rig: Rig) -> None:
         "the sweep stalled behind the listing"
     rig.cluster.wait_for(lambda: not (rig.ckpt.parent / (rig.ckpt.name + ".slow")).exists(),
                          WAIT, "the listing to end")
+
+
+def test_a_topology_being_built_holds_no_report(rig: Rig) -> None:
+    for node in NODES:
+        rig.report(node)
+    before = rig.accepted()
+    rig.hold_topology.touch()
+    building = Path(str(rig.hold_topology) + ".building")
+    answers: list[requests.Response] = []
+    reader = threading.Thread(target=lambda: answers.append(requests.get(
+        f"{rig.cluster.url}/api/v1/topology", timeout=600,
+        headers={"Authorization": f"Bearer {rig.cluster.admin_token}"})), name="topology")
+    reader.start()
+    try:
+        rig.cluster.wait_for(building.exists, WAIT, "the topology document being built")
+        for node in NODES:  # each answered (200) while the document is still held
+            rig.report(node)
+        assert requests.get(f"{rig.cluster.url}/livez", timeout=30).status_code == 200
+        assert not answers, "the topology was answered before the test let it go"
+        assert rig.accepted() - before == len(NODES)
+    finally:
+        rig.hold_topology.unlink(missing_ok=True)
+        reader.join(WAIT)
+    assert not reader.is_alive(), "the topology read never ended"
+    assert answers[0].status_code == 200, answers[0].text
+    assert sorted(answers[0].json()["nodes"]) == sorted(NODES)
 
 
 @pytest.mark.parametrize("worker", ["sweep", "writer", "actions", "checkpoints", "reload"])

@@ -1,8 +1,9 @@
 """The rule of app.py for where a handler's work runs, checked on every route.
 
 A recording controller answers every call and notes whether it was made on the event
-loop (an asyncio loop running in the calling thread). The reports and the probes run on
-the loop; every other route's controller call runs in the thread pool.
+loop (an asyncio loop running in the calling thread), and so does the app's JSON encoder
+(msgspec's, watched). The reports and the probes run on the loop; every other route's
+controller call, and the encoding of its answer, runs in the thread pool.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import pytest
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from sn_monitor.controller import app as app_module
 from sn_monitor.controller.app import build_app
 from sn_monitor.controller.errors import Unavailable
 from sn_monitor.model import ReportReply
 
 #: The routes whose controller call runs on the loop (memory only, microseconds).
 ON_LOOP = {("POST", "/api/v1/reports"), ("GET", "/healthz"), ("GET", "/readyz")}
+#: The routes whose answer is encoded on the loop (small, and not the fleet's size).
+ENCODED_ON_LOOP = ON_LOOP | {("GET", "/livez")}
 
 JSON = {"Content-Type": "application/json"}
 
@@ -80,6 +84,18 @@ def _routes(client: TestClient) -> Iterator[tuple[str, Route]]:
                 yield method, route
 
 
+class WatchedEncoder:
+    """msgspec's JSON encoder, noting whether each encoding ran on the loop."""
+
+    def __init__(self) -> None:
+        self.encoder = msgspec.json.Encoder()
+        self.on_loop: list[bool] = []
+
+    def encode(self, obj: Any) -> bytes:
+        self.on_loop.append(_on_loop())
+        return self.encoder.encode(obj)
+
+
 @pytest.fixture
 def client_and_controller() -> Iterator[tuple[TestClient, RecordingController]]:
     controller = RecordingController()
@@ -88,21 +104,43 @@ def client_and_controller() -> Iterator[tuple[TestClient, RecordingController]]:
 
 
 def test_every_route_follows_the_rule(
-        client_and_controller: tuple[TestClient, RecordingController]) -> None:
+        client_and_controller: tuple[TestClient, RecordingController],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     client, controller = client_and_controller
-    checked = 0
+    encoder = WatchedEncoder()
+    monkeypatch.setattr(app_module, "_encoder", encoder)
+    checked = encoded = 0
     for method, route in _routes(client):
         controller.calls.clear()
+        encoder.on_loop.clear()
         path, kwargs = _request(route, method)
         answer = client.request(method, path, **kwargs)
-        assert answer.status_code < 500, (method, path, answer.text)
+        assert answer.status_code < 400, (method, path, answer.text)
         on_loop = (method, route.path) in ON_LOOP
         for name, called_on_loop in controller.calls:
             assert called_on_loop == on_loop, (
                 f"{method} {route.path}: controller.{name} ran "
                 f"{'on the event loop' if called_on_loop else 'in the pool'}")
+        if (method, route.path) not in ENCODED_ON_LOOP:
+            assert not any(encoder.on_loop), f"{method} {route.path}: encoded on the loop"
         checked += bool(controller.calls)
+        encoded += bool(encoder.on_loop) and not any(encoder.on_loop)
     assert checked >= 20  # every route that calls the controller was exercised
+    assert encoded >= 20  # and its answer was encoded in the pool
+
+
+def test_a_refusal_from_the_pool_keeps_its_status() -> None:
+    class Nothing(RecordingController):
+        def __getattr__(self, name: str) -> Callable[..., Any]:
+            return lambda *args, **kwargs: None  # nothing found, whatever was asked
+
+    with TestClient(build_app(Nothing(), None)) as client:  # type: ignore[arg-type]
+        for path, error in (("/api/v1/nodes/n1", "no node 'n1'"),
+                            ("/api/v1/incidents/7", "no incident '7'"),
+                            ("/api/v1/jobs/x", "no job 'x'"),
+                            ("/api/v1/jobs/x/restore-point", "no complete checkpoint yet")):
+            answer = client.get(path)
+            assert (answer.status_code, answer.json()) == (404, {"error": error}), path
 
 
 def test_unavailable_says_when_to_ask_again() -> None:

@@ -1,11 +1,30 @@
-"""The stall watch: the controller's own stalls leave its nodes' silence alone."""
+"""The stall watch: the controller's own stalls leave its nodes' silence alone, and
+never take back a loss found before them."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from sn_monitor.clock import ManualClock
-from sn_monitor.controller.stall import LOOP_LAG_SECONDS, LOOP_TICK_SECONDS, StallWatch
+from sn_monitor.config import Duration
+from sn_monitor.controller.actions.policy import PolicySettings
+from sn_monitor.controller.auth import OPEN_ACCESS
+from sn_monitor.controller.service import Controller
+from sn_monitor.controller.stall import (
+    LOOP_LAG_SECONDS,
+    LOOP_TICK_SECONDS,
+    StallWatch,
+)
+from tests.unit.test_controller_service import (
+    HEARTBEAT_RULE,
+    Harness,
+    make_harness,
+    report_body,
+    rules_from,
+)
 
 
 def _sweep(watch: StallWatch) -> float:
@@ -142,3 +161,95 @@ def test_the_progress_clock_never_goes_back() -> None:
         watch.sweep_finished()
         readings.append(watch.monotonic())
     assert readings == sorted(readings)
+
+
+# ------------------------------------------------------------------ a loss across a stall
+
+
+class Watched:
+    """A controller that watches its own stalls, on a manual clock, with fake outside
+    systems; the test ticks its event loop, as the loop itself does in the daemon."""
+
+    def __init__(self, h: Harness) -> None:
+        h.controller.close()
+        self.h = h
+        self.clock = h.clock
+        self.controller = Controller(h.controller.settings, h.controller.engine.rules,
+                                     h.clock, h.store, h.drivers, watch_stalls=True)
+        self.controller.start()
+        stalls = self.controller.stalls
+        assert stalls is not None
+        self.stalls = stalls
+        self.sequence = 0
+
+    def report(self, node: str) -> None:
+        self.sequence += 1
+        self.controller.ingest(report_body(node, temps=[50.0], sequence=self.sequence,
+                                           sample_time=self.clock.time()), OPEN_ACCESS, None)
+
+    def step(self, reporting: tuple[str, ...]) -> None:
+        """Half a second: the loop ticks on time, ``reporting`` report, one sweep."""
+        for _ in range(2):
+            self.clock.advance(LOOP_TICK_SECONDS)
+            self.stalls.loop_ticked()
+        for node in reporting:
+            self.report(node)
+        self.controller.sweep()
+
+    def lost_incidents(self, node: str) -> list[dict[str, object]]:
+        return [i for i in self.controller.list_incidents("open", node, 100)
+                if i["rule"] == "node-lost"]
+
+    def state(self, node: str) -> object:
+        found = self.controller.get_node(node)
+        assert found is not None
+        return found["state"]
+
+
+@pytest.fixture
+def watched(tmp_path: Path) -> Iterator[Watched]:
+    policy = PolicySettings(max_unavailable="100%", node_cooldown=Duration(0))
+    # failover waits 20 s after the loss: a loss taken back meanwhile cancels it
+    w = Watched(make_harness(tmp_path, rules_from(HEARTBEAT_RULE), settle=20.0,
+                             policy=policy))
+    yield w
+    w.controller.close()
+    w.h.store.close()
+
+
+@pytest.mark.parametrize("where", ["event_loop", "sweep"])
+def test_a_node_lost_before_a_stall_stays_lost_until_it_reports(watched: Watched,
+                                                                  where: str) -> None:
+    w = watched
+    alive = ("n2", "n3")
+    for node in ("n1", *alive):
+        w.report(node)
+    for _ in range(24):  # n1 falls silent: lost after the 10 s timeout
+        w.step(alive)
+    assert len(w.lost_incidents("n1")) == 1
+    assert w.state("n1") == "lost"
+    assert w.h.fakes["failover"].calls == []  # still settling
+
+    if where == "event_loop":
+        # one read of a large document held the loop 1.5 s: no tick meanwhile, while
+        # the sweep thread went on (and did not judge heartbeats: reports were waiting)
+        for _ in range(3):
+            w.clock.advance(0.5)
+            w.controller.sweep()
+        w.stalls.loop_ticked()  # late: the stall is seen, silent nodes get their grace
+    else:
+        w.clock.advance(30.0)  # the whole process paused: no tick, no sweep, no report
+    w.step(alive)
+    seen = f'sn_controller_stall_seconds_count{{where="{where}"}} 1.0'
+    assert seen in w.controller.metrics().decode()  # the stall was seen, and forgiven
+
+    for _ in range(60):  # past the grace (12 s) and the failover's settle time
+        w.step(alive)
+        assert len(w.lost_incidents("n1")) == 1, "the loss was taken back without a report"
+        assert w.state("n1") in ("lost", "evicted")
+    w.h.settle()
+    assert [r.node for r in w.h.fakes["failover"].calls] == ["n1"]  # not cancelled
+
+    w.report("n1")  # back: only a report of its own resolves the loss
+    assert w.lost_incidents("n1") == []
+    assert w.state("n1") != "lost"

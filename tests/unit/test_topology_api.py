@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,29 @@ def test_topology_serves_racks_rails_rates_and_health(api: Api) -> None:
     assert (down["state"], down["health"]) == (1, "failed")
     assert doc["nodes"]["gpu-1"]["health"] == "degraded"
     assert [r["health"] for r in doc["rails"]] == ["ok", "failed"]
+
+
+def test_a_report_never_waits_for_a_reader_of_the_rates(api: Api) -> None:
+    """The topology view works thousands of nodes' rates in (a second); no report waits."""
+    t = api.h.clock.time()
+    send(api, "gpu-1", 1, t, topology_digest=DIGEST, topology=TOPOLOGY, infiniband=ports(0))
+    controller = api.h.controller
+    answered = threading.Event()
+
+    def report() -> None:
+        body = msgspec.json.encode(Report(node="gpu-1", instance="i", sequence=2,
+                                          sample_time_seconds=t + 5, topology_digest=DIGEST,
+                                          infiniband=ports(5_000_000_000)))
+        controller.ingest(body, OPEN_ACCESS, None)
+        answered.set()
+
+    sender = threading.Thread(target=report, name="report")
+    with controller.finder.meter.reading():  # a reader working the rates in, meanwhile
+        sender.start()
+        assert answered.wait(60), "the report waited for the reader"
+    sender.join()
+    port = api.get("/api/v1/topology").json()["nodes"]["gpu-1"]["nics"][0]["ports"][0]
+    assert port["transmit_bytes_per_second"] == pytest.approx(1e9)  # read once it was done
 
 
 def test_topology_needs_a_reader_and_takes_only_job(api: Api) -> None:

@@ -14,11 +14,16 @@ from sn_monitor.model import NicTopology, NodeTopology, Report, topology_digest
 
 @dataclass(frozen=True, slots=True)
 class NodeWiring:
-    """One node's topology, and its NICs by device name."""
+    """One node's topology, and its NICs by device name; never changed once made."""
 
     digest: str
     topology: NodeTopology
     nics: dict[str, NicTopology]
+
+    def rail(self, device: str) -> int | None:
+        """The rail the NIC ``device`` serves; None when it serves none or is not known."""
+        nic = self.nics.get(device)
+        return nic.rail if nic is not None and nic.role == "rail" else None
 
 
 class TopologyBook:
@@ -51,11 +56,14 @@ class TopologyBook:
     def get(self, node: str) -> NodeWiring | None:
         return self._nodes.get(node)
 
+    def wirings(self) -> dict[str, NodeWiring]:
+        """Every node's wiring, as held now: a copy, safe to read without the lock."""
+        return dict(self._nodes)
+
     def rail(self, node: str, device: str) -> int | None:
         """The rail a node's NIC serves; None when it serves none or is not known."""
         wiring = self._nodes.get(node)
-        nic = wiring.nics.get(device) if wiring is not None else None
-        return nic.rail if nic is not None and nic.role == "rail" else None
+        return wiring.rail(device) if wiring is not None else None
 
     def role(self, node: str, device: str) -> str | None:
         """``rail``, ``storage``, ``other``; None when the node's topology is not known."""

@@ -14,6 +14,16 @@ the finder, for a job's nodes; the topology view). A fleet of thousands whose no
 nobody reads costs the report path a dictionary lookup. A port's state and link rate
 are those of the latest report (a port that goes down shows at once).
 
+Two locks, so that a report never waits for a reader (the ingest runs on the event
+loop that reads every agent's report; working in the rates of thousands of nodes takes
+a second). The inbox lock guards what ingest writes (each node's newest snapshots,
+``at``, the table of nodes) and is held for a few dictionary operations at a time. The
+readings lock (:meth:`FabricMeter.reading`) guards the rates, which only readers
+change: a reader holds it while it works in and reads, and takes the inbox lock only to
+move a node's snapshots out. A reader that takes its time (the topology view) reads
+:meth:`FabricMeter.values`: a node's readings as frozen values, kept until its rates
+change, which it may keep and read after every lock is let go.
+
 A report that leaves a port or GPU out (a trimmed report: the agent evaluates its
 node-local rules and sends values every few seconds) changes nothing: the rates stand
 until the next report that carries them. A counter that went backwards (the agent
@@ -23,8 +33,12 @@ restarted, a device was reset) starts its rate again.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+import msgspec
 
 from sn_monitor.model import GpuReport, IbPortReport, Report
 
@@ -139,7 +153,11 @@ class GpuReading:
 
 @dataclass(slots=True)
 class NodeReadings:
-    """What the meter knows of one node; ``at``: the time of its last rates."""
+    """What the meter knows of one node; ``at``: the time of its last rates.
+
+    ``ports``, ``gpus`` and ``frozen`` are the readers' (the readings lock); ``at``,
+    ``pending`` and ``latest_ports`` the ingest's (the inbox lock).
+    """
 
     ports: dict[tuple[str, int], PortReading] = field(default_factory=dict)
     gpus: dict[int, GpuReading] = field(default_factory=dict)
@@ -150,6 +168,63 @@ class NodeReadings:
         default_factory=list)
     #: The ports of the latest report that carried any, for their states and link rates.
     latest_ports: Sequence[IbPortReport] = ()
+    #: The readings as frozen values (:meth:`FabricMeter.values`); None once they change.
+    frozen: NodeValues | None = None
+
+
+class PortValues(msgspec.Struct, frozen=True, gc=False):
+    """One port's state, link rate and smoothed rates at one moment (see PortReading)."""
+
+    device: str
+    port: int
+    state: int | None
+    rate_bytes_per_second: float | None
+    transmit_bytes_per_second: float | None
+    receive_bytes_per_second: float | None
+    utilization_ratio: float | None
+    transmit_wait_per_second: float | None
+    ecn_marked_per_second: float | None
+    cnp_per_second: float | None
+    errors_per_second: float | None
+
+
+class GpuValues(msgspec.Struct, frozen=True, gc=False):
+    """One GPU's latest values and smoothed NVLink rates at one moment (see GpuReading)."""
+
+    index: int
+    utilization_ratio: float | None
+    temperature_celsius: float | None
+    sm_clock_hertz: float | None
+    sm_max_clock_hertz: float | None
+    throttle_reasons: tuple[str, ...]
+    processes: int | None
+    nvlinks_down: int | None
+    lost: bool
+    nvlink_transmit_bytes_per_second: float | None
+    nvlink_errors_per_second: float | None
+
+
+class NodeValues(msgspec.Struct, frozen=True, gc=False):
+    """What the meter knew of one node at one moment: it never changes after.
+
+    Frozen values hold no cycle: the cyclic garbage collector never tracks them (a
+    full collection walks every tracked object, and pauses every thread meanwhile).
+    """
+
+    ports: Mapping[tuple[str, int], PortValues]
+    gpus: Mapping[int, GpuValues]
+
+
+def _frozen(readings: NodeReadings) -> NodeValues:
+    ports = {key: PortValues(
+        p.device, p.port, p.state, p.rate_bytes_per_second, p.transmit.value,
+        p.receive.value, p.utilization(), p.transmit_wait.value, p.ecn.value, p.cnp.value,
+        p.errors.value) for key, p in readings.ports.items()}
+    gpus = {index: GpuValues(
+        g.index, g.utilization_ratio, g.temperature_celsius, g.sm_clock_hertz,
+        g.sm_max_clock_hertz, g.throttle_reasons, g.processes, g.nvlinks_down, g.lost,
+        g.nvlink_transmit.value, g.nvlink_errors.value) for index, g in readings.gpus.items()}
+    return NodeValues(ports, gpus)
 
 
 def _sum(counters: Mapping[str, int], names: Iterable[str]) -> int | None:
@@ -179,8 +254,9 @@ def _nvlink_errors(gpu: GpuReport) -> int | None:
 class FabricMeter:
     """Every node's link rates, fed with each report (see the module docstring).
 
-    Not thread-safe on its own: the controller feeds it under its ingest and reads it
-    under the same lock.
+    :meth:`observe` and :meth:`values` may be called from any thread; what
+    :meth:`node` returns is read while holding :meth:`reading`, where another thread may
+    read the meter too.
     """
 
     def __init__(self, tau_seconds: float = DEFAULT_TAU_SECONDS,
@@ -190,32 +266,52 @@ class FabricMeter:
         self.tau = tau_seconds
         self.every = every_seconds
         self._nodes: dict[str, NodeReadings] = {}
+        self._inbox = threading.Lock()
+        self._readings = threading.RLock()
 
     def observe(self, report: Report, now: float) -> None:
         """Take the values ``report`` carries, at controller time ``now``."""
         if not report.infiniband and not report.gpus:
             return
-        readings = self._nodes.get(report.node)
-        if readings is None:
-            readings = self._nodes[report.node] = NodeReadings()
-        if now - readings.at >= self.every:
-            readings.at = now
-            pending = readings.pending
-            if len(pending) >= 2:
-                del pending[0]
-            pending.append((now, report.infiniband, report.gpus))
-        if report.infiniband:  # the ports' states and link rates: the latest report's
-            readings.latest_ports = report.infiniband
+        with self._inbox:
+            readings = self._nodes.get(report.node)
+            if readings is None:
+                readings = self._nodes[report.node] = NodeReadings()
+            if now - readings.at >= self.every:
+                readings.at = now
+                pending = readings.pending
+                if len(pending) >= 2:
+                    del pending[0]
+                pending.append((now, report.infiniband, report.gpus))
+            if report.infiniband:  # the ports' states and link rates: the latest report's
+                readings.latest_ports = report.infiniband
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Hold the readings lock: no other reader changes the rates meanwhile.
+
+        Taken before any lock of the caller's that the ingest also takes, never after:
+        a reader waiting for it while holding such a lock would hold every report.
+        """
+        with self._readings:
+            yield
 
     def _work_in(self, readings: NodeReadings) -> None:
-        """The pending snapshots into the node's rates, oldest first; the latest states."""
-        pending, readings.pending = readings.pending, []
+        """The pending snapshots into the node's rates, oldest first; the latest states.
+
+        Called with the readings lock held; takes the inbox lock to move them out.
+        """
+        with self._inbox:
+            pending, latest = readings.pending, readings.latest_ports
+            if not pending and not latest:
+                return
+            readings.pending, readings.latest_ports = [], ()
+        readings.frozen = None
         for now, ports, gpus in pending:
             for port in ports:
                 self._port(readings, port, now)
             for gpu in gpus:
                 self._gpu(readings, gpu, now)
-        latest, readings.latest_ports = readings.latest_ports, ()
         for port in latest:
             reading = readings.ports.get((port.device, port.port))
             if reading is None:
@@ -264,14 +360,30 @@ class FabricMeter:
         reading.nvlink_errors.feed(_nvlink_errors(gpu), now, self.tau)
 
     def node(self, name: str) -> NodeReadings | None:
-        """The node's readings, its newest values worked in.
+        """The node's readings, its newest values worked in (read them under :meth:`reading`).
 
         None before a report with values.
         """
-        readings = self._nodes.get(name)
-        if readings is not None and (readings.pending or readings.latest_ports):
-            self._work_in(readings)
+        with self._inbox:
+            readings = self._nodes.get(name)
+        if readings is not None:
+            with self._readings:
+                self._work_in(readings)
         return readings
 
-    def nodes(self) -> Iterable[str]:
-        return self._nodes.keys()
+    def values(self, name: str) -> NodeValues | None:
+        """The node's readings as frozen values, to read with no lock held.
+
+        None before a report with values. Made again only after its rates changed.
+        """
+        with self._readings:
+            readings = self.node(name)
+            if readings is None:
+                return None
+            if readings.frozen is None:
+                readings.frozen = _frozen(readings)
+            return readings.frozen
+
+    def nodes(self) -> list[str]:
+        with self._inbox:
+            return list(self._nodes)

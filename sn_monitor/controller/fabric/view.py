@@ -1,10 +1,17 @@
 """The fleet graph as ``GET /api/v1/topology`` serves it: supernodes, racks, nodes, rails.
 
 A pure function of what the controller knows (:func:`fleet_topology`): the nodes'
-labels and states, their topologies (:class:`~.book.TopologyBook`), their live rates
-(:class:`~.meter.FabricMeter`), the open incidents, the jobs and the fail-slow
-bottlenecks. Each node, GPU, port and rail gets a ``health`` the page colours:
-``ok``, ``degraded``, ``failed``, or ``unknown`` (no report yet).
+labels and states, their topologies (:meth:`~.book.TopologyBook.wirings`), their live
+rates (:meth:`~.meter.FabricMeter.values`), the open incidents, the jobs and the
+fail-slow bottlenecks. Every input is a copy or frozen: at thousands of nodes the
+document takes a second to build, and it is built with no lock held (the reports take
+the one that guards the book and the meter). Each node's part is encoded as JSON as
+soon as it is made (a ``msgspec.Raw`` in ``nodes``): a whole document of a million
+dicts and lists, alive while it grows, made the cyclic garbage collector walk the
+process again and again, every thread (the event loop too) stopped a second each time;
+encoded with any msgspec JSON encoder, the document reads the same. Each node, GPU, port
+and rail gets a ``health`` the page colours: ``ok``, ``degraded``, ``failed``, or
+``unknown`` (no report yet).
 
 - a **port** is ``failed`` when its state is not ACTIVE, ``degraded`` when its rate is
   below the best of its rail, it counts errors, or a bottleneck names it;
@@ -21,13 +28,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sn_monitor.controller.fabric.book import TopologyBook
+import msgspec
+
+from sn_monitor.controller.fabric.book import NodeWiring
 from sn_monitor.controller.fabric.meter import (
     SLOWING_REASONS,
-    FabricMeter,
-    GpuReading,
-    NodeReadings,
-    PortReading,
+    GpuValues,
+    NodeValues,
+    PortValues,
 )
 from sn_monitor.model import GpuTopology, NicTopology
 from sn_monitor.natural import natural_key
@@ -35,6 +43,7 @@ from sn_monitor.rules.view import NodeView
 
 _ACTIVE = 4
 _RANK = {"ok": 0, "unknown": 0, "degraded": 1, "failed": 2}
+_encoder = msgspec.json.Encoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,32 +73,39 @@ def fleet_topology(
     views: Mapping[str, NodeView],
     states: Mapping[str, str],
     incidents: Iterable[Mapping[str, Any]],
-    book: TopologyBook,
-    meter: FabricMeter,
+    wirings: Mapping[str, NodeWiring],
+    readings: Mapping[str, NodeValues],
     jobs: Sequence[JobOnFabric],
     fail_slow: Sequence[Mapping[str, Any]],
     job: str | None = None,
 ) -> dict[str, Any]:
-    """The ``/api/v1/topology`` document (see the module docstring)."""
+    """The ``/api/v1/topology`` document (see the module docstring).
+
+    ``nodes`` maps each node to its part, already encoded (``msgspec.Raw``).
+    """
     by_node: dict[str, list[Mapping[str, Any]]] = {}
     for incident in incidents:
         by_node.setdefault(str(incident["node"]), []).append(incident)
     marked = {(str(b["node"]), str(b["link"])) for b in fail_slow}
-    best = _rail_best(views, book, meter)
+    best = _rail_best(views, wirings, readings)
     jobs_of: dict[str, list[str]] = {}
     for j in jobs:
         for node in j.nodes:
             jobs_of.setdefault(node, []).append(j.name)
-    nodes: dict[str, Any] = {}
+    nodes: dict[str, msgspec.Raw] = {}
+    on_rails: dict[int, list[tuple[str, str, int, str]]] = {}
     tree: dict[str, dict[str, list[str]]] = {}
     for name in sorted(views):
         view = views[name]
         supernode = view.labels.get("supernode", "")
         rack = view.labels.get("rack", "")
         tree.setdefault(supernode, {}).setdefault(rack, []).append(name)
-        nodes[name] = _node(view, states.get(name, view.state), by_node.get(name, []), book,
-                            meter.node(name), best, marked, sorted(jobs_of.get(name, [])))
-    rails = _rails(nodes)
+        part = _node(view, states.get(name, view.state), by_node.get(name, []),
+                     wirings.get(name), readings.get(name), best, marked,
+                     sorted(jobs_of.get(name, [])))
+        _take_rail_ports(name, part, on_rails)
+        nodes[name] = msgspec.Raw(_encoder.encode(part))
+    rails = _rails(on_rails)
     return {
         "time": now,
         "job": job,
@@ -107,26 +123,26 @@ def fleet_topology(
     }
 
 
-def _rail_best(views: Mapping[str, NodeView], book: TopologyBook,
-               meter: FabricMeter) -> dict[int, float]:
+def _rail_best(views: Mapping[str, NodeView], wirings: Mapping[str, NodeWiring],
+               readings: Mapping[str, NodeValues]) -> dict[int, float]:
     """Each rail's best link rate among the nodes that report one."""
     best: dict[int, float] = {}
     for name in views:
-        readings = meter.node(name)
-        if readings is None:
+        values = readings.get(name)
+        if values is None:
             continue
-        for (device, _), port in readings.ports.items():
-            rail = book.rail(name, device)
+        wiring = wirings.get(name)
+        for (device, _), port in values.ports.items():
+            rail = wiring.rail(device) if wiring is not None else None
             if rail is not None and port.rate_bytes_per_second:
                 best[rail] = max(best.get(rail, 0.0), port.rate_bytes_per_second)
     return best
 
 
-def _node(view: NodeView, state: str, incidents: list[Mapping[str, Any]], book: TopologyBook,
-          readings: NodeReadings | None, best: Mapping[int, float],
+def _node(view: NodeView, state: str, incidents: list[Mapping[str, Any]],
+          wiring: NodeWiring | None, readings: NodeValues | None, best: Mapping[int, float],
           marked: set[tuple[str, str]], jobs: list[str]) -> dict[str, Any]:
     name = view.name
-    wiring = book.get(name)
     topo_gpus = {g.index: g for g in wiring.topology.gpus} if wiring else {}
     topo_nics = {n.device: n for n in wiring.topology.nics} if wiring else {}
     report = view.report
@@ -134,7 +150,7 @@ def _node(view: NodeView, state: str, incidents: list[Mapping[str, Any]], book: 
         g.index for g in (report.gpus if report else ())}
     gpus = [_gpu(name, i, topo_gpus.get(i), readings.gpus.get(i) if readings else None,
                  incidents, marked) for i in sorted(gpu_indexes)]
-    ports_of: dict[str, list[PortReading]] = {}
+    ports_of: dict[str, list[PortValues]] = {}
     for (device, _), port in sorted((readings.ports if readings else {}).items()):
         ports_of.setdefault(device, []).append(port)
     for port_report in report.infiniband if report else ():
@@ -167,7 +183,7 @@ def _node(view: NodeView, state: str, incidents: list[Mapping[str, Any]], book: 
     }
 
 
-def _gpu(node: str, index: int, topo: GpuTopology | None, reading: GpuReading | None,
+def _gpu(node: str, index: int, topo: GpuTopology | None, reading: GpuValues | None,
          incidents: list[Mapping[str, Any]], marked: set[tuple[str, str]]) -> dict[str, Any]:
     health = "unknown" if reading is None else "ok"
     if reading is not None and reading.lost:
@@ -194,16 +210,17 @@ def _gpu(node: str, index: int, topo: GpuTopology | None, reading: GpuReading | 
         "nvlinks": topo.nvlinks if topo else None,
         "nvlinks_down": reading.nvlinks_down if reading else None,
         "processes": reading.processes if reading else None,
-        "nvlink_transmit_bytes_per_second": _round(reading.nvlink_transmit.value, 0)
+        "nvlink_transmit_bytes_per_second": _round(reading.nvlink_transmit_bytes_per_second, 0)
         if reading else None,
-        "nvlink_errors_per_second": _round(reading.nvlink_errors.value) if reading else None,
+        "nvlink_errors_per_second": _round(reading.nvlink_errors_per_second)
+        if reading else None,
         "peers": [{"kind": p.kind, "links": p.links, "pci_bus_id": p.pci_bus_id, "gpu": p.gpu}
                   for p in topo.peers] if topo else [],
         "nics": dict(topo.nics) if topo else {},
     }
 
 
-def _nic(node: str, device: str, topo: NicTopology | None, ports: list[PortReading],
+def _nic(node: str, device: str, topo: NicTopology | None, ports: list[PortValues],
          best: Mapping[int, float], marked: set[tuple[str, str]]) -> dict[str, Any]:
     rail = topo.rail if topo is not None and topo.role == "rail" else None
     topo_ports = {p.port: p for p in topo.ports} if topo else {}
@@ -222,7 +239,7 @@ def _nic(node: str, device: str, topo: NicTopology | None, ports: list[PortReadi
             health = "ok"
             if reading.state is not None and reading.state != _ACTIVE:
                 health = "failed"
-            elif ((top and rate and rate < 0.9 * top) or (reading.errors.value or 0) > 0
+            elif ((top and rate and rate < 0.9 * top) or (reading.errors_per_second or 0) > 0
                   or (node, device) in marked):
                 health = "degraded"
         out_ports.append({
@@ -233,14 +250,16 @@ def _nic(node: str, device: str, topo: NicTopology | None, ports: list[PortReadi
             "health": health,
             "rate_bytes_per_second": rate,
             "max_rate_bytes_per_second": top or rate,
-            "transmit_bytes_per_second": _round(reading.transmit.value, 0) if reading else None,
-            "receive_bytes_per_second": _round(reading.receive.value, 0) if reading else None,
-            "utilization_ratio": _round(reading.utilization()) if reading else None,
-            "transmit_wait_per_second": _round(reading.transmit_wait.value, 0)
+            "transmit_bytes_per_second": _round(reading.transmit_bytes_per_second, 0)
             if reading else None,
-            "ecn_marked_per_second": _round(reading.ecn.value) if reading else None,
-            "cnp_per_second": _round(reading.cnp.value) if reading else None,
-            "errors_per_second": _round(reading.errors.value) if reading else None,
+            "receive_bytes_per_second": _round(reading.receive_bytes_per_second, 0)
+            if reading else None,
+            "utilization_ratio": _round(reading.utilization_ratio) if reading else None,
+            "transmit_wait_per_second": _round(reading.transmit_wait_per_second, 0)
+            if reading else None,
+            "ecn_marked_per_second": _round(reading.ecn_marked_per_second) if reading else None,
+            "cnp_per_second": _round(reading.cnp_per_second) if reading else None,
+            "errors_per_second": _round(reading.errors_per_second) if reading else None,
         })
     return {
         "device": device,
@@ -253,19 +272,28 @@ def _nic(node: str, device: str, topo: NicTopology | None, ports: list[PortReadi
     }
 
 
-def _rails(nodes: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    rails: dict[int, list[tuple[dict[str, Any], str]]] = {}
-    for name, node in nodes.items():
-        for nic in node["nics"]:
-            if nic["rail"] is None:
-                continue
-            for port in nic["ports"]:
-                rails.setdefault(nic["rail"], []).append(
-                    ({"node": name, "device": nic["device"], "port": port["port"]},
-                     port["health"]))
+def _take_rail_ports(name: str, node: Mapping[str, Any],
+                     rails: dict[int, list[tuple[str, str, int, str]]]) -> None:
+    """The node's ports on a rail onto their rail's list: (node, device, port, health).
+
+    Tuples of strings and numbers, which the garbage collector stops tracking.
+    """
+    for nic in node["nics"]:
+        if nic["rail"] is None:
+            continue
+        for port in nic["ports"]:
+            rails.setdefault(nic["rail"], []).append(
+                (name, nic["device"], port["port"], port["health"]))
+
+
+def _rails(rails: Mapping[int, list[tuple[str, str, int, str]]]) -> list[dict[str, Any]]:
+    """Each rail's health and ports (:func:`_take_rail_ports` gathered them).
+
+    Each rail's ports are encoded at once, as the nodes' parts are.
+    """
     out = []
     for rail, members in sorted(rails.items()):
-        healths = [h for _, h in members]
+        healths = [h for _, _, _, h in members]
         known = [h for h in healths if h != "unknown"]
         if known and all(h == "failed" for h in known):
             health = "failed"
@@ -273,5 +301,7 @@ def _rails(nodes: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
             health = "degraded"
         else:
             health = "ok" if known else "unknown"
-        out.append({"rail": rail, "health": health, "ports": [m for m, _ in members]})
+        ports = [{"node": node, "device": device, "port": port}
+                 for node, device, port, _ in members]
+        out.append({"rail": rail, "health": health, "ports": msgspec.Raw(_encoder.encode(ports))})
     return out
