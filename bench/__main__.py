@@ -39,6 +39,7 @@ PARTS: dict[str, str] = {
     "ha_bench": "ha.json",
     "ingest_bench": "ingest.json",
     "failslow_bench": "failslow.json",
+    "body_shape_bench": "body_shape.json",
     "torch_recovery_bench": "torch_recovery.json",
 }
 #: After a part's timeout: SIGTERM (it stops what it started), then this long, then SIGKILL.

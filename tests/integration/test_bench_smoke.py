@@ -44,6 +44,7 @@ PARTS: dict[str, set[str]] = {
     "ha_bench": {"meta", "lease_duration", "retry_period", "SIGTERM", "SIGKILL", "failures"},
     "ingest_bench": {"meta", "runs", "median_us", "failures"},
     "failslow_bench": {"meta", "summary", "per_kind", "faults", "false_positives", "failures"},
+    "body_shape_bench": {"meta", "shapes", "failures"},
 }
 
 
