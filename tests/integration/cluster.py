@@ -376,8 +376,7 @@ class Cluster:
             if not agent.lost_its_port():
                 break
             agent.rebind()
-            agent.start()
-            time.sleep(0.2)
+            agent.start()  # healthy, or lost its port again, at one of wait_for's next polls
         return self._healthy(agent)
 
     def _healthy(self, proc: Process, path: str = "/healthz") -> bool:
