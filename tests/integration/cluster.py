@@ -56,10 +56,22 @@ print(f"{record.get('SN_ACTION')} {record.get('SN_NODE')} done")
 """
 
 
+#: The ports free_port() gave in this process.
+_GIVEN_PORTS: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on, and none given before in this process: the kernel may
+    hand the same free port to two agents started together, and the one that binds it
+    second exits while the first answers its health checks."""
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _GIVEN_PORTS:
+            break
+    _GIVEN_PORTS.add(port)
+    return port
 
 
 def metric_samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
