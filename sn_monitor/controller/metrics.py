@@ -59,6 +59,10 @@ class ControllerState:
     workers: Mapping[str, bool] = field(default_factory=dict)
     #: Store writes queued for the writer and not yet done.
     store_queue: int = 0
+    #: Node-taking actions waiting out their settle time.
+    settling: int = 0
+    #: Sweeps done since the controller started.
+    sweeps: int = 0
     #: How late the event loop, which reads the reports, ran (None: not watched).
     ingest_lag: float | None = None
     #: Each job's pace as the bottleneck finder sees it: (step time, baseline, slowdown).
@@ -124,6 +128,13 @@ class ControllerStateCollector(Collector):
         yield GaugeMetricFamily("sn_controller_store_queue_writes",
                                 "Store writes queued for the controller's writer.",
                                 value=state.store_queue)
+        yield GaugeMetricFamily("sn_controller_actions_settling",
+                                "Node-taking actions waiting out their settle time (then "
+                                "queued for the writer, or dropped if their rule cleared).",
+                                value=state.settling)
+        yield CounterMetricFamily("sn_controller_sweeps",
+                                  "Sweeps (heartbeats, settled actions, node states) done "
+                                  "since the controller started.", value=state.sweeps)
         if state.ingest_lag is not None:
             yield GaugeMetricFamily(
                 "sn_controller_ingest_lag_seconds",

@@ -209,6 +209,8 @@ class Controller:
         self._last_refresh = -1e18
         self._last_resend = clock.monotonic()
         self._deferred: list[tuple[float, str, Finding, int]] = []
+        #: Sweeps done since start (a metric: tests wait on it, not on the clock).
+        self.sweeps = 0
         #: Findings whose incident the store could not record: acted on when it can.
         self._unrecorded: dict[tuple[str, str, str], Finding] = {}
         self._inherited: dict[tuple[str, str, str], tuple[Incident, float]] = {}
@@ -603,7 +605,6 @@ class Controller:
         now = self.clock.monotonic()
         with self._lock:
             ready = [d for d in self._deferred if d[0] <= now]
-            self._deferred = [d for d in self._deferred if d[0] > now]
         for _, action, f, incident_id in ready:
             with self._lock:
                 still = (f.rule, f.subject) in self._firing.get(f.node, set())
@@ -612,6 +613,11 @@ class Controller:
                          extra={"node": f.node, "rule": f.rule})
                 continue
             self.writer.call(partial(self._run_step, action, f, incident_id))
+        # Left in the list until handed to the writer: an action is always counted as
+        # settling or queued (sn_controller_actions_settling, the store queue).
+        handed = {id(d) for d in ready}
+        with self._lock:
+            self._deferred = [d for d in self._deferred if id(d) not in handed]
 
     def _action_succeeded(self, record: ActionRecord) -> None:
         """Note an eviction (or its end); a recovery's step: take the next one now."""
@@ -838,6 +844,7 @@ class Controller:
         try:
             self._sweep()
         finally:
+            self.sweeps += 1
             if stalls is not None:
                 stalls.sweep_finished()
 
@@ -1346,6 +1353,8 @@ class Controller:
             store_up=self.store_health.ok,
             workers=dict(self.workers()) if self.workers is not None else {},
             store_queue=self.writer.depth,
+            settling=len(self._deferred),
+            sweeps=self.sweeps,
             ingest_lag=self.stalls.ingest_lag() if self.stalls is not None else None,
             jobs=self.jobs.metrics(),
             rules=self._rule_sources,

@@ -56,10 +56,22 @@ print(f"{record.get('SN_ACTION')} {record.get('SN_NODE')} done")
 """
 
 
+#: The ports free_port() gave in this process.
+_GIVEN_PORTS: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on, and none given before in this process: the kernel may
+    hand the same free port to two agents started together, and the one that binds it
+    second exits while the first answers its health checks."""
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _GIVEN_PORTS:
+            break
+    _GIVEN_PORTS.add(port)
+    return port
 
 
 def metric_samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -376,8 +388,7 @@ class Cluster:
             if not agent.lost_its_port():
                 break
             agent.rebind()
-            agent.start()
-            time.sleep(0.2)
+            agent.start()  # healthy, or lost its port again, at one of wait_for's next polls
         return self._healthy(agent)
 
     def _healthy(self, proc: Process, path: str = "/healthz") -> bool:
@@ -499,6 +510,29 @@ class Cluster:
 
     def controller_metrics(self) -> str:
         return requests.get(f"{self.url}/metrics", timeout=10, verify=self.verify).text
+
+    def sweeps(self) -> int:
+        """The sweeps the controller has done since it started."""
+        return int(metric_value(self.controller_metrics(), "sn_controller_sweeps_total") or 0)
+
+    def wait_sweeps(self, count: int, timeout: float, what: str) -> None:
+        """Wait until the controller has done ``count`` sweeps more than now: whatever a
+        sweep decides (heartbeats, settled actions, recoveries) is decided for the state
+        it was in now."""
+        target = self.sweeps() + count
+        self.wait_for(lambda: self.sweeps() >= target, timeout, f"{count} sweeps: {what}")
+
+    def wait_settled(self, timeout: float, what: str) -> None:
+        """Wait until no action is settling, queued for the store's writer, pending or
+        running: every action the findings so far asked for is decided (the positive
+        signal a test waits on instead of sleeping past the settle time)."""
+        def settled() -> bool:
+            text = self.controller_metrics()
+            return (metric_value(text, "sn_controller_actions_settling") == 0
+                    and metric_value(text, "sn_controller_store_queue_writes") == 0
+                    and not [a for a in self.actions()
+                             if a["state"] in ("pending", "running")])
+        self.wait_for(settled, timeout, f"every action decided: {what}")
 
     def script_calls(self, log: Path | None = None) -> list[dict[str, str]]:
         """What the action scripts ran: one dict of SN_ variables per call."""

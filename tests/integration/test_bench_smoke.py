@@ -45,6 +45,7 @@ PARTS: dict[str, set[str]] = {
     "ingest_bench": {"meta", "runs", "median_us", "failures"},
     "failslow_bench": {"meta", "summary", "per_kind", "faults", "false_positives", "failures"},
     "topology_bench": {"meta", "document", "reports", "failures"},
+    "body_shape_bench": {"meta", "shapes", "failures"},
 }
 
 

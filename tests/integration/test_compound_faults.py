@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cluster import Cluster
+from tests.integration.cluster import Cluster, metric_value
 from tests.integration.test_job_recovery_e2e import (
     CONFIG,
     ROUTES,
@@ -92,15 +92,16 @@ def test_a_partition_of_40_percent_of_a_job_that_heals_is_left_alone(cluster: Cl
                            and r, WAIT, "the recovery cancelled")
     closed = [i for i in c.incidents(status="closed") if i["rule"] == "node-lost"]
     healed_at = max(i["closed_at"] for i in closed if i["node"] in cut)
-    # the recovery is cancelled at the sweep after the heal (sweeps every 0.5 s; the
-    # bound is loose for a loaded machine, the cancellation itself is not timed)
-    assert cancelled["times"]["finished"] - healed_at < 5.0, (cancelled, healed_at)
+    # the recovery is cancelled by the heal, at a sweep after it
+    assert cancelled["times"]["finished"] >= healed_at, (cancelled, healed_at)
     assert set(cancelled["evictions"].values()) == {"healed"}
     doc = job.get()
     assert (doc["state"], doc["nodes"], doc["spares"]) == ("running", nodes, ["sim-5"])
     assert _open_lost(c) == []
     c.wait_for(lambda: not c.get("/api/v1/breaker")["open"], WAIT, "the breaker closed")
-    time.sleep(3.0)  # and after: still nothing evicted, the job trains on
+    # and after: every action decided, still nothing evicted, the job trains on
+    c.wait_sweeps(2, WAIT, "what the closed breaker held decided")
+    c.wait_settled(WAIT, "nothing evicted once the breaker closed")
     assert [a for a in c.actions() if a["action"] == "evict" and a["state"] == "succeeded"] \
         == []
     for node in nodes:
@@ -118,11 +119,9 @@ def test_three_faults_on_one_node_are_one_recovery_and_one_eviction(cluster: Clu
     job.post()
     job.start()
     agent = c.agents["sim-1"]
-    started = time.monotonic()
     agent.fault("ecc-uncorrectable", 2)
     agent.fault("row-remap-failure", 2)
     agent.fault("xid", 2, code=79)
-    assert time.monotonic() - started < 5.0
     done = job.wait_recovery("done", timeout=WAIT * 2)
     rules = {i["rule"] for i in c.incidents(node="sim-1")}
     assert {"ecc-uncorrectable", "row-remap-failed", "fatal-xid"} <= rules, rules
@@ -143,6 +142,16 @@ def _hog(seconds: float) -> subprocess.Popen[bytes]:
                              "while time.monotonic() < end: pass"])
 
 
+def _judged_alive(c: Cluster) -> None:
+    """Every agent reports again, and the sweeps that judged the heartbeats since (those
+    that saw the silence the controller's own stall made, first of all) are done, with
+    what they decided stored: no node is taken for lost."""
+    c.wait_reporting(list(c.agents), WAIT)
+    c.wait_sweeps(2, WAIT, "the heartbeats judged with every agent reporting")
+    c.wait_settled(WAIT, "what the sweeps decided stored")
+    assert [i["node"] for i in c.incidents() if i["rule"] == "node-lost"] == []
+
+
 @pytest.mark.timeout(300)
 def test_a_paused_or_starved_controller_takes_no_healthy_node_for_lost(
         cluster: Cluster) -> None:
@@ -153,12 +162,12 @@ def test_a_paused_or_starved_controller_takes_no_healthy_node_for_lost(
     job.start()
     controller = c.controller.popen
     assert controller is not None
-    controller.send_signal(signal.SIGSTOP)  # three heartbeat timeouts
-    time.sleep(3 * HEARTBEAT)
+    controller.send_signal(signal.SIGSTOP)
+    time.sleep(3 * HEARTBEAT)  # the fault's duration: three heartbeat timeouts
     controller.send_signal(signal.SIGCONT)
-    c.wait_reporting(list(c.agents), WAIT)
-    time.sleep(HEARTBEAT + 13.0)  # past the timeout and the agents' longest backoff
-    assert [i["node"] for i in c.incidents() if i["rule"] == "node-lost"] == []
+    c.wait_for(lambda: metric_value(c.controller_metrics(), "sn_controller_stall_seconds_count",
+                                    where="sweep"), WAIT, "the controller's stall seen")
+    _judged_alive(c)
     # starved: the controller at the lowest priority, four CPU hogs for 20 s
     os.setpriority(os.PRIO_PROCESS, controller.pid, 19)
     hogs = [_hog(20.0) for _ in range(4)]
@@ -169,9 +178,7 @@ def test_a_paused_or_starved_controller_takes_no_healthy_node_for_lost(
         for hog in hogs:
             hog.kill()
     os.setpriority(os.PRIO_PROCESS, controller.pid, 0)
-    c.wait_reporting(list(c.agents), WAIT)
-    time.sleep(HEARTBEAT + 13.0)
-    assert [i["node"] for i in c.incidents() if i["rule"] == "node-lost"] == []
+    _judged_alive(c)
     assert job.recoveries() == []
     text = c.controller_metrics()
     assert 'sn_controller_stall_seconds_count{where="sweep"}' in text

@@ -120,6 +120,15 @@ def test_an_overheating_gpu_is_throttled_and_released(cluster: Cluster) -> None:
 # ---------------------------------------------------------------------- 2. XID 79
 
 
+def _two_more_reports(c: Cluster, node: str) -> None:
+    """Wait until the controller took two more reports from ``node``'s agent: one sent
+    entirely after this call, with every event and reading the agent had by then."""
+    def taken() -> float:
+        return metric_value(c.agents[node].metrics(), "sn_agent_reports_total") or 0.0
+    target = taken() + 2
+    c.wait_for(lambda: taken() >= target, WAIT, f"two more reports of {node} taken")
+
+
 def test_xid_79_evicts_the_node_once_through_the_command_driver(cluster: Cluster) -> None:
     c, node, gpu = cluster, "sim-1", 2
     c.agents[node].fault("fall-off-bus", gpu)
@@ -143,7 +152,8 @@ def test_xid_79_evicts_the_node_once_through_the_command_driver(cluster: Cluster
         acts = [a for a in c.actions(node=node) if a["action"] in ("evict", "failover")]
         done = [a for a in acts if a["state"] in ("succeeded", "refused", "failed")]
         return acts if acts and len(done) == len(acts) else None
-    time.sleep(2.5)  # longer than settle + a sweep: late findings get their actions too
+    _two_more_reports(c, node)  # what the fault makes the agent say is said
+    c.wait_settled(WAIT, "late findings get their actions too")
     acts = c.wait_for(all_decided, WAIT, f"every evict/failover for {node} decided")
 
     for action in ("evict", "failover"):
@@ -169,7 +179,7 @@ def test_xid_79_evicts_the_node_once_through_the_command_driver(cluster: Cluster
     # the node is out of service already: the new fault alerts, and evicts nothing more
     c.wait_for(lambda: [a for a in c.incident_actions(second["id"]) if a["action"] == "alert"
                         and a["state"] == "succeeded"], WAIT, "the alert for GPU 5")
-    time.sleep(2.5)  # past its settle time
+    c.wait_settled(WAIT, "past its settle time")
     assert [a for a in c.incident_actions(second["id"])
             if a["action"] in ("evict", "failover")] == []
     assert len(evicted()) == 1, c.script_calls()
@@ -248,7 +258,7 @@ def test_half_the_nodes_lost_at_once_trips_the_breaker_and_evicts_nobody(
             return acts if len(acts) == 2 * len(victims) and all(
                 a["state"] not in ("pending", "running") for a in acts) else None
         acts = c.wait_for(decided, WAIT, "evict and failover for both nodes decided")
-        time.sleep(2.0)  # nothing else turns up later
+        c.wait_settled(WAIT, "nothing else turns up later")
         acts = [a for a in c.actions() if a["action"] in ("evict", "failover")]
         assert len(acts) == 4, acts
         for a in acts:
@@ -292,7 +302,7 @@ def test_a_controller_killed_mid_incident_resumes_without_repeating(
         calls = [x for x in c.script_calls() if x["SN_NODE"] == node]
         return calls if len(calls) >= 2 else None
     c.wait_for(both_ran, WAIT, f"evict and failover for {node}")
-    time.sleep(2.5)  # every rule's settled actions decided
+    c.wait_settled(WAIT, "every rule's settled actions decided")
     before = {a["id"]: (a["key"], a["state"]) for a in c.actions()}
     open_before = {i["id"] for i in c.incidents(status="open")}
     assert incident["id"] in open_before
@@ -300,9 +310,9 @@ def test_a_controller_killed_mid_incident_resumes_without_repeating(
     assert c.controller.kill(signal.SIGKILL) == -signal.SIGKILL
     c.start_controller()
     c.wait_reporting(list(c.agents))
-    # the 5 s settle + sweeps: a restart settles again what it cannot find decided, so
-    # anything it would repeat has happened by then
-    time.sleep(6.5)
+    # a restart settles again what it cannot find decided: once nothing is settling,
+    # anything it would repeat has happened
+    c.wait_settled(WAIT, "the restarted controller's settled actions decided")
 
     after = {a["id"]: (a["key"], a["state"]) for a in c.actions()}
     assert after == before
@@ -330,7 +340,7 @@ def test_a_controller_killed_while_an_eviction_settles_runs_it_after_restart(
         calls = [x for x in c.script_calls() if x["SN_NODE"] == node]
         return calls if len(calls) >= 2 else None
     calls = c.wait_for(both_ran, WAIT, f"evict and failover for {node} after the restart")
-    time.sleep(1.5)
+    c.wait_settled(WAIT, "nothing more after the restart")
     calls = [x for x in c.script_calls() if x["SN_NODE"] == node]
     assert sorted(x["SN_ACTION"] for x in calls) == ["evict", "failover"], calls
     assert {x["SN_INCIDENT_ID"] for x in calls} == {str(incident["id"])}
@@ -350,9 +360,13 @@ def test_the_agent_spool_delivers_every_event_after_a_controller_outage(
     assert c.get("/api/v1/events", node=node, kind="xid")["events"] == []
 
     c.controller.kill(signal.SIGKILL)
-    for _ in range(5):
+
+    def seen() -> float:
+        return metric_value(agent.metrics(), "sn_agent_events_total", kind="xid") or 0.0
+    for _ in range(5):  # one at a time: each an event of its own
+        before = seen()
         agent.fault("xid", 0, code=13)
-        time.sleep(0.3)
+        c.wait_for(lambda before=before: seen() > before, WAIT, f"{node} seeing the XID")
 
     def failing() -> float | None:
         value = metric_value(agent.metrics(), "sn_agent_report_failures_total")
@@ -365,7 +379,12 @@ def test_the_agent_spool_delivers_every_event_after_a_controller_outage(
         events = c.get("/api/v1/events", node=node, kind="xid")["events"]
         return events if len(events) >= 5 else None
     events = c.wait_for(all_five, WAIT + 30, f"the 5 spooled XIDs of {node}")
-    time.sleep(1.5)  # and no duplicates arrive later
+    # and no duplicates arrive later: the spool is empty, a report after that was taken
+    # (any report in flight with those events is in), and the writer stored what it had
+    c.wait_for(lambda: metric_value(agent.metrics(), "sn_agent_spool_events") == 0, WAIT,
+               f"{node}'s spool emptied")
+    _two_more_reports(c, node)
+    c.wait_settled(WAIT, "the events stored")
     events = c.get("/api/v1/events", node=node, kind="xid")["events"]
     assert len(events) == 5, events
     assert {(e["code"], e["gpu"]) for e in events} == {(13, 0)}

@@ -72,9 +72,13 @@ def test_agents_guard_and_spool_through_an_outage_and_deliver_every_event(
 
     c.agents[hot_node].fault("overheat", hot_gpu, factor=1.8)
     for name, count in xid_nodes.items():
-        for _ in range(count):
-            c.agents[name].fault("xid", 1, code=13)
-            time.sleep(0.2)
+        agent = c.agents[name]
+        for _ in range(count):  # one at a time: each an event of its own
+            seen = metric_value(agent.metrics(), "sn_agent_events_total", kind="xid") or 0.0
+            agent.fault("xid", 1, code=13)
+            c.wait_for(lambda agent=agent, seen=seen: (metric_value(
+                agent.metrics(), "sn_agent_events_total", kind="xid") or 0.0) > seen,
+                WAIT, f"{name}'s agent seeing the XID")
 
     # The guard caps the GPU on its own.
     def guarded() -> bool:
@@ -82,7 +86,8 @@ def test_agents_guard_and_spool_through_an_outage_and_deliver_every_event(
                             gpu=str(hot_gpu)) == 1.0
     c.wait_for(guarded, OUTAGE_SECONDS + WAIT, f"{hot_node}'s guard capping GPU {hot_gpu}")
 
-    time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - down_at)))
+    # the outage lasts OUTAGE_SECONDS: the fault itself, not a wait for something
+    time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - down_at)))  # the fault's duration
     for name, agent in c.agents.items():
         text = agent.metrics()
         assert (metric_value(text, "sn_agent_report_failures_total") or 0) > 0, name

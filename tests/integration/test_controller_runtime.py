@@ -2,7 +2,8 @@
 
 - A checkpoint directory whose listing blocks for 10 s (the file system call slowed in
   the controller process by a ``sitecustomize`` the test writes): reports keep being
-  answered at their usual latency and none is lost, and the sweep does not stall.
+  answered while it blocks and none is lost, and the sweep does not stall (their
+  latency is measured in ``make bench``, not here).
 - Each worker broken by an unexpected exception (the same ``sitecustomize`` makes its
   next call raise when the test drops a file named after it): it is logged, started
   again (``sn_controller_worker_up`` back to 1) and the controller still works; a broken
@@ -18,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -140,28 +140,23 @@ class Rig:
                                headers={"Authorization": f"Bearer {self.cluster.admin_token}"})
         assert answer.status_code == 201, answer.text
 
-    def report(self, node: str) -> float:
-        """One report; its latency in seconds (asserts it was accepted)."""
+    def report(self, node: str) -> None:
+        """One report (asserts it was accepted)."""
         self.sequence += 1
         body = msgspec.json.encode({
             "node": node, "instance": "rig", "sequence": self.sequence,
             "sample_time_seconds": time.time(), "interval_seconds": 1.0,
             "gpus": [{"index": i, "temperature_celsius": 50.0} for i in range(8)]})
-        started = time.perf_counter()
         answer = self.session.post(f"{self.cluster.url}/api/v1/reports", data=body,
                                    timeout=30)
-        latency = time.perf_counter() - started
         assert answer.status_code == 200, answer.text
-        return latency
 
-    def round_of_reports(self, seconds: float) -> list[float]:
-        """Every node reports, again and again, for ``seconds``: the latencies."""
-        latencies: list[float] = []
-        end = time.monotonic() + seconds
-        while time.monotonic() < end and len(latencies) < 100_000:
-            latencies.extend(self.report(node) for node in NODES)
-            time.sleep(0.05)
-        return latencies
+    def rounds_of_reports(self, rounds: int) -> int:
+        """Every node reports, ``rounds`` times over: how many reports."""
+        for _ in range(rounds):
+            for node in NODES:
+                self.report(node)
+        return rounds * len(NODES)
 
     def log_lines(self, needle: str) -> list[dict[str, object]]:
         """The controller's JSON log records whose message holds ``needle``."""
@@ -191,28 +186,17 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         rig.close()
 
 
-def _p99(latencies: list[float]) -> float:
-    return statistics.quantiles(latencies, n=100)[98]
-
-
 def test_a_blocked_checkpoint_listing_stalls_no_report(rig: Rig) -> None:
-    baseline = rig.round_of_reports(3.0)  # the same load, before: this machine's noise
     before = rig.accepted()
     (rig.ckpt.parent / (rig.ckpt.name + ".slow")).touch()
     listing = rig.ckpt.parent / (rig.ckpt.name + ".listing")
     rig.cluster.wait_for(listing.exists, WAIT, "the controller listing the directory")
-    blocked_from = time.monotonic()
-    during = rig.round_of_reports(BLOCK_SECONDS - 2.0)
-    assert time.monotonic() - blocked_from < BLOCK_SECONDS, "the round outlasted the block"
-    assert (rig.ckpt.parent / (rig.ckpt.name + ".slow")).exists(), "the block ended early"
-    # What would fail is a report waiting for the listing (seconds). Its latency
-    # percentiles are the machine's, not the code's: a p99 bound here failed in CI on a
-    # busy machine (92 ms of 50), so they are printed, and measured in make bench.
-    p50, p99 = statistics.median(during), _p99(during)
-    print(f"while the listing blocks: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms "
-          f"(before: p99 {_p99(baseline) * 1000:.1f} ms)")
-    assert max(during) < BLOCK_SECONDS / 2, "a report waited for the listing"
-    assert rig.accepted() - before == len(during), "a report was lost"
+    sent = rig.rounds_of_reports(3)
+    # Each answered while the listing still blocked (it removes .slow when it ends): none
+    # waited for it. Their latencies are measured in make bench, not here.
+    assert (rig.ckpt.parent / (rig.ckpt.name + ".slow")).exists(), \
+        "a report waited for the listing (or the block ended early)"
+    assert rig.accepted() - before == sent, "a report was lost"
     assert not rig.cluster.logs_containing("controller stalled"), \
         "the sweep stalled behind the listing"
     rig.cluster.wait_for(lambda: not (rig.ckpt.parent / (rig.ckpt.name + ".slow")).exists(),
@@ -264,7 +248,7 @@ def test_a_broken_worker_is_logged_and_started_again(rig: Rig, worker: str) -> N
         lambda: metric_value(rig.metrics(), "sn_controller_worker_up", worker=worker) == 1.0,
         WAIT, f"the {worker} worker up again")
     assert not (rig.breaks / worker).exists()
-    assert rig.report(NODES[1]) < WAIT  # and the controller still answers
+    rig.report(NODES[1])  # and the controller still answers
     assert rig.cluster.controller.running
 
 
@@ -284,22 +268,22 @@ def test_sigterm_under_load_ends_within_the_deadline(rig: Rig) -> None:
                 errors.append(err)
                 return
 
+    before = rig.accepted()
     sender = threading.Thread(target=load, name="test-report-load")
     sender.start()
     try:
-        time.sleep(1.0)
+        rig.cluster.wait_for(lambda: rig.accepted() >= before + 20, WAIT, "reports flowing")
         proc = rig.cluster.controller.popen
         assert proc is not None
-        asked = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=STOP_DEADLINE_SECONDS + 15)
-        took = time.monotonic() - asked
     finally:
         stop.set()
         sender.join(timeout=WAIT)
     assert not errors
     assert code == 0, rig.cluster.logs()
-    assert took < STOP_DEADLINE_SECONDS + 5, f"stopped in {took:.1f}s"
+    # within its own deadline: no worker named as still running at it
+    assert not rig.cluster.logs_containing("did not stop within the deadline")
     assert rig.cluster.logs_containing("controller stopped")
 
 

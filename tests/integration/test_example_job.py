@@ -9,9 +9,9 @@ says (and ends bit-for-bit where an uninterrupted run ends), a hang stops progre
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from sn_monitor.dcp import is_complete
-from tests.unit.test_client import JOB, FakeController, wait_for
+from tests.drivers.servers import wait_until
+from tests.unit.test_client import JOB, FakeController
 
 pytestmark = pytest.mark.integration
 
@@ -182,16 +183,28 @@ def test_an_incomplete_restore_point_is_refused(controller: FakeController, tmp_
     assert controller.progress_bodies() == []
 
 
+def _said(proc: subprocess.Popen[str], said: list[str], needle: str) -> bool:
+    """Whether ``proc`` has written ``needle`` on its stderr (read as it comes, into
+    ``said``, without waiting for more)."""
+    assert proc.stderr is not None
+    if select.select([proc.stderr], [], [], 0)[0]:
+        said.append(os.read(proc.stderr.fileno(), 65536).decode(errors="replace"))
+    return needle in "".join(said)
+
+
 def test_hang_stops_progress_but_keeps_running(controller: FakeController, tmp_path: Path):
     proc = subprocess.Popen(train_args(tmp_path / "ckpt", "--steps", 1000, "--hang-at", 6),
                             env=job_env(controller), cwd=ROOT, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    said: list[str] = []
     try:
-        wait_for(lambda: controller.latest_step() == 5, timeout=20)
-        time.sleep(0.5)  # 25 flush intervals
+        assert wait_until(lambda: controller.latest_step() == 5, timeout=20)
+        # at the start of step 6, before reporting it: hung from then on, still running
+        assert wait_until(lambda: _said(proc, said, "simulated hang at step 6"), timeout=20)
         assert proc.poll() is None
         assert max(progress_steps(controller)) == 5
     finally:
         proc.kill()
         _, err = proc.communicate(timeout=10)
-    assert "simulated hang at step 6" in err
+    assert "simulated hang at step 6" in "".join(said) + err

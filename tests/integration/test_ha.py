@@ -10,7 +10,6 @@ ranks (test_job_recovery_e2e's harness). The PostgreSQL server is the session's
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,13 +63,13 @@ def test_one_is_active_the_other_stands_by_and_an_orderly_stop_hands_over(
 
     # SIGTERM: the active stops, gives the lease up, and the standby takes over at once
     # (well before the 4 s lease would have expired); the agents follow it.
-    stopped = time.monotonic()
     assert active.kill(signal.SIGTERM) == 0
+    # released, not left to expire: what lets the standby take it at once
+    assert c.logs_containing("released the lease")
+    assert not c.logs_containing("lease not released")
     new = c.find_active(timeout=TAKEOVER_WAIT)
     assert new is standby
     c.wait_reporting(list(c.agents), timeout=30)
-    took = time.monotonic() - stopped
-    assert took < TAKEOVER_WAIT, took
     # the old one, started again, stands by
     active.start()
     c.wait_for(lambda: c._healthy(active, "/livez"), 60, "the old active alive again")
@@ -91,11 +90,9 @@ def test_the_standby_takes_over_a_recovery_when_the_active_is_killed(pair: Clust
     active = c.find_active()
     standby = standby_of(c, active)
     before = {a["key"] for a in c.actions() if a["key"].startswith(f"recovery:{rec['id']}:")}
-    killed = time.monotonic()
     assert active.kill(signal.SIGKILL) == -signal.SIGKILL
 
     assert c.find_active(timeout=TAKEOVER_WAIT) is standby
-    assert time.monotonic() - killed < TAKEOVER_WAIT
     assert_finished_without_repeating(c, job, rec, before)
 
 

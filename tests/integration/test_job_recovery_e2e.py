@@ -19,7 +19,6 @@ import json
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -463,7 +462,8 @@ def test_d_more_than_max_failures_fails_the_job_and_pages(tmp_path: Path) -> Non
         assert alerts[0]["params"]["job"] == "fragile"
         assert job.calls("restore") == []  # given up: never restored
         assert len(evictions(c, "sim-1")) == 1  # the broken node still leaves
-        time.sleep(2.0)
+        c.wait_sweeps(2, WAIT, "the failed job looked at again")  # it stays failed
+        c.wait_settled(WAIT, "no action for the failed job")
         assert job.get()["state"] == "failed"
         assert job.calls("restore") == []
 
@@ -479,7 +479,9 @@ def test_f_manual_recovery_waits_for_approval(tmp_path: Path) -> None:
         rec = job.wait_recovery("awaiting_approval")
         assert rec["nodes"] == ["sim-0", "sim-1", "sim-2", SPARE]
         assert job.get()["state"] == "awaiting_approval"
-        time.sleep(3.0)  # nobody approved: nothing happens
+        # nobody approved: the sweeps go by, nothing happens
+        c.wait_sweeps(2, WAIT, "the recovery looked at again without an approval")
+        c.wait_settled(WAIT, "no action without an approval")
         assert job.recoveries()[0]["state"] == "awaiting_approval"
         assert job.calls("restore") == []
         approved = requests.post(f"{c.url}/api/v1/recoveries/{rec['id']}/approve", timeout=10,

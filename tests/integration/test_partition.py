@@ -25,7 +25,6 @@ import random
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,7 +190,6 @@ def test_a_partitioned_third_is_lost_the_breaker_holds_and_it_heals(
                                      "hold": "10m"}}}
     with Cluster(tmp_path, nodes=AGENTS, gpus=2, config=config) as c:
         _place(c, net)
-        started = time.monotonic()
         c.start(timeout=60)
         # each agent reaches the controller from its own namespace's address
         seen = {g["labels"]["node"]: g["targets"][0].rsplit(":", 1)[0]
@@ -243,4 +241,3 @@ def test_a_partitioned_third_is_lost_the_breaker_holds_and_it_heals(
             return states if set(states.values()) == {"healthy"} else None
         c.wait_for(all_healthy, WAIT, "every node healthy again")
         assert c.script_calls() == [], "a node was evicted or failed over"
-        assert time.monotonic() - started < 90

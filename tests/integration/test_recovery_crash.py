@@ -37,7 +37,7 @@ import pytest
 import requests
 
 from sn_monitor.sim import launcher
-from tests.integration.cluster import Cluster
+from tests.integration.cluster import Cluster, metric_value
 from tests.integration.test_job_recovery_e2e import CONFIG, WAIT, Job, cluster_with, new_job
 
 pytestmark = pytest.mark.integration
@@ -212,8 +212,14 @@ def point(name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
 def _before_incident(w: CrashWorld, node: str, known: set[str], log: int) -> None:
     assert w.c.controller.popen is not None
     w.c.controller.popen.send_signal(signal.SIGSTOP)
+
+    def xids() -> float:
+        return metric_value(w.c.agents[node].metrics(), "sn_agent_events_total",
+                            kind="xid") or 0.0
+    before = xids()
     w.fault(node)
-    time.sleep(1.5)  # the agent's report with the XID waits on the stopped controller
+    # the agent has the XID (spooled; its report waits on the stopped controller)
+    w.c.wait_for(lambda: xids() > before, WAIT, f"{node}'s agent seeing the XID")
     assert w.c.controller.kill(signal.SIGKILL) == -signal.SIGKILL
 
 

@@ -138,14 +138,12 @@ def test_unknown_node_is_a_permanent_error(slurm: SlurmCluster) -> None:
 def test_a_down_controller_is_a_temporary_error(slurm: SlurmCluster) -> None:
     slurm.stop_controller()
     driver = node_driver()
-    started = time.monotonic()
     with pytest.raises(TemporaryError, match="Unable to contact slurm controller"):
         driver.run(act("cordon"))
     assert driver.reconcile(act("cordon")) is None  # scontrol show node: the same error
     # scontrol requeue says something else, still temporary
     with pytest.raises(TemporaryError, match="Unexpected message received"):
         job_control("slurm: {jobId: '1'}\n").run(act("restore", None))
-    assert time.monotonic() - started < 30
     slurm.start_controller()
     driver.run(act("cordon"))
     shown = driver.show("n1")

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +19,7 @@ import pytest
 import requests
 
 from sn_monitor.client import MAX_UPDATES_PER_POST, JobClient, RestorePoint
+from tests.drivers.servers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = "llm-7b"
@@ -140,19 +140,27 @@ def controller() -> Iterator[FakeController]:
 
 
 class FakeClock:
+    """Monotonic seconds that move only when a test moves them.
+
+    ``reads`` counts the calls: the client's thread reads the clock first thing in each
+    flush pass (and after a failed request, to back off), so three more reads mean at
+    least one whole pass began and ended in between (see :func:`wait_for_a_flush_pass`).
+    """
+
     def __init__(self) -> None:
         self.now = 1000.0
+        self.reads = 0
 
     def __call__(self) -> float:
+        self.reads += 1
         return self.now
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.005)
+def wait_for_a_flush_pass(clock: FakeClock) -> None:
+    """Return once the client's thread ran a whole flush pass after this call began:
+    whatever it would send now has been sent (the calls before this one are done)."""
+    seen = clock.reads
+    assert wait_until(lambda: clock.reads >= seen + 3), "the client's thread stopped"
 
 
 def free_port() -> int:
@@ -194,12 +202,13 @@ def test_progress_is_batched_with_latest_steps_and_step_time(controller: FakeCon
 
 
 def test_first_post_has_no_step_time_and_updates_are_not_resent(controller: FakeController):
-    client = make_client(controller.url)
+    clock = FakeClock()
+    client = make_client(controller.url, clock=clock)
     client.progress(7)
-    wait_for(lambda: controller.progress_bodies())
+    assert wait_until(lambda: controller.progress_bodies())
     client.progress(8)
-    wait_for(lambda: len(controller.progress_bodies()) >= 2)
-    time.sleep(0.05)  # a few more flush intervals with nothing new: no more posts
+    assert wait_until(lambda: len(controller.progress_bodies()) >= 2)
+    wait_for_a_flush_pass(clock)  # one more pass with nothing new: no more posts
     client.close()
     bodies = controller.progress_bodies()
     assert [[u["step"] for u in b["updates"]] for b in bodies] == [[7], [8]]
@@ -264,7 +273,7 @@ def test_all_io_happens_on_the_background_thread(controller: FakeController):
 
     client = make_client(controller.url, session=BlockingSession())
     client.progress(1)
-    wait_for(lambda: callers)
+    assert wait_until(lambda: callers)
     for step in range(2, 1000):  # returns although the sender is blocked
         client.progress(step)
     client.checkpoint_saved(999, "/ckpt/x")
@@ -323,14 +332,14 @@ def test_controller_down_never_raises_logs_once_and_backs_off(caplog: pytest.Log
             client.should_checkpoint()
         client.checkpoint_saved(49, "/ckpt/step_000049")
         # The clock stands still, so that backoff never ends: no request at all.
-        time.sleep(0.2)  # twenty flush intervals
+        wait_for_a_flush_pass(clock)
         assert len(calls) == 1
         clock.now += 1000
-        wait_for(lambda: client._delay == pytest.approx(2 * client.flush_interval))
-        time.sleep(0.1)
+        assert wait_until(lambda: client._delay == pytest.approx(2 * client.flush_interval))
+        wait_for_a_flush_pass(clock)
         assert len(calls) == 2  # one try, then backing off again, twice as long
         clock.now += 1000
-        wait_for(lambda: client._delay == pytest.approx(4 * client.flush_interval))
+        assert wait_until(lambda: client._delay == pytest.approx(4 * client.flush_interval))
         assert len(calls) == 3
     finally:
         client.close()
@@ -350,10 +359,10 @@ def test_outage_then_recovery_delivers_latest_progress_and_every_checkpoint(
         client.progress(step)
         if step % 10 == 0:
             client.checkpoint_saved(step, f"/ckpt/step_{step:06d}")
-    wait_for(lambda: len(controller.requests) >= 3)  # retried while down
+    assert wait_until(lambda: len(controller.requests) >= 3)  # retried while down
     assert controller.checkpoint_bodies()[0]["step"] == 10  # always the oldest first
     controller.fail_status = None
-    wait_for(lambda: controller.latest_step() == 200)
+    assert wait_until(lambda: controller.latest_step() == 200)
     client.close()
 
     # Every checkpoint report arrives (20 of them, in order), none is dropped for space.
@@ -371,11 +380,13 @@ def test_outage_then_recovery_delivers_latest_progress_and_every_checkpoint(
 def test_refused_checkpoint_report_is_dropped_with_an_error(
         controller: FakeController, caplog: pytest.LogCaptureFixture):
     controller.checkpoint_status = 400
-    client = make_client(controller.url, max_backoff=0.01)
+    clock = FakeClock()
+    client = make_client(controller.url, max_backoff=0.01, clock=clock)
     client.checkpoint_saved(5, "/ckpt/step_000005")
     client.checkpoint_saved(10, "/ckpt/step_000010")
-    wait_for(lambda: len(controller.checkpoint_bodies()) >= 2)
-    time.sleep(0.05)
+    assert wait_until(lambda: len(controller.checkpoint_bodies()) >= 2)
+    clock.now += 1000  # past any backoff: a retry would go out in the next pass
+    wait_for_a_flush_pass(clock)
     client.close()
     assert [b["step"] for b in controller.checkpoint_bodies()] == [5, 10]  # no retries
     errors = [r.getMessage() for r in client_records(caplog, logging.ERROR)]
@@ -394,9 +405,9 @@ def test_should_checkpoint_is_true_once_per_checkpoint_id(controller: FakeContro
     def step(n: int) -> None:
         """Report step n and wait until the reply to it has been applied."""
         client.progress(n)
-        wait_for(lambda: controller.latest_step() == n)
+        assert wait_until(lambda: controller.latest_step() == n)
         client.progress(n + 1000)  # the next POST is only sent after that reply is applied
-        wait_for(lambda: controller.latest_step() == n + 1000)
+        assert wait_until(lambda: controller.latest_step() == n + 1000)
 
     step(1)
     assert client.should_checkpoint() is False
@@ -436,7 +447,7 @@ def test_restore_in_progress_reply_is_parsed(controller: FakeController):
                     "generation": 4}}
     client = make_client(controller.url)
     client.progress(1)
-    wait_for(lambda: client.last_reply is not None)
+    assert wait_until(lambda: client.last_reply is not None)
     client.close()
     assert client.last_reply is not None
     assert client.last_reply.restore == RestorePoint(300, "/ckpt/step_000300", 4, ("a", "b"))
@@ -618,10 +629,10 @@ def test_a_dead_first_controller_costs_one_request_not_a_backoff(
     assert client.restore_point() is None  # asked the dead one, then the live one
     assert controller.recorded("/restore-point", "GET")
     client.progress(1)
-    wait_for(lambda: controller.progress_bodies())
+    assert wait_until(lambda: controller.progress_bodies())
     assert client.url == controller.url  # and it stays there
     client.progress(2)
-    wait_for(lambda: len(controller.progress_bodies()) >= 2)
+    assert wait_until(lambda: len(controller.progress_bodies()) >= 2)
     client.close()
 
 
@@ -633,7 +644,7 @@ def test_a_standby_answer_moves_to_the_other_controller_at_once(
         client = make_client(f"{standby.url},{controller.url}", clock=clock)
         client.checkpoint_saved(40, "/ckpt/step_40")
         client.progress(41)
-        wait_for(lambda: controller.checkpoint_bodies() and controller.progress_bodies())
+        assert wait_until(lambda: controller.checkpoint_bodies() and controller.progress_bodies())
         assert len(standby.requests) == 1  # one refused request, then the active only
         assert controller.checkpoint_bodies()[0]["step"] == 40
         client.close()
@@ -648,11 +659,11 @@ def test_when_every_controller_fails_the_client_backs_off(caplog: pytest.LogCapt
     try:
         client = make_client(f"{first.url},{second.url}", clock=clock)
         client.progress(1)
-        wait_for(lambda: len(first.requests) + len(second.requests) >= 2)
-        time.sleep(0.1)  # ten flush intervals: frozen clock, so all backing off
+        assert wait_until(lambda: len(first.requests) + len(second.requests) >= 2)
+        wait_for_a_flush_pass(clock)  # frozen clock, so all backing off
         assert len(first.requests) + len(second.requests) == 2
         clock.now += 60  # past any backoff: one more round
-        wait_for(lambda: len(first.requests) + len(second.requests) >= 3)
+        assert wait_until(lambda: len(first.requests) + len(second.requests) >= 3)
         client.close()
     finally:
         first.stop()

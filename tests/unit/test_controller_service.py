@@ -324,6 +324,31 @@ def test_event_rule_submits_evict_and_failover_after_settle(make: Any) -> None:
     assert h.fakes["evict"].actions() == ["evict"]
 
 
+def test_settling_actions_and_sweeps_are_in_the_metrics(make: Any) -> None:
+    """What a test (or an operator) waits on instead of the settle time: the node-taking
+    actions still settling, and the sweeps done."""
+    h = make(XID_RULE.format(clear_after="10m"), settle=3.0)
+
+    def metrics() -> str:
+        return h.controller.metrics().decode()
+
+    assert "sn_controller_actions_settling 0.0" in metrics()
+    assert "sn_controller_sweeps_total 0.0" in metrics()
+    h.report("n1", temps=[50], events=[xid(0, 79, h.clock.time())])
+    h.settle()
+    assert "sn_controller_actions_settling 2.0" in metrics()  # evict and failover
+    h.clock.advance(2)
+    h.controller.sweep()
+    assert "sn_controller_actions_settling 2.0" in metrics()
+    assert "sn_controller_sweeps_total 1.0" in metrics()
+    h.clock.advance(1)
+    h.controller.sweep()
+    h.settle()
+    assert "sn_controller_actions_settling 0.0" in metrics()
+    assert "sn_controller_sweeps_total 2.0" in metrics()
+    assert h.fakes["evict"].actions() == ["evict"]
+
+
 def test_event_cleared_within_settle_takes_no_node(make: Any) -> None:
     h = make(XID_RULE.format(clear_after="1s"), settle=3.0)
     h.report("n1", temps=[50], events=[xid(0, 79, h.clock.time())])

@@ -20,6 +20,7 @@ from sn_monitor.controller.ha.standby import StandbyApp, StandbyStatus
 from sn_monitor.controller.ha.store_lease import StoreLease
 from sn_monitor.controller.store import Store
 from sn_monitor.transport import ROLE_HEADER
+from tests.drivers.servers import wait_until
 from tests.unit.test_store_faults import FullDisk
 
 
@@ -137,10 +138,7 @@ def test_keep_leading_reports_a_loss_once_and_wait_to_lead_stops(pair) -> None:
     waiter = threading.Thread(target=lambda: a.wait_to_lead(stop, observe=seen.append))
     waiter.start()
     try:
-        for _ in range(200):
-            if seen:
-                break
-            threading.Event().wait(0.01)
+        assert wait_until(lambda: seen)
     finally:
         stop.set()
         waiter.join(timeout=5)

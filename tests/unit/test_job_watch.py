@@ -236,14 +236,17 @@ def test_a_bad_object_gets_a_condition_naming_the_field(server, jobs, watch, cap
     assert wait_until(lambda: jobs.job("trillion-model") is not None)
 
 
-def test_an_unreachable_api_server_is_retried_with_backoff(jobs, clock):
+def test_an_unreachable_api_server_is_retried_with_backoff(jobs, clock, caplog):
     api = DistributedJobApi(KubernetesSettings(host="http://127.0.0.1:9", timeout=0.5),
                             "training")
     job_watch = JobWatch(api, jobs, clock, backoff=0.01, max_backoff=0.02)
     stop = threading.Event()
     thread = threading.Thread(target=job_watch.run, args=(stop,), daemon=True)
     thread.start()
-    stop.wait(0.1)
+
+    def retries() -> int:
+        return sum("listing again in" in r.getMessage() for r in caplog.records)
+    assert wait_until(lambda: retries() >= 3)  # failed, waited, tried again
     stop.set()
     thread.join(timeout=5)
     assert not thread.is_alive()

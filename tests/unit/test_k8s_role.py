@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
+import re
 import socket
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -147,13 +147,12 @@ def test_a_stopped_api_server_is_false_within_the_timeout(
     try:
         assert marker.mark("standby") is True
         api.stop()
-        start = time.monotonic()
         assert marker.mark("active") is False
-        assert time.monotonic() - start < 1.0
     finally:
         marker.close()
     (message,) = errors(caplog)
     assert "unreachable" in message
+    assert "Connection refused" in message  # refused at once, not waited out
 
 
 def test_a_closed_port_is_false(caplog: pytest.LogCaptureFixture) -> None:
@@ -174,15 +173,15 @@ def test_a_hanging_api_server_is_false_within_the_timeout(
     server.start()
     marker = PodRoleLabel(settings(server.url, timeout=0.3), environ=ENV)
     try:
-        start = time.monotonic()
         assert marker.mark("active") is False
-        assert time.monotonic() - start < 2.0
     finally:
         marker.close()
         server.stop()
     (message,) = errors(caplog)
     assert "unreachable" in message
-    assert "Timeout" in message
+    # the configured 0.3 s timeout (what is left of it when the read starts) ended the
+    # wait, not the 10 s reply
+    assert re.search(r"Read timed out\. \(read timeout=0\.[0-3]\d*\)", message), message
 
 
 def test_an_unreadable_answer_is_false(caplog: pytest.LogCaptureFixture) -> None:

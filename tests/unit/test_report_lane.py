@@ -9,14 +9,19 @@ same requests through Starlette's TestClient (the ASGI handler) must get the sam
 
 from __future__ import annotations
 
+import fcntl
 import socket
+import struct
+import termios
 import time
+from typing import Any
 
 import msgspec
 import pytest
 from starlette.testclient import TestClient
 
 from sn_monitor.controller.app import ControllerApp
+from tests.drivers.servers import wait_until
 from tests.unit.test_controller_api import AGENT, JSON, READ
 from tests.unit.test_controller_service import (
     Harness,
@@ -188,17 +193,37 @@ def _sequences(reader: Reader, n: int) -> list[int]:
     return [msgspec.json.decode(reader.response()[2])["sequence"] for _ in range(n)]
 
 
+def _queued(fd: int, request: int) -> int:
+    return int(struct.unpack("i", fcntl.ioctl(fd, request, b"\0" * 4))[0])
+
+
+def _connection(server: Server) -> Any:
+    """The lane's protocol of the one connection ``server`` has open (once accepted)."""
+    connections = server.server.server_state.connections
+    assert wait_until(lambda: len(connections) == 1), f"{len(connections)} connections"
+    (protocol,) = connections
+    return protocol
+
+
+def wait_until_read(server: Server, sock: socket.socket) -> None:
+    """Wait until the server has read every byte sent on ``sock`` (acknowledged, and none
+    left in its socket): what is sent next comes in a read of its own."""
+    theirs = _connection(server).transport.get_extra_info("socket").fileno()
+    assert wait_until(lambda: _queued(sock.fileno(), termios.TIOCOUTQ) == 0
+                      and _queued(theirs, termios.FIONREAD) == 0)
+
+
 def test_a_request_split_over_reads_is_answered_and_the_next_ones_too(lane_server: Server) -> None:
     with lane_server.connect() as sock:
         reader = Reader(sock)
         whole = request(report_body("gpu-p", temps=[50.0], sequence=1))
         for part in (whole[:20], whole[20:-30], whole[-30:]):
             sock.sendall(part)
-            time.sleep(0.05)  # separate reads; an unlucky merge is the plain case
+            wait_until_read(lane_server, sock)  # each part a read of its own
         second = request(report_body("gpu-p", temps=[50.0], sequence=2))
         third = request(report_body("gpu-p", temps=[50.0], sequence=3))
         sock.sendall(second + third[:40])  # one whole request, then part of another
-        time.sleep(0.05)
+        wait_until_read(lane_server, sock)
         sock.sendall(third[40:])
         assert _sequences(reader, 3) == [1, 2, 3]
 
@@ -239,10 +264,20 @@ def test_the_keep_alive_timer_spares_a_connection_in_use_and_closes_an_idle_one(
     try:
         with server.connect() as sock:
             reader = Reader(sock)
-            for sequence in range(1, 6):  # 2.5 s of use, every 0.5 s: longer than the timer
+            sock.sendall(request(report_body("gpu-s", temps=[50.0], sequence=1)))
+            assert _sequences(reader, 1) == [1]
+            connection = _connection(server)
+            first_timer = connection.timeout_keep_alive_task
+            assert first_timer is not None
+            # In use (a report every poll) until the timer has fired and, the connection
+            # having been used since it was set, set itself again: spared.
+            sequence = 1
+            while connection.timeout_keep_alive_task is first_timer:
+                assert sequence < 1000, "the keep-alive timer never fired"
+                sequence += 1
                 sock.sendall(request(report_body("gpu-s", temps=[50.0], sequence=sequence)))
                 assert _sequences(reader, 1) == [sequence]
-                time.sleep(0.5)
+                time.sleep(0.05)  # the polling interval
             assert reader.closed()  # then idle: closed within the timeout (5 s allowed)
     finally:
         server.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,17 +14,14 @@ from sn_monitor.clock import SystemClock
 from sn_monitor.config import ConfigError
 from sn_monitor.controller.runtime import Runtime, Worker, every
 from sn_monitor.controller.settings import load_controller_settings
+from tests.drivers.servers import wait_until
 
 #: Every wait below is bounded by this (a busy machine is slow, never this slow).
 WAIT = 30.0
 
 
-def _until(condition: object, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {WAIT:g}s: {what}")
-        time.sleep(0.01)
+def _until(condition: Callable[[], object], what: str) -> None:
+    assert wait_until(condition, timeout=WAIT), f"not within {WAIT:g}s: {what}"
 
 
 def _runtime() -> Runtime:
