@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.integration.cluster import free_port
 from tests.postgres import PostgresServer
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,7 @@ def start(tmp: Path, store: dict[str, str], env: dict[str, str] | None = None
     environ = {k: v for k, v in os.environ.items() if k != "SN_STORE_DSN"}
     done = subprocess.run(
         [sys.executable, "-m", "sn_monitor.cli", "controller", "--config", str(config),
-         "--listen", "127.0.0.1:0", "--rules", str(ROOT / "sn_monitor" / "rules"),
+         "--listen", f"127.0.0.1:{free_port()}", "--rules", str(ROOT / "sn_monitor" / "rules"),
          "--state-dir", str(tmp / "state")],
         cwd=ROOT, env={**environ, **(env or {})}, capture_output=True, text=True,
         timeout=60, check=False)

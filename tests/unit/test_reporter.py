@@ -413,7 +413,7 @@ def test_a_standby_answer_moves_on_without_waiting_its_retry_after(
     [switch] = [r for r in caplog.records if "switching" in r.getMessage()]
     assert "standby" in switch.getMessage()
     message = switch.getMessage()
-    assert message.index(controller.url + ":") < message.index(second.url)  # from, to
+    assert message.index(controller.url + " ") < message.index(second.url)  # from, to
     reporter.close()
 
 
