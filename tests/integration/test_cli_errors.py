@@ -84,6 +84,14 @@ def test_a_fleet_view_on_a_port_in_use_exits_2_naming_it(busy_port: int,
     assert "Traceback" not in done.stderr
 
 
+def test_a_demo_on_a_port_in_use_exits_2_naming_it(busy_port: int, tmp_path: Path) -> None:
+    done = sn_monitor("demo", "--headless", "--listen", f"127.0.0.1:{busy_port}",
+                      "--state-dir", str(tmp_path), timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert f"127.0.0.1:{busy_port} is taken" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_a_controller_url_without_a_scheme_exits_2_saying_what_to_write() -> None:
     done = sn_monitor("agent", "--simulate", "1", "--controller", "127.0.0.1:9848")
     assert done.returncode == 2, done.stderr
