@@ -134,7 +134,11 @@ def describe_failure(err: BaseException) -> str:
         if isinstance(cause, ssl.SSLCertVerificationError):
             return f"TLS: certificate not trusted ({cause.verify_message})"
         if isinstance(cause, ssl.SSLError):
-            return f"TLS: {cause.reason or cause.strerror or 'handshake failed'}"
+            reason = getattr(cause, "reason", None)  # set by the ssl module, not by hand
+            if reason == "WRONG_VERSION_NUMBER":
+                return "TLS: the server does not speak TLS (an http:// URL?)"
+            why = reason or cause.strerror or "handshake failed"
+            return f"TLS: {why.lower().replace('_', ' ')}"
         if isinstance(cause, TimeoutError):
             return "timed out"
         if isinstance(cause, OSError) and cause.errno in _ERRNO_WORDS:
