@@ -104,8 +104,9 @@ class ThreadedServer:
 
     def __init__(self, host: str, port: int, handler: type[QuietHandler], name: str) -> None:
         """Bind ``host:port`` now (:class:`ListenError` if it cannot); serve from :meth:`start`."""
+        server = _Server6 if ":" in host else _Server  # an IPv6 address ([::1]:9847)
         try:
-            self._server = _Server((host, port), handler)
+            self._server = server((host, port), handler)
         except (OSError, OverflowError) as err:  # OverflowError: a port past 65535
             raise listen_failure(host, port, err) from None
         self._name = name
@@ -132,3 +133,7 @@ class ThreadedServer:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6

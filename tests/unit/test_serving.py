@@ -47,3 +47,16 @@ def test_a_bound_socket_listens_at_once() -> None:
             pass  # accepted into the backlog before any server runs
     finally:
         sock.close()
+
+
+def test_an_ipv6_address_is_served() -> None:
+    try:
+        server = ThreadedServer("::1", 0, QuietHandler, "test-http")
+    except ListenError as err:  # a machine without IPv6 loopback: said in words
+        pytest.skip(str(err))
+    server.start()
+    try:
+        with socket.create_connection(("::1", server.port), timeout=5):
+            pass
+    finally:
+        server.stop()
