@@ -96,13 +96,14 @@ def test_a_rules_directory_without_rule_files_is_refused_naming_what_is_there(
     old = tmp_path / "rules"  # the old rules/ path: only Prometheus' files are left there
     (old / "prometheus").mkdir(parents=True)
     (old / "sn-monitor-alerts.yml").write_text("groups: []\n")
-    done = subprocess.run(_controller(tmp_path, "--listen", "127.0.0.1:0", "--rules", str(old)),
+    listen = f"127.0.0.1:{free_port()}"
+    done = subprocess.run(_controller(tmp_path, "--listen", listen, "--rules", str(old)),
                           cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == (
         f"{old}: no rule files (*.yaml) in this directory: found 2 other files (prometheus, "
         "sn-monitor-alerts.yml); rule files must end in .yaml")
-    done = subprocess.run(_controller(tmp_path, "--listen", "127.0.0.1:0", "--rules",
+    done = subprocess.run(_controller(tmp_path, "--listen", listen, "--rules",
                                       str(tmp_path / "typo")),
                           cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2, done.stderr
