@@ -10,13 +10,13 @@ import logging
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from sn_monitor import __version__
 from sn_monitor.agent.settings import AgentSettings, agent_settings_from, load_agent_settings
-from sn_monitor.config import ConfigError, bind, load_yaml, parse_duration
+from sn_monitor.config import ConfigError, bind, listen_address, load_yaml, parse_duration
 from sn_monitor.errors import SnMonitorError
 from sn_monitor.fleet.command import add_arguments as add_fleet_arguments
 from sn_monitor.fleet.command import run_fleet
@@ -24,6 +24,8 @@ from sn_monitor.goodput.command import add_arguments as add_goodput_arguments
 from sn_monitor.goodput.command import run_goodput
 from sn_monitor.logs import configure_logging
 from sn_monitor.model import CheckResult
+from sn_monitor.serving import ListenError
+from sn_monitor.transport import check_http_url
 
 log = logging.getLogger("sn_monitor")
 
@@ -36,10 +38,26 @@ EXIT_STORE = 1
 
 
 def _listen(value: str) -> str:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    """``--listen``: HOST:PORT with a port 1-65535 and a host that is an address or a name."""
+    try:
+        listen_address(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return value
+
+
+def _http_url(value: str) -> str:
+    """``--controller``: an http:// or https:// URL with a host (``ctl:9848`` is refused)."""
+    try:
+        check_http_url(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
+
+
+def _agent_url(value: str) -> str:
+    """``slurm-health --agent``: an http(s) URL, or '' for no agent."""
+    return _http_url(value) if value else value
 
 
 def _positive_int(value: str) -> int:
@@ -62,9 +80,18 @@ def _duration(value: str) -> float:
     return seconds
 
 
+#: ``sn-monitor --help``: plain text (argparse prints it as is; no RST markup).
+DESCRIPTION = (
+    "Watch GPU supernodes and repair them. An agent on every GPU node samples its GPUs, "
+    "network and kernel log and serves /metrics; a controller receives every node's "
+    "reports, applies the rules and acts: throttle, alert, cordon, evict, fail over to a "
+    "spare, restart the job from its latest checkpoint. 'sn-monitor demo' shows it on a "
+    "simulated supernode; 'sn-monitor COMMAND --help' describes each command.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of DESIGN.md (subcommands grow with the product)."""
-    parser = argparse.ArgumentParser(prog="sn-monitor", description=__doc__)
+    parser = argparse.ArgumentParser(prog="sn-monitor", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
 
     agent = sub.add_parser("agent", help="run the node agent",
@@ -77,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="address for /metrics and /healthz (default 0.0.0.0:9847)")
     agent.add_argument("--node",
                        help="node name (default: config, then $NODE_NAME, then the hostname)")
-    agent.add_argument("--controller", action="append", metavar="URL",
+    agent.add_argument("--controller", action="append", type=_http_url, metavar="URL",
                        help="report to this controller (http[s]://host:9848); give it "
                             "again for each controller of a high-availability pair")
     agent.add_argument("--token-file", metavar="F",
@@ -145,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "controller every interval, optionally breaking them by a scenario "
                     "file; print what the controller answered (accepted, refused, "
                     "latencies).")
-    simulate.add_argument("--controller", required=True, metavar="URL",
+    simulate.add_argument("--controller", required=True, type=_http_url, metavar="URL",
                           help="the controller (http[s]://host:9848)")
     simulate.add_argument("--nodes", type=_positive_int, default=1000,
                           help="simulated nodes (default 1000), named sim-0000, sim-0001, ...")
@@ -191,14 +218,15 @@ def build_parser() -> argparse.ArgumentParser:
     breaker = sub.add_parser(
         "breaker", help="show, close or open the controller's circuit breaker",
         description="The circuit breaker freezes evictions when many nodes fail together. "
-                    "`status` shows it; `close` lets held evictions and recoveries go on "
-                    "(a person looked: it was not a partition); `open` freezes them for the "
+                    "'status' shows it; 'close' lets held evictions and recoveries go on "
+                    "(a person looked: it was not a partition); 'open' freezes them for the "
                     "breaker's hold. Closing and opening need an operate token and are "
                     "recorded in the audit trail. Exit 1 when the controller refuses or "
                     "cannot be reached.")
     breaker.add_argument("what", choices=["status", "close", "open"], nargs="?",
                          default="status")
-    breaker.add_argument("--controller", action="append", required=True, metavar="URL",
+    breaker.add_argument("--controller", action="append", required=True, type=_http_url,
+                         metavar="URL",
                          help="the controller (http[s]://host:9848); give it again for "
                               "each controller of a high-availability pair")
     breaker.add_argument("--token-file", metavar="F",
@@ -215,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "rack's nodes with their health, then one line per rail naming its "
                     "unhealthy ports. Exit 1 when the controller refuses or cannot be "
                     "reached.")
-    topology.add_argument("--controller", action="append", required=True, metavar="URL",
+    topology.add_argument("--controller", action="append", required=True, type=_http_url,
+                          metavar="URL",
                           help="the controller (http[s]://host:9848); give it again for "
                                "each controller of a high-availability pair")
     topology.add_argument("--job", metavar="J", help="mark this job's nodes")
@@ -280,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "unhealthy (drained), 2 the check or scontrol could not run.")
     health.add_argument("--node", help="the Slurm node name (default: $SLURMD_NODENAME, "
                                        "which slurmd sets, else the short host name)")
-    health.add_argument("--agent", default=DEFAULT_AGENT_URL, metavar="URL",
+    health.add_argument("--agent", default=DEFAULT_AGENT_URL, type=_agent_url, metavar="URL",
                         help=f"the local agent (default {DEFAULT_AGENT_URL}); '' to skip it")
     health.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                         help="for the agent's answers and for scontrol (default 5)")
@@ -298,8 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
     _log_options(health, default_level="warning")
 
     check = sub.add_parser("check-config", help="validate config files (agent, controller, rule, "
-                           "job, scenario, token, fleet, XID catalogue); exit 2 on any error")
-    check.add_argument("files", nargs="+", type=Path)
+                           "job, scenario, token, fleet, XID catalogue); exit 2 on any error",
+                           description=_check_config_description(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    check.add_argument("files", nargs="+", type=Path, metavar="FILE",
+                       help="YAML files of any of the kinds above, mixed")
 
     sub.add_parser("version", help="print the version")
     # No abbreviations: "--token SECRET" must be refused, not taken for --token-file (and
@@ -326,6 +358,33 @@ _CONTROLLER_KEYS = frozenset({"state_dir", "rules", "token_file", "max_body_byte
                               "xid_catalog"})
 _AGENT_KEYS = frozenset({"node", "labels", "labels_from_node", "interval", "controller",
                          "paths", "collectors", "guard"})
+
+
+def _check_config_description() -> str:
+    """``check-config --help``: the kinds of file, told apart as :func:`check_file` does."""
+    import textwrap
+
+    def keys(names: frozenset[str]) -> str:
+        return textwrap.fill(", ".join(sorted(names)), width=78, initial_indent=" " * 20,
+                             subsequent_indent=" " * 20)
+
+    return (
+        "Validate each FILE and print 'FILE: ok (kind)', or each error as\n"
+        "'FILE:LINE: KEY: what is wrong'. Exit 2 if any file has an error.\n\n"
+        "The kind of each file is told from its content, in this order:\n"
+        "  scenario file     a mapping with kind: Scenario\n"
+        "  XID catalogue     kind: XidCatalog, or an entries: list without a kind\n"
+        "  job file          kind: DistributedJob\n"
+        "  token file        a list whose items have token, token_file or role\n"
+        "  rule file         any other list (of rules)\n"
+        "  fleet config      a mapping with supernodes:\n"
+        "  controller config a mapping with one of the keys only a controller has:\n"
+        f"{keys(_CONTROLLER_KEYS)}\n"
+        "                    and none of those only an agent has:\n"
+        f"{keys(_AGENT_KEYS)}\n"
+        "  agent config      any other mapping (an empty file included)\n\n"
+        "Example: sn-monitor check-config /etc/sn-monitor/*.yaml "
+        "/etc/sn-monitor/rules/*.yaml")
 
 
 def check_file(path: Path, notes: list[str] | None = None) -> str:
@@ -370,12 +429,33 @@ def check_file(path: Path, notes: list[str] | None = None) -> str:
 
         bind(FleetSettings, doc)
         return "fleet config"
-    if isinstance(doc.data, dict) and _CONTROLLER_KEYS & doc.data.keys() and not (
-            _AGENT_KEYS & doc.data.keys()):
+    if isinstance(doc.data, dict) and _is_controller_config(doc.data):
         notes.extend(check_rules(bind(ControllerSettings, doc), doc))
         return "controller config"
     agent_settings_from(doc)
     return "agent config"
+
+
+def _is_controller_config(data: dict[Any, Any]) -> bool:
+    """Whether a mapping is a controller config (else it is taken for an agent's).
+
+    A controller-only key and no agent-only key; or a key no agent has that is closest to
+    a controller-only key (``sweep_intervall``: the error then suggests ``sweep_interval``,
+    not an agent's ``interval``).
+    """
+    import difflib
+
+    from sn_monitor.agent.settings import AgentSettings
+
+    keys = {key for key in data if isinstance(key, str)}
+    if keys & _AGENT_KEYS:
+        return False
+    if keys & _CONTROLLER_KEYS:
+        return True
+    agent_keys = {field.name for field in fields(AgentSettings)}
+    known = sorted(agent_keys | _CONTROLLER_KEYS)
+    return any(set(difflib.get_close_matches(key, known, n=1)) & _CONTROLLER_KEYS
+               for key in keys - agent_keys)
 
 
 def check_config(files: Sequence[Path]) -> int:
@@ -447,7 +527,7 @@ def run_agent(settings: AgentSettings, simulate: int | None, duration: float | N
             agent.http.add_post_route("/sim/fault", fault_endpoint(node))
             agent.run_until_signalled(duration)
         return 0
-    except (TokenError, OSError) as err:
+    except (TokenError, ListenError, OSError) as err:
         print(f"sn-monitor agent: {err}", file=sys.stderr)
         return EXIT_CONFIG
 
@@ -607,6 +687,9 @@ def run_controller_command(args: argparse.Namespace) -> int:
     except StoreError as err:  # names the store (never a password), not a traceback
         print(f"sn-monitor controller: {err}", file=sys.stderr)
         return EXIT_STORE
+    except ListenError as err:  # the address in use, or not this machine's
+        print(f"sn-monitor controller: {err}", file=sys.stderr)
+        return EXIT_CONFIG
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -683,7 +766,13 @@ def _ask_active_controller(command: str, args: argparse.Namespace,
     """
     import requests
 
-    from sn_monitor.transport import TokenError, is_standby, read_token, redact_url
+    from sn_monitor.transport import (
+        TokenError,
+        describe_failure,
+        is_standby,
+        read_token,
+        redact_url,
+    )
 
     try:
         token = read_token(args.token_file) if args.token_file else None
@@ -696,7 +785,7 @@ def _ask_active_controller(command: str, args: argparse.Namespace,
         try:
             reply = send(url.rstrip("/"), headers)
         except requests.RequestException as err:
-            failures.append(f"{redact_url(url)}: {type(err).__name__}")
+            failures.append(f"{redact_url(url)}: {describe_failure(err)}")
             continue
         if is_standby(reply.status_code, reply.headers):
             failures.append(f"{redact_url(url)}: a standby")

@@ -8,10 +8,12 @@ defaults); :func:`bind` fills one from a YAML mapping and rejects unknown keys.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import ipaddress
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
@@ -201,16 +203,46 @@ def optional(check: Check) -> Check:
 
 
 def listen_address(value: str) -> None:
-    """A check for ``setting(check=...)``: ``HOST:PORT``."""
-    _, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"expected HOST:PORT with a port 1-65535, got {value!r}")
+    """A check for ``setting(check=...)`` and ``--listen``: ``HOST:PORT``, port 1-65535."""
+    _, port = parse_listen(value)
+    if port == 0:
+        raise ValueError(f"port 0 is out of range 1-65535 (in {value!r})")
+
+
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
 def parse_listen(value: str) -> tuple[str, int]:
-    """``0.0.0.0:9847`` -> (``0.0.0.0``, 9847); ``[::1]:9847`` -> (``::1``, 9847)."""
-    host, _, port = value.rpartition(":")
-    return host.strip("[]"), int(port)
+    """``0.0.0.0:9847`` -> (``0.0.0.0``, 9847); ``[::1]:9847`` -> (``::1``, 9847).
+
+    Raises ValueError saying what is wrong: no port, a port outside 0-65535 (0: any free
+    port, which only code asks for), a host that is neither an IP address nor a host
+    name. The name is not looked up here: that is the bind's job, and its error says so.
+    """
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected HOST:PORT (such as 0.0.0.0:9847), got {value!r}")
+    if not (port.isascii() and port.isdigit()):
+        raise ValueError(f"the port must be a number 1-65535, got {port!r} (in {value!r})")
+    if int(port) > 65535:
+        raise ValueError(f"port {int(port)} is out of range 1-65535 (in {value!r})")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"{host} is not an IPv6 address (in {value!r})") from None
+        return host[1:-1], int(port)
+    if ":" in host:
+        raise ValueError(f"write an IPv6 address in brackets, as [::1]:9847; got {value!r}")
+    labels = host.removesuffix(".").split(".")
+    if all(label.isdigit() for label in labels):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ValueError(f"{host} is not an IPv4 address (in {value!r})") from None
+    elif len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        raise ValueError(f"{host!r} is neither an IP address nor a host name (in {value!r})")
+    return host, int(port)
 
 
 def setting(*, key: str | None = None, check: Check | None = None, **kwargs: Any) -> Any:
@@ -311,9 +343,7 @@ def _convert_dataclass(cls: type, value: Any, doc: Document, key: KeyPath) -> An
     fields = {f.metadata.get("key", f.name): f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in value if k not in fields]
     if unknown:
-        name = unknown[0]
-        known = ", ".join(sorted(fields))
-        raise doc.error((*key, name), f"unknown key (known keys: {known})")
+        raise unknown_key(doc, (*key, unknown[0]), sorted(fields))
     kwargs: dict[str, Any] = {}
     for yaml_name, field in fields.items():
         if yaml_name not in value:
@@ -333,6 +363,16 @@ def _convert_dataclass(cls: type, value: Any, doc: Document, key: KeyPath) -> An
         return cls(**kwargs)
     except ValueError as err:
         raise doc.error(key, str(err)) from None
+
+
+def unknown_key(doc: Document, key: KeyPath, known: Sequence[str]) -> ConfigError:
+    """The error for ``key`` (its last part not one of ``known``): the likely key first.
+
+    ``sweep_intervall: unknown key; did you mean sweep_interval? (known keys: ...)``
+    """
+    close = difflib.get_close_matches(str(key[-1]), known, n=1)
+    guess = f"; did you mean {close[0]}?" if close else ""
+    return doc.error(key, f"unknown key{guess} (known keys: {', '.join(known)})")
 
 
 def _kind(value: Any) -> str:

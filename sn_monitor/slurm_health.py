@@ -40,6 +40,7 @@ from sn_monitor.controller.actions.base import PermanentError, TemporaryError
 from sn_monitor.controller.actions.drivers.slurm import MAX_REASON, SlurmDriver
 from sn_monitor.errors import SnMonitorError
 from sn_monitor.model import CheckResult
+from sn_monitor.transport import describe_failure
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ def ask_agent(url: str, timeout: float, expected_gpus: int | None) -> Verdict | 
     try:
         health = requests.get(f"{base}/healthz", timeout=timeout)
     except requests.RequestException as err:
-        log.info("no agent at %s (%s): checking the GPUs here", base, err)
+        log.info("no agent at %s (%s): checking the GPUs here", base, describe_failure(err))
         return None
     status = _status(health)
     if health.status_code != 200 or status != "ok":
@@ -160,7 +161,7 @@ def ask_agent(url: str, timeout: float, expected_gpus: int | None) -> Verdict | 
         metrics = requests.get(f"{base}/metrics", timeout=timeout)
     except requests.RequestException as err:
         raise HealthError(f"the agent at {base} answered /healthz but not /metrics: "
-                          f"{err}") from None
+                          f"{describe_failure(err)}") from None
     if metrics.status_code != 200:
         raise HealthError(f"the agent at {base}: /metrics answered HTTP {metrics.status_code}")
     return Verdict("agent", tuple(judge_metrics(metrics.text, expected_gpus)))

@@ -4,17 +4,22 @@ The agent's reporter, the controller's drivers, its lease clients and the comman
 all name URLs in log lines, metric labels and error messages; none of them may print a
 credential that a URL carries. So a URL is shown as :func:`redact_url` makes it, checked
 in settings by :func:`check_http_url`, a server's ``Retry-After`` read by
-:func:`parse_retry_after`, and an error answer's own words by :func:`error_text`. A
-bearer token comes from a file, by :func:`read_token`. A standby controller's answer is
+:func:`parse_retry_after`, an error answer's own words by :func:`error_text`, and a
+request that got no answer at all said in words (``connection refused``, ``name does not
+resolve``, ``timed out``) by :func:`describe_failure`. A bearer token comes from a file,
+by :func:`read_token`. A standby controller's answer is
 told by :func:`is_standby`: the client asks the next one.
 """
 
 from __future__ import annotations
 
 import email.utils
+import errno
 import json
+import socket
+import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
@@ -77,13 +82,93 @@ def redact_url(url: str, *, secret_path: bool = False) -> str:
 
 
 def check_http_url(value: str) -> None:
-    """Settings check: an absolute http(s) URL with a host (raises ValueError)."""
+    """Settings check: an absolute http(s) URL with a host and a valid port (ValueError).
+
+    ``ctl:9848`` (no scheme) is told what to write instead: ``http://ctl:9848``.
+    """
     try:
         parts = urlsplit(value)
+        port = parts.port
     except ValueError as err:
-        raise ValueError(f"invalid URL: {err}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"expected an http:// or https:// URL, got {redact_url(value)!r}")
+        raise ValueError(f"invalid URL: {str(err).lower()}") from None
+    if parts.scheme not in ("http", "https"):
+        hint = ""
+        if "://" not in value and not value.startswith("/"):
+            hint = f" (did you mean 'http://{value}'?)"
+        shown = value if "://" not in value else redact_url(value)
+        raise ValueError(f"expected an http:// or https:// URL, got {shown!r}{hint}")
+    if not parts.hostname:
+        raise ValueError(f"the URL names no host: {redact_url(value)!r}")
+    if port == 0:
+        raise ValueError(f"the port must be 1-65535: {redact_url(value)!r}")
+
+
+#: Errors of the operating system said in words a person acts on.
+_ERRNO_WORDS: Final = {
+    errno.ECONNREFUSED: "connection refused",
+    errno.ECONNRESET: "connection reset",
+    errno.ECONNABORTED: "connection reset",
+    errno.EPIPE: "connection reset",
+    errno.ETIMEDOUT: "timed out",
+    errno.EHOSTUNREACH: "no route to host",
+    errno.ENETUNREACH: "network unreachable",
+    errno.EADDRNOTAVAIL: "address not available",
+}
+
+
+def describe_failure(err: BaseException) -> str:
+    """Why a request or a connection got no answer, in words: ``connection refused``.
+
+    One of ``connection refused``, ``name does not resolve``, ``timed out``, ``connection
+    reset``, ``no route to host``, ``network unreachable``, ``TLS ...``, ``not an http://
+    or https:// URL``, else the operating system's own words or the exception's type.
+    The chain of causes is walked down to the socket's error (``requests`` wraps urllib3's
+    error, which wraps the socket's); the text of a ``requests`` exception is never
+    quoted, because it names the request's URL, query string (a token) included. The
+    caller names the URL, as :func:`redact_url` shows it.
+    """
+    for cause in _causes(err):
+        if isinstance(cause, socket.gaierror):
+            temporary = cause.errno == socket.EAI_AGAIN
+            return "name does not resolve" + (" (DNS did not answer)" if temporary else "")
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return f"TLS: certificate not trusted ({cause.verify_message})"
+        if isinstance(cause, ssl.SSLError):
+            reason = getattr(cause, "reason", None)  # set by the ssl module, not by hand
+            if reason == "WRONG_VERSION_NUMBER":
+                return "TLS: the server does not speak TLS (an http:// URL?)"
+            why = reason or cause.strerror or "handshake failed"
+            return f"TLS: {why.lower().replace('_', ' ')}"
+        if isinstance(cause, TimeoutError):
+            return "timed out"
+        if isinstance(cause, OSError) and cause.errno in _ERRNO_WORDS:
+            return _ERRNO_WORDS[cause.errno]
+    import requests  # already imported by whoever sent the request
+
+    if isinstance(err, requests.Timeout):
+        return "timed out"
+    if isinstance(err, requests.exceptions.InvalidSchema | requests.exceptions.MissingSchema
+                  | requests.exceptions.InvalidURL):
+        return "not an http:// or https:// URL"
+    for cause in _causes(err):
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror[0].lower() + cause.strerror[1:]
+    if isinstance(err, OSError) and not isinstance(err, requests.RequestException) and str(err):
+        return str(err)  # our own connection errors (the reports' stream) name no URL
+    return type(err).__name__
+
+
+def _causes(err: BaseException) -> Iterator[BaseException]:
+    """``err``, then what it wraps: ``reason`` (urllib3), an exception in its args, the cause."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        reason = getattr(current, "reason", None)
+        nested = next((a for a in current.args if isinstance(a, BaseException)), None)
+        current = (reason if isinstance(reason, BaseException) else
+                   nested or current.__cause__ or current.__context__)
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

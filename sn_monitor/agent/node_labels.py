@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 from sn_monitor.agent.settings import NodeLabelSettings
 from sn_monitor.errors import SnMonitorError
-from sn_monitor.transport import TokenError, error_text, read_token, redact_url
+from sn_monitor.transport import TokenError, describe_failure, error_text, read_token, redact_url
 
 if TYPE_CHECKING:
     import requests
@@ -121,7 +121,7 @@ class NodeReader:
             body, status = answer.content, answer.status_code
         except (requests.RequestException, OSError) as err:
             raise NodeLabelsError(f"cannot read Node {name} from {where}: "
-                                  f"{type(err).__name__}: {err}") from None
+                                  f"{describe_failure(err)}") from None
         if status != 200:
             raise NodeLabelsError(_refusal(status, name, error_text(body)))
         if len(body) > MAX_BODY_BYTES:

@@ -99,7 +99,13 @@ from sn_monitor.model import (
     topology_digest,
 )
 from sn_monitor.report_stream import ASK_EVERY_SECONDS, NO_STREAM_STATUSES
-from sn_monitor.transport import error_text, is_standby, parse_retry_after, redact_url
+from sn_monitor.transport import (
+    describe_failure,
+    error_text,
+    is_standby,
+    parse_retry_after,
+    redact_url,
+)
 
 if TYPE_CHECKING:
     import requests
@@ -407,7 +413,7 @@ class Reporter:
             if outcome.retry_after is not None:
                 retry_after = max(retry_after or 0.0, outcome.retry_after)
             if outcome.fail_over and len(self.urls) > 1:
-                round_failures.append(f"{redact_url(self.url)}: {outcome.message}")
+                round_failures.append(outcome.message)
                 self._switch(outcome.message, last=attempt == len(self.urls))
                 if attempt < len(self.urls):
                     continue
@@ -433,7 +439,7 @@ class Reporter:
                 verify=self._verify, cert=self._cert, allow_redirects=False,
             )
         except requests.RequestException as err:
-            return _Failure(f"controller unreachable: {type(err).__name__}: {err}",
+            return _Failure(f"{self._named()} unreachable: {describe_failure(err)}",
                             fail_over=True)
         status = response.status_code
         if not 200 <= status < 300:
@@ -445,7 +451,7 @@ class Reporter:
         try:
             reply = msgspec.json.decode(response.content, type=_Reply)
         except msgspec.DecodeError as err:
-            return _Failure(f"controller reply is not a report reply: {err}")
+            return _Failure(f"{self._named()}: its reply is not a report reply: {err}")
         self._accepted(reply, results_sent)
         return True
 
@@ -453,10 +459,12 @@ class Reporter:
                  standby: bool) -> _Failure:
         """The failure an answer other than 2xx is (a refusal is logged once)."""
         if standby:
-            return _Failure("controller is a standby", retry_after=retry_after, fail_over=True)
+            return _Failure(f"{self._named()} is a standby", retry_after=retry_after,
+                            fail_over=True)
         if status == 429 or status >= 500:
-            return _Failure(f"controller answered {status}: {text}", retry_after=retry_after)
-        message = f"controller refused the report ({status}): {text}"
+            return _Failure(f"{self._named()} answered {status}: {text}",
+                            retry_after=retry_after)
+        message = f"{self._named()} refused the report ({status}): {text}"
         if message not in self._logged:
             if len(self._logged) >= _MAX_LOGGED_MESSAGES:
                 self._logged.clear()
@@ -483,8 +491,8 @@ class Reporter:
             answers = stream.wait(self.sequence, self._timeout) if ask else []
         except OSError as err:  # a timeout, the controller gone, an answer not one
             self._close_stream()
-            return _Failure(f"controller unreachable: stream: {type(err).__name__}: {err}",
-                            fail_over=True)
+            return _Failure(f"{self._named()} unreachable: {describe_failure(err)} "
+                            "(on the reports' stream)", fail_over=True)
         if ask:
             self._asked_at = self._clock.monotonic()
         return self._answered(answers, results_sent if ask else 0)
@@ -522,7 +530,7 @@ class Reporter:
             self._post_for_now(url, f"no TLS for a stream: {err}")
             return None
         except OSError as err:
-            return _Failure(f"controller unreachable: {type(err).__name__}: {err}",
+            return _Failure(f"{self._named()} unreachable: {describe_failure(err)}",
                             fail_over=True)
         log.debug("reports go on a stream to %s", redact_url(url), extra={"node": self._node})
         self._stream = stream
@@ -548,10 +556,14 @@ class Reporter:
             try:
                 reply = msgspec.json.decode(answer.reply, type=_Reply)
             except msgspec.DecodeError as err:
-                outcome = _Failure(f"controller reply is not a report reply: {err}")
+                outcome = _Failure(f"{self._named()}: its reply is not a report reply: {err}")
                 continue
             self._accepted(reply, results_sent if ours else 0, ours=ours)
         return outcome
+
+    def _named(self) -> str:
+        """``controller http://ctl:9848``: the one this attempt went to, for a message."""
+        return f"controller {redact_url(self.url)}"
 
     def _close_stream(self) -> None:
         if self._stream is not None:
@@ -559,16 +571,18 @@ class Reporter:
             self._stream = None
 
     def _switch(self, why: str, *, last: bool) -> None:
-        """Move to the next controller; ``last``: back to where this round began."""
-        before = self.url
+        """Move to the next controller; ``last``: back to where this round began.
+
+        ``why`` names the controller it failed on (as every failure's message does).
+        """
         self._current = (self._current + 1) % len(self.urls)
         if last:
             return  # the round failed: the backoff's warning says so
         # Once per outage at INFO (the first round); while every controller stays
         # unreachable, each round would say the same again.
         level = logging.INFO if self._streak == 0 else logging.DEBUG
-        log.log(level, "%s: %s; switching to %s", redact_url(before), why,
-                redact_url(self.url), extra={"node": self._node})
+        log.log(level, "%s; switching to %s", why, redact_url(self.url),
+                extra={"node": self._node})
 
     def _accepted(self, reply: _Reply, results_sent: int, *, ours: bool = True) -> None:
         """Take a reply; ``ours``: it answers the report just sent (not an earlier one)."""

@@ -22,6 +22,7 @@ from sn_monitor.config import (
     setting,
 )
 from sn_monitor.tls import ca_bundle, check_key_pair, readable_file
+from sn_monitor.transport import check_http_url
 
 
 def _regex(value: str | None) -> None:
@@ -34,8 +35,8 @@ def _regex(value: str | None) -> None:
 
 
 def _http_url(value: str | None) -> None:
-    if value is not None and not value.startswith(("http://", "https://")):
-        raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+    if value is not None:
+        check_http_url(value)
 
 
 def _http_urls(value: list[str] | None) -> None:
@@ -92,8 +93,12 @@ class ControllerSettings:
     def __post_init__(self) -> None:
         if self.url is not None and self.urls is not None:
             raise ValueError("give url (one controller) or urls (several), not both")
+        try:  # the loader checked; settings built in code (flags) were not
+            _http_url(self.url)
+        except ValueError as err:
+            raise ValueError(f"url: {err}") from None
         try:
-            _http_urls(self.urls)  # the loader checked; settings built in code were not
+            _http_urls(self.urls)
         except ValueError as err:
             raise ValueError(f"urls: {err}") from None
         if (self.cert_file is None) != (self.key_file is None):

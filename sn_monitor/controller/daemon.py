@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import uvicorn
 
 from sn_monitor.clock import Clock
-from sn_monitor.config import ConfigError
+from sn_monitor.config import ConfigError, parse_listen
 from sn_monitor.controller.actions.routing import Drivers, build_drivers
 from sn_monitor.controller.app import build_app
 from sn_monitor.controller.auth import TokenBook
@@ -46,6 +46,7 @@ from sn_monitor.rules.spec import (
     default_rule_paths,
     load_rule_set,
 )
+from sn_monitor.serving import listening_socket
 
 if TYPE_CHECKING:
     from sn_monitor.controller.ha.k8s_role import PodRoleLabel
@@ -239,14 +240,19 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
                     "(set token_file / --token-file outside a test setup)")
     if settings.tls is not None:
         _check_tls(settings.tls, tokens)
+    # Bound before anything starts: a port in use is a ListenError naming it, and
+    # "serving" is logged only once the address is ours.
+    listener = listening_socket(*parse_listen(settings.listen))
     try:
         drivers = build_drivers(settings.drivers, settings.routes, clock)
     except ValueError as err:
+        listener.close()
         raise ConfigError("controller config", "routes", None, str(err)) from None
     try:
         store = open_store(settings)
     except BaseException:
         drivers.close()
+        listener.close()
         raise
     previous = signal.getsignal(signal.SIGHUP)
     # uvicorn stops gracefully on SIGTERM/SIGINT and then re-raises the signal to the
@@ -262,7 +268,7 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
             role = build_role_label(settings.ha)
             if role is not None:
                 role.mark("standby")  # before serving: a stale "active" draws agents here
-            outcome = _stand_by(settings, elector, notifier)
+            outcome = _stand_by(settings, elector, notifier, listener)
             if outcome != "won":
                 drivers.close()  # stopped as a standby: no controller took them over
                 return 0 if outcome == "stopped" else 1
@@ -270,8 +276,9 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
             if role is not None:
                 role.mark("active")  # after the fence, before serving: the Service's pick
         return _serve_active(settings, clock, rules, tokens, store, drivers, elector,
-                             notifier)
+                             notifier, listener)
     finally:
+        listener.close()
         notifier.stopping()
         if elector is not None:
             elector.release()
@@ -284,13 +291,14 @@ def run_controller(settings: ControllerSettings, clock: Clock) -> int:
         log.info("controller stopped")
 
 
-def _stand_by(settings: ControllerSettings, elector: Elector,
-              notifier: SystemdNotifier) -> Literal["won", "stopped", "failed"]:
+def _stand_by(settings: ControllerSettings, elector: Elector, notifier: SystemdNotifier,
+              listener: socket.socket) -> Literal["won", "stopped", "failed"]:
     """Serve the standby's answers until the lease is ours, a signal, or the campaign fails.
 
     The campaign is this phase's one worker: an unexpected error in it is logged and
     stops the process (exit 1; the supervisor starts it again), never a standby that
-    silently stopped campaigning.
+    silently stopped campaigning. The standby serves on a copy of ``listener`` (uvicorn
+    closes the sockets it served on): the address stays bound for the active.
     """
     status = StandbyStatus(elector.lease.identity)
     server = NotifyingServer(_uvicorn_config(StandbyApp(status), settings,
@@ -315,7 +323,7 @@ def _stand_by(settings: ControllerSettings, elector: Elector,
     thread.start()
     log.info("controller %s standing by on %s", elector.lease.identity, settings.listen)
     try:
-        server.run()
+        server.run(sockets=[listener.dup()])
     finally:
         stop.set()
         thread.join(timeout=float(elector.settings.retry_period) + 15)
@@ -324,7 +332,8 @@ def _stand_by(settings: ControllerSettings, elector: Elector,
 
 def _serve_active(settings: ControllerSettings, clock: Clock, rules: RuleSet,
                   tokens: TokenBook | None, store: Store, drivers: Drivers,
-                  elector: Elector | None, notifier: SystemdNotifier) -> int:
+                  elector: Elector | None, notifier: SystemdNotifier,
+                  listener: socket.socket) -> int:
     """Serve as the active controller: the server here, the workers supervised (runtime.py)."""
     controller = Controller(settings, rules.rules, clock, store, drivers, watch_stalls=True,
                             rule_sources=rules.sources)
@@ -398,7 +407,7 @@ def _serve_active(settings: ControllerSettings, clock: Clock, rules: RuleSet,
              store.path)
     runtime.start()
     try:
-        server.run()
+        server.run(sockets=[listener])
     finally:
         deadline = server.stop_deadline()
         stuck = runtime.stop(deadline)

@@ -33,6 +33,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     from sn_monitor.fleet.settings import load_fleet_settings
     from sn_monitor.fleet.view import FleetView
     from sn_monitor.logs import configure_logging
+    from sn_monitor.serving import ListenError
     from sn_monitor.transport import TokenError, read_token
 
     try:
@@ -52,10 +53,10 @@ def run_fleet(args: argparse.Namespace) -> int:
     host, port = parse_listen(listen)
     try:
         server = FleetServer(view, host, port, token)
-    except OSError as err:
+    except ListenError as err:
         view.close()
-        print(f"sn-monitor fleet: cannot listen on {listen}: {err}", file=sys.stderr)
-        return 1
+        print(f"sn-monitor fleet: {err}", file=sys.stderr)
+        return EXIT_CONFIG
     done = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: done.set())
                 for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -22,7 +22,7 @@ import requests
 
 from sn_monitor.clock import Clock
 from sn_monitor.fleet.settings import FleetSettings, SupernodeSettings
-from sn_monitor.transport import is_standby, read_token, redact_url
+from sn_monitor.transport import describe_failure, is_standby, read_token, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class Controllers:
                     timeout=self._timeout, verify=supernode.ca_file or True,
                     allow_redirects=False)
             except requests.RequestException as err:
-                reasons.append(f"{shown}: unreachable ({type(err).__name__})")
+                reasons.append(f"{shown}: unreachable ({describe_failure(err)})")
                 continue
             if is_standby(reply.status_code, reply.headers):
                 reasons.append(f"{shown}: standby")

@@ -44,7 +44,7 @@ from rich.text import Text
 
 from sn_monitor.sim.pace import CLEARED
 from sn_monitor.sim.scenario import Scenario, format_seconds
-from sn_monitor.sim.supernode import JOB, Supernode, SupernodeError, SupernodeOptions
+from sn_monitor.sim.supernode import JOB, PortTaken, Supernode, SupernodeError, SupernodeOptions
 
 #: Faults that repair something: nothing to detect, they end an earlier fault.
 REPAIRS = frozenset({"cooling-repaired", "ib-port-up", "node-back", "nvml-release",
@@ -749,6 +749,9 @@ def run_demo(options: DemoOptions) -> int:
 
             try:
                 sn.start(progress)
+            except PortTaken as err:  # as every serving command: exit 2, like a bad flag
+                print(f"sn-monitor demo: {err}", file=sys.stderr)
+                return 2
             except SupernodeError as err:
                 print(f"sn-monitor demo: {err}", file=sys.stderr)
                 return 1

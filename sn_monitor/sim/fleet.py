@@ -117,7 +117,7 @@ from sn_monitor.sim.hgx import simulated_topology
 from sn_monitor.sim.node import FAULTS, FaultError, SimulatedNode
 from sn_monitor.sim.node_tree import DEFAULT_IB_DEVICES, IB_COUNTER_FILES, IB_HW_COUNTER_FILES
 from sn_monitor.sim.scenario import NETDEVS, PlannedFault, Scenario, format_seconds
-from sn_monitor.transport import error_text
+from sn_monitor.transport import describe_failure, error_text
 
 REPORTS_PATH = "/api/v1/reports"
 #: Distinct base reports the healthy nodes step through.
@@ -874,7 +874,7 @@ class Fleet:
                     sock = self.tls.wrap_socket(sock, server_hostname=self.host)
             except OSError as err:
                 self.stats.connection_errors += 1
-                self.stats.note(f"connect to {self.host}:{self.port}: {err}")
+                self.stats.note(f"connect to {self.host}:{self.port}: {describe_failure(err)}")
                 conn.retry_at = now + 0.5
                 return False
             conn.sock = sock

@@ -53,7 +53,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from sn_monitor.config import ConfigError, Document, KeyPath, load_yaml, parse_duration, parse_yaml
+from sn_monitor.config import (
+    ConfigError,
+    Document,
+    KeyPath,
+    load_yaml,
+    parse_duration,
+    parse_yaml,
+    unknown_key,
+)
 from sn_monitor.sim.node import FAULTS
 from sn_monitor.sim.node_tree import DEFAULT_IB_DEVICES, DEFAULT_NETDEVS
 
@@ -373,7 +381,7 @@ def parse_scenario(doc: Document) -> Scenario:
         raise doc.error((), "a scenario is a mapping with kind: Scenario and faults: [...]")
     unknown = [k for k in data if k not in _TOP_KEYS]
     if unknown:
-        raise doc.error((unknown[0],), f"unknown key (known keys: {', '.join(_TOP_KEYS)})")
+        raise unknown_key(doc, (unknown[0],), _TOP_KEYS)
     if data.get("kind") != "Scenario":
         raise doc.error(("kind",), f"must be Scenario; got {data.get('kind')!r}")
     name = data.get("name", Path(doc.path).stem)

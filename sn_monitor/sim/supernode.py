@@ -69,6 +69,10 @@ class SupernodeError(RuntimeError, SnMonitorError):
     """The supernode could not be started (a port taken, a process that died, ...)."""
 
 
+class PortTaken(SupernodeError):
+    """The controller's address is in use: a bad ``--listen``, not a failure to start."""
+
+
 @dataclass(frozen=True)
 class SupernodeOptions:
     """The size and pace of the simulated supernode."""
@@ -283,8 +287,8 @@ class Supernode:
         """Start everything; return when every agent reports and every rank trains."""
         opts = self.options
         if not port_free(self.host or "127.0.0.1", self.port):
-            raise SupernodeError(f"{opts.listen} is taken (another demo or controller?); "
-                                 "pick another with --listen")
+            raise PortTaken(f"{opts.listen} is taken (another demo or controller?); "
+                            "pick another with --listen")
         config = self._write_config()
         logs = self.root / "logs"
         logs.mkdir(exist_ok=True)

@@ -147,7 +147,7 @@ class Agent(Process):
 
     def lost_its_port(self) -> bool:
         """It exited because another process took its port between free_port() and bind."""
-        return not self.running and "Address already in use" in self.tail(3)
+        return not self.running and "address already in use" in self.tail(3).lower()
 
     def rebind(self) -> None:
         """Take another free port (the next start listens there)."""

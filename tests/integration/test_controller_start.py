@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.integration.cluster import free_port
 from tests.postgres import PostgresServer
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,7 @@ def start(tmp: Path, store: dict[str, str], env: dict[str, str] | None = None
     environ = {k: v for k, v in os.environ.items() if k != "SN_STORE_DSN"}
     done = subprocess.run(
         [sys.executable, "-m", "sn_monitor.cli", "controller", "--config", str(config),
-         "--listen", "127.0.0.1:0", "--rules", str(ROOT / "sn_monitor" / "rules"),
+         "--listen", f"127.0.0.1:{free_port()}", "--rules", str(ROOT / "sn_monitor" / "rules"),
          "--state-dir", str(tmp / "state")],
         cwd=ROOT, env={**environ, **(env or {})}, capture_output=True, text=True,
         timeout=60, check=False)
@@ -95,13 +96,14 @@ def test_a_rules_directory_without_rule_files_is_refused_naming_what_is_there(
     old = tmp_path / "rules"  # the old rules/ path: only Prometheus' files are left there
     (old / "prometheus").mkdir(parents=True)
     (old / "sn-monitor-alerts.yml").write_text("groups: []\n")
-    done = subprocess.run(_controller(tmp_path, "--listen", "127.0.0.1:0", "--rules", str(old)),
+    listen = f"127.0.0.1:{free_port()}"
+    done = subprocess.run(_controller(tmp_path, "--listen", listen, "--rules", str(old)),
                           cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == (
         f"{old}: no rule files (*.yaml) in this directory: found 2 other files (prometheus, "
         "sn-monitor-alerts.yml); rule files must end in .yaml")
-    done = subprocess.run(_controller(tmp_path, "--listen", "127.0.0.1:0", "--rules",
+    done = subprocess.run(_controller(tmp_path, "--listen", listen, "--rules",
                                       str(tmp_path / "typo")),
                           cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2, done.stderr

@@ -30,7 +30,7 @@ import requests
 from sn_monitor.controller.auth import ConfigError, Identity, TokenBook
 from sn_monitor.controller.ingest import MAX_EVENT_AGE_SECONDS
 from tests.conftest import ROOT
-from tests.integration.cluster import Cluster
+from tests.integration.cluster import Cluster, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -198,7 +198,8 @@ def test_a_bad_node_pattern_in_a_token_file_is_a_config_error(tmp_path: Path) ->
     assert (err.value.file, err.value.key, err.value.line) == (str(tokens), "[0].nodes[1]", 5)
     assert "not a node pattern" in err.value.message
     done = subprocess.run(
-        [sys.executable, "-m", "sn_monitor.cli", "controller", "--listen", "127.0.0.1:0",
+        [sys.executable, "-m", "sn_monitor.cli", "controller", "--listen",
+         f"127.0.0.1:{free_port()}",
          "--state-dir", str(tmp_path / "state"), "--token-file", str(tokens),
          "--rules", str(ROOT / "sn_monitor" / "rules")],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -16,7 +18,9 @@ from sn_monitor.config import (
     Duration,
     bind,
     format_key,
+    listen_address,
     parse_duration,
+    parse_listen,
     parse_yaml,
     setting,
 )
@@ -235,3 +239,141 @@ def test_controller_flag_once_is_url_and_more_often_urls(tmp_path):
     with pytest.raises(ConfigError, match=r"^command line: --controller: urls: every URL "
                                           r"must use one scheme"):
         _cli_settings("--controller", "http://a:9848", "--controller", "https://b:9848")
+
+
+# ------------------------------------------------ first contact: what a person types wrong
+
+
+@pytest.mark.parametrize(("value", "parsed"), [
+    ("0.0.0.0:9847", ("0.0.0.0", 9847)),
+    ("127.0.0.1:1", ("127.0.0.1", 1)),
+    ("[::1]:9848", ("::1", 9848)),
+    ("ctl-a.example.org:65535", ("ctl-a.example.org", 65535)),
+    ("localhost:9847", ("localhost", 9847)),
+])
+def test_listen_addresses_parse(value, parsed):
+    assert parse_listen(value) == parsed
+    listen_address(value)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("127.0.0.1:99999", "port 99999 is out of range 1-65535 (in '127.0.0.1:99999')"),
+    ("127.0.0.1:0", "port 0 is out of range 1-65535"),
+    ("127.0.0.1:http", "the port must be a number 1-65535, got 'http'"),
+    ("127.0.0.1", "expected HOST:PORT (such as 0.0.0.0:9847), got '127.0.0.1'"),
+    (":9847", "expected HOST:PORT"),
+    ("::1:9847", "write an IPv6 address in brackets, as [::1]:9847"),
+    ("[::g]:9847", "[::g] is not an IPv6 address"),
+    ("300.1.1.1:9847", "300.1.1.1 is not an IPv4 address"),
+    ("ctl_a:9847", "'ctl_a' is neither an IP address nor a host name"),
+    ("a b:9847", "'a b' is neither an IP address nor a host name"),
+])
+def test_bad_listen_addresses_say_what_is_wrong(value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        listen_address(value)
+
+
+def test_a_listen_address_in_a_file_names_file_key_and_line(tmp_path):
+    path = tmp_path / "agent.yaml"
+    path.write_text("node: a\nlisten: 127.0.0.1:99999\n")
+    with pytest.raises(ConfigError) as caught:
+        load_agent_settings(path)
+    assert str(caught.value) == (f"{path}:2: listen: port 99999 is out of range 1-65535 "
+                                 "(in '127.0.0.1:99999')")
+
+
+@pytest.mark.parametrize(("text", "guess"), [
+    ("sweep_intervall: 10s\n", "sweep_interval"),  # a controller config, by its closest key
+    ("state_dir: /x\npolicy:\n  dry_rn: true\n", "dry_run"),
+    ("intervall: 1s\n", "interval"),  # an agent config
+    ("collectors:\n  nvml:\n    enabld: false\n", "enabled"),
+])
+def test_an_unknown_key_names_the_likely_one(tmp_path, text, guess):
+    path = tmp_path / "settings.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        check_file(path)
+    assert f"unknown key; did you mean {guess}? (known keys: " in str(caught.value)
+
+
+def test_an_unknown_key_like_none_lists_the_known_ones(tmp_path):
+    path = tmp_path / "agent.yaml"
+    path.write_text("paths:\n  zzz: /x\n")
+    with pytest.raises(ConfigError) as caught:
+        check_file(path)
+    assert str(caught.value) == (f"{path}:2: paths.zzz: unknown key "
+                                 "(known keys: kmsg, procfs, sysfs)")
+
+
+def test_the_controller_command_suggests_the_key(tmp_path):
+    from sn_monitor.controller.settings import load_controller_settings
+
+    path = tmp_path / "controller.yaml"
+    path.write_text("rules: [/x]\nsweep_intervall: 10s\n")
+    with pytest.raises(ConfigError, match=r":2: sweep_intervall: unknown key; did you mean "
+                                          r"sweep_interval\?"):
+        load_controller_settings(path)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("controller: {url: '127.0.0.1:9848'}\n",
+     ":1: controller.url: expected an http:// or https:// URL, got '127.0.0.1:9848' "
+     "(did you mean 'http://127.0.0.1:9848'?)"),
+    ("controller: {url: 'http://:9848'}\n", ":1: controller.url: the URL names no host"),
+    ("controller: {url: 'http://ctl:99999'}\n", ":1: controller.url: invalid URL: port"),
+])
+def test_a_controller_url_without_scheme_or_host_is_refused(tmp_path, text, message):
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_agent_settings(path)
+    assert str(caught.value).startswith(f"{path}{message}")
+
+
+def _all_help() -> dict[str, str]:
+    from sn_monitor.cli import build_parser
+
+    parser = build_parser()
+    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {"": parser.format_help(),
+            **{name: sub.format_help() for name, sub in commands.choices.items()}}
+
+
+def test_help_is_plain_text():
+    for command, text in _all_help().items():
+        assert not re.search(r"``|`[^`\n]+`|:[a-z]+:`", text), (command, text)
+
+
+def test_check_config_help_lists_each_kind_and_how_it_is_told():
+    text = _all_help()["check-config"]
+    for kind in ("scenario file", "XID catalogue", "job file", "token file", "rule file",
+                 "fleet config", "controller config", "agent config"):
+        assert kind in text
+    for sign in ("kind: Scenario", "kind: XidCatalog", "kind: DistributedJob", "supernodes:",
+                 "sweep_interval", "collectors"):
+        assert sign in text
+
+
+def _parse_error(capsys, *argv: str) -> str:
+    from sn_monitor.cli import build_parser
+
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args(list(argv))
+    assert caught.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["agent", "--listen", "127.0.0.1:99999"],
+     "argument --listen: port 99999 is out of range 1-65535"),
+    (["controller", "--listen", "localhost"], "argument --listen: expected HOST:PORT"),
+    (["agent", "--controller", "127.0.0.1:9848"],
+     "argument --controller: expected an http:// or https:// URL, got '127.0.0.1:9848' "
+     "(did you mean 'http://127.0.0.1:9848'?)"),
+    (["simulate", "--controller", "ctl:9848"], "argument --controller: expected an http://"),
+    (["breaker", "--controller", "http://"], "argument --controller: the URL names no host"),
+    (["topology", "--controller", "ctl"], "argument --controller: expected an http://"),
+    (["slurm-health", "--agent", "127.0.0.1:9847"], "argument --agent: expected an http://"),
+])
+def test_bad_flags_are_refused_when_parsed(capsys, argv, message):
+    assert message in _parse_error(capsys, *argv)

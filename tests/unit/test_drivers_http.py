@@ -164,7 +164,7 @@ def test_connection_refused_is_temporary() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with pytest.raises(TemporaryError, match="Connection refused"):
+    with pytest.raises(TemporaryError, match="connection refused"):
         webhook(f"http://127.0.0.1:{port}/hook").run(request())
 
 

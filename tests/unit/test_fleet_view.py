@@ -160,7 +160,7 @@ def test_when_no_controller_answers_each_reason_is_said(
         asking.close()
     assert str(info.value) == "; ".join([
         f"{standby.url}: standby", f"{failing.url}: answered 500",
-        f"{garbled.url}: the answer is not JSON", f"{gone}: unreachable (ConnectionError)"])
+        f"{garbled.url}: the answer is not JSON", f"{gone}: unreachable (connection refused)"])
     assert standby.requests[0].header("Authorization") is None  # no token configured
 
 
@@ -193,7 +193,7 @@ def test_the_command_refuses_a_bad_file_a_token_it_cannot_read_and_a_busy_port(
             busy.bind(("127.0.0.1", 0))
             busy.listen()
             port = busy.getsockname()[1]
-            assert main(["fleet", "--config", str(good), "--listen", f"127.0.0.1:{port}"]) == 1
+            assert main(["fleet", "--config", str(good), "--listen", f"127.0.0.1:{port}"]) == 2
     finally:
         root.handlers[:] = handlers
         root.setLevel(level)

@@ -210,7 +210,8 @@ def _body(**spec_changes):
          "spec.recoveryStrategy: must be one of elastic, restart, manual; got 'retry'"),
         (_body(nodes=["a", 3]), "spec.nodes[1]: expected a node name, got 3"),
         (_body(checkpoint={"dir": "/c", "markr": "X"}),
-         "spec.checkpoint.markr: unknown key (known keys: dir, keep, marker)"),
+         "spec.checkpoint.markr: unknown key; did you mean marker? "
+         "(known keys: dir, keep, marker)"),
         (b'{"apiVersion": "sn-monitor/v1", "apiVersion": "x"}', "apiVersion: duplicate key"),
         (b'{"apiVersion": ', "invalid JSON: Expecting value (line 1, column 16)"),
         (b"", "the body is empty: send a DistributedJob"),

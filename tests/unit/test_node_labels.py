@@ -194,7 +194,7 @@ def test_the_reader_checks_the_api_servers_certificate(api, tmp_path):
         (tmp_path / "ca.crt").write_bytes(pki.ca_file.read_bytes())
         assert node_labels(reader.read(NODE), MAP)["supernode"] == "sn07"
         (tmp_path / "ca.crt").write_bytes(Pki(tmp_path / "other").ca_file.read_bytes())
-        with pytest.raises(NodeLabelsError, match="SSLError"):
+        with pytest.raises(NodeLabelsError, match="TLS: certificate not trusted"):
             reader.read(NODE)
     finally:
         reader.close()
@@ -238,7 +238,7 @@ def test_a_hanging_api_server_times_out(scripted, tmp_path):
     scripted.script(NODE_PATH, Reply(200, json.dumps(node_doc({})).encode(), delay=2.0))
     reader = NodeReader(settings_for(tmp_path, timeout=Duration(0.2)), scripted.url)
     try:
-        with pytest.raises(NodeLabelsError, match=f"cannot read Node {NODE} from .*Timeout"):
+        with pytest.raises(NodeLabelsError, match=f"cannot read Node {NODE} from .*: timed out"):
             reader.read(NODE)
     finally:
         reader.close()
@@ -248,7 +248,7 @@ def test_no_api_server_and_no_token_are_errors_too(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     reader = NodeReader(settings_for(tmp_path), url)
     try:
-        with pytest.raises(NodeLabelsError, match=r"cannot read Node .*ConnectionError"):
+        with pytest.raises(NodeLabelsError, match=r"cannot read Node .*: connection refused"):
             reader.read(NODE)
         (tmp_path / "token").unlink()
         with pytest.raises(NodeLabelsError, match=r"cannot read token file.*automount"):

@@ -233,7 +233,7 @@ def test_an_opening_refused_for_its_token_is_a_refusal_logged_once_not_a_post(
         assert not reporter.streaming
         assert reporter._session is None  # never fell back to posting
         refusals = [r.getMessage() for r in caplog.records]
-        assert refusals == ["controller refused the report (401): missing or unknown "
-                            "bearer token"]
+        assert refusals == [f"controller {lane_server.url} refused the report (401): "
+                            "missing or unknown bearer token"]
     finally:
         reporter.close()

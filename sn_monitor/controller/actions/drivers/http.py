@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 import requests
 
 from sn_monitor.controller.actions.base import PermanentError, TemporaryError
-from sn_monitor.transport import parse_retry_after, redact_url
+from sn_monitor.transport import describe_failure, parse_retry_after, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class HttpClient:
                         self.timeout)
             raise TemporaryError(f"{method} {where} timed out after {self.timeout}s") from None
         except requests.ConnectionError as err:
-            cause = _os_cause(err)
+            cause = describe_failure(err)
             log.warning("%s: %s %s failed: %s", self.driver, method, where, cause)
             raise TemporaryError(f"{method} {where} failed: {cause}") from None
         except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
@@ -203,25 +203,3 @@ def _excerpt(response: requests.Response) -> str:
         return ""
     text = " ".join(text.split())
     return text[:BODY_EXCERPT_CHARS]
-
-
-def _os_cause(err: BaseException) -> str:
-    """The OS-level reason under a requests ConnectionError, without the URL it quotes.
-
-    ``requests`` wraps urllib3's MaxRetryError, whose text names the request path
-    (query string included); the OSError at the bottom (``Connection refused``) does not.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.strerror:
-            return current.strerror
-        reason = getattr(current, "reason", None)
-        if isinstance(reason, BaseException):
-            current = reason
-            continue
-        args = getattr(current, "args", ())
-        nested = next((a for a in args if isinstance(a, BaseException)), None)
-        current = nested or current.__cause__ or current.__context__
-    return type(err).__name__
