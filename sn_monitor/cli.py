@@ -383,6 +383,13 @@ def _check_config_description() -> str:
         "                    and none of those only an agent has:\n"
         f"{keys(_AGENT_KEYS)}\n"
         "  agent config      any other mapping (an empty file included)\n\n"
+        "Other tools' files are told apart first and not read as sn-monitor's:\n"
+        "Kubernetes manifests (apiVersion and kind; named and skipped), Prometheus\n"
+        "configurations and rule files (checked with promtool) and Alertmanager\n"
+        "configurations (checked with amtool) where those tools are on PATH.\n"
+        "What a file names that is not on this machine (a token file, a rules\n"
+        "directory, the Kubernetes client) is a note, not an error: the daemon\n"
+        "that reads the file refuses to start without it.\n\n"
         "Example: sn-monitor check-config /etc/sn-monitor/*.yaml "
         "/etc/sn-monitor/rules/*.yaml")
 
@@ -460,11 +467,24 @@ def _is_controller_config(data: dict[Any, Any]) -> bool:
 
 def check_config(files: Sequence[Path]) -> int:
     """Validate each file; print every error as ``file:line: key: message``."""
+    from sn_monitor.controller.k8s.settings import absent_client_noted
+    from sn_monitor.foreign_config import check, recognise
+
     failed = False
     for path in files:
+        found = recognise(path)
+        if found is not None:
+            verdict = check(found)
+            if verdict.error is not None:
+                print(f"{path}: {verdict.summary}: {verdict.error}", file=sys.stderr)
+                failed = True
+            else:
+                print(f"{path}: {'ok' if verdict.checked else 'skipped'} ({verdict.summary})")
+            continue
         notes: list[str] = []
         try:
-            kind = check_file(path, notes)
+            with absent_client_noted(notes):
+                kind = check_file(path, notes)
         except ConfigError as err:
             print(err, file=sys.stderr)
             failed = True

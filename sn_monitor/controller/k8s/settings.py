@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from sn_monitor.config import Duration, optional, positive, setting
@@ -25,11 +28,38 @@ _LABEL_VALUE = re.compile(r"([a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?)?")
 
 
 
+#: Where a missing client is noted instead of raised (``check-config``: the file may be
+#: checked on a machine other than the one it is for).
+_ABSENT_CLIENT_NOTES: ContextVar[list[str] | None] = ContextVar("absent_client_notes",
+                                                                 default=None)
+_ABSENT_CLIENT = ("the Kubernetes client is not installed on this machine: Kubernetes "
+                  "settings not checked against it (where the controller runs: "
+                  f"{KUBERNETES_EXTRA})")
+
+
+@contextmanager
+def absent_client_noted(notes: list[str]) -> Iterator[None]:
+    """Within, a missing Kubernetes client is a note in ``notes``, not a config error."""
+    token = _ABSENT_CLIENT_NOTES.set(notes)
+    try:
+        yield
+    finally:
+        _ABSENT_CLIENT_NOTES.reset(token)
+
+
 def require_client() -> None:
-    """ValueError (a config error where the setting is) without the ``kubernetes`` package."""
-    if importlib.util.find_spec("kubernetes") is None:
+    """ValueError (a config error where the setting is) without the ``kubernetes`` package.
+
+    Inside :func:`absent_client_noted` it is a note instead, given once.
+    """
+    if importlib.util.find_spec("kubernetes") is not None:
+        return
+    notes = _ABSENT_CLIENT_NOTES.get()
+    if notes is None:
         raise ValueError("needs the Kubernetes client, which is not installed: "
                          f"{KUBERNETES_EXTRA}")
+    if _ABSENT_CLIENT not in notes:
+        notes.append(_ABSENT_CLIENT)
 
 
 def check_grace_period(value: int | None) -> None:
