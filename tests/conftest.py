@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +39,19 @@ def server() -> Iterator[RecordingHTTPServer]:
     srv.start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+def listening_port() -> Iterator[int]:
+    """A loopback port the test holds, bound and listening, that never answers.
+
+    A server asked to listen there finds it in use; a client connects and waits for an
+    answer that never comes.
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
 
 
 def require_tool(name: str) -> str:

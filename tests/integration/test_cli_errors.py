@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,15 +27,6 @@ RULES = str(ROOT / "sn_monitor" / "rules")
 def sn_monitor(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "sn_monitor.cli", *argv], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, check=False)
-
-
-@pytest.fixture
-def busy_port() -> Iterator[int]:
-    """A loopback port this test holds (bound and listening) while the command runs."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield int(sock.getsockname()[1])
 
 
 def closed_port() -> int:
@@ -54,41 +44,41 @@ def test_a_port_past_65535_exits_2_without_a_traceback(command: list[str],
     assert "Traceback" not in done.stderr
 
 
-def test_an_agent_on_a_port_in_use_exits_2_naming_it(busy_port: int, tmp_path: Path) -> None:
-    done = sn_monitor("agent", "--simulate", "1", "--listen", f"127.0.0.1:{busy_port}",
+def test_an_agent_on_a_port_in_use_exits_2_naming_it(listening_port: int, tmp_path: Path) -> None:
+    done = sn_monitor("agent", "--simulate", "1", "--listen", f"127.0.0.1:{listening_port}",
                       "--state-dir", str(tmp_path), "--duration", "30")
     assert done.returncode == 2, done.stderr
-    assert (f"sn-monitor agent: cannot listen on 127.0.0.1:{busy_port}: address already "
+    assert (f"sn-monitor agent: cannot listen on 127.0.0.1:{listening_port}: address already "
             "in use") in done.stderr
     assert "Traceback" not in done.stderr
 
 
 def test_a_controller_on_a_port_in_use_exits_2_before_saying_it_serves(
-        busy_port: int, tmp_path: Path) -> None:
-    done = sn_monitor("controller", "--listen", f"127.0.0.1:{busy_port}", "--rules", RULES,
+        listening_port: int, tmp_path: Path) -> None:
+    done = sn_monitor("controller", "--listen", f"127.0.0.1:{listening_port}", "--rules", RULES,
                       "--state-dir", str(tmp_path))
     assert done.returncode == 2, done.stderr
-    assert (f"sn-monitor controller: cannot listen on 127.0.0.1:{busy_port}: address "
+    assert (f"sn-monitor controller: cannot listen on 127.0.0.1:{listening_port}: address "
             "already in use") in done.stderr
     assert "serving" not in done.stderr
     assert "Traceback" not in done.stderr
 
 
-def test_a_fleet_view_on_a_port_in_use_exits_2_naming_it(busy_port: int,
+def test_a_fleet_view_on_a_port_in_use_exits_2_naming_it(listening_port: int,
                                                          tmp_path: Path) -> None:
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(f"supernodes:\n- name: sn0\n  controllers: [http://127.0.0.1:{closed_port()}]\n")
-    done = sn_monitor("fleet", "--config", str(fleet), "--listen", f"127.0.0.1:{busy_port}")
+    done = sn_monitor("fleet", "--config", str(fleet), "--listen", f"127.0.0.1:{listening_port}")
     assert done.returncode == 2, done.stderr
-    assert f"cannot listen on 127.0.0.1:{busy_port}: address already in use" in done.stderr
+    assert f"cannot listen on 127.0.0.1:{listening_port}: address already in use" in done.stderr
     assert "Traceback" not in done.stderr
 
 
-def test_a_demo_on_a_port_in_use_exits_2_naming_it(busy_port: int, tmp_path: Path) -> None:
-    done = sn_monitor("demo", "--headless", "--listen", f"127.0.0.1:{busy_port}",
+def test_a_demo_on_a_port_in_use_exits_2_naming_it(listening_port: int, tmp_path: Path) -> None:
+    done = sn_monitor("demo", "--headless", "--listen", f"127.0.0.1:{listening_port}",
                       "--state-dir", str(tmp_path), timeout=120)
     assert done.returncode == 2, done.stderr
-    assert f"127.0.0.1:{busy_port} is taken" in done.stderr
+    assert f"127.0.0.1:{listening_port} is taken" in done.stderr
     assert "Traceback" not in done.stderr
 
 

@@ -3,28 +3,19 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 
 import pytest
 
 from sn_monitor.serving import ListenError, QuietHandler, ThreadedServer, listening_socket
 
 
-@pytest.fixture
-def busy_port() -> Iterator[int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield int(sock.getsockname()[1])
-
-
-def test_a_port_in_use_names_the_address(busy_port: int) -> None:
-    with pytest.raises(ListenError, match=rf"^cannot listen on 127\.0\.0\.1:{busy_port}: "
+def test_a_port_in_use_names_the_address(listening_port: int) -> None:
+    with pytest.raises(ListenError, match=rf"^cannot listen on 127\.0\.0\.1:{listening_port}: "
                                           r"address already in use"):
-        listening_socket("127.0.0.1", busy_port)
-    with pytest.raises(ListenError, match=rf"^cannot listen on 127\.0\.0\.1:{busy_port}: "
+        listening_socket("127.0.0.1", listening_port)
+    with pytest.raises(ListenError, match=rf"^cannot listen on 127\.0\.0\.1:{listening_port}: "
                                           r"address already in use"):
-        ThreadedServer("127.0.0.1", busy_port, QuietHandler, "test-http")
+        ThreadedServer("127.0.0.1", listening_port, QuietHandler, "test-http")
 
 
 def test_a_port_past_65535_is_a_listen_error_not_an_overflow() -> None:

@@ -6,7 +6,6 @@ import errno
 import re
 import socket
 import ssl
-from collections.abc import Iterator
 
 import pytest
 import requests
@@ -24,15 +23,6 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A loopback port that takes connections and never answers."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield int(sock.getsockname()[1])
-
-
 def raised(url: str, timeout: float = 5.0) -> requests.RequestException:
     with pytest.raises(requests.RequestException) as caught:
         requests.get(url, timeout=timeout)
@@ -44,8 +34,8 @@ def test_a_closed_port_is_connection_refused() -> None:
     assert describe_failure(err) == "connection refused"
 
 
-def test_no_answer_is_timed_out(silent_port: int) -> None:
-    err = raised(f"http://127.0.0.1:{silent_port}/api?token={SECRET}", timeout=0.2)
+def test_no_answer_is_timed_out(listening_port: int) -> None:
+    err = raised(f"http://127.0.0.1:{listening_port}/api?token={SECRET}", timeout=0.2)
     assert describe_failure(err) == "timed out"
 
 
