@@ -5,8 +5,8 @@ Prometheus rule files and systemd units next to sn-monitor's configs. ``check-co
 is pointed at all of them (``sn-monitor check-config $(find deploy -type f)``): it
 tells these apart by their content, says what each is instead of reading it as an agent
 config ("apiVersion: unknown key"), and checks it with its own tool (``promtool``,
-``amtool``) where that is on PATH. A Kubernetes manifest is named, not checked: only an API server knows its
-schemas (``kubectl apply --dry-run=server``).
+``amtool``) where that is on PATH. A Kubernetes manifest is named, not checked: only an
+API server knows its schemas (``kubectl apply --dry-run=server``).
 """
 
 from __future__ import annotations
