@@ -114,7 +114,9 @@ class EventEvaluator(Evaluator[EventRule]):
         if event.code is not None:
             what = f"{what} {event.code}"
         where = "" if not subject.text else f" on {subject.human}"
-        detail = f": {event.message}" if event.message else ""
+        # NVML's own events say no more than "XID 13 on GPU 1": no need to say it twice.
+        said = event.message if event.message != f"{what}{where}" else ""
+        detail = f": {said}" if said else ""
         if event.kind == "xid" and event.code is not None:
             detail += f". {self._catalog.describe(event.code)}"
         if count > 1 and self._window is not None:

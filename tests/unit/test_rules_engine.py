@@ -684,3 +684,15 @@ def test_default_rules_stuck_processes_fire_for_the_node_and_resolve():
     assert found[0].gpu is None
     # An agent without the processes collector sends no host part: nothing to judge.
     assert _default_rules_over([(t, host(None, t + 1)) for t in range(0, 121, 10)]) == []
+
+
+def test_an_event_message_that_only_repeats_what_and_where_is_not_said_twice():
+    c = Cluster("- name: x\n  event: xid\n")
+    nvml = EventRecord(id=1, kind="xid", source="nvml", time_seconds=c.clock.time(),
+                       message="XID 13 on GPU 1", gpu=1, code=13)
+    kmsg = EventRecord(id=2, kind="xid", source="kmsg", time_seconds=c.clock.time(),
+                       message="NVRM: Xid (PCI:0000:1b:00): 13, pid=7, Graphics Exception",
+                       gpu=2, code=13)
+    messages = [f.message for f in c.send(events=[nvml, kmsg])]
+    assert messages[0].startswith("XID 13 on GPU 1. XID 13 (")
+    assert messages[1].startswith("XID 13 on GPU 2: NVRM: Xid (PCI:0000:1b:00): 13, pid=7")
