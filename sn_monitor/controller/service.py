@@ -105,6 +105,8 @@ SETTLED_ACTIONS = frozenset({"cordon", "evict", "failover", "reset_gpu", "reboot
 #: Actions that are rungs of the remediation ladder: the ladder runs them, and verifies.
 LADDER_RUNGS = frozenset({"reset_gpu", "reboot"})
 NODE_REFRESH_SECONDS = 5.0
+#: The newest actions of one incident its page shows (a flapping fault's alerts are many).
+INCIDENT_ACTIONS_SHOWN = 1000
 #: Job controls that make the controller run a program or call a URL: from job files
 #: (configuration) or an admin token only, never from an operate token.
 ADMIN_ONLY_CONTROL = frozenset({"webhook", "command"})
@@ -1126,8 +1128,8 @@ class Controller:
         if incident is None:
             return None
         doc = _incident_doc(incident)
-        doc["actions"] = [_action_doc(a) for a in self.store.list_actions(limit=1000)
-                          if a.incident_id == incident_id]
+        doc["actions"] = [_action_doc(a) for a in self.store.list_actions(
+            incident_id=incident_id, limit=INCIDENT_ACTIONS_SHOWN)]
         return doc
 
     def list_actions(self, node: str | None, state: str | None,

@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 IncidentStatus = Literal["open", "closed"]
 
 #: The schema this code writes; older files are migrated on open, newer ones refused.
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 
 # _MIGRATIONS[i] takes a database from user_version i to i + 1.
 _MIGRATIONS: Final[tuple[str, ...]] = (
@@ -208,6 +208,10 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
     ALTER TABLE actions ADD COLUMN refusal TEXT;
     ALTER TABLE actions ADD COLUMN owner TEXT;
     CREATE INDEX actions_owner ON actions (owner);
+    """,
+    # 4 -> 5: an incident's actions by its id (GET /api/v1/incidents/ID), however old
+    """
+    CREATE INDEX actions_incident ON actions (incident_id, created_at);
     """,
 )
 
@@ -774,8 +778,8 @@ class Store:
 
     def list_actions(self, *, node: str | None = None, action: str | None = None,
                      state: str | None = None, rule: str | None = None,
-                     owner: str | None = None, since: float | None = None,
-                     limit: int = 100) -> list[ActionRecord]:
+                     owner: str | None = None, incident_id: int | None = None,
+                     since: float | None = None, limit: int = 100) -> list[ActionRecord]:
         """Actions, newest first, filtered by any of the named columns.
 
         ``since`` keeps actions updated at or after that wall time.
@@ -783,7 +787,8 @@ class Store:
         where: list[str] = []
         args: list[Any] = []
         for column, value in (("node", node), ("action", action), ("state", state),
-                              ("rule", rule), ("owner", owner)):
+                              ("rule", rule), ("owner", owner),
+                              ("incident_id", incident_id)):
             if value is not None:
                 where.append(f"{column} = ?")
                 args.append(value)

@@ -22,6 +22,7 @@ from starlette.testclient import TestClient
 from sn_monitor.controller.actions.drivers.command import CommandSettings
 from sn_monitor.controller.actions.policy import PolicySettings
 from sn_monitor.controller.app import build_app, openapi_document
+from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.auth import TokenBook
 from sn_monitor.controller.settings import DriverSettings
 from sn_monitor.controller.store import Store
@@ -384,6 +385,28 @@ def test_limit_is_validated(api: Api, path: str, limit: str) -> None:
     response = api.get(path, params={"limit": limit})
     assert response.status_code == 422, response.text
     assert "limit" in response.json()["error"]
+
+
+def test_an_incident_older_than_the_newest_thousand_actions_shows_its_actions(api: Api
+                                                                              ) -> None:
+    """Its actions are asked for by its id, not picked from the newest 1,000 of all."""
+    api.report("gpu-1", gpus=[{"index": 0, "temperature_celsius": 90}])
+    api.h.clock.advance(6)
+    api.report("gpu-1", gpus=[{"index": 0, "temperature_celsius": 90}])
+    api.h.settle()
+    (incident,) = api.get("/api/v1/incidents", params={"status": "open"}).json()["incidents"]
+    mine = {a["action"] for a in api.get(f"/api/v1/incidents/{incident['id']}").json()[
+        "actions"]}
+    assert mine == {"throttle", "alert"}
+    later = api.h.clock.time() + 1
+    for n in range(1001):
+        api.h.store.record_action(ActionRequest(
+            id=f"later-{n}", key=f"later-{n}", action="alert", node="gpu-2", reason="later",
+            incident_id=None, created_seconds=later + n))
+    assert len(api.get("/api/v1/actions", params={"limit": 1000}).json()["actions"]) == 1000
+    shown = api.get(f"/api/v1/incidents/{incident['id']}").json()["actions"]
+    assert {a["action"] for a in shown} == mine
+    assert {a["incident_id"] for a in shown} == {incident["id"]}
 
 
 def test_incident_status_is_validated(api: Api) -> None:

@@ -12,14 +12,18 @@ def test_a_version_1_database_is_migrated(tmp_path):
     Store(path).close()
     db = sqlite3.connect(path)
     db.executescript("DROP TABLE jobs; DROP TABLE recoveries; DROP TABLE controller_lease;"
-                     " DROP INDEX actions_owner; ALTER TABLE actions DROP COLUMN refusal;"
+                     " DROP INDEX actions_owner; DROP INDEX actions_incident;"
+                     " ALTER TABLE actions DROP COLUMN refusal;"
                      " ALTER TABLE actions DROP COLUMN owner; PRAGMA user_version=1;")
     db.close()
     store = Store(path)
-    assert store.schema_version() == SCHEMA_VERSION == 4
+    assert store.schema_version() == SCHEMA_VERSION == 5
     assert store.list_jobs() == []
     assert store.list_recoveries() == []
     store.close()
+    indexes = {row[0] for row in sqlite3.connect(path).execute(
+        "SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"actions_owner", "actions_incident"} <= indexes
 
 
 def test_jobs_round_trip(open_store):
