@@ -127,13 +127,16 @@ class Controller:
         *,
         watch_stalls: bool = False,
         rule_sources: Mapping[str, int] | None = None,
+        cpu_seconds: Callable[[], float] = time.process_time,
     ) -> None:
         """The controller's parts, wired; nothing is read from the store yet (:meth:`start`).
 
         ``watch_stalls``: leave the controller's own stalls out of node silence (the
         daemon; tests that move a manual clock by hand mean every second they move it).
         ``rule_sources``: how many of ``rules`` each source gave (``sn_controller_rules``);
-        default: all of them from ``config``.
+        default: all of them from ``config``. ``cpu_seconds``: the process's CPU time, by
+        which the stall watch tells a controller saturated by its own work (injected where
+        the clock is manual: real CPU time against a hand-moved clock is no measure).
         """
         self.settings = settings
         self._rule_sources = _sources_of(rules, rule_sources)
@@ -146,7 +149,8 @@ class Controller:
         #: The one writer of what reports and findings mean for the store.
         self.writer = StoreWriter(store, self.store_health, on_stored=self._events_stored)
         self.stalls = StallWatch(clock, float(settings.sweep_interval),
-                                 on_stall=self._stalled) if watch_stalls else None
+                                 on_stall=self._stalled,
+                                 cpu_seconds=cpu_seconds) if watch_stalls else None
         #: Silence and holds are measured on the controller's own progress (stall.py):
         #: the registry's receive times and the rules' clock are this one's.
         self.progress: Clock = self.stalls if self.stalls is not None else clock

@@ -108,7 +108,17 @@ class Harness:
         return self.controller.ingest(body, identity, peer)
 
     def settle(self) -> None:
-        assert self.controller.runner.wait_idle(10), "actions still running after 10 s"
+        """Wait until every decision queued for the writer is handed on and none runs.
+
+        A settled action goes to the runner through the writer's thread (where the
+        controller runs one): an idle runner alone may only mean it is still queued.
+        """
+        for _ in range(20):
+            assert self.controller.writer.flush(10), "store writes still queued after 10 s"
+            assert self.controller.runner.wait_idle(10), "actions still running after 10 s"
+            if self.controller.writer.depth == 0:
+                return
+        raise AssertionError("the writer and the runner still hand work on after 20 rounds")
 
     def actions(self, action: str | None = None) -> list[dict[str, Any]]:
         self.settle()
