@@ -47,25 +47,3 @@ class ManualClock:
             raise ValueError("a clock does not go backwards")
         self._wall += seconds
         self._mono += seconds
-
-
-class ScaledClock:
-    """The real clock run ``speed`` times faster: simulated time for demos.
-
-    Everything that measures time through it (rule ``for`` timers, the guard's hold,
-    timestamps) agrees on one compressed timeline, while threads still sleep in real
-    seconds.
-    """
-
-    def __init__(self, speed: float) -> None:
-        if speed <= 0:
-            raise ValueError(f"speed must be positive, got {speed}")
-        self.speed = speed
-        self._mono0 = time.monotonic()
-        self._wall0 = time.time()
-
-    def time(self) -> float:
-        return self._wall0 + (time.monotonic() - self._mono0) * self.speed
-
-    def monotonic(self) -> float:
-        return self._mono0 + (time.monotonic() - self._mono0) * self.speed

@@ -382,9 +382,9 @@ def build_agent(
 ) -> Agent:
     """The agent for ``settings``: collectors from the registry, the guard, the reporter.
 
-    ``time_scale`` > 1 runs a simulation faster than the wall (``clock`` must be scaled
-    the same way, see :class:`~sn_monitor.clock.ScaledClock`). ``actuator`` resets GPUs
-    and reboots the node (default: the configured programs; the simulator passes its own).
+    ``time_scale`` > 1 runs a simulation faster than the wall (``clock`` must run as
+    fast). ``actuator`` resets GPUs and reboots the node (default: the configured
+    programs; the simulator passes its own).
     """
     collectors = build_collectors(settings, nvml, clock)
     state = Path(settings.state_dir)

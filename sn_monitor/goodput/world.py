@@ -97,9 +97,6 @@ class Timeline:
     def at(self, when: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self._heap, (max(when, self.now), next(self._seq), fn))
 
-    def next_time(self) -> float | None:
-        return self._heap[0][0] if self._heap else None
-
     def run_until(self, end: float, advance: Callable[[float], None]) -> None:
         """Run every event before ``end``; ``advance(t)`` moves the clock to each one."""
         while self._heap and self._heap[0][0] < end:

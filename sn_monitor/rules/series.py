@@ -63,11 +63,6 @@ _ib_subjects: dict[tuple[str, int], Subject] = {}
 _net_subjects: dict[str, Subject] = {}
 
 
-def gpu_subject(index: int) -> Subject:
-    """The interned subject of GPU ``index`` (0 <= index < MAX_GPUS)."""
-    return _GPU_SUBJECTS[index]
-
-
 def ib_subject(device: str, port: int) -> Subject:
     """The interned subject of an InfiniBand port."""
     subject = _ib_subjects.get((device, port))
