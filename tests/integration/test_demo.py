@@ -171,20 +171,27 @@ def test_the_job_trained_and_its_effective_training_ratio_is_reported(summary):
     assert 0 < job["effective_training_ratio"] <= 1
 
 
-@pytest.mark.timeout(420)
-def test_the_fail_slow_scenario_slows_the_job_and_the_finder_names_the_link(tmp_path: Path):
-    """A rail NIC at half rate: the job's step time follows it, and the bottleneck finder
-    names the node and port."""
+def _headless_on_eight_nodes(tmp_path: Path, scenario: str, timeout: float) -> Any:
+    """``demo --headless`` of a packaged scenario on 8 nodes at x10: its JSON summary,
+    after checking the run exited 0 and judged itself ok."""
     state = tmp_path / "demo"
     try:
-        done = _demo("--headless", "--nodes", "8", "--scenario", "fail-slow", "--speed",
+        done = _demo("--headless", "--nodes", "8", "--scenario", scenario, "--speed",
                      "10", "--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(state),
-                     timeout=400)
+                     timeout=timeout)
     finally:
         _kill_left_over(state)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = json.loads(done.stdout)
     assert doc["ok"], doc
+    return doc
+
+
+@pytest.mark.timeout(420)
+def test_the_fail_slow_scenario_slows_the_job_and_the_finder_names_the_link(tmp_path: Path):
+    """A rail NIC at half rate: the job's step time follows it, and the bottleneck finder
+    names the node and port."""
+    doc = _headless_on_eight_nodes(tmp_path, "fail-slow", timeout=400)
     (slow,) = _faults(doc, "nic-degraded")
     assert slow["incidents"][0].startswith("fail-slow#")
     (named,) = doc["bottlenecks"]
@@ -215,16 +222,7 @@ def test_a_scenario_that_does_not_fit_the_fleet_is_refused(tmp_path: Path):
 def test_the_remediation_scenario_repairs_one_node_and_keeps_the_other_out(tmp_path: Path):
     """A reset that repairs a node (back in the spare pool, no person), one that does not
     (reset, reboot, then out and a page), and a driver that hangs: from the CLI."""
-    state = tmp_path / "demo"
-    try:
-        done = _demo("--headless", "--nodes", "8", "--scenario", "remediation", "--speed",
-                     "10", "--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(state),
-                     timeout=240)
-    finally:
-        _kill_left_over(state)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    doc = json.loads(done.stdout)
-    assert doc["ok"], doc
+    doc = _headless_on_eight_nodes(tmp_path, "remediation", timeout=240)
     repaired, broken = _faults(doc, "xid")
     assert (repaired["node"], broken["node"]) == ("sim-0002", "sim-0004")
     assert "return-to-service succeeded" in repaired["actions"]
