@@ -10,7 +10,6 @@ import os
 import platform
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -19,6 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from tests.support.ports import free_port as free_port  # the benchmarks import it from here
 
 
 def pct(values: Sequence[float], p: float) -> float:
@@ -39,12 +40,6 @@ def summary(values: Sequence[float]) -> dict[str, float]:
         "max": max(values) if values else math.nan,
         "min": min(values) if values else math.nan,
     }
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def proc_status_kb(pid: int, name: str) -> int | None:

@@ -31,7 +31,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -42,6 +41,9 @@ from types import TracebackType
 
 import psycopg
 from psycopg import sql
+
+from tests.support.ports import free_port
+from tests.support.processes import orphaned
 
 ADMIN_USER = "sn_admin"
 USER = "sn"
@@ -92,39 +94,16 @@ def find_bindir() -> Path | None:
     return Path(initdb).parent if initdb else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def reap_orphans() -> list[Path]:
     """Stop and remove the servers left by test runs that were killed before they could
     stop them (their owner process is gone); returns their directories."""
     reaped = []
-    for owner_file in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*/{_OWNER_FILE}"):
-        try:
-            owner = int(owner_file.read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if _alive(owner):
-            continue
+    for directory in orphaned(_PREFIX, _OWNER_FILE):
         orphan = PostgresServer()
-        orphan.tmpdir = owner_file.parent
+        orphan.tmpdir = directory
         orphan.stop()
-        reaped.append(owner_file.parent)
+        reaped.append(directory)
     return reaped
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _check_name(name: str) -> str:
@@ -351,7 +330,7 @@ class PostgresServer:
 
     def _start_on_free_port(self, attempts: int = 3) -> None:
         for attempt in range(attempts):
-            self.port = _free_port()
+            self.port = free_port()
             try:
                 self.start_server()
                 return

@@ -29,7 +29,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -37,6 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+from tests.support.ports import free_port
+from tests.support.processes import orphaned
 
 START_TIMEOUT_S = 30
 STOP_TIMEOUT_S = 10
@@ -80,23 +82,6 @@ def missing_programs() -> list[str]:
     return [name for name in _PROGRAMS if shutil.which(name, path=_SEARCH) is None]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _kill_pidfiles(directory: Path) -> None:
     for pidfile in directory.glob("*.pid"):
         if pidfile.name == _OWNER_FILE:
@@ -132,17 +117,11 @@ def reap_orphans() -> list[Path]:
     """Kill and remove the clusters left by test runs killed before they could stop them
     (their owner process is gone); returns their directories."""
     reaped = []
-    for owner_file in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*/{_OWNER_FILE}"):
-        try:
-            owner = int(owner_file.read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if _alive(owner):
-            continue
-        _kill_pidfiles(owner_file.parent)
-        _kill_jobs(owner_file.parent / "slurm.conf")
-        shutil.rmtree(owner_file.parent, ignore_errors=True)
-        reaped.append(owner_file.parent)
+    for directory in orphaned(_PREFIX, _OWNER_FILE):
+        _kill_pidfiles(directory)
+        _kill_jobs(directory / "slurm.conf")
+        shutil.rmtree(directory, ignore_errors=True)
+        reaped.append(directory)
     return reaped
 
 
@@ -376,7 +355,7 @@ class SlurmCluster:
         d = self._dir
         (d / "state").mkdir()
         (d / "spool").mkdir()
-        self.controller_port = _free_port()
+        self.controller_port = free_port()
         lines = [
             "ClusterName=sntest",
             "SlurmctldHost=localhost",
@@ -413,7 +392,7 @@ class SlurmCluster:
         ]
         for node in self.nodes:
             lines.append(f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 "
-                         f"Port={_free_port()} CPUs=1 State=UNKNOWN")
+                         f"Port={free_port()} CPUs=1 State=UNKNOWN")
         lines.append(f"PartitionName=test Nodes={','.join(self.nodes)} Default=YES "
                      "MaxTime=INFINITE State=UP")
         self.conf.write_text("\n".join(lines) + "\n")

@@ -30,20 +30,7 @@ import pytest
 from sn_monitor.dcp import is_complete, read_metadata
 from tests.e2e.torch_job import CONFIG, LAUNCHER, ROUTES, TRAIN, TorchJob
 from tests.integration.cluster import Cluster
-
-
-def torch_available() -> bool:
-    """torch is importable (``pip install -e '.[examples]'``); REQUIRE_TORCH=1 makes its
-    absence a failure, not a skip (CI)."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        if os.environ.get("REQUIRE_TORCH") == "1":
-            pytest.fail("torch is not installed and REQUIRE_TORCH=1: "
-                        "pip install -e '.[examples]'")
-        return False
-    return True
-
+from tests.support.torch_env import torch_available
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not torch_available(), reason="torch is not installed")]

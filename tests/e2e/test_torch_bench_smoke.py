@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.common import stop_session
-from tests.e2e.test_pytorch_job import torch_available
+from tests.support.torch_env import torch_available
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not torch_available(), reason="torch is not installed")]

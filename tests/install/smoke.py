@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+
+# The tests' one free_port (standard library only). This script runs as a file from
+# outside the checkout: the checkout's root goes last on the path, shadowing nothing.
+sys.path.append(str(Path(__file__).resolve().parents[2]))
+from tests.support.ports import free_port
 
 EXTRA_HINT = "pip install 'sn-monitor[kubernetes]'"
 SEED_JOB = "trillion-model"
@@ -51,12 +55,6 @@ faults:
 
 class SmokeFailure(Exception):
     """One command did not do what it should."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http(method: str, url: str, body: bytes | None = None, timeout: float = 10.0,

@@ -25,7 +25,6 @@ import contextlib
 import json
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,8 @@ from typing import Any, TypeVar
 import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "sn_monitor" / "rules"
@@ -54,24 +55,6 @@ finally:
     os.close(fd)
 print(f"{record.get('SN_ACTION')} {record.get('SN_NODE')} done")
 """
-
-
-#: The ports free_port() gave in this process.
-_GIVEN_PORTS: set[int] = set()
-
-
-def free_port() -> int:
-    """A port nothing listens on, and none given before in this process: the kernel may
-    hand the same free port to two agents started together, and the one that binds it
-    second exits while the first answers its health checks."""
-    for _ in range(100):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port not in _GIVEN_PORTS:
-            break
-    _GIVEN_PORTS.add(port)
-    return port
 
 
 def metric_samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

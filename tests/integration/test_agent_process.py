@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,14 +15,9 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import FIXTURES, assert_promtool_clean
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 30.0) -> None:

@@ -28,7 +28,8 @@ import pytest
 import requests
 import yaml
 
-from tests.integration.cluster import Cluster, Process, free_port, metric_value
+from tests.integration.cluster import Cluster, Process, metric_value
+from tests.support.ports import free_port
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 

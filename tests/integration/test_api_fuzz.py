@@ -46,7 +46,7 @@ from sn_monitor.controller.app import build_app, openapi_document
 from sn_monitor.controller.auth import TokenBook
 from sn_monitor.controller.jobs.spec import job_from_json
 from sn_monitor.controller.settings import DriverSettings
-from tests.unit.test_controller_api import (
+from tests.support.api import (
     ADMIN,
     AGENT,
     OPERATE,
@@ -54,8 +54,8 @@ from tests.unit.test_controller_api import (
     cordon_script,
     write_tokens,
 )
-from tests.unit.test_controller_service import Harness, make_harness, report_body, rules_from
-from tests.unit.test_tls import Server
+from tests.support.harness import Harness, make_harness, report_body, rules_from
+from tests.support.tls import Server
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.integration.cluster import Cluster, metric_value
-from tests.integration.test_job_recovery_e2e import (
+from tests.support.job_recovery import (
     CONFIG,
     ROUTES,
     WAIT,

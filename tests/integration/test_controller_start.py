@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.integration.cluster import free_port
 from tests.postgres import PostgresServer
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 

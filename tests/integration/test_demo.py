@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,13 +23,9 @@ from typing import Any
 
 import pytest
 
+from tests.support.ports import free_port
+
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _demo(*args: str, timeout: float = 110) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,7 @@ import pytest
 
 from sn_monitor.dcp import is_complete
 from tests.drivers.servers import wait_until
-from tests.unit.test_client import JOB, FakeController
+from tests.support.client import JOB, FakeController
 
 pytestmark = pytest.mark.integration
 

@@ -15,12 +15,8 @@ import pytest
 import requests
 import yaml
 
-from tests.integration.test_simulate import (
-    Controller,
-    _free_port,
-    running,
-    running_controller,
-)
+from tests.support.ports import free_port
+from tests.support.simulate import Controller, running, running_controller
 
 pytestmark = pytest.mark.integration
 
@@ -76,13 +72,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetWorld]:
         for k, ctl in enumerate(controllers):
             (root / f"sn{k:02d}.read").write_text(ctl.admin + "\n")
             # an HA pair for sn00: a controller that is not there, then the real one
-            urls = ([f"http://127.0.0.1:{_free_port()}"] if k == 0 else []) + [ctl.url]
+            urls = ([f"http://127.0.0.1:{free_port()}"] if k == 0 else []) + [ctl.url]
             supernodes.append({"name": f"sn{k:02d}", "controllers": urls,
                                "token_file": str(root / f"sn{k:02d}.read")})
         (root / "fleet.yaml").write_text(yaml.safe_dump({
             "supernodes": supernodes, "timeout": "5s", "cache": "0.5s",
             "token_file": str(root / "fleet.token")}))
-        port = _free_port()
+        port = free_port()
         log = root / "fleet.log"
         stack.enter_context(running(
             [sys.executable, "-m", "sn_monitor.cli", "fleet", "--config",

@@ -24,7 +24,7 @@ import yaml
 from jsonschema import Draft7Validator
 
 from tests.conftest import FIXTURES, ROOT, require_tool
-from tests.integration.test_agent_process import free_port
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 

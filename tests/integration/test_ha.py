@@ -18,7 +18,7 @@ import requests
 
 from sn_monitor.transport import ROLE_HEADER
 from tests.integration.cluster import Cluster, ClusterHa, Process
-from tests.integration.test_job_recovery_e2e import (
+from tests.support.job_recovery import (
     WAIT,
     assert_finished_without_repeating,
     cluster_with,

@@ -28,7 +28,7 @@ import yaml
 
 from sn_monitor.sim.supernode import JOB, Supernode, SupernodeOptions
 from tests.conftest import ROOT, require_tool
-from tests.integration.cluster import free_port
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 

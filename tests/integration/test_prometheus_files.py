@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.conftest import FIXTURES, ROOT, require_tool
-from tests.integration.test_agent_process import free_port
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -38,7 +38,7 @@ import requests
 
 from sn_monitor.sim import launcher
 from tests.integration.cluster import Cluster, metric_value
-from tests.integration.test_job_recovery_e2e import CONFIG, WAIT, Job, cluster_with, new_job
+from tests.support.job_recovery import CONFIG, WAIT, Job, cluster_with, new_job
 
 pytestmark = pytest.mark.integration
 

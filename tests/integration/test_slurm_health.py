@@ -20,8 +20,9 @@ import requests
 from sn_monitor.cli import main
 from sn_monitor.controller.actions.drivers.slurm import parse_show_node
 from sn_monitor.slurm_health import HEALTH_PREFIX, parse_samples
-from tests.integration.cluster import Agent, free_port
+from tests.integration.cluster import Agent
 from tests.slurm import SlurmCluster
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.test_agent_process import free_port
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 UNITS = sorted((ROOT / "deploy" / "systemd").glob("*.service"))

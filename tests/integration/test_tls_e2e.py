@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cluster import Cluster, ClusterTls
-from tests.unit.test_tls import Pki, fingerprint, served_fingerprint
+from tests.support.tls import Pki, fingerprint, served_fingerprint
 
 pytestmark = pytest.mark.integration
 

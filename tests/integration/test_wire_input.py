@@ -30,7 +30,8 @@ import requests
 from sn_monitor.controller.auth import ConfigError, Identity, TokenBook
 from sn_monitor.controller.ingest import MAX_EVENT_AGE_SECONDS
 from tests.conftest import ROOT
-from tests.integration.cluster import Cluster, free_port
+from tests.integration.cluster import Cluster
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 

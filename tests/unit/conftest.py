@@ -11,10 +11,10 @@ import pytest
 from sn_monitor.controller.app import ControllerApp, build_app
 from sn_monitor.controller.auth import TokenBook
 from sn_monitor.controller.store import Store, StoreError
-from tests.unit.test_controller_api import Api, make_api, write_tokens
-from tests.unit.test_controller_service import HOT_RULE, Harness, make_harness, rules_from
-from tests.unit.test_report_lane import MAX_BODY
-from tests.unit.test_tls import Server
+from tests.support.api import Api, make_api, write_tokens
+from tests.support.harness import HOT_RULE, Harness, make_harness, rules_from
+from tests.support.report_lane import MAX_BODY
+from tests.support.tls import Server
 
 
 @pytest.fixture

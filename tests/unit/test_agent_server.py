@@ -15,7 +15,7 @@ from sn_monitor.agent.exposition import ExpositionCache
 from sn_monitor.agent.server import MAX_POST_BYTES, AgentHttpServer, accepts_gzip
 from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.clock import ManualClock
-from tests.unit.test_exporter import _snapshot
+from tests.support.exporter import _snapshot
 
 
 @pytest.fixture

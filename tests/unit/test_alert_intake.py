@@ -32,7 +32,7 @@ from sn_monitor.rules.alerts import (
 from sn_monitor.rules.engine import RuleEngine
 from sn_monitor.rules.spec import AlertRule, parse_rules
 from sn_monitor.rules.view import NodeView
-from tests.unit.test_controller_api import (
+from tests.support.api import (
     ADMIN,
     AGENT,
     JSON,
@@ -41,7 +41,7 @@ from tests.unit.test_controller_api import (
     bearer,
     write_tokens,
 )
-from tests.unit.test_controller_service import (
+from tests.support.harness import (
     HOT_RULE,
     T0,
     Harness,

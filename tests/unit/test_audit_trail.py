@@ -16,19 +16,9 @@ from typing import Any
 import msgspec
 
 from sn_monitor.controller.actions.policy import PolicySettings
-from tests.unit.test_controller_api import ADMIN, READ, Api, make_api
-from tests.unit.test_job_support import checkpoint
-
-
-def _job(tmp_path: Path, name: str = "llm") -> dict[str, Any]:
-    ckpt = tmp_path / f"ckpt-{name}"
-    ckpt.mkdir(exist_ok=True)
-    return {
-        "apiVersion": "sn-monitor/v1", "kind": "DistributedJob", "metadata": {"name": name},
-        "spec": {"replicas": 2, "nodes": ["gpu-4", "gpu-5"], "spares": ["gpu-6"],
-                 "recoveryStrategy": "manual", "checkpoint": {"dir": str(ckpt)},
-                 "control": {"slurm": {"jobId": 4242}}},
-    }
+from tests.support.api import ADMIN, READ, Api, make_api
+from tests.support.audit import _job
+from tests.support.jobs import checkpoint
 
 
 def _trail(client: Api) -> list[dict[str, Any]]:

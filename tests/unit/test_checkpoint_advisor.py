@@ -19,7 +19,7 @@ from sn_monitor.controller.jobs.advisor import (
 )
 from sn_monitor.controller.metrics import ControllerMetrics, ControllerState
 from sn_monitor.controller.store import Store
-from tests.unit.test_job_support import (
+from tests.support.jobs import (
     RecordingSubmit,
     checkpoint,
     make_job,

@@ -17,14 +17,14 @@ from sn_monitor.controller.actions.policy import BreakerSettings, PolicySettings
 from sn_monitor.controller.jobs.spec import job_from_json
 from sn_monitor.controller.service import Controller
 from sn_monitor.controller.store import Store
-from tests.unit.test_controller_service import (
+from tests.support.harness import (
     HEARTBEAT_RULE,
     XID_RULE,
     Harness,
     make_harness,
     rules_from,
 )
-from tests.unit.test_job_support import checkpoint
+from tests.support.jobs import checkpoint
 
 NODES = ["n1", "n2", "n3", "n4", "n5"]
 EVICT_RULE = """

@@ -14,7 +14,7 @@ from sn_monitor.config import ConfigError
 from sn_monitor.controller.daemon import read_rules
 from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.rules.spec import NO_RULES, load_rules, packaged_rules
-from tests.unit.test_controller_service import make_harness, rules_from
+from tests.support.harness import make_harness, rules_from
 
 RULE = "- name: hot\n  metric: gpu_temperature_celsius\n  above: 85\n"
 

@@ -21,9 +21,9 @@ from sn_monitor.agent.snapshot import GpuSample, NodeSnapshot
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import ManualClock
 from sn_monitor.model import Report
-from tests.unit.test_controller_api import AGENT
-from tests.unit.test_controller_service import T0, Harness, make_harness, rules_from
-from tests.unit.test_tls import Server
+from tests.support.api import AGENT
+from tests.support.harness import T0, Harness, make_harness, rules_from
+from tests.support.tls import Server
 
 NODE = "gpu-node-017"
 ECC_RULE = """

@@ -22,21 +22,12 @@ from sn_monitor.controller.actions.drivers.webhook import (
     WebhookSettings,
     signing_key,
 )
-from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.transport import parse_retry_after, redact_url
 from tests.drivers.servers import RecordingHTTPServer, Reply
+from tests.support.drivers_http import request
 
 SECRET_BYTES = b"0123456789abcdef0123456789abcdef"
 WHSEC = "whsec_" + base64.b64encode(SECRET_BYTES).decode()
-
-
-def request(**overrides: object) -> ActionRequest:
-    fields: dict[str, object] = dict(
-        id="act-1", key="k-1", action="alert", node="gpu-node-017", reason="GPU 3 at 91 C",
-        rule="gpu-overheat", incident_id=42, gpu=3, severity="critical",
-        labels={"rack": "r12"}, params={"status": "firing"}, created_seconds=1_700_000_000.0)
-    fields.update(overrides)
-    return ActionRequest(**fields)  # type: ignore[arg-type]
 
 
 def webhook(url: str, secret: str | None = "s3cret", timeout: float = 2.0) -> WebhookDriver:

@@ -24,12 +24,12 @@ from sn_monitor.clock import ManualClock
 from sn_monitor.controller.app import build_app
 from sn_monitor.controller.auth import Identity, TokenBook
 from sn_monitor.report_stream import ACK, frame
-from tests.unit.test_controller_api import AGENT, write_tokens
-from tests.unit.test_controller_service import T0, Harness, report_body
-from tests.unit.test_report_lane import MAX_BODY, Reader, request
-from tests.unit.test_report_stream import open_stream
-from tests.unit.test_reporter import snapshot, xid
-from tests.unit.test_tls import Server
+from tests.support.api import AGENT, write_tokens
+from tests.support.harness import T0, Harness, report_body
+from tests.support.report_lane import MAX_BODY, Reader, request
+from tests.support.report_stream import open_stream
+from tests.support.reporter import snapshot, xid
+from tests.support.tls import Server
 
 NODE = "gpu-node-017"
 REPORTS = 6

@@ -18,7 +18,7 @@ from sn_monitor.controller.actions.policy import PolicySettings
 from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.jobs.spec import job_from_json
 from sn_monitor.rules.spec import load_rules
-from tests.unit.test_controller_service import Harness, make_harness, rules_from, xid
+from tests.support.harness import Harness, make_harness, rules_from, xid
 
 APP_XID = """
 - name: app-xid

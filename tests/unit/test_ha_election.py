@@ -21,7 +21,7 @@ from sn_monitor.controller.ha.store_lease import StoreLease
 from sn_monitor.controller.store import Store
 from sn_monitor.transport import ROLE_HEADER
 from tests.drivers.servers import wait_until
-from tests.unit.test_store_faults import FullDisk
+from tests.support.disk import FullDisk
 
 
 def settings(identity: str) -> HaSettings:

@@ -49,8 +49,8 @@ from sn_monitor.model import (
 )
 from tests.conftest import ROOT
 from tests.fuzzing import examples
-from tests.unit.test_controller_api import AGENT, OPERATE, READ, Api, bearer
-from tests.unit.test_controller_service import T0, Harness, make_harness, rules_from
+from tests.support.api import AGENT, OPERATE, READ, Api, bearer
+from tests.support.harness import T0, Harness, make_harness, rules_from
 
 # --------------------------------------------------------------------------- a valid report
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_audit_trail import _job
-from tests.unit.test_controller_api import ADMIN, OPERATE, READ, make_api
+from tests.support.api import ADMIN, OPERATE, READ, make_api
+from tests.support.audit import _job
 
 CONTROLS: dict[str, Any] = {
     "command": {"command": ["/bin/true"]},

@@ -7,7 +7,7 @@ import pytest
 from sn_monitor.clock import ManualClock
 from sn_monitor.controller.jobs.settings import JobError, JobSettings, UnknownJob, UnknownRecovery
 from sn_monitor.controller.store import Store
-from tests.unit.test_job_support import (
+from tests.support.jobs import (
     RecordingSubmit,
     checkpoint,
     make_job,

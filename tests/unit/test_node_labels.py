@@ -36,8 +36,9 @@ from sn_monitor.config import ConfigError, Document, Duration
 from sn_monitor.sim import fake_nvml
 from sn_monitor.sim.node import SimulatedNode
 from tests.drivers.servers import RecordingHTTPServer, Reply, StubKubernetesAPI, wait_until
-from tests.unit.test_reporter import Controller, free_port, make_reporter, snapshot
-from tests.unit.test_tls import Pki
+from tests.support.ports import free_port
+from tests.support.reporter import Controller, make_reporter, snapshot
+from tests.support.tls import Pki
 
 MAP = {"supernode": "sn-monitor.io/supernode", "rack": "sn-monitor.io/rack"}
 TOKEN = "sa-token-0123456789"

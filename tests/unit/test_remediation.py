@@ -20,8 +20,8 @@ from sn_monitor.controller.jobs.spec import job_from_json
 from sn_monitor.controller.remediation import LadderSettings
 from sn_monitor.model import ReportReply
 from sn_monitor.rules.spec import load_rules, packaged_rules
-from tests.unit.test_commands import Remedied
-from tests.unit.test_controller_service import Harness, make_harness, xid
+from tests.support.commands import Remedied
+from tests.support.harness import Harness, make_harness, xid
 
 JOB_NODES = ["n0", "n1", "n2", "n3"]
 SPARE = "s0"

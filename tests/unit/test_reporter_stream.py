@@ -23,20 +23,11 @@ from sn_monitor.controller.app import ControllerApp
 from sn_monitor.model import Command
 from sn_monitor.report_stream import ASK_EVERY_SECONDS, SWITCHING
 from tests.drivers.servers import wait_until
-from tests.unit.test_controller_api import AGENT
-from tests.unit.test_controller_service import T0, Harness
-from tests.unit.test_reporter import Controller as PostOnlyController
-from tests.unit.test_reporter import snapshot, xid
-from tests.unit.test_tls import Server
-
-NODE = "gpu-node-017"
-
-
-def make_reporter(urls: str | list[str], tmp_path: Path, clock: ManualClock,
-                  timeout: float = 2.0) -> Reporter:
-    spool = EventSpool(tmp_path / "spool", clock=clock)
-    return Reporter(urls, AGENT, NODE, {"supernode": "sn0"}, clock, spool, timeout=timeout,
-                    rng=random.Random(0))
+from tests.support.harness import T0, Harness
+from tests.support.reporter import Controller as PostOnlyController
+from tests.support.reporter import snapshot, xid
+from tests.support.reporter_stream import NODE, make_reporter
+from tests.support.tls import Server
 
 
 @pytest.fixture

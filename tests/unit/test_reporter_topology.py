@@ -19,10 +19,11 @@ from sn_monitor.model import NicTopology, NodeTopology, topology_digest
 from sn_monitor.sim import fake_nvml
 from sn_monitor.sim.node import SimulatedNode
 from tests.drivers.servers import wait_until
-from tests.unit.test_controller_service import T0, Harness
-from tests.unit.test_reporter import Controller, free_port, make_reporter, snapshot
-from tests.unit.test_reporter_stream import make_reporter as make_stream_reporter
-from tests.unit.test_tls import Server
+from tests.support.harness import T0, Harness
+from tests.support.ports import free_port
+from tests.support.reporter import Controller, make_reporter, snapshot
+from tests.support.reporter_stream import make_reporter as make_stream_reporter
+from tests.support.tls import Server
 
 ONE = NodeTopology(nics=[NicTopology(device="mlx5_0", role="rail", rail=0)], nvswitches=4)
 TWO = NodeTopology(nics=[NicTopology(device="mlx5_0", role="rail", rail=0)], nvswitches=3)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sn_monitor.controller.audit import ActionRequest
-from tests.unit.test_controller_api import OPERATE, READ, YAML, Api
+from tests.support.api import OPERATE, READ, YAML, Api
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "deploy" / "jobs" / "minimal.yaml"

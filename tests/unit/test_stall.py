@@ -19,7 +19,7 @@ from sn_monitor.controller.stall import (
     StallWatch,
 )
 from tests.drivers.servers import wait_until
-from tests.unit.test_controller_service import (
+from tests.support.harness import (
     HEARTBEAT_RULE,
     Harness,
     make_harness,

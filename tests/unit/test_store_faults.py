@@ -14,10 +14,7 @@ is not deterministic.)
 
 from __future__ import annotations
 
-import sqlite3
-import threading
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import pytest
@@ -26,8 +23,8 @@ from starlette.testclient import TestClient
 from sn_monitor.controller.actions.policy import PolicySettings
 from sn_monitor.controller.app import build_app
 from sn_monitor.controller.service import NODE_REFRESH_SECONDS
-from sn_monitor.controller.store import Store
-from tests.unit.test_controller_service import Harness, make_harness, rules_from, xid
+from tests.support.disk import FullDisk
+from tests.support.harness import Harness, make_harness, rules_from, xid
 
 XID_CORDON = """
 - name: fatal-xid
@@ -37,44 +34,6 @@ XID_CORDON = """
   severity: critical
   actions: [alert, cordon]
 """
-
-
-class _FullConnection:
-    """A sqlite3 connection whose write transactions fail like a full disk's."""
-
-    def __init__(self, real: sqlite3.Connection, full: threading.Event) -> None:
-        self._real = real
-        self._full = full
-
-    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
-        if self._full.is_set() and sql.lstrip().upper().startswith("BEGIN"):
-            raise sqlite3.OperationalError("database or disk is full")
-        return self._real.execute(sql, *args)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-
-class FullDisk:
-    """``with FullDisk(store):`` every write to ``store`` fails; reads still work."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.full = threading.Event()
-
-    def __enter__(self) -> FullDisk:
-        with self.store.db._lock:  # type: ignore[attr-defined]
-            self.store.db._conn = _FullConnection(self.store.db._conn, self.full)  # type: ignore[attr-defined]
-        self.full.set()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.full.clear()
-        with self.store.db._lock:  # type: ignore[attr-defined]
-            conn = self.store.db._conn  # type: ignore[attr-defined]
-            if isinstance(conn, _FullConnection):
-                self.store.db._conn = conn._real  # type: ignore[attr-defined]
 
 
 def _sweep_past_refresh(h: Harness) -> None:

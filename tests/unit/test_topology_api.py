@@ -20,8 +20,8 @@ from sn_monitor.model import (
     Report,
     topology_digest,
 )
-from tests.unit.test_controller_api import AGENT, Api, bearer, make_api
-from tests.unit.test_failslow import NODES, Fleet
+from tests.support.api import AGENT, Api, bearer, make_api
+from tests.support.failslow import NODES, Fleet
 
 TOPOLOGY = NodeTopology(nics=[
     NicTopology(device=f"mlx5_{i}", role="rail", rail=i,

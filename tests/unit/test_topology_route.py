@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.unit.test_controller_api import make_api
+from tests.support.api import make_api
 
 PAGE = Path(__file__).resolve().parents[2] / "sn_monitor" / "controller" / "ui" / "topology.html"
 

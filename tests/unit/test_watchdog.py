@@ -9,7 +9,6 @@ in the fixture's teardown, before the agent stops, so no collector thread outliv
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -27,17 +26,12 @@ from sn_monitor.config import Duration
 from sn_monitor.model import Event
 from sn_monitor.sim import fake_nvml
 from sn_monitor.sim.node import SimulatedNode
+from tests.support.ports import free_port
 
 DEADLINE = 0.05
 #: Bound on every wait for something the code under test signals (never reached when
 #: it works; a generous bound so that a loaded machine cannot fail the test).
 WAIT = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

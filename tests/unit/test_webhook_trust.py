@@ -38,8 +38,8 @@ from sn_monitor.controller.actions.drivers.webhook import (
 from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.settings import DriverSettings
 from tests.drivers.servers import RecordingHTTPServer, Reply
-from tests.unit.test_controller_service import Harness, make_harness, rules_from, xid
-from tests.unit.test_drivers_http import request as driver_request
+from tests.support.drivers_http import request as driver_request
+from tests.support.harness import Harness, make_harness, rules_from, xid
 
 #: The specification's recommended replay window.
 TOLERANCE_SECONDS = 5 * 60

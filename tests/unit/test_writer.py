@@ -9,7 +9,7 @@ from sn_monitor.controller.store import Store
 from sn_monitor.controller.store_health import StoreHealth
 from sn_monitor.controller.writer import StoreWriter
 from sn_monitor.model import EventRecord
-from tests.unit.test_store_faults import FullDisk
+from tests.support.disk import FullDisk
 
 WAIT = 30.0
 

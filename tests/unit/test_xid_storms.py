@@ -26,7 +26,7 @@ import pytest
 from sn_monitor.controller.actions.policy import PolicySettings
 from sn_monitor.controller.jobs.spec import job_from_json
 from sn_monitor.rules.spec import load_rules, packaged_rules
-from tests.unit.test_controller_service import Harness, make_harness, xid
+from tests.support.harness import Harness, make_harness, xid
 
 RACKS = 11
 PER_RACK = 8
