@@ -14,10 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.drivers.servers import RecordingHTTPServer
-from tests.postgres import PostgresServer, find_bindir
-from tests.slurm import SlurmCluster, SlurmError, find_slurm, missing_programs
-from tests.threads import install as install_thread_guard
+# The shared helpers' asserts explain a failure as a test's own do: pytest rewrites only
+# test and conftest modules unless told, and before the helpers are first imported.
+pytest.register_assert_rewrite("tests.support")
+
+from tests.drivers.servers import RecordingHTTPServer  # noqa: E402
+from tests.postgres import PostgresServer, find_bindir  # noqa: E402
+from tests.slurm import SlurmCluster, SlurmError, find_slurm, missing_programs  # noqa: E402
+from tests.threads import install as install_thread_guard  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"

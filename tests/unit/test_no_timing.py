@@ -7,7 +7,8 @@ machine, not the code (speed is measured in ``make bench``), and a sleep followe
 way. Tests wait, bounded, for a positive signal: ``tests.drivers.servers.wait_until``,
 ``Cluster.wait_for``, ``Cluster.wait_settled``, ``Cluster.wait_sweeps``.
 
-Read from the syntax tree of every module under tests/unit and tests/integration:
+Read from the syntax tree of every module under tests/unit, tests/integration and
+tests/support (the helpers they share):
 
 - an ``assert`` whose expression subtracts from a reading of the ``time`` module's
   clocks (``time.monotonic() - started < 5``), or compares a name such as ``elapsed`` or
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-TREES = [ROOT / "tests" / "unit", ROOT / "tests" / "integration"]
+TREES = [ROOT / "tests" / "unit", ROOT / "tests" / "integration", ROOT / "tests" / "support"]
 CLOCKS = frozenset({"monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns", "time",
                     "time_ns", "process_time", "thread_time"})
 ELAPSED_NAMES = frozenset({"elapsed", "took", "latency", "duration", "spent"})
