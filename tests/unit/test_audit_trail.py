@@ -109,7 +109,7 @@ def test_a_refused_call_is_recorded_as_refused(tmp_path: Path) -> None:
 
 def test_no_record_no_change(tmp_path: Path) -> None:
     """A store that takes no writes: the job is not added, and the caller is told why."""
-    from tests.unit.test_store_faults import FullDisk
+    from tests.support.disk import FullDisk
 
     client, h = make_api(tmp_path)
     try:

@@ -246,7 +246,7 @@ def test_the_controller_s_own_stall_is_not_node_silence(tmp_path) -> None:
 
 
 def _body(node: str, now: float) -> bytes:
-    from tests.unit.test_controller_service import report_body
+    from tests.support.harness import report_body
     return report_body(node, temps=[50.0], sample_time=now)
 
 

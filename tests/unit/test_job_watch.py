@@ -290,7 +290,7 @@ def test_the_controller_setting_builds_the_watch(server):
 
 
 def test_the_seed_file_through_the_watch_is_a_job_of_the_real_controller(server, tmp_path):
-    from tests.unit.test_controller_service import make_harness
+    from tests.support.harness import make_harness
 
     h = make_harness(tmp_path, [])
     api = DistributedJobApi(KubernetesSettings(host=server.url, timeout=2.0), "training")
