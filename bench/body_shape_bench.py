@@ -2,7 +2,7 @@
 an eighth of it.
 
 Run with ``python -m bench.body_shape_bench`` (``make bench``); ``--quick`` for a smoke
-run (3 runs of each size instead of 7). :func:`sn_monitor.controller.bodies.check_shape`
+run (3 runs of each size instead of 7). :func:`sn_monitor.controller.api.bodies.check_shape`
 runs on every body of the API's less frequent routes, before any parser; a body may be a
 megabyte (the default ``max_body_bytes``). For each shape (one unit repeated: ``[``,
 ``{``, ``- ``, digits, backslashes in a string, quotes, blanks, newlines, a list of small
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.common import add_output_args, finish, machine, results_path, stop_on_sigterm
-from sn_monitor.controller.bodies import BodyRefused, check_shape
+from sn_monitor.controller.api.bodies import BodyRefused, check_shape
 
 #: (name, prefix, repeated unit, suffix): the hostile shapes, as the unit test has them.
 SHAPES: list[tuple[str, bytes, bytes, bytes]] = [

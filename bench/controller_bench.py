@@ -1000,12 +1000,12 @@ def profile_ingest(tmp: Path, templates: Templates, nodes: int, rounds: int,
     from sn_monitor.clock import SystemClock
     from sn_monitor.controller.actions.policy import PolicySettings, RateLimitSettings
     from sn_monitor.controller.actions.routing import build_drivers
-    from sn_monitor.controller.app import build_app
-    from sn_monitor.controller.auth import OPEN_ACCESS
-    from sn_monitor.controller.ingest import decode_report
+    from sn_monitor.controller.api.app import build_app
+    from sn_monitor.controller.ingest.decode import decode_report
+    from sn_monitor.controller.security.auth import OPEN_ACCESS
     from sn_monitor.controller.service import Controller
     from sn_monitor.controller.settings import ControllerSettings
-    from sn_monitor.controller.store import Store
+    from sn_monitor.controller.storage.store import Store
 
     clock = SystemClock()
     settings = ControllerSettings(policy=PolicySettings(
@@ -1112,10 +1112,10 @@ def memory_steady(tmp: Path, templates: Templates, nodes: int, seconds: int,
 
     from sn_monitor.clock import ManualClock
     from sn_monitor.controller.actions.routing import build_drivers
-    from sn_monitor.controller.auth import OPEN_ACCESS
+    from sn_monitor.controller.security.auth import OPEN_ACCESS
     from sn_monitor.controller.service import Controller
     from sn_monitor.controller.settings import ControllerSettings
-    from sn_monitor.controller.store import Store
+    from sn_monitor.controller.storage.store import Store
 
     clock = ManualClock()
     settings = ControllerSettings()

@@ -106,11 +106,11 @@ def measure(nodes: int, rounds: int, interval: float) -> dict[str, float]:
     from sn_monitor.clock import ManualClock
     from sn_monitor.controller.actions.policy import PolicySettings, RateLimitSettings
     from sn_monitor.controller.actions.routing import build_drivers
-    from sn_monitor.controller.auth import OPEN_ACCESS
-    from sn_monitor.controller.ingest import decode_report
+    from sn_monitor.controller.ingest.decode import decode_report
+    from sn_monitor.controller.security.auth import OPEN_ACCESS
     from sn_monitor.controller.service import Controller
     from sn_monitor.controller.settings import ControllerSettings
-    from sn_monitor.controller.store import Store
+    from sn_monitor.controller.storage.store import Store
     from sn_monitor.rules.engine import RuleEngine
     from sn_monitor.rules.spec import load_rules
     from sn_monitor.rules.view import NodeView

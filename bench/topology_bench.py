@@ -57,7 +57,7 @@ class Fleet:
         from sn_monitor.controller.actions.routing import build_drivers
         from sn_monitor.controller.service import Controller
         from sn_monitor.controller.settings import ControllerSettings
-        from sn_monitor.controller.store import Store
+        from sn_monitor.controller.storage.store import Store
         from sn_monitor.model import topology_digest
         from sn_monitor.rules.spec import load_rules
         from sn_monitor.sim.fleet import base_reports, fleet_topology, node_labels, node_name
@@ -90,7 +90,7 @@ class Fleet:
 
     def ingest(self, bodies: Sequence[bytes]) -> list[float]:
         """Each body ingested as the event loop does: the seconds each took."""
-        from sn_monitor.controller.auth import OPEN_ACCESS
+        from sn_monitor.controller.security.auth import OPEN_ACCESS
         took = []
         for body in bodies:
             started = time.perf_counter()

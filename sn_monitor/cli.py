@@ -402,7 +402,7 @@ def check_file(path: Path, notes: list[str] | None = None) -> str:
     file names that is not on this machine (a token file, a rules directory) is not
     checked: said in ``notes``.
     """
-    from sn_monitor.controller.auth import check_token_file
+    from sn_monitor.controller.security.auth import check_token_file
     from sn_monitor.controller.settings import ControllerSettings, check_rules
     from sn_monitor.rules.spec import load_rules
     from sn_monitor.rules.xid_catalog import is_catalog_document, parse_catalog
@@ -677,9 +677,9 @@ def _verify_once(settings: AgentSettings, nvml: object) -> list[CheckResult]:
 def run_controller_command(args: argparse.Namespace) -> int:
     """``sn-monitor controller``: flags override the config file."""
     from sn_monitor.clock import SystemClock
-    from sn_monitor.controller.daemon import run_controller
-    from sn_monitor.controller.database import StoreError
+    from sn_monitor.controller.process.daemon import run_controller
     from sn_monitor.controller.settings import load_controller_settings
+    from sn_monitor.controller.storage.database import StoreError
 
     try:
         settings = load_controller_settings(args.config)

@@ -4,9 +4,9 @@ One object owns the decisions; the HTTP layer (app.py) and the daemon only call 
 Ingest is the hot path (thousands of reports a second, on the event loop): it decodes,
 judges and answers, and never waits on the store, a file or a lock held across I/O. What
 a report means for the store (events, new nodes, incidents and the actions they start) is
-queued for the one writer (:mod:`sn_monitor.controller.writer`), which the sweep's
+queued for the one writer (:mod:`sn_monitor.controller.storage.writer`), which the sweep's
 findings take too; a report with events is answered once the writer has stored them (a
-:class:`~sn_monitor.controller.writer.PendingReply` the HTTP layer waits for without
+:class:`~sn_monitor.controller.storage.writer.PendingReply` the HTTP layer waits for without
 holding the event loop), so that its answer acknowledges them. Everything slow or
 periodic (heartbeats, peer comparisons, retries, re-sending firing alerts, node states)
 happens in :meth:`sweep`, on its own thread.
@@ -33,9 +33,6 @@ from sn_monitor.controller.actions.policy import ClusterSummary, SafetyPolicy
 from sn_monitor.controller.actions.routing import Drivers, NoDriver
 from sn_monitor.controller.actions.runner import ActionRunner, ActionStateError
 from sn_monitor.controller.audit import ActionRecord, ActionRequest
-from sn_monitor.controller.auth import Identity
-from sn_monitor.controller.blast_radius import BlastRadius
-from sn_monitor.controller.breaker import BreakerKeeper, breaker_doc
 from sn_monitor.controller.errors import (
     Conflict,
     Forbidden,
@@ -44,30 +41,33 @@ from sn_monitor.controller.errors import (
     NotFound,
     Unavailable,
 )
-from sn_monitor.controller.escalation import Escalation
 from sn_monitor.controller.fabric.meter import FABRIC_METRICS
 from sn_monitor.controller.fabric.view import JobOnFabric, fleet_topology
 from sn_monitor.controller.failslow.finder import BottleneckFinder
 from sn_monitor.controller.failslow.watch import FailSlowWatch, JobPace
-from sn_monitor.controller.ingest import NodeRegistry, controller_times, decode_report
-from sn_monitor.controller.job_actions import RunnerJobActions
+from sn_monitor.controller.incidents.blast_radius import BlastRadius
+from sn_monitor.controller.incidents.breaker import BreakerKeeper, breaker_doc
+from sn_monitor.controller.incidents.escalation import Escalation
+from sn_monitor.controller.ingest.decode import NodeRegistry, controller_times, decode_report
+from sn_monitor.controller.jobs.actions import RunnerJobActions
 from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
 from sn_monitor.controller.jobs.settings import JobError, UnknownJob, UnknownRecovery
 from sn_monitor.controller.jobs.spec import JobControl, job_from_json, load_jobs
 from sn_monitor.controller.jobs.views import HangFinding
-from sn_monitor.controller.metrics import ControllerMetrics, ControllerState
-from sn_monitor.controller.remediation import (
+from sn_monitor.controller.remediation.ladder import (
     RemediationLadder,
     Rung,
     describe_checks,
     first_rung,
 )
-from sn_monitor.controller.service_return import ServiceReturn
+from sn_monitor.controller.remediation.service_return import ServiceReturn
+from sn_monitor.controller.security.auth import Identity
 from sn_monitor.controller.settings import ControllerSettings
-from sn_monitor.controller.stall import StallWatch
-from sn_monitor.controller.store import Incident, Store, StoreError, StoreUnavailable
-from sn_monitor.controller.store_health import StoreHealth
-from sn_monitor.controller.writer import PendingReply, StoreWriter
+from sn_monitor.controller.storage.health import StoreHealth
+from sn_monitor.controller.storage.store import Incident, Store, StoreError, StoreUnavailable
+from sn_monitor.controller.storage.writer import PendingReply, StoreWriter
+from sn_monitor.controller.supervision.stall import StallWatch
+from sn_monitor.controller.telemetry.metrics import ControllerMetrics, ControllerState
 from sn_monitor.model import (
     ActionName,
     CheckpointBody,

@@ -25,8 +25,8 @@ from sn_monitor.controller.failslow.finder import FailSlowSettings
 from sn_monitor.controller.ha.lease import HaSettings
 from sn_monitor.controller.jobs.settings import JobSettings
 from sn_monitor.controller.k8s.settings import JobWatchSettings
-from sn_monitor.controller.remediation import LadderSettings
-from sn_monitor.controller.tls import TlsSettings
+from sn_monitor.controller.remediation.ladder import LadderSettings
+from sn_monitor.controller.security.tls import TlsSettings
 from sn_monitor.rules.spec import NO_RULES, load_rule_set
 from sn_monitor.rules.xid_catalog import check_catalog_file
 

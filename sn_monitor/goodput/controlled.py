@@ -40,12 +40,12 @@ from sn_monitor.clock import ManualClock
 from sn_monitor.controller.actions.base import Outcome
 from sn_monitor.controller.actions.routing import build_drivers
 from sn_monitor.controller.audit import ActionRequest
-from sn_monitor.controller.auth import OPEN_ACCESS
 from sn_monitor.controller.errors import ControllerError
 from sn_monitor.controller.jobs.settings import JobError
+from sn_monitor.controller.security.auth import OPEN_ACCESS
 from sn_monitor.controller.service import Controller
 from sn_monitor.controller.settings import ControllerSettings
-from sn_monitor.controller.store import Store
+from sn_monitor.controller.storage.store import Store
 from sn_monitor.goodput.trace import Fault, Trace
 from sn_monitor.goodput.world import JobWorld, SavedCheckpoint, Timeline, WorldSettings
 from sn_monitor.model import EventRecord, GpuReport, IbPortReport, Report

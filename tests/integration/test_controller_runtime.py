@@ -28,7 +28,7 @@ import msgspec
 import pytest
 import requests
 
-from sn_monitor.controller.runtime import STOP_DEADLINE_SECONDS
+from sn_monitor.controller.supervision.runtime import STOP_DEADLINE_SECONDS
 from tests.integration.cluster import Cluster, ClusterHa, metric_value
 
 pytestmark = pytest.mark.integration
@@ -77,12 +77,12 @@ if _breaks:
 
     TARGETS = {
         "sweep": ("sn_monitor.controller.service", "Controller", "sweep"),
-        "writer": ("sn_monitor.controller.writer", "StoreWriter", "_write"),
+        "writer": ("sn_monitor.controller.storage.writer", "StoreWriter", "_write"),
         "actions": ("sn_monitor.controller.actions.runner", "ActionRunner", "tick"),
         "checkpoints": ("sn_monitor.controller.jobs.orchestrator", "JobOrchestrator",
                         "scan_checkpoints"),
         "reload": ("sn_monitor.controller.service", "Controller", "reload_rules"),
-        "server": ("sn_monitor.controller.daemon", "NotifyingServer", "on_tick"),
+        "server": ("sn_monitor.controller.process.daemon", "NotifyingServer", "on_tick"),
         "lease": ("sn_monitor.controller.ha.elector", "Elector", "check"),
     }
 

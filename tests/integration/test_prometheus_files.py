@@ -148,7 +148,7 @@ def test_alerts_have_severity_and_runbook():
 def exported_names() -> set[str]:
     """Every family the agent (golden exposition, exporter) and controller export."""
     names = set(re.findall(r"^# TYPE (\S+)", GOLDEN.read_text(), re.M))
-    for source in ("sn_monitor/agent/exporter.py", "sn_monitor/controller/metrics.py"):
+    for source in ("sn_monitor/agent/exporter.py", "sn_monitor/controller/telemetry/metrics.py"):
         names |= set(re.findall(r'"(sn_[a-z0-9_]+)"', (ROOT / source).read_text()))
     return names | {"up"}
 

@@ -31,7 +31,7 @@ PACKAGE_DATA = ("sn_monitor/rules/default.yaml", "sn_monitor/rules/xid_catalog.y
                 "sn_monitor/sim/scenarios/default.yaml",
                 "sn_monitor/sim/scenarios/thermal.yaml", "sn_monitor/py.typed",
                 "sn_monitor/sim/train.py", "sn_monitor/sim/launcher.py",
-                "sn_monitor/controller/ui/topology.html")
+                "sn_monitor/controller/api/ui/topology.html")
 
 
 @pytest.fixture(scope="module")

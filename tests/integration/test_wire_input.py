@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 import requests
 
-from sn_monitor.controller.auth import ConfigError, Identity, TokenBook
-from sn_monitor.controller.ingest import MAX_EVENT_AGE_SECONDS
+from sn_monitor.controller.ingest.decode import MAX_EVENT_AGE_SECONDS
+from sn_monitor.controller.security.auth import ConfigError, Identity, TokenBook
 from tests.conftest import ROOT
 from tests.integration.cluster import Cluster
 from tests.support.ports import free_port

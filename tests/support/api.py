@@ -13,10 +13,10 @@ from starlette.testclient import TestClient
 
 from sn_monitor.controller.actions.drivers.command import CommandSettings
 from sn_monitor.controller.actions.policy import PolicySettings
-from sn_monitor.controller.app import build_app
-from sn_monitor.controller.auth import TokenBook
+from sn_monitor.controller.api.app import build_app
+from sn_monitor.controller.security.auth import TokenBook
 from sn_monitor.controller.settings import DriverSettings
-from sn_monitor.controller.store import Store
+from sn_monitor.controller.storage.store import Store
 from tests.support.harness import (
     HOT_RULE,
     Harness,

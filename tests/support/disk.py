@@ -9,7 +9,7 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from sn_monitor.controller.store import Store
+from sn_monitor.controller.storage.store import Store
 
 
 class _FullConnection:

@@ -19,10 +19,10 @@ from sn_monitor.controller.actions.base import Outcome
 from sn_monitor.controller.actions.policy import PolicySettings
 from sn_monitor.controller.actions.routing import Drivers, build_drivers
 from sn_monitor.controller.audit import ActionRequest
-from sn_monitor.controller.auth import OPEN_ACCESS, Identity
+from sn_monitor.controller.security.auth import OPEN_ACCESS, Identity
 from sn_monitor.controller.service import Controller
 from sn_monitor.controller.settings import ControllerSettings, DriverSettings
-from sn_monitor.controller.store import Store
+from sn_monitor.controller.storage.store import Store
 from sn_monitor.model import ReportReply
 from sn_monitor.rules.spec import Rule, parse_rules
 

@@ -14,7 +14,7 @@ from sn_monitor.controller.audit import ActionRecord, ActionRequest
 from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
 from sn_monitor.controller.jobs.settings import JobSettings
 from sn_monitor.controller.jobs.spec import DistributedJob, job_from_json
-from sn_monitor.controller.store import Store
+from sn_monitor.controller.storage.store import Store
 from sn_monitor.dcp import write_checkpoint
 
 

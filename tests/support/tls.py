@@ -15,10 +15,10 @@ import trustme
 import uvicorn
 
 from sn_monitor.clock import ManualClock
-from sn_monitor.controller.app import ControllerApp
-from sn_monitor.controller.daemon import NotifyingServer
-from sn_monitor.controller.report_lane import report_lane
-from sn_monitor.controller.tls import (
+from sn_monitor.controller.api.app import ControllerApp
+from sn_monitor.controller.api.report_lane import report_lane
+from sn_monitor.controller.process.daemon import NotifyingServer
+from sn_monitor.controller.security.tls import (
     CertificateReloader,
     TlsSettings,
     describe_certificate,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sn_monitor.controller.app import ControllerApp, build_app
-from sn_monitor.controller.auth import TokenBook
-from sn_monitor.controller.store import Store, StoreError
+from sn_monitor.controller.api.app import ControllerApp, build_app
+from sn_monitor.controller.security.auth import TokenBook
+from sn_monitor.controller.storage.store import Store, StoreError
 from tests.support.api import Api, make_api, write_tokens
 from tests.support.harness import HOT_RULE, Harness, make_harness, rules_from
 from tests.support.report_lane import MAX_BODY
@@ -74,7 +74,7 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path
             return tmp_path / "state" / "controller.db"
         opener: Callable[[], Store] = lambda: Store(where())  # noqa: E731
     else:
-        from sn_monitor.controller.database.postgres import PostgresDatabase
+        from sn_monitor.controller.storage.database.postgres import PostgresDatabase
 
         dsn: str = request.getfixturevalue("pg_dsn")
         opener = lambda: Store(PostgresDatabase(dsn))  # noqa: E731

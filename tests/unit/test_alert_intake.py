@@ -19,8 +19,8 @@ from starlette.testclient import TestClient
 from sn_monitor.config import parse_yaml
 from sn_monitor.controller.actions.drivers.alertmanager import rfc3339
 from sn_monitor.controller.actions.policy import BreakerSettings, PolicySettings
-from sn_monitor.controller.app import build_app, openapi_document
-from sn_monitor.controller.auth import TokenBook
+from sn_monitor.controller.api.app import build_app, openapi_document
+from sn_monitor.controller.security.auth import TokenBook
 from sn_monitor.rules.alerts import (
     WebhookAlert,
     decode_webhook,
@@ -167,7 +167,7 @@ def test_alert_rules_parse_with_their_defaults() -> None:
 
 def test_the_engine_feeds_alert_rules_neither_reports_nor_time() -> None:
     from sn_monitor.clock import ManualClock
-    from sn_monitor.controller.ingest import decode_report
+    from sn_monitor.controller.ingest.decode import decode_report
 
     rules = parse_rules(parse_yaml(
         "- {name: any-alert, alert: {alertname: '=~.*'}, node_label: node}\n", "r.yaml"))

@@ -18,7 +18,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from sn_monitor.controller import app as app_module
-from sn_monitor.controller.app import build_app
+from sn_monitor.controller.api.app import build_app
 from sn_monitor.controller.errors import Unavailable
 from sn_monitor.model import ReportReply
 

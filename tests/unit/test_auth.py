@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sn_monitor.controller.auth import OPEN_ACCESS, ConfigError, Identity, TokenBook
+from sn_monitor.controller.security.auth import OPEN_ACCESS, ConfigError, Identity, TokenBook
 
 AGENT = "agent-secret-0123456789"
 READER = "reader-secret-0123456789"

@@ -17,8 +17,8 @@ from sn_monitor.controller.jobs.advisor import (
     expected_waste,
     young,
 )
-from sn_monitor.controller.metrics import ControllerMetrics, ControllerState
-from sn_monitor.controller.store import Store
+from sn_monitor.controller.storage.store import Store
+from sn_monitor.controller.telemetry.metrics import ControllerMetrics, ControllerState
 from tests.support.jobs import (
     RecordingSubmit,
     checkpoint,

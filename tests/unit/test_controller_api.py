@@ -19,9 +19,9 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from sn_monitor.controller.actions.policy import PolicySettings
-from sn_monitor.controller.app import build_app, openapi_document
+from sn_monitor.controller.api.app import build_app, openapi_document
 from sn_monitor.controller.audit import ActionRequest
-from sn_monitor.controller.store import Store
+from sn_monitor.controller.storage.store import Store
 from tests.conftest import assert_promtool_clean
 from tests.support.api import (
     ADMIN,
@@ -397,7 +397,7 @@ def test_node_states_written_by_hand_read_as_prometheus_client_writes_them() -> 
     from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.parser import text_string_to_metric_families
 
-    from sn_monitor.controller.metrics import node_state_exposition
+    from sn_monitor.controller.telemetry.metrics import node_state_exposition
 
     states = {"gpu-2": "cordoned", "gpu-1": "healthy", 'odd"\\\nname': "lost"}
 

@@ -16,7 +16,7 @@ from sn_monitor.config import Duration
 from sn_monitor.controller.actions.policy import BreakerSettings, PolicySettings
 from sn_monitor.controller.jobs.spec import job_from_json
 from sn_monitor.controller.service import Controller
-from sn_monitor.controller.store import Store
+from sn_monitor.controller.storage.store import Store
 from tests.support.harness import (
     HEARTBEAT_RULE,
     XID_RULE,
@@ -251,7 +251,7 @@ def _body(node: str, now: float) -> bytes:
 
 
 def _anyone() -> Any:
-    from sn_monitor.controller.auth import OPEN_ACCESS
+    from sn_monitor.controller.security.auth import OPEN_ACCESS
     return OPEN_ACCESS
 
 

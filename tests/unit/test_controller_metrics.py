@@ -12,7 +12,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sn_monitor.controller.jobs.views import JobMetric, JobMetrics, RecoveryDuration
-from sn_monitor.controller.metrics import RECOVERY_BUCKETS, ControllerMetrics, ControllerState
+from sn_monitor.controller.telemetry.metrics import (
+    RECOVERY_BUCKETS,
+    ControllerMetrics,
+    ControllerState,
+)
 
 
 def _job(failures: int = 0) -> JobMetric:

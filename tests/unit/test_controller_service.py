@@ -17,8 +17,8 @@ import msgspec
 import pytest
 
 from sn_monitor.controller.actions.policy import BreakerSettings, PolicySettings
-from sn_monitor.controller.auth import OPEN_ACCESS, Identity
-from sn_monitor.controller.store import Store
+from sn_monitor.controller.security.auth import OPEN_ACCESS, Identity
+from sn_monitor.controller.storage.store import Store
 from sn_monitor.model import ReportReply
 from sn_monitor.rules.spec import Rule, load_rules
 from tests.conftest import ROOT
@@ -453,7 +453,7 @@ def test_uncordon_only_what_we_cordoned(make: Any) -> None:
 
 
 def test_approval_flow(make: Any) -> None:
-    from sn_monitor.controller.app import status_of
+    from sn_monitor.controller.api.app import status_of
     from sn_monitor.controller.errors import ControllerError
 
     policy = PolicySettings(approval=["evict"])
@@ -543,7 +543,7 @@ def test_service_discovery_lists_agents(make: Any) -> None:
 
 
 def test_forbidden_node_is_refused(make: Any) -> None:
-    from sn_monitor.controller.app import status_of
+    from sn_monitor.controller.api.app import status_of
     from sn_monitor.controller.errors import ControllerError
 
     h = make(HOT_RULE)

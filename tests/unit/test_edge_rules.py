@@ -376,7 +376,7 @@ def test_rules_an_agent_cannot_parse_are_refused_with_the_rule_named():
 
 
 def test_values_the_controller_reads_travel_every_few_seconds_and_are_kept_between():
-    from sn_monitor.controller.ingest import NodeRegistry
+    from sn_monitor.controller.ingest.decode import NodeRegistry
 
     clock = ManualClock()
     catalog = EdgeCatalog(rules())

@@ -21,8 +21,8 @@ import pytest
 from sn_monitor.agent.reporter import Reporter
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import ManualClock
-from sn_monitor.controller.app import build_app
-from sn_monitor.controller.auth import Identity, TokenBook
+from sn_monitor.controller.api.app import build_app
+from sn_monitor.controller.security.auth import Identity, TokenBook
 from sn_monitor.report_stream import ACK, frame
 from tests.support.api import AGENT, write_tokens
 from tests.support.harness import T0, Harness, report_body

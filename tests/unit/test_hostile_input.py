@@ -1,7 +1,7 @@
 """Hostile and broken input: reports, agent clocks, agent identities, request bodies.
 
 Each case gets a clear 4xx naming what is wrong, or a documented accept (see
-sn_monitor/controller/ingest.py and docs/controller/hostile-input.md); never a 5xx,
+sn_monitor/controller/ingest/decode.py and docs/controller/hostile-input.md); never a 5xx,
 never a crash, never an action. The decoder is also driven by Hypothesis: arbitrary
 bytes, arbitrary JSON values and mutations of a valid report never raise anything but
 ControllerError, and what it accepts is within the wire's bounds. Budgets: tests/fuzzing.py.
@@ -24,15 +24,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.body_shape_bench import SHAPES
-from sn_monitor.controller.app import status_of
-from sn_monitor.controller.auth import OPEN_ACCESS, Identity
-from sn_monitor.controller.bodies import MAX_DEPTH, BodyRefused, check_shape
+from sn_monitor.controller.api.app import status_of
+from sn_monitor.controller.api.bodies import MAX_DEPTH, BodyRefused, check_shape
 from sn_monitor.controller.errors import ControllerError
-from sn_monitor.controller.ingest import (
+from sn_monitor.controller.ingest.decode import (
     MAX_EVENT_AGE_SECONDS,
     controller_times,
     decode_report,
 )
+from sn_monitor.controller.security.auth import OPEN_ACCESS, Identity
 from sn_monitor.model import (
     INT64_MAX,
     MAX_EVENTS,

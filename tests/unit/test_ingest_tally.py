@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sn_monitor.controller.metrics import IngestTally
+from sn_monitor.controller.telemetry.metrics import IngestTally
 
 
 def test_reports_and_ingest_times_are_exposed_as_a_counter_and_a_histogram():

@@ -6,7 +6,7 @@ import pytest
 
 from sn_monitor.clock import ManualClock
 from sn_monitor.controller.jobs.settings import JobError, JobSettings, UnknownJob, UnknownRecovery
-from sn_monitor.controller.store import Store
+from sn_monitor.controller.storage.store import Store
 from tests.support.jobs import (
     RecordingSubmit,
     checkpoint,

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from sn_monitor.clock import ManualClock
-from sn_monitor.controller.store import Store
+from sn_monitor.controller.storage.store import Store
 from tests.support.jobs import (
     RecordingSubmit,
     checkpoint,

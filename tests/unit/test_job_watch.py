@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sn_monitor.clock import ManualClock
-from sn_monitor.controller.job_watch import JobWatch, job_from_object
+from sn_monitor.controller.jobs.crd_watch import JobWatch, job_from_object
 from sn_monitor.controller.jobs.spec import DistributedJob, job_to_dict
 from sn_monitor.controller.jobs.views import JobStatus
 from sn_monitor.controller.k8s.job_api import DistributedJobApi
@@ -275,7 +275,7 @@ def test_parse_event_and_split_lines():
 
 def test_the_controller_setting_builds_the_watch(server):
     from sn_monitor.config import bind, parse_yaml
-    from sn_monitor.controller.daemon import build_job_watch
+    from sn_monitor.controller.process.daemon import build_job_watch
     from sn_monitor.controller.settings import ControllerSettings
 
     settings = bind(ControllerSettings, parse_yaml(

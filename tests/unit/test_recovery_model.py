@@ -5,14 +5,14 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from sn_monitor.controller.jobs.recovery.model import (
+from sn_monitor.controller.jobs.recovery_record import (
     CheckpointRef,
     FailedNode,
     Recovery,
     from_row,
     to_row,
 )
-from sn_monitor.controller.store import RecoveryRow, Store
+from sn_monitor.controller.storage.store import RecoveryRow, Store
 
 
 def _recovery() -> Recovery:

@@ -17,7 +17,7 @@ import pytest
 
 from sn_monitor.agent.settings import RemediationSettings, VerifySettings
 from sn_monitor.controller.jobs.spec import job_from_json
-from sn_monitor.controller.remediation import LadderSettings
+from sn_monitor.controller.remediation.ladder import LadderSettings
 from sn_monitor.model import ReportReply
 from sn_monitor.rules.spec import load_rules, packaged_rules
 from tests.support.commands import Remedied
@@ -291,7 +291,7 @@ def test_a_person_uncordoning_a_node_that_fails_its_check_keeps_it_out_of_the_po
 def test_the_ladders_are_served_by_the_api(rig: Any, tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 
-    from sn_monitor.controller.app import build_app
+    from sn_monitor.controller.api.app import build_app
 
     r = rig()
     r.xid(95, gpu=3)

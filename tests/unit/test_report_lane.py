@@ -1,7 +1,7 @@
 """The reports' lane over a real socket: same answers as the ASGI path, HTTP/1.1 kept.
 
 A real uvicorn server (in a thread, on 127.0.0.1) runs the controller's app with
-:func:`~sn_monitor.controller.report_lane.report_lane` as its protocol, around a real
+:func:`~sn_monitor.controller.api.report_lane.report_lane` as its protocol, around a real
 controller (the harness of test_controller_service). Each request is sent as raw bytes,
 so keep-alive, HTTP/1.0, pipelining and chunked bodies are what is on the wire; the
 same requests through Starlette's TestClient (the ASGI handler) must get the same answers.
@@ -20,7 +20,7 @@ import msgspec
 import pytest
 from starlette.testclient import TestClient
 
-from sn_monitor.controller.app import ControllerApp
+from sn_monitor.controller.api.app import ControllerApp
 from tests.drivers.servers import wait_until
 from tests.support.api import AGENT, JSON, READ
 from tests.support.harness import (

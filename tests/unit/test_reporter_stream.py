@@ -19,7 +19,7 @@ import pytest
 from sn_monitor.agent.reporter import STREAM_RETRY_SECONDS, Reporter
 from sn_monitor.agent.spool import EventSpool
 from sn_monitor.clock import ManualClock
-from sn_monitor.controller.app import ControllerApp
+from sn_monitor.controller.api.app import ControllerApp
 from sn_monitor.model import Command
 from sn_monitor.report_stream import ASK_EVERY_SECONDS, SWITCHING
 from tests.drivers.servers import wait_until

@@ -24,7 +24,7 @@ from sn_monitor.controller.actions.policy import (
 )
 from sn_monitor.controller.actions.runner import ActionRunner, ActionStateError, RunnerSettings
 from sn_monitor.controller.audit import ActionRequest, Refusal
-from sn_monitor.controller.store import Store, StoreUnavailable
+from sn_monitor.controller.storage.store import Store, StoreUnavailable
 
 CLUSTER = ClusterSummary(total_nodes=100)
 _ids = count()

@@ -12,8 +12,8 @@ import pytest
 
 from sn_monitor.clock import SystemClock
 from sn_monitor.config import ConfigError
-from sn_monitor.controller.runtime import Runtime, Worker, every
 from sn_monitor.controller.settings import load_controller_settings
+from sn_monitor.controller.supervision.runtime import Runtime, Worker, every
 from tests.drivers.servers import wait_until
 
 #: Every wait below is bounded by this (a busy machine is slow, never this slow).
@@ -40,7 +40,7 @@ def test_a_worker_that_raises_is_logged_and_started_again(caplog: pytest.LogCapt
 
     runtime = _runtime()
     runtime.add(Worker("sweep", flaky))
-    with caplog.at_level(logging.WARNING, logger="sn_monitor.controller.runtime"):
+    with caplog.at_level(logging.WARNING, logger="sn_monitor.controller.supervision.runtime"):
         runtime.start()
         try:
             _until(lambda: len(runs) == 3 and runtime.up() == {"sweep": True},
@@ -120,7 +120,7 @@ def test_a_worker_stuck_past_the_deadline_is_named(caplog: pytest.LogCaptureFixt
     runtime.add(Worker("checkpoints", stuck))
     runtime.start()
     try:
-        with caplog.at_level(logging.ERROR, logger="sn_monitor.controller.runtime"):
+        with caplog.at_level(logging.ERROR, logger="sn_monitor.controller.supervision.runtime"):
             assert runtime.stop(time.monotonic() + 0.2) == ["checkpoints"]
         message = next(r.getMessage() for r in caplog.records)
         assert "worker checkpoints did not stop within the deadline" in message

@@ -11,9 +11,9 @@ import pytest
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import Duration
 from sn_monitor.controller.actions.policy import PolicySettings
-from sn_monitor.controller.auth import OPEN_ACCESS
+from sn_monitor.controller.security.auth import OPEN_ACCESS
 from sn_monitor.controller.service import Controller
-from sn_monitor.controller.stall import (
+from sn_monitor.controller.supervision.stall import (
     LOOP_LAG_SECONDS,
     LOOP_TICK_SECONDS,
     StallWatch,

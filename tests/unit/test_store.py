@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sn_monitor.controller.audit import ActionRecord, ActionRequest
-from sn_monitor.controller.store import SCHEMA_VERSION, Store, StoreError, StoreUnavailable
+from sn_monitor.controller.storage.store import SCHEMA_VERSION, Store, StoreError, StoreUnavailable
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from sn_monitor.controller.audit import ActionRequest
-from sn_monitor.controller.store import (
+from sn_monitor.controller.storage.store import (
     SCHEMA_VERSION,
     Fenced,
     JobRow,
@@ -172,7 +172,7 @@ def test_a_fenced_store_refuses_every_write_once_another_took_over(open_store: O
 
 @pytest.fixture
 def pg(postgres_server, pg_database):
-    from sn_monitor.controller.database.postgres import PostgresDatabase
+    from sn_monitor.controller.storage.database.postgres import PostgresDatabase
 
     stores: list[Store] = []
 
@@ -213,7 +213,7 @@ def test_a_stopped_server_is_unavailable_and_the_store_comes_back(pg) -> None:
 
 
 def test_the_password_is_in_no_name_or_error(pg) -> None:
-    from sn_monitor.controller.database.postgres import PostgresDatabase
+    from sn_monitor.controller.storage.database.postgres import PostgresDatabase
 
     _server, database, open_one = pg
     password = database.dsn.split("password=")[1].split()[0]

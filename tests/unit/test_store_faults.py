@@ -21,7 +21,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from sn_monitor.controller.actions.policy import PolicySettings
-from sn_monitor.controller.app import build_app
+from sn_monitor.controller.api.app import build_app
 from sn_monitor.controller.service import NODE_REFRESH_SECONDS
 from tests.support.disk import FullDisk
 from tests.support.harness import Harness, make_harness, rules_from, xid

@@ -3,7 +3,7 @@
 A throwaway CA (trustme) issues the controller's certificate for 127.0.0.1 and the
 nodes' client certificates. The controller's app runs in-process on uvicorn with the
 reports' lane and the same TLS options, hardening and reloader as the daemon
-(:func:`~sn_monitor.controller.tls.uvicorn_options`); requests talk to it over loopback.
+(:func:`~sn_monitor.controller.security.tls.uvicorn_options`); requests talk to it over loopback.
 """
 
 from __future__ import annotations
@@ -27,20 +27,20 @@ from sn_monitor.cli import build_parser, check_config
 from sn_monitor.client import JobClient
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import ConfigError
-from sn_monitor.controller.app import build_app, status_of
-from sn_monitor.controller.auth import Identity, TokenBook
+from sn_monitor.controller.api.app import build_app, status_of
 from sn_monitor.controller.errors import ControllerError
-from sn_monitor.controller.peer_identity import (
+from sn_monitor.controller.security.auth import Identity, TokenBook
+from sn_monitor.controller.security.peer_identity import (
     AgentAuth,
     ClientCertificate,
     certificate_node,
     report_identity,
 )
-from sn_monitor.controller.settings import load_controller_settings
-from sn_monitor.controller.tls import (
+from sn_monitor.controller.security.tls import (
     TlsSettings,
     uvicorn_options,
 )
+from sn_monitor.controller.settings import load_controller_settings
 from tests.support.api import ADMIN, AGENT, READ, write_tokens
 from tests.support.harness import Harness
 from tests.support.reporter import snapshot
@@ -266,7 +266,7 @@ def test_reload_serves_the_new_certificate_to_new_connections(serve, pki, caplog
     renewed.cert_chain_pems[0].write_to_path(tls.cert_file)
     renewed.private_key_pem.write_to_path(tls.key_file)
     assert served_fingerprint(server.port, pki.ca_file) == old  # nothing until reloaded
-    with caplog.at_level(logging.INFO, logger="sn_monitor.controller.tls"):
+    with caplog.at_level(logging.INFO, logger="sn_monitor.controller.security.tls"):
         assert server.reload()
     new = fingerprint(Path(tls.cert_file))
     assert new != old
@@ -282,7 +282,7 @@ def test_a_bad_pair_keeps_the_old_certificate(serve, pki, caplog):
     server = serve(tls)
     old = fingerprint(Path(tls.cert_file))
     pki.ca.issue_cert("127.0.0.1").cert_chain_pems[0].write_to_path(tls.cert_file)
-    with caplog.at_level(logging.ERROR, logger="sn_monitor.controller.tls"):
+    with caplog.at_level(logging.ERROR, logger="sn_monitor.controller.security.tls"):
         assert not server.reload()
     assert "TLS certificate not reloaded, the old one stays" in caplog.text
     assert "KEY_VALUES_MISMATCH" in caplog.text or "key values mismatch" in caplog.text

@@ -10,8 +10,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from sn_monitor.controller.auth import OPEN_ACCESS
 from sn_monitor.controller.jobs.spec import job_from_json
+from sn_monitor.controller.security.auth import OPEN_ACCESS
 from sn_monitor.model import (
     IbPortReport,
     NicPortTopology,

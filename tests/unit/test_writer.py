@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from sn_monitor.controller.store import Store
-from sn_monitor.controller.store_health import StoreHealth
-from sn_monitor.controller.writer import StoreWriter
+from sn_monitor.controller.storage.health import StoreHealth
+from sn_monitor.controller.storage.store import Store
+from sn_monitor.controller.storage.writer import StoreWriter
 from sn_monitor.model import EventRecord
 from tests.support.disk import FullDisk
 

@@ -72,8 +72,8 @@ from sn_monitor.controller.audit import (
     ActionState,
     Refusal,
 )
-from sn_monitor.controller.runtime import STOP_DEADLINE_SECONDS
-from sn_monitor.controller.store import Store, StoreError, StoreUnavailable
+from sn_monitor.controller.storage.store import Store, StoreError, StoreUnavailable
+from sn_monitor.controller.supervision.runtime import STOP_DEADLINE_SECONDS
 from sn_monitor.errors import SnMonitorError
 
 log = logging.getLogger(__name__)

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from sn_monitor.clock import Clock
-from sn_monitor.controller.database.base import StoreError
 from sn_monitor.controller.ha.lease import HaSettings, LeaseError
-from sn_monitor.controller.store import LeaseRecord, Store
+from sn_monitor.controller.storage.database.base import StoreError
+from sn_monitor.controller.storage.store import LeaseRecord, Store
 
 
 class StoreLease:
     """The ``controller_lease`` row: taken when expired, renewed by its holder.
 
-    The row is also the fence (see :mod:`sn_monitor.controller.store`): the epoch this
+    The row is also the fence (see :mod:`sn_monitor.controller.storage.store`): the epoch this
     candidate was granted is the one its writes are checked against.
     """
 

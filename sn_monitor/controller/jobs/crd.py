@@ -9,7 +9,7 @@ from :func:`custom_resource_definition`, and a test fails when that file is stal
 What the schema says is what the API server can check cheaply (types, required keys,
 enums, minimums); the rest (a label key's syntax, minReplicas <= replicas, one control
 target) stays with the loader, which the controller's watch runs on every object: a bad
-one gets a status condition naming the field (see :mod:`sn_monitor.controller.job_watch`).
+one gets a status condition naming the field (see :mod:`sn_monitor.controller.jobs.crd_watch`).
 
 Mapping of the loader's types:
 
@@ -42,7 +42,7 @@ SINGULAR = "distributedjob"
 SHORT_NAMES = ("dj",)
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
-#: ``status`` as the controller writes it (:mod:`sn_monitor.controller.job_watch`).
+#: ``status`` as the controller writes it (:mod:`sn_monitor.controller.jobs.crd_watch`).
 STATUS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "Written by the sn-monitor controller (the status subresource).",

@@ -32,7 +32,7 @@ from sn_monitor.controller.jobs.hangs import find_hang
 from sn_monitor.controller.jobs.ports import JobActions
 from sn_monitor.controller.jobs.progress import on_controller_clock
 from sn_monitor.controller.jobs.recovery.engine import RecoveryEngine
-from sn_monitor.controller.jobs.recovery.model import FaultKind, Recovery
+from sn_monitor.controller.jobs.recovery_record import FaultKind, Recovery
 from sn_monitor.controller.jobs.registry import JobRecord, JobRegistry, NodeLabels, NodeRole
 from sn_monitor.controller.jobs.schedule import REQUESTER, CheckpointSchedule
 from sn_monitor.controller.jobs.settings import JobSettings
@@ -49,7 +49,7 @@ from sn_monitor.controller.jobs.views import (
     RestoreInfo,
     RestorePoint,
 )
-from sn_monitor.controller.store import Store, StoreError
+from sn_monitor.controller.storage.store import Store, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sn_monitor.controller.ingest import MAX_EVENT_AGE_SECONDS
+from sn_monitor.controller.ingest.decode import MAX_EVENT_AGE_SECONDS
 
 #: A frontier gap up to this many median step times per step counts whole (jitter).
 SLACK = 2.0
@@ -46,7 +46,7 @@ def on_controller_clock(when: float, now: float) -> float:
     """A rank's wall time ``when`` as the controller keeps it, ``now`` its receive time.
 
     After ``now`` (the rank's clock is ahead) it is ``now``; more than
-    :data:`~sn_monitor.controller.ingest.MAX_EVENT_AGE_SECONDS` before it, that old: the
+    :data:`~sn_monitor.controller.ingest.decode.MAX_EVENT_AGE_SECONDS` before it, that old: the
     bounds :func:`~sn_monitor.controller.ingest.controller_times` puts on events.
     """
     return min(now, max(now - MAX_EVENT_AGE_SECONDS, when))

@@ -26,10 +26,10 @@ from sn_monitor.config import ConfigError
 from sn_monitor.controller.jobs.advisor import SaveTimes
 from sn_monitor.controller.jobs.checkpoints import Checkpoint, CheckpointRegistry
 from sn_monitor.controller.jobs.progress import JobProgress
-from sn_monitor.controller.jobs.recovery.model import CheckpointRef
+from sn_monitor.controller.jobs.recovery_record import CheckpointRef
 from sn_monitor.controller.jobs.settings import JobError, JobSettings, UnknownJob
 from sn_monitor.controller.jobs.spec import DistributedJob, job_from_json, job_to_dict
-from sn_monitor.controller.store import JobRow, Store
+from sn_monitor.controller.storage.store import JobRow, Store
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.jobs.advisor import Advice, FleetFaults, advise
 from sn_monitor.controller.jobs.checkpoints import Checkpoint
 from sn_monitor.controller.jobs.ports import JobActions
-from sn_monitor.controller.jobs.recovery.model import CheckpointRef
+from sn_monitor.controller.jobs.recovery_record import CheckpointRef
 from sn_monitor.controller.jobs.registry import CheckpointAsk, JobRecord, JobRegistry
 from sn_monitor.controller.jobs.settings import JobSettings
 from sn_monitor.controller.jobs.views import CheckpointRequest

@@ -12,7 +12,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from sn_monitor.controller.jobs.recovery.model import (
+from sn_monitor.controller.jobs.recovery_record import (
     ACTIVE_STATES,
     FaultKind,
     Recovery,

@@ -1,7 +1,7 @@
 """A Kubernetes list + watch as data: events, their parsing, and the errors of a watch.
 
 Plain data and pure functions (no client imported): :mod:`.job_api` reads the stream
-from the API server, :mod:`sn_monitor.controller.job_watch` acts on the events.
+from the API server, :mod:`sn_monitor.controller.jobs.crd_watch` acts on the events.
 """
 
 from __future__ import annotations

@@ -1,1 +1,4 @@
-"""Job recovery: the recovery as data (model), its steps (machine), and who drives it."""
+"""Job recovery in motion: its steps (machine) and the engine that drives them.
+
+The recovery as data is :mod:`sn_monitor.controller.jobs.recovery_record`.
+"""

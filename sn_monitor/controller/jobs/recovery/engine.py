@@ -21,7 +21,7 @@ from sn_monitor.clock import Clock
 from sn_monitor.controller.jobs.checkpoints import Checkpoint
 from sn_monitor.controller.jobs.ports import JobActions
 from sn_monitor.controller.jobs.recovery import machine
-from sn_monitor.controller.jobs.recovery.model import (
+from sn_monitor.controller.jobs.recovery_record import (
     ACTIVE_STATES,
     FailedNode,
     FaultKind,
@@ -33,7 +33,7 @@ from sn_monitor.controller.jobs.registry import JobRecord, JobRegistry
 from sn_monitor.controller.jobs.schedule import CheckpointSchedule
 from sn_monitor.controller.jobs.settings import JobError, JobSettings, UnknownRecovery
 from sn_monitor.controller.jobs.views import RecoveryDuration, recovery_duration
-from sn_monitor.controller.store import Store, StoreError
+from sn_monitor.controller.storage.store import Store, StoreError
 
 log = logging.getLogger(__name__)
 

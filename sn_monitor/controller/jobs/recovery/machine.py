@@ -42,7 +42,7 @@ from sn_monitor.clock import Clock
 from sn_monitor.controller.audit import ActionRecord, ActionRequest
 from sn_monitor.controller.jobs.checkpoints import Checkpoint
 from sn_monitor.controller.jobs.ports import JobActions
-from sn_monitor.controller.jobs.recovery.model import (
+from sn_monitor.controller.jobs.recovery_record import (
     SETTLED_EVICTIONS,
     CheckpointRef,
     EvictionState,
@@ -54,7 +54,7 @@ from sn_monitor.controller.jobs.registry import JobRecord, JobRegistry
 from sn_monitor.controller.jobs.schedule import REQUESTER, CheckpointSchedule
 from sn_monitor.controller.jobs.settings import JobSettings
 from sn_monitor.controller.jobs.views import JOB_FAILED_RULE, RECOVERY_RULE
-from sn_monitor.controller.store import Store
+from sn_monitor.controller.storage.store import Store
 from sn_monitor.model import ActionName
 
 log = logging.getLogger(__name__)

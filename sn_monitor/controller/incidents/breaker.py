@@ -18,7 +18,7 @@ from typing import Any
 from sn_monitor.clock import Clock
 from sn_monitor.controller.actions.policy import BreakerState, SafetyPolicy
 from sn_monitor.controller.audit import ActionRequest
-from sn_monitor.controller.store import Store, StoreError
+from sn_monitor.controller.storage.store import Store, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Final
 
-from sn_monitor.controller.store import Store
-from sn_monitor.controller.store_health import StoreHealth
+from sn_monitor.controller.storage.health import StoreHealth
+from sn_monitor.controller.storage.store import Store
 from sn_monitor.model import EventRecord, ReportReply
 
 log = logging.getLogger(__name__)

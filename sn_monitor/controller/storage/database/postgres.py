@@ -33,7 +33,7 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
-from sn_monitor.controller.database.base import Row, StoreError, StoreUnavailable
+from sn_monitor.controller.storage.database.base import Row, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ import ssl
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sn_monitor.controller.auth import Identity, TokenBook
 from sn_monitor.controller.errors import Forbidden, Unauthenticated
+from sn_monitor.controller.security.auth import Identity, TokenBook
 from sn_monitor.model import is_node_name
 
 AgentAuth = Literal["either", "token", "cert", "both"]

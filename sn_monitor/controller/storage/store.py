@@ -1,7 +1,7 @@
 """The controller's memory: nodes, incidents, the audit trail of actions, jobs, the lease.
 
 Every query is here, in the SQL that SQLite and PostgreSQL both speak; the engine is a
-:class:`~sn_monitor.controller.database.Database` (``database/sqlite.py``: one file in
+:class:`~sn_monitor.controller.storage.database.Database` (``database/sqlite.py``: one file in
 the state directory, for one controller; ``database/postgres.py``: a server two
 controllers share, for high availability). So that a restarted controller, or the
 standby taking over, knows what was being done.
@@ -37,17 +37,17 @@ from sn_monitor.controller.audit import (
     ActionState,
     Refusal,
 )
-from sn_monitor.controller.database.base import (
+from sn_monitor.controller.storage.database.base import (
     Database,
     Row,
     Transaction,
 )
-from sn_monitor.controller.database.base import Fenced as Fenced  # re-exported
-from sn_monitor.controller.database.base import StoreError as StoreError  # re-exported
-from sn_monitor.controller.database.base import (
+from sn_monitor.controller.storage.database.base import Fenced as Fenced  # re-exported
+from sn_monitor.controller.storage.database.base import StoreError as StoreError  # re-exported
+from sn_monitor.controller.storage.database.base import (
     StoreUnavailable as StoreUnavailable,  # re-exported
 )
-from sn_monitor.controller.database.sqlite import SQLiteDatabase
+from sn_monitor.controller.storage.database.sqlite import SQLiteDatabase
 from sn_monitor.model import EventRecord
 
 log = logging.getLogger(__name__)

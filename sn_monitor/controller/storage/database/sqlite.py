@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
-from sn_monitor.controller.database.base import Row, StoreError, StoreUnavailable
+from sn_monitor.controller.storage.database.base import Row, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

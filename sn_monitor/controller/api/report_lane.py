@@ -5,7 +5,7 @@ each one costs a scope, a request/response cycle object, an ``asyncio.Event``, a
 and two ``send`` messages, about as much CPU as the ingest itself. This protocol, a
 subclass of uvicorn's httptools protocol, recognises a plain report request when its
 headers are complete, keeps its body, and writes the answer of
-:class:`~sn_monitor.controller.app.ReportGate` (the same code the ASGI handler calls)
+:class:`~sn_monitor.controller.api.app.ReportGate` (the same code the ASGI handler calls)
 straight to the transport when the body is complete. Anything else (another path, a
 query string, ``Expect: 100-continue``, a pipelined request behind an unanswered one)
 takes uvicorn's ordinary ASGI path.
@@ -19,7 +19,7 @@ its handler has answered it (413, from the handler's own check).
 When the server verifies client certificates, the connection's certificate is read once
 when the connection is made (the TLS handshake is complete by then) and goes to the gate
 with every report on it; a request that takes the ASGI path carries it in its scope's
-``extensions`` (:data:`~sn_monitor.controller.peer_identity.SCOPE_EXTENSION`).
+``extensions`` (:data:`~sn_monitor.controller.security.peer_identity.SCOPE_EXTENSION`).
 
 Most reports never reach httptools either: a read that begins, at a message boundary,
 with ``POST /api/v1/reports HTTP/1.1`` and holds the whole request, with plain headers (no
@@ -35,7 +35,7 @@ begins, at a message boundary, with ``GET /api/v1/reports/stream HTTP/1.1`` and 
 whole plain head asking to upgrade to :data:`~sn_monitor.report_stream.UPGRADE`, with no
 body, is admitted by the gate (a refusal is answered and the connection closed) and
 answered ``101``; from then on every read goes to the connection's
-:class:`~sn_monitor.controller.stream_lane.ReportStreamSession`, and the keep-alive timer
+:class:`~sn_monitor.controller.api.stream_lane.ReportStreamSession`, and the keep-alive timer
 closes the stream only after :data:`~sn_monitor.report_stream.IDLE_SECONDS` without a
 frame. Any other request on that path goes to the ASGI router, which knows no such route
 (404): the agent then posts its reports.
@@ -56,16 +56,16 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from sn_monitor.controller.app import REPORTS_PATH, ReportGate, status_of
-from sn_monitor.controller.auth import Identity
+from sn_monitor.controller.api.app import REPORTS_PATH, ReportGate, status_of
+from sn_monitor.controller.api.stream_lane import ReportStreamSession
 from sn_monitor.controller.errors import ControllerError, TooLarge
-from sn_monitor.controller.peer_identity import (
+from sn_monitor.controller.security.auth import Identity
+from sn_monitor.controller.security.peer_identity import (
     SCOPE_EXTENSION,
     ClientCertificate,
     client_certificate,
 )
-from sn_monitor.controller.stream_lane import ReportStreamSession
-from sn_monitor.controller.writer import PendingReply
+from sn_monitor.controller.storage.writer import PendingReply
 from sn_monitor.report_stream import IDLE_SECONDS, STREAM_PATH, SWITCHING, UPGRADE
 
 _PATH = REPORTS_PATH.encode()

@@ -3,7 +3,7 @@
 A :class:`Recovery` is immutable; every step makes a new one (``msgspec.structs.replace``)
 and saves it before acting on it, so what a restarted controller reads from the store is
 exactly what the last step decided. It is kept in the store's ``recoveries`` table
-(:class:`~sn_monitor.controller.store.RecoveryRow`): the columns the API and the metrics
+(:class:`~sn_monitor.controller.storage.store.RecoveryRow`): the columns the API and the metrics
 read, and the rest under ``data`` as a typed :class:`RecoveryDetails`.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from sn_monitor.controller.store import RecoveryRow
+from sn_monitor.controller.storage.store import RecoveryRow
 
 RecoveryState = Literal["detected", "checkpointing", "evicting", "awaiting_approval",
                         "restoring", "done", "failed", "cancelled"]

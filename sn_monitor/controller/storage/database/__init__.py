@@ -3,11 +3,11 @@
 :class:`~.base.Database` is the whole interface the store uses: transactions that run
 ``?``-placeholder SQL in the subset both engines speak, a schema version, and errors
 turned into :class:`~.base.StoreUnavailable` where the database cannot take writes.
-The store (``sn_monitor.controller.store``) owns the schema and every query; a backend
+The store (``sn_monitor.controller.storage.store``) owns the schema and every query; a backend
 owns only its connection, its durability switch and its error codes.
 """
 
-from sn_monitor.controller.database.base import (
+from sn_monitor.controller.storage.database.base import (
     Database,
     Fenced,
     Row,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sn_monitor.config import setting
-from sn_monitor.controller.peer_identity import AgentAuth
+from sn_monitor.controller.security.peer_identity import AgentAuth
 from sn_monitor.tls import ca_bundle, check_key_pair, load_key_pair, readable_file
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ class TlsSettings:
     when a client sends it (agents with certificates, operators with tokens);
     ``required`` refuses the handshake without one. Default: ``optional`` with a
     ``client_ca_file``, else ``none``. ``agent_auth`` is what a report needs (see
-    :mod:`sn_monitor.controller.peer_identity`).
+    :mod:`sn_monitor.controller.security.peer_identity`).
     """
 
     cert_file: str = setting(check=readable_file)

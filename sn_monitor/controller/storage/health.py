@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-from sn_monitor.controller.store import StoreError, StoreUnavailable
+from sn_monitor.controller.storage.store import StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from sn_monitor.controller.actions.policy import ClusterSummary
 from sn_monitor.controller.actions.runner import ActionRunner
 from sn_monitor.controller.audit import ActionRecord, ActionRequest
-from sn_monitor.controller.store import Store
+from sn_monitor.controller.storage.store import Store
 
 #: How far back the audit trail is read to tell whether a node was already evicted.
 _EVICTION_LOOKBACK = 50

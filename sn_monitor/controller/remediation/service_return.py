@@ -1,6 +1,7 @@
 """What the remediation ladder does to the rest of the controller: actions, and the way back.
 
-:class:`ServiceReturn` is the ladder's :class:`~sn_monitor.controller.remediation.RemediationPorts`:
+:class:`ServiceReturn` is the ladder's
+:class:`~sn_monitor.controller.remediation.ladder.RemediationPorts`:
 
 - a rung (``reset_gpu``, ``reboot``) or a verification is an action through the runner,
   so through the safety policy, audited before it runs, and carried to the agent in the
@@ -26,8 +27,8 @@ from sn_monitor.clock import Clock
 from sn_monitor.controller.audit import ActionRecord, ActionRequest
 from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
 from sn_monitor.controller.jobs.settings import JobError
-from sn_monitor.controller.remediation import META_KEY, Repair
-from sn_monitor.controller.store import Store
+from sn_monitor.controller.remediation.ladder import META_KEY, Repair
+from sn_monitor.controller.storage.store import Store
 from sn_monitor.model import ActionName
 
 log = logging.getLogger(__name__)

@@ -1,14 +1,14 @@
 """The controller's end of a reports' stream (:mod:`sn_monitor.report_stream`).
 
-Once :mod:`~sn_monitor.controller.report_lane` has upgraded a connection, every read on
+Once :mod:`~sn_monitor.controller.api.report_lane` has upgraded a connection, every read on
 it goes to a :class:`ReportStreamSession`: the frames it completes are ingested in order
-by the same :class:`~sn_monitor.controller.app.ReportGate` as posted reports, under the
+by the same :class:`~sn_monitor.controller.api.app.ReportGate` as posted reports, under the
 identity the upgrade request proved, and only the reports that need an answer get one
 (the rule is in :mod:`sn_monitor.report_stream`). The answers a read produced leave in
 one write.
 
 A report that carries events is answered once they are written (a
-:class:`~sn_monitor.controller.writer.PendingReply`), so that its answer acknowledges
+:class:`~sn_monitor.controller.storage.writer.PendingReply`), so that its answer acknowledges
 them; the answers behind it wait with it, in order. The others never wait.
 """
 
@@ -19,10 +19,10 @@ from collections.abc import Callable
 
 import msgspec
 
-from sn_monitor.controller.app import ReportGate, retry_after_of, status_of
-from sn_monitor.controller.auth import Identity
+from sn_monitor.controller.api.app import ReportGate, retry_after_of, status_of
 from sn_monitor.controller.errors import ControllerError
-from sn_monitor.controller.writer import PendingReply
+from sn_monitor.controller.security.auth import Identity
+from sn_monitor.controller.storage.writer import PendingReply
 from sn_monitor.model import StreamReply
 from sn_monitor.report_stream import ACK, FrameReader, frame, report_head
 

@@ -35,8 +35,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sn_monitor import __version__
-from sn_monitor.controller.auth import OPEN_ACCESS, Identity, Role, TokenBook
-from sn_monitor.controller.bodies import BodyRefused, check_shape
+from sn_monitor.controller.api.bodies import BodyRefused, check_shape
 from sn_monitor.controller.errors import (
     Conflict,
     ControllerError,
@@ -49,13 +48,14 @@ from sn_monitor.controller.errors import (
     Unavailable,
     UnsupportedMedia,
 )
-from sn_monitor.controller.peer_identity import (
+from sn_monitor.controller.security.auth import OPEN_ACCESS, Identity, Role, TokenBook
+from sn_monitor.controller.security.peer_identity import (
     SCOPE_EXTENSION,
     AgentAuth,
     ClientCertificate,
     report_identity,
 )
-from sn_monitor.controller.writer import PendingReply
+from sn_monitor.controller.storage.writer import PendingReply
 from sn_monitor.model import (
     NODE_NAME_MAX_LENGTH,
     NODE_NAME_PATTERN,
@@ -253,10 +253,10 @@ class ReportGate:
     """Who may report, how large a report may be, and the answer to one: one copy of it.
 
     Used by the ASGI handler (``ControllerApp``) and by uvicorn's protocol for the
-    reports' lane (:mod:`sn_monitor.controller.report_lane`), which bypasses ASGI.
+    reports' lane (:mod:`sn_monitor.controller.api.report_lane`), which bypasses ASGI.
     With ``certificates`` (the server verifies client certificates) a report may come
     with a token, a client certificate or both, as ``agent_auth`` says
-    (:mod:`sn_monitor.controller.peer_identity`).
+    (:mod:`sn_monitor.controller.security.peer_identity`).
     """
 
     def __init__(self, controller: ControllerApi, tokens: TokenBook | None,
@@ -740,8 +740,8 @@ _PAGE_HEADERS: Final = {
 
 
 def _page(name: str) -> str:
-    """A page of the controller's own UI (``sn_monitor/controller/ui``), packaged."""
-    return (resources.files("sn_monitor.controller") / "ui" / name).read_text("utf-8")
+    """A page of the controller's own UI (``sn_monitor/controller/api/ui``), packaged."""
+    return (resources.files("sn_monitor.controller.api") / "ui" / name).read_text("utf-8")
 
 
 def openapi_document() -> dict[str, Any]:

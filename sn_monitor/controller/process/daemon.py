@@ -18,26 +18,26 @@ import uvicorn
 from sn_monitor.clock import Clock
 from sn_monitor.config import ConfigError, parse_listen
 from sn_monitor.controller.actions.routing import Drivers, build_drivers
-from sn_monitor.controller.app import build_app
-from sn_monitor.controller.auth import TokenBook
-from sn_monitor.controller.database.postgres import PostgresDatabase
+from sn_monitor.controller.api.app import build_app
+from sn_monitor.controller.api.report_lane import report_lane
 from sn_monitor.controller.ha.elector import Elector
 from sn_monitor.controller.ha.lease import HaSettings, Lease
 from sn_monitor.controller.ha.standby import StandbyApp, StandbyStatus
 from sn_monitor.controller.ha.store_lease import StoreLease
-from sn_monitor.controller.job_watch import JobWatch
-from sn_monitor.controller.report_lane import report_lane
-from sn_monitor.controller.runtime import STOP_DEADLINE_SECONDS, Runtime, Worker, every
-from sn_monitor.controller.service import Controller
-from sn_monitor.controller.settings import STORE_DSN_ENV, ControllerSettings
-from sn_monitor.controller.stall import LOOP_TICK_SECONDS, StallWatch
-from sn_monitor.controller.store import Store
-from sn_monitor.controller.tls import (
+from sn_monitor.controller.jobs.crd_watch import JobWatch
+from sn_monitor.controller.security.auth import TokenBook
+from sn_monitor.controller.security.tls import (
     CertificateReloader,
     TlsSettings,
     harden,
     uvicorn_options,
 )
+from sn_monitor.controller.service import Controller
+from sn_monitor.controller.settings import STORE_DSN_ENV, ControllerSettings
+from sn_monitor.controller.storage.database.postgres import PostgresDatabase
+from sn_monitor.controller.storage.store import Store
+from sn_monitor.controller.supervision.runtime import STOP_DEADLINE_SECONDS, Runtime, Worker, every
+from sn_monitor.controller.supervision.stall import LOOP_TICK_SECONDS, StallWatch
 from sn_monitor.notify import SystemdNotifier
 from sn_monitor.rules.spec import (
     CONFIG_SOURCE,
@@ -93,8 +93,8 @@ def _already_stopping(signum: int, frame: FrameType | None) -> None:
 class NotifyingServer(uvicorn.Server):
     """uvicorn that tells systemd READY=1 once it accepts connections.
 
-    With ``stalls``, the event loop ticks it (:mod:`sn_monitor.controller.stall`): how the
-    controller tells its own stalls from its nodes' silence.
+    With ``stalls``, the event loop ticks it (:mod:`sn_monitor.controller.supervision.stall`):
+    how the controller tells its own stalls from its nodes' silence.
     """
 
     def __init__(self, config: uvicorn.Config, notifier: SystemdNotifier,

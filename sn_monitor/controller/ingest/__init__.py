@@ -1,0 +1,4 @@
+"""Reports in: decoding and validating what agents send, before any rule sees it.
+
+Imports only the vocabulary (``errors``).
+"""
