@@ -5,6 +5,7 @@ a test can say what the client sent without a real controller."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,9 @@ class FakeController:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        #: Every connection a client opened: a kept-alive one holds its handler's
+        #: thread until one side closes it, so :meth:`stop` closes them.
+        self._connections: list[socket.socket] = []
         controller = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -53,6 +57,11 @@ class FakeController:
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                with controller._lock:
+                    controller._connections.append(self.connection)
 
             def do_GET(self) -> None:
                 controller._handle(self, "GET")
@@ -73,6 +82,13 @@ class FakeController:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:  # the handler closed it already
+                pass
 
     def recorded(self, suffix: str, method: str = "POST") -> list[Recorded]:
         with self._lock:

@@ -17,7 +17,7 @@ import pytest
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from sn_monitor.controller import app as app_module
+from sn_monitor.controller.api import app as app_module
 from sn_monitor.controller.api.app import build_app
 from sn_monitor.controller.errors import Unavailable
 from sn_monitor.model import ReportReply
