@@ -4,6 +4,7 @@ a test can say what the client sent without a real controller."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -85,10 +86,8 @@ class FakeController:
         with self._lock:
             connections, self._connections = self._connections, []
         for connection in connections:
-            try:
+            with contextlib.suppress(OSError):  # the handler closed it already
                 connection.shutdown(socket.SHUT_RDWR)
-            except OSError:  # the handler closed it already
-                pass
 
     def recorded(self, suffix: str, method: str = "POST") -> list[Recorded]:
         with self._lock:
