@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.support.api import make_api
 
-PAGE = Path(__file__).resolve().parents[2] / "sn_monitor" / "controller" / "api" / "ui" / "topology.html"
+PAGE = Path(__file__).resolve().parents[2] / "sn_monitor/controller/api/ui/topology.html"
 
 
 def test_the_page_is_served_without_a_token_and_not_cached(tmp_path: Path) -> None:
