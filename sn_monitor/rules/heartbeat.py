@@ -54,13 +54,21 @@ class HeartbeatEvaluator(Evaluator[HeartbeatRule]):
         # not, and nothing fires: that path is one comparison per node (8,192 of them
         # twice a second).
         cutoff = now.monotonic - self._timeout
+        # A node never heard from is timed from the engine's first sight of it, with grace.
+        unreported_after = self._timeout + UNREPORTED_GRACE_SECONDS
         scoped = bool(self._scope)
         firing = self._firing
+        first_seen = self._first_seen
         for name, view in views.items():
             if scoped and not self.applies(view):
                 continue
             if view.report is None:
-                self._judge_unreported(name, now, out)
+                first = first_seen.get(name)
+                if first is None:
+                    first = first_seen[name] = (now.monotonic, now.wall)
+                if now.monotonic - first[0] >= unreported_after:
+                    self._judge_silence(name, "no report since the controller started watching",
+                                        first[0], first[1], now, out)
                 continue
             last_mono = view.received_monotonic
             if last_mono > cutoff:
@@ -69,9 +77,9 @@ class HeartbeatEvaluator(Evaluator[HeartbeatRule]):
                                  now, out)
                 continue
             self._judge_late(name, view, last_mono, cutoff, now, out)
-        if len(self._first_seen) > len(views):
-            for name in [n for n in self._first_seen if n not in views]:
-                del self._first_seen[name]
+        if len(first_seen) > len(views):
+            for name in [n for n in first_seen if n not in views]:
+                del first_seen[name]
 
     def _judge_late(self, name: str, view: NodeView, last_mono: float, cutoff: float,
                     now: Now, out: list[Finding]) -> None:
@@ -82,17 +90,6 @@ class HeartbeatEvaluator(Evaluator[HeartbeatRule]):
             if last_mono > cutoff:
                 return
         self._judge_silence(name, "no report", last_mono, view.received_wall, now, out)
-
-    def _judge_unreported(self, name: str, now: Now, out: list[Finding]) -> None:
-        """A node not heard from since the engine first saw it: lost after the grace too."""
-        first = self._first_seen.get(name)
-        if first is None:
-            first = self._first_seen[name] = (now.monotonic, now.wall)
-        last_mono, last_wall = first
-        if now.monotonic - last_mono < self._timeout + UNREPORTED_GRACE_SECONDS:
-            return
-        self._judge_silence(name, "no report since the controller started watching",
-                            last_mono, last_wall, now, out)
 
     def _judge_silence(self, name: str, what: str, last_mono: float, last_wall: float,
                        now: Now, out: list[Finding]) -> None:
