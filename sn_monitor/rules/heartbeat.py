@@ -50,51 +50,60 @@ class HeartbeatEvaluator(Evaluator[HeartbeatRule]):
                          view.report.sample_time_seconds if view.report else now.wall)
 
     def sweep(self, views: Mapping[str, NodeView], now: Now, out: list[Finding]) -> None:
-        timeout = self._timeout
         # A node is late when it last reported at or before ``cutoff``. Most nodes are
         # not, and nothing fires: that path is one comparison per node (8,192 of them
         # twice a second).
-        cutoff = now.monotonic - timeout
+        cutoff = now.monotonic - self._timeout
+        # A node never heard from is timed from the engine's first sight of it, with grace.
+        unreported_after = self._timeout + UNREPORTED_GRACE_SECONDS
         scoped = bool(self._scope)
         firing = self._firing
-        grace_from = self._grace_from
+        first_seen = self._first_seen
         for name, view in views.items():
             if scoped and not self.applies(view):
                 continue
-            if view.report is not None:
-                last_mono = view.received_monotonic
-                if last_mono > cutoff:
-                    if firing and self.is_firing(name, ""):
-                        self.resolve(name, "", now.monotonic - last_mono, "reporting again",
-                                     now, out)
-                    continue
-                if last_mono < grace_from and not (firing and self.is_firing(name, "")):
-                    # silent since before the controller's own stall: timed from after it
-                    last_mono = grace_from
-                    if last_mono > cutoff:
-                        continue
-                last_wall = view.received_wall
-            else:
-                first = self._first_seen.get(name)
+            if view.report is None:
+                first = first_seen.get(name)
                 if first is None:
-                    first = self._first_seen[name] = (now.monotonic, now.wall)
-                last_mono, last_wall = first
-                if now.monotonic - last_mono < timeout + UNREPORTED_GRACE_SECONDS:
-                    continue
-            age = now.monotonic - last_mono
-            if age >= timeout:
-                if not self.is_firing(name, ""):
-                    what = ("no report" if view.report is not None
-                            else "no report since the controller started watching")
-                    self.fire(name, NODE, age,
-                              f"{what} for {format_duration(age)} "
-                              f"(timeout {format_duration(timeout)})",
-                              last_wall + timeout, now, out)
-            elif firing and self.is_firing(name, ""):
-                self.resolve(name, "", age, "reporting again", now, out)
-        if len(self._first_seen) > len(views):
-            for name in [n for n in self._first_seen if n not in views]:
-                del self._first_seen[name]
+                    first = first_seen[name] = (now.monotonic, now.wall)
+                if now.monotonic - first[0] >= unreported_after:
+                    self._judge_silence(name, "no report since the controller started watching",
+                                        first[0], first[1], now, out)
+                continue
+            last_mono = view.received_monotonic
+            if last_mono > cutoff:
+                if firing and self.is_firing(name, ""):
+                    self.resolve(name, "", now.monotonic - last_mono, "reporting again",
+                                 now, out)
+                continue
+            self._judge_late(name, view, last_mono, cutoff, now, out)
+        if len(first_seen) > len(views):
+            for name in [n for n in first_seen if n not in views]:
+                del first_seen[name]
+
+    def _judge_late(self, name: str, view: NodeView, last_mono: float, cutoff: float,
+                    now: Now, out: list[Finding]) -> None:
+        """A node silent since ``last_mono``, at or before ``cutoff``: lost unless in grace."""
+        if last_mono < self._grace_from and not self.is_firing(name, ""):
+            # silent since before the controller's own stall: timed from after it
+            last_mono = self._grace_from
+            if last_mono > cutoff:
+                return
+        self._judge_silence(name, "no report", last_mono, view.received_wall, now, out)
+
+    def _judge_silence(self, name: str, what: str, last_mono: float, last_wall: float,
+                       now: Now, out: list[Finding]) -> None:
+        """Fire when the silence since ``last_mono`` reaches the timeout, else resolve."""
+        age = now.monotonic - last_mono
+        timeout = self._timeout
+        if age >= timeout:
+            if not self.is_firing(name, ""):
+                self.fire(name, NODE, age,
+                          f"{what} for {format_duration(age)} "
+                          f"(timeout {format_duration(timeout)})",
+                          last_wall + timeout, now, out)
+        elif self.is_firing(name, ""):
+            self.resolve(name, "", age, "reporting again", now, out)
 
     def forget_node(self, node: str) -> None:
         super().forget_node(node)

@@ -526,28 +526,47 @@ class Trim:
         self._host = tuple(sorted(host))
 
     def __call__(self, report: Report) -> Report:
-        gpus = [GpuReport(index=g.index, lost=g.lost,
+        return msgspec.structs.replace(report, gpus=self._gpus(report),
+                                       infiniband=self._ports(report),
+                                       network=self._nets(report), host=self._host_part(report))
+
+    def _gpus(self, report: Report) -> list[GpuReport]:
+        """Every GPU, with its index, its ``lost`` flag and the fields read (none: no GPU)."""
+        if not self._gpu:
+            return []
+        return [GpuReport(index=g.index, lost=g.lost,
                           **{name: getattr(g, name) for name in self._gpu})
-                for g in report.gpus] if self._gpu else []
-        ports = []
-        if self._ib or self._ib_state or self._ib_rate:
-            for port in report.infiniband:
-                counters = {k: v for k, v in port.counters.items() if k in self._ib}
-                state = port.state if self._ib_state else None
-                rate = port.rate_bytes_per_second if self._ib_rate else None
-                if counters or state is not None or rate is not None:
-                    ports.append(IbPortReport(device=port.device, port=port.port,
-                                              state=state, rate_bytes_per_second=rate,
-                                              counters=counters))
-        nets = []
+                for g in report.gpus]
+
+    def _ports(self, report: Report) -> list[IbPortReport]:
+        """The ports with a counter, state or rate read, each with those only."""
+        ports: list[IbPortReport] = []
+        if not (self._ib or self._ib_state or self._ib_rate):
+            return ports
+        for port in report.infiniband:
+            counters = {k: v for k, v in port.counters.items() if k in self._ib}
+            state = port.state if self._ib_state else None
+            rate = port.rate_bytes_per_second if self._ib_rate else None
+            if counters or state is not None or rate is not None:
+                ports.append(IbPortReport(device=port.device, port=port.port,
+                                          state=state, rate_bytes_per_second=rate,
+                                          counters=counters))
+        return ports
+
+    def _nets(self, report: Report) -> list[NetReport]:
+        """The interfaces with a field read, each with those only."""
+        nets: list[NetReport] = []
         for net in report.network if self._net else ():
             values = {name: getattr(net, name) for name in self._net}
             if any(v is not None for v in values.values()):
                 nets.append(NetReport(device=net.device, **values))
-        host = None
-        if self._host and report.host is not None:
-            values = {name: getattr(report.host, name) for name in self._host}
-            if any(v is not None for v in values.values()):
-                host = HostReport(**values)
-        return msgspec.structs.replace(report, gpus=gpus, infiniband=ports, network=nets,
-                                       host=host)
+        return nets
+
+    def _host_part(self, report: Report) -> HostReport | None:
+        """The host's fields read, or None where none is (or none is read)."""
+        if not self._host or report.host is None:
+            return None
+        values = {name: getattr(report.host, name) for name in self._host}
+        if any(v is not None for v in values.values()):
+            return HostReport(**values)
+        return None

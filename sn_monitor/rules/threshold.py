@@ -33,7 +33,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import attrgetter, contains, gt, lt, sub, truediv
-from typing import Any, Final, TypeGuard, cast
+from typing import Any, Final, TypeGuard
 
 from sn_monitor.model import GpuReport
 from sn_monitor.rules.base import (
@@ -126,6 +126,23 @@ class _Series(Held):
         self.samples = array("d")
 
 
+class _Quiet:
+    """A node's report that found every rate / increase series flat, nothing pending.
+
+    The same values in the same bucket can be passed over; in a new bucket, the series'
+    ``samples`` (None where no value) are slid on.
+    """
+
+    __slots__ = ("bucket", "samples", "subjects", "values")
+
+    def __init__(self, bucket: float, subjects: tuple[Subject, ...],
+                 values: tuple[float | None, ...], samples: list[array[float] | None]) -> None:
+        self.bucket = bucket
+        self.subjects = subjects
+        self.values = values
+        self.samples = samples
+
+
 class ThresholdEvaluator(HoldingEvaluator[ThresholdRule, _Series]):
     """Evaluates one :class:`ThresholdRule` on every report."""
 
@@ -156,11 +173,8 @@ class ThresholdEvaluator(HoldingEvaluator[ThresholdRule, _Series]):
         # A whole column may be passed over by its max (min) alone, unless the bound is so
         # large that comparing a report's integer with it differs from comparing its float.
         self._whole = abs(bound) < _EXACT_FLOATS
-        # Rate / increase: per node, (bucket, subjects, values) of a report that found
-        # every series flat, so that the same values in the same bucket can be passed over,
-        # and the series' samples (None where no value), to slide them on in a new bucket.
-        self._quiet: dict[str, tuple[float, tuple[Subject, ...], tuple[float | None, ...],
-                                     list[array[float] | None]]] = {}
+        # Rate / increase: per node, the last report if it found every series flat.
+        self._quiet: dict[str, _Quiet] = {}
         self._what, self._unit = describe(rule.metric)
 
     @property
@@ -176,26 +190,22 @@ class ThresholdEvaluator(HoldingEvaluator[ThresholdRule, _Series]):
         if not values:
             return
         if self._mode:
-            self._observe_counters(view, subjects, values, now, out)
-            return
-        node = view.name
+            self._observe_counters(view.name, subjects, values, report.sample_time_seconds,
+                                   now, out)
+        else:
+            self._observe_levels(view.name, subjects, values, report.sample_time_seconds,
+                                 now, out)
+
+    def _observe_levels(self, node: str, subjects: tuple[Subject, ...],
+                        values: tuple[float | None, ...], observed: float, now: Now,
+                        out: list[Finding]) -> None:
+        """A plain threshold: each value against the bound; a state only where one is met."""
         states = self._states.get(node)
-        if not states and self._whole:
-            # The common case: nothing remembered and every value short of the bound.
-            present: Sequence[float] = (cast("tuple[float, ...]", values) if None not in values
-                                        else [v for v in values if v is not None])
-            if not present:
-                return
-            # A NaN first makes max/min NaN, which is not < or >: the long way then.
-            if self._sign > 0:
-                if max(present) < self._bound:
-                    return
-            elif min(present) > self._bound:
-                return
+        if not states and self._whole and _short_of(values, self._sign, self._bound):
+            return  # the common case: nothing remembered and every value short of the bound
         if states is None:
             states = self._states[node] = {}
         sign, fire_at, clear_at = self._sign, self._fire_at, self._clear_at
-        observed = report.sample_time_seconds
         for subject, raw in zip(subjects, values, strict=True):
             if raw is None:
                 continue
@@ -214,37 +224,24 @@ class ThresholdEvaluator(HoldingEvaluator[ThresholdRule, _Series]):
         if not states:
             del self._states[node]
 
-    def _observe_counters(self, view: NodeView, subjects: tuple[Subject, ...],
-                          values: tuple[float | None, ...], now: Now,
+    def _observe_counters(self, node: str, subjects: tuple[Subject, ...],
+                          values: tuple[float | None, ...], observed: float, now: Now,
                           out: list[Finding]) -> None:
-        node = view.name
+        """A rate or an increase: each value slid into its series, the derived value judged."""
         t = now.monotonic
         width = self._width
         bucket = t // width
         quiet = self._quiet.get(node)
         states = self._states.get(node)
-        if (quiet is not None and states is not None and quiet[2] == values
-                and quiet[1] == subjects):
-            # Nothing moved since the last report, which found every series flat over its
-            # window (a rate and increase of 0, short of the bound), nothing firing or
-            # pending. In the same bucket a full pass would only move the latest samples'
-            # times within it, which no result depends on. In a new bucket the samples
-            # must still be kept (the anchors of a later change), but a counter is
-            # monotonic: a series whose anchor equals its latest value is equal all
-            # through, so every rate and increase stays 0 and nothing can fire.
-            if quiet[0] != bucket:
-                window = self._window
-                for samples, raw in zip(quiet[3], values, strict=True):
-                    if samples is not None and raw is not None:
-                        slide(samples, t, float(raw), window, width)
-                self._quiet[node] = (bucket, subjects, values, quiet[3])
+        if (quiet is not None and states is not None and quiet.values == values
+                and quiet.subjects == subjects):
+            self._keep_anchors(quiet, t, bucket)
             return
         if states is None:
             states = self._states[node] = {}
         sign, fire_at, clear_at = self._sign, self._fire_at, self._clear_at
         window = self._window
         increase = self._mode == "increase"
-        observed = view.report.sample_time_seconds if view.report is not None else 0.0
         flat = fire_at > 0
         for subject, raw in zip(subjects, values, strict=True):
             if raw is None:
@@ -255,7 +252,7 @@ class ThresholdEvaluator(HoldingEvaluator[ThresholdRule, _Series]):
                 state = states[subject.text] = _Series(subject)
             samples = state.samples
             if not slide(samples, t, value, window, width):
-                flat = False
+                flat = False  # a first sample, or the first after a counter reset
                 continue
             if increase:
                 derived = value - samples[1]
@@ -273,12 +270,37 @@ class ThresholdEvaluator(HoldingEvaluator[ThresholdRule, _Series]):
             flat = False
             self.step(node, state, signed >= fire_at, signed < clear_at, derived, observed,
                       now, out)
+        self._remember_quiet(node, flat, bucket, subjects, values, states)
+
+    def _keep_anchors(self, quiet: _Quiet, t: float, bucket: float) -> None:
+        """The same values as a report that found every series flat: nothing can fire.
+
+        Nothing moved since that report, which found every series flat over its window (a
+        rate and increase of 0, short of the bound), nothing firing or pending. In the
+        same bucket a full pass would only move the latest samples' times within it, which
+        no result depends on. In a new bucket the samples must still be kept (the anchors
+        of a later change), but a counter is monotonic: a series whose anchor equals its
+        latest value is equal all through, so every rate and increase stays 0 and nothing
+        can fire.
+        """
+        if quiet.bucket == bucket:
+            return
+        window, width = self._window, self._width
+        for samples, raw in zip(quiet.samples, quiet.values, strict=True):
+            if samples is not None and raw is not None:
+                slide(samples, t, float(raw), window, width)
+        quiet.bucket = bucket
+
+    def _remember_quiet(self, node: str, flat: bool, bucket: float,
+                        subjects: tuple[Subject, ...], values: tuple[float | None, ...],
+                        states: dict[str, _Series]) -> None:
+        """Keep (or drop) what lets the next report with the same values be passed over."""
         if flat:
-            self._quiet[node] = (bucket, subjects, values, [
+            self._quiet[node] = _Quiet(bucket, subjects, values, [
                 None if raw is None else states[subject.text].samples
                 for subject, raw in zip(subjects, values, strict=True)])
-        elif quiet is not None:
-            del self._quiet[node]
+        else:
+            self._quiet.pop(node, None)
 
     def forget_node(self, node: str) -> None:
         super().forget_node(node)
@@ -329,48 +351,29 @@ class ThresholdScreen:
 
     def __init__(self, members: Sequence[ThresholdEvaluator]) -> None:
         self.members = tuple(members)
-        fields: list[str] = []
-
-        def field(name: str) -> int:
-            if name not in fields:
-                fields.append(name)
-            return fields.index(name)
-
-        # Per member: (its states by node, sign, bound, kind, i, j, extra), kind one of
-        # "field" (GPU column i), "margin" / "ratio" (from GPU columns i and j; ``extra``
-        # the metric's own per-GPU function, for columns with a None or a zero), or the
-        # metric itself for other families (``extra`` computes its column).
-        self._checks: list[tuple[dict[str, dict[str, _Series]], float, float, str,
-                                 int, int, Callable[..., object]]] = []
-        for member in self.members:
-            metric = member.rule.metric
-            name = metric[4:]
-            # the members' own attributes: the screen is their fast path (one module)
-            head = (member._states, member._sign, member._bound)
-            if metric_family(metric) != "gpu":
-                self._checks.append((*head, metric, 0, 0, compile_column(metric)))
-            elif name in DERIVED_GPU_PARTS:
-                kind, a, b = DERIVED_GPU_PARTS[name]
-                self._checks.append((*head, kind, field(a), field(b), DERIVED_GPU_METRICS[name]))
-            else:
-                self._checks.append((*head, "field", field(name), 0, _nothing))
+        fields: dict[str, int] = {}  # the GPU fields read, by their column in a frame
+        self._checks = [_check_of(member, fields) for member in self.members]
         self._fields = tuple(fields)
         self._get: Callable[[GpuReport], Any] = attrgetter(*fields) if fields else _nothing
         self._states = tuple(check[0] for check in self._checks)
         self._all_quiet = [True] * len(self._checks)
-        # The same checks grouped for the common case (all quiet), in as few calls as can be.
-        self._up = [i for _, sign, _, kind, i, _, _ in self._checks if kind == "field" and sign > 0]
-        self._up_bounds = [bound for _, sign, bound, kind, _, _, _ in self._checks
-                           if kind == "field" and sign > 0]
-        self._down = [i for _, sign, _, kind, i, _, _ in self._checks
-                      if kind == "field" and sign < 0]
-        self._down_bounds = [bound for _, sign, bound, kind, _, _, _ in self._checks
-                             if kind == "field" and sign < 0]
-        self._pairs = [(i, j, sign, bound, sub if kind == "margin" else truediv)
-                       for _, sign, bound, kind, i, j, _ in self._checks
-                       if kind in ("margin", "ratio")]
-        self._others = [(kind, extra, sign, bound) for _, sign, bound, kind, _, _, extra
-                        in self._checks if kind not in ("field", "margin", "ratio")]
+        # The same checks grouped for the common case (all quiet), in as few calls as can be:
+        # plain GPU fields above (up) or below (down) a bound, margins and ratios of two
+        # fields, and the other families' columns.
+        self._up: list[int] = []
+        self._up_bounds: list[float] = []
+        self._down: list[int] = []
+        self._down_bounds: list[float] = []
+        self._pairs: list[tuple[int, int, float, float, Callable[[Any, Any], Any]]] = []
+        self._others: list[tuple[str, Callable[..., object], float, float]] = []
+        for _, sign, bound, kind, i, j, extra in self._checks:
+            if kind == "field":
+                (self._up if sign > 0 else self._down).append(i)
+                (self._up_bounds if sign > 0 else self._down_bounds).append(bound)
+            elif kind in ("margin", "ratio"):
+                self._pairs.append((i, j, sign, bound, sub if kind == "margin" else truediv))
+            else:
+                self._others.append((kind, extra, sign, bound))
 
     @staticmethod
     def screens(evaluator: object) -> TypeGuard[ThresholdEvaluator]:
@@ -438,6 +441,31 @@ class ThresholdScreen:
                 values = frame.column(kind, extra)  # type: ignore[arg-type]
             out.append(_short_of(values, sign, bound))
         return out
+
+
+_Check = tuple[dict[str, dict[str, _Series]], float, float, str, int, int,
+               Callable[..., object]]
+"""What the screen checks of a member: (its states by node, sign, bound, kind, i, j, extra),
+kind one of "field" (GPU column i), "margin" / "ratio" (from GPU columns i and j; ``extra``
+the metric's own per-GPU function, for columns with a None or a zero), or the metric itself
+for other families (``extra`` computes its column)."""
+
+
+def _check_of(member: ThresholdEvaluator, fields: dict[str, int]) -> _Check:
+    """What the screen checks of ``member``; the GPU fields it reads are added to ``fields``.
+
+    The member's own attributes: the screen is its fast path (one module).
+    """
+    metric = member.rule.metric
+    name = metric[4:]
+    head = (member._states, member._sign, member._bound)
+    if metric_family(metric) != "gpu":
+        return (*head, metric, 0, 0, compile_column(metric))
+    if name in DERIVED_GPU_PARTS:
+        kind, a, b = DERIVED_GPU_PARTS[name]
+        return (*head, kind, fields.setdefault(a, len(fields)),
+                fields.setdefault(b, len(fields)), DERIVED_GPU_METRICS[name])
+    return (*head, "field", fields.setdefault(name, len(fields)), 0, _nothing)
 
 
 def _nothing(*_: object) -> None:
