@@ -502,7 +502,7 @@ def _schema_text(schema: Mapping[str, Any]) -> str:
 
 def api_page() -> str:
     """The controller's OpenAPI document, as a page of endpoints and schemas."""
-    from sn_monitor.controller.api.app import openapi_document
+    from sn_monitor.controller.api.openapi import openapi_document
 
     doc = openapi_document()
     lines = ["# API", "",

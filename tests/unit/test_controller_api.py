@@ -19,7 +19,8 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from sn_monitor.controller.actions.policy import PolicySettings
-from sn_monitor.controller.api.app import build_app, openapi_document
+from sn_monitor.controller.api.app import build_app
+from sn_monitor.controller.api.openapi import openapi_document
 from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.storage.store import Store
 from tests.conftest import assert_promtool_clean
