@@ -387,7 +387,7 @@ def controller_families() -> list[MetricFamily]:
 
     from sn_monitor.agent.report import build_report, event_record
     from sn_monitor.controller.actions.routing import build_drivers
-    from sn_monitor.controller.process.daemon import open_store, read_rules
+    from sn_monitor.controller.process.startup import open_store, read_rules
     from sn_monitor.controller.security.auth import OPEN_ACCESS
     from sn_monitor.controller.service import Controller
     from sn_monitor.controller.settings import ControllerSettings
