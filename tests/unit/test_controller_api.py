@@ -491,6 +491,28 @@ def test_openapi_documents_every_route(api: Api) -> None:
     assert documented == served
 
 
+def test_a_route_needs_a_token_unless_its_document_says_none(api: Api) -> None:
+    """The roles of the route table and the document's security agree, route by route."""
+    names = {"{name}": "x", "{node}": "gpu-1", "{incident_id}": "1", "{action_id}": "ab12",
+             "{recovery_id}": "ab12"}
+    for path, item in openapi_document()["paths"].items():
+        url = path
+        for param, value in names.items():
+            url = url.replace(param, value)
+        for method, operation in item.items():
+            status = api.client.request(method.upper(), url).status_code
+            if operation.get("security") == []:
+                assert status not in (401, 403), (method, path, status)
+            else:
+                assert status == 401, (method, path, status)
+
+
+def test_head_answers_as_get(api: Api) -> None:
+    for path in ("/api/v1/breaker", "/api/v1/jobs", "/api/v1/nodes", "/healthz"):
+        head = api.client.head(path, headers=bearer(READ))
+        assert (head.status_code, head.content) == (api.get(path).status_code, b""), path
+
+
 def test_documented_statuses(api: Api) -> None:
     """What the API answers in these tests is what the document says it may answer."""
     paths = openapi_document()["paths"]
