@@ -387,7 +387,7 @@ def controller_families() -> list[MetricFamily]:
 
     from sn_monitor.agent.report import build_report, event_record
     from sn_monitor.controller.actions.routing import build_drivers
-    from sn_monitor.controller.process.daemon import open_store, read_rules
+    from sn_monitor.controller.process.startup import open_store, read_rules
     from sn_monitor.controller.security.auth import OPEN_ACCESS
     from sn_monitor.controller.service import Controller
     from sn_monitor.controller.settings import ControllerSettings
@@ -502,7 +502,7 @@ def _schema_text(schema: Mapping[str, Any]) -> str:
 
 def api_page() -> str:
     """The controller's OpenAPI document, as a page of endpoints and schemas."""
-    from sn_monitor.controller.api.app import openapi_document
+    from sn_monitor.controller.api.openapi import openapi_document
 
     doc = openapi_document()
     lines = ["# API", "",

@@ -1,7 +1,7 @@
 """The controller's domain errors: what went wrong, never which HTTP status says so.
 
 The controller, the jobs and the rules raise these; the API edge alone turns them into
-statuses, in one table (:data:`sn_monitor.controller.api.app.STATUS_OF`). The kinds are those
+statuses, in one table (:data:`sn_monitor.controller.api.statuses.STATUS_OF`). The kinds are those
 of any resource API (Kubernetes' ``StatusReason``, gRPC's codes): the thing named does not
 exist, it changed meanwhile, the request is wrong, the caller may not, or the controller
 cannot now and says when to try again.

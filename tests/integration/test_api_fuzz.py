@@ -42,7 +42,8 @@ from schemathesis.checks import (
 
 from sn_monitor.controller.actions.drivers.command import CommandSettings
 from sn_monitor.controller.actions.policy import PolicySettings
-from sn_monitor.controller.api.app import build_app, openapi_document
+from sn_monitor.controller.api.app import build_app
+from sn_monitor.controller.api.openapi import openapi_document
 from sn_monitor.controller.jobs.spec import job_from_json
 from sn_monitor.controller.security.auth import TokenBook
 from sn_monitor.controller.settings import DriverSettings

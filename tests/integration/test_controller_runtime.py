@@ -82,7 +82,7 @@ if _breaks:
         "checkpoints": ("sn_monitor.controller.jobs.orchestrator", "JobOrchestrator",
                         "scan_checkpoints"),
         "reload": ("sn_monitor.controller.service", "Controller", "reload_rules"),
-        "server": ("sn_monitor.controller.process.daemon", "NotifyingServer", "on_tick"),
+        "server": ("sn_monitor.controller.process.server", "NotifyingServer", "on_tick"),
         "lease": ("sn_monitor.controller.ha.elector", "Elector", "check"),
     }
 

@@ -419,7 +419,8 @@ def test_servicemonitor_scrapes_the_controller_service():
     for endpoint in monitor["spec"]["endpoints"]:
         assert endpoint["port"] in ports
         assert endpoint["path"] == "/metrics"
-        # /metrics needs no token (sn_monitor/controller/api/app.py): no credentials to keep
+        # /metrics needs no token (sn_monitor/controller/api/routes/probes.py): no
+        # credentials to keep
         assert not {"authorization", "bearerTokenSecret", "basicAuth"} & endpoint.keys()
 
 

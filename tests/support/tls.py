@@ -17,7 +17,7 @@ import uvicorn
 from sn_monitor.clock import ManualClock
 from sn_monitor.controller.api.app import ControllerApp
 from sn_monitor.controller.api.report_lane import report_lane
-from sn_monitor.controller.process.daemon import NotifyingServer
+from sn_monitor.controller.process.server import NotifyingServer
 from sn_monitor.controller.security.tls import (
     CertificateReloader,
     TlsSettings,

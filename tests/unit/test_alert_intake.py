@@ -19,7 +19,8 @@ from starlette.testclient import TestClient
 from sn_monitor.config import parse_yaml
 from sn_monitor.controller.actions.drivers.alertmanager import rfc3339
 from sn_monitor.controller.actions.policy import BreakerSettings, PolicySettings
-from sn_monitor.controller.api.app import build_app, openapi_document
+from sn_monitor.controller.api.app import build_app
+from sn_monitor.controller.api.openapi import openapi_document
 from sn_monitor.controller.security.auth import TokenBook
 from sn_monitor.rules.alerts import (
     WebhookAlert,

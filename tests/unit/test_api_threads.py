@@ -1,4 +1,4 @@
-"""The rule of app.py for where a handler's work runs, checked on every route.
+"""The rule of api/answers.py for where a handler's work runs, checked on every route.
 
 A recording controller answers every call and notes whether it was made on the event
 loop (an asyncio loop running in the calling thread), and so does the app's JSON encoder
@@ -17,7 +17,7 @@ import pytest
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from sn_monitor.controller.api import app as app_module
+from sn_monitor.controller.api import answers
 from sn_monitor.controller.api.app import build_app
 from sn_monitor.controller.errors import Unavailable
 from sn_monitor.model import ReportReply
@@ -108,7 +108,7 @@ def test_every_route_follows_the_rule(
         monkeypatch: pytest.MonkeyPatch) -> None:
     client, controller = client_and_controller
     encoder = WatchedEncoder()
-    monkeypatch.setattr(app_module, "_encoder", encoder)
+    monkeypatch.setattr(answers, "_encoder", encoder)
     checked = encoded = 0
     for method, route in _routes(client):
         controller.calls.clear()

@@ -19,7 +19,8 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from sn_monitor.controller.actions.policy import PolicySettings
-from sn_monitor.controller.api.app import build_app, openapi_document
+from sn_monitor.controller.api.app import build_app
+from sn_monitor.controller.api.openapi import openapi_document
 from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.storage.store import Store
 from tests.conftest import assert_promtool_clean
@@ -488,6 +489,28 @@ def test_openapi_documents_every_route(api: Api) -> None:
     documented = {(p, m) for p, item in doc["paths"].items() for m in item}
     served = {(r.path, m.lower()) for r in routes for m in (r.methods or ()) if m != "HEAD"}
     assert documented == served
+
+
+def test_a_route_needs_a_token_unless_its_document_says_none(api: Api) -> None:
+    """The roles of the route table and the document's security agree, route by route."""
+    names = {"{name}": "x", "{node}": "gpu-1", "{incident_id}": "1", "{action_id}": "ab12",
+             "{recovery_id}": "ab12"}
+    for path, item in openapi_document()["paths"].items():
+        url = path
+        for param, value in names.items():
+            url = url.replace(param, value)
+        for method, operation in item.items():
+            status = api.client.request(method.upper(), url).status_code
+            if operation.get("security") == []:
+                assert status not in (401, 403), (method, path, status)
+            else:
+                assert status == 401, (method, path, status)
+
+
+def test_head_answers_as_get(api: Api) -> None:
+    for path in ("/api/v1/breaker", "/api/v1/jobs", "/api/v1/nodes", "/healthz"):
+        head = api.client.head(path, headers=bearer(READ))
+        assert (head.status_code, head.content) == (api.get(path).status_code, b""), path
 
 
 def test_documented_statuses(api: Api) -> None:

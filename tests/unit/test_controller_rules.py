@@ -11,7 +11,7 @@ import pytest
 
 from sn_monitor.cli import check_config
 from sn_monitor.config import ConfigError
-from sn_monitor.controller.process.daemon import read_rules
+from sn_monitor.controller.process.startup import read_rules
 from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.rules.spec import NO_RULES, load_rules, packaged_rules
 from tests.support.harness import make_harness, rules_from

@@ -453,7 +453,7 @@ def test_uncordon_only_what_we_cordoned(make: Any) -> None:
 
 
 def test_approval_flow(make: Any) -> None:
-    from sn_monitor.controller.api.app import status_of
+    from sn_monitor.controller.api.statuses import status_of
     from sn_monitor.controller.errors import ControllerError
 
     policy = PolicySettings(approval=["evict"])
@@ -543,7 +543,7 @@ def test_service_discovery_lists_agents(make: Any) -> None:
 
 
 def test_forbidden_node_is_refused(make: Any) -> None:
-    from sn_monitor.controller.api.app import status_of
+    from sn_monitor.controller.api.statuses import status_of
     from sn_monitor.controller.errors import ControllerError
 
     h = make(HOT_RULE)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from sn_monitor.cli import build_parser
-from sn_monitor.controller.api.app import openapi_document
+from sn_monitor.controller.api.openapi import openapi_document
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOKS = ROOT / "docs" / "hooks"

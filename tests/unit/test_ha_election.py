@@ -17,7 +17,7 @@ from sn_monitor.controller.ha.elector import Elector, LeadershipLost
 from sn_monitor.controller.ha.lease import HaSettings, KubernetesLeaseSettings, LeaseError
 from sn_monitor.controller.ha.standby import StandbyApp, StandbyStatus
 from sn_monitor.controller.ha.store_lease import StoreLease
-from sn_monitor.controller.process.daemon import build_lease
+from sn_monitor.controller.process.leadership import build_lease
 from sn_monitor.controller.storage.store import Store
 from sn_monitor.transport import ROLE_HEADER
 from tests.drivers.servers import wait_until

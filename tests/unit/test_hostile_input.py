@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.body_shape_bench import SHAPES
-from sn_monitor.controller.api.app import status_of
 from sn_monitor.controller.api.bodies import MAX_DEPTH, BodyRefused, check_shape
+from sn_monitor.controller.api.statuses import status_of
 from sn_monitor.controller.errors import ControllerError
 from sn_monitor.controller.ingest.decode import (
     MAX_EVENT_AGE_SECONDS,

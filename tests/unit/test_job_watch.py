@@ -275,7 +275,7 @@ def test_parse_event_and_split_lines():
 
 def test_the_controller_setting_builds_the_watch(server):
     from sn_monitor.config import bind, parse_yaml
-    from sn_monitor.controller.process.daemon import build_job_watch
+    from sn_monitor.controller.process.startup import build_job_watch
     from sn_monitor.controller.settings import ControllerSettings
 
     settings = bind(ControllerSettings, parse_yaml(

@@ -12,7 +12,7 @@ import pytest
 from sn_monitor.config import ConfigError, Duration
 from sn_monitor.controller.ha.k8s_role import ROLE_LABEL, PodRoleLabel, Role
 from sn_monitor.controller.ha.lease import HaSettings, KubernetesLeaseSettings
-from sn_monitor.controller.process.daemon import build_role_label
+from sn_monitor.controller.process.leadership import build_role_label
 from tests.drivers.servers import RecordingHTTPServer, Reply, StubKubernetesAPI
 
 NS = "sn-monitor"

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import parse_yaml
-from sn_monitor.controller.api.app import status_of
+from sn_monitor.controller.api.statuses import status_of
 from sn_monitor.controller.errors import ControllerError
 from sn_monitor.controller.ingest import decode as ingest
 from sn_monitor.controller.ingest.decode import decode_report

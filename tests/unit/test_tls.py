@@ -27,7 +27,8 @@ from sn_monitor.cli import build_parser, check_config
 from sn_monitor.client import JobClient
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import ConfigError
-from sn_monitor.controller.api.app import build_app, status_of
+from sn_monitor.controller.api.app import build_app
+from sn_monitor.controller.api.statuses import status_of
 from sn_monitor.controller.errors import ControllerError
 from sn_monitor.controller.security.auth import Identity, TokenBook
 from sn_monitor.controller.security.peer_identity import (

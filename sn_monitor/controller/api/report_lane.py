@@ -5,7 +5,7 @@ each one costs a scope, a request/response cycle object, an ``asyncio.Event``, a
 and two ``send`` messages, about as much CPU as the ingest itself. This protocol, a
 subclass of uvicorn's httptools protocol, recognises a plain report request when its
 headers are complete, keeps its body, and writes the answer of
-:class:`~sn_monitor.controller.api.app.ReportGate` (the same code the ASGI handler calls)
+:class:`~sn_monitor.controller.api.report_gate.ReportGate` (the same code the ASGI handler calls)
 straight to the transport when the body is complete. Anything else (another path, a
 query string, ``Expect: 100-continue``, a pipelined request behind an unanswered one)
 takes uvicorn's ordinary ASGI path.
@@ -56,7 +56,8 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from sn_monitor.controller.api.app import REPORTS_PATH, ReportGate, status_of
+from sn_monitor.controller.api.report_gate import REPORTS_PATH, ReportGate
+from sn_monitor.controller.api.statuses import status_of
 from sn_monitor.controller.api.stream_lane import ReportStreamSession
 from sn_monitor.controller.errors import ControllerError, TooLarge
 from sn_monitor.controller.security.auth import Identity

@@ -2,7 +2,7 @@
 
 Once :mod:`~sn_monitor.controller.api.report_lane` has upgraded a connection, every read on
 it goes to a :class:`ReportStreamSession`: the frames it completes are ingested in order
-by the same :class:`~sn_monitor.controller.api.app.ReportGate` as posted reports, under the
+by the same :class:`~sn_monitor.controller.api.report_gate.ReportGate` as posted reports, under the
 identity the upgrade request proved, and only the reports that need an answer get one
 (the rule is in :mod:`sn_monitor.report_stream`). The answers a read produced leave in
 one write.
@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from sn_monitor.controller.api.app import ReportGate, retry_after_of, status_of
+from sn_monitor.controller.api.report_gate import ReportGate
+from sn_monitor.controller.api.statuses import retry_after_of, status_of
 from sn_monitor.controller.errors import ControllerError
 from sn_monitor.controller.security.auth import Identity
 from sn_monitor.controller.storage.writer import PendingReply
