@@ -48,7 +48,6 @@ from sn_monitor.controller.storage.database.sqlite import SQLiteDatabase
 from sn_monitor.controller.storage.schema import MIGRATIONS, SCHEMA_VERSION
 
 __all__ = [
-    "SCHEMA_VERSION",
     "Fenced",
     "Incident",
     "IncidentStatus",
@@ -72,7 +71,7 @@ class Store(NodeStore, IncidentStore, ActionStore, JobStore, RecoveryStore, Even
     ``file:/x.db?mode=ro``); ``max_bytes`` caps a SQLite file's size: past it writes
     raise StoreUnavailable, as on a full disk, so that an audit trail cannot fill the
     controller's state volume. Opening migrates the schema (``schema.py``) to
-    :data:`SCHEMA_VERSION`. The queries are the aggregates' (``aggregates/``), which
+    ``schema.SCHEMA_VERSION``. The queries are the aggregates' (``aggregates/``), which
     share this one database and this one fence.
     """
 
