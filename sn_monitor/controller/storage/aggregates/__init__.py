@@ -8,6 +8,7 @@ database, the lease fence every write checks, and the reads built by
 ``storage/query.py``; ``columns`` the encoding of JSON columns. ``Store`` inherits
 them all, so that callers see one object with one fence.
 
-May import the storage's schema-free parts (``database/``, ``query``) and the
-vocabulary (``audit``, ``model``); never ``store``, ``writer`` or ``health``.
+May import ``database/``, ``query`` and the vocabulary (``audit``, ``model``); never
+``store``, ``writer`` or ``health``, and no aggregate another (``.importlinter``:
+``storage-layers``, ``store-aggregates``).
 """
