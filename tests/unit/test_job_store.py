@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from sn_monitor.controller.storage.store import SCHEMA_VERSION, JobRow, RecoveryRow, Store
+from sn_monitor.controller.storage.schema import SCHEMA_VERSION
+from sn_monitor.controller.storage.store import JobRow, RecoveryRow, Store
 
 
 def test_a_version_1_database_is_migrated(tmp_path):

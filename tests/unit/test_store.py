@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from sn_monitor.controller.audit import ActionRecord, ActionRequest
-from sn_monitor.controller.storage.store import SCHEMA_VERSION, Store, StoreError, StoreUnavailable
+from sn_monitor.controller.storage.schema import SCHEMA_VERSION
+from sn_monitor.controller.storage.store import Store, StoreError, StoreUnavailable
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import pytest
 
 from sn_monitor.controller.audit import ActionRequest
+from sn_monitor.controller.storage.schema import SCHEMA_VERSION
 from sn_monitor.controller.storage.store import (
-    SCHEMA_VERSION,
     Fenced,
     JobRow,
     Store,

@@ -3,8 +3,9 @@
 :class:`~.base.Database` is the whole interface the store uses: transactions that run
 ``?``-placeholder SQL in the subset both engines speak, a schema version, and errors
 turned into :class:`~.base.StoreUnavailable` where the database cannot take writes.
-The store (``sn_monitor.controller.storage.store``) owns the schema and every query; a backend
-owns only its connection, its durability switch and its error codes.
+The storage package owns the schema (``storage/schema.py``) and every query (the store's
+``storage/aggregates/``, built with ``storage/query.py``); a backend owns only its
+connection, its durability switch and its error codes.
 """
 
 from sn_monitor.controller.storage.database.base import (
