@@ -1046,7 +1046,7 @@ def profile_ingest(tmp: Path, templates: Templates, nodes: int, rounds: int,
                     c1 = time.perf_counter_ns()
                     accepted = controller.registry.accept(report)
                     c2 = time.perf_counter_ns()
-                    controller._handle(controller.engine.observe(accepted.view))
+                    controller.pipeline.handle(controller.engine.observe(accepted.view))
                     c3 = time.perf_counter_ns()
                     commands = controller.drivers.queue.take(report.node)
                     c4 = time.perf_counter_ns()
