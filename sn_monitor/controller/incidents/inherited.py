@@ -1,8 +1,9 @@
-"""What a restarted controller takes over: the incidents a previous run left open.
+"""What a restarted controller takes over: the nodes it knew, the incidents left open.
 
-Each open incident fires again in memory (its node is degraded, or broken); an alert
-rule's goes back to the engine (Alertmanager says when it resolves); the settled steps
-it had only in memory are deferred again. The engine starts with no memory of what
+The nodes come back with their labels and states (a cordoned one that an eviction ran
+on is evicted). Each open incident fires again in memory (its node is degraded, or
+broken); an alert rule's goes back to the engine (Alertmanager says when it resolves);
+the settled steps it had only in memory are deferred again. The engine starts with no memory of what
 fired, so an incident whose fault cleared while the controller was down would stay open
 forever: each gets a grace period (long enough for every node to report and every
 ``for`` timer to run again; for event rules, the rest of ``clear_after``), and if its
@@ -24,13 +25,18 @@ from sn_monitor.controller.incidents.steps import (
     SETTLED_ACTIONS,
     StepPlanner,
 )
+from sn_monitor.controller.ingest.decode import NodeRegistry
 from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
 from sn_monitor.controller.remediation.ladder import RemediationLadder
 from sn_monitor.controller.storage.store import Incident, Store
 from sn_monitor.rules.engine import Finding, RuleEngine
 from sn_monitor.rules.spec import AlertRule, EventRule, Rule
+from sn_monitor.rules.view import NodeState
 
 log = logging.getLogger(__name__)
+
+#: The states a node recorded in the store may be in (anything else: healthy).
+RESTORED_STATES = ("healthy", "degraded", "lost", "cordoned", "evicted")
 
 
 def restart_grace(rules: Sequence[Rule]) -> float:
@@ -55,13 +61,15 @@ class InheritedIncidents:
     """The open incidents of a previous run, until each fires again or clears."""
 
     def __init__(self, *, engine: RuleEngine, rules: EngineLock, fleet: FleetState,
-                 pipeline: IncidentPipeline, planner: StepPlanner, jobs: JobOrchestrator,
-                 remediation: RemediationLadder, store: Store, clock: Clock, settle: float,
+                 registry: NodeRegistry, pipeline: IncidentPipeline, planner: StepPlanner,
+                 jobs: JobOrchestrator, remediation: RemediationLadder, store: Store,
+                 clock: Clock, settle: float,
                  fail_slow_firing: Callable[[], set[tuple[str, str, str]]]) -> None:
         """``fail_slow_firing``: (rule, node, subject) of the fail-slow incidents standing."""
         self._engine = engine
         self._rules = rules
         self._fleet = fleet
+        self._registry = registry
         self._pipeline = pipeline
         self._planner = planner
         self._jobs = jobs
@@ -72,6 +80,16 @@ class InheritedIncidents:
         self._fail_slow_firing = fail_slow_firing
         #: By (rule, node, subject): the incident and when its grace ends (monotonic).
         self._inherited: dict[tuple[str, str, str], tuple[Incident, float]] = {}
+
+    def take_nodes(self, evicted: Callable[[str], bool]) -> None:
+        """The nodes the store remembers, with their labels and states.
+
+        ``evicted``: whether an eviction ran on a node the controller cordoned.
+        """
+        for record in self._store.list_nodes():
+            state: NodeState = record.state if record.state in RESTORED_STATES else "healthy"  # type: ignore[assignment]
+            self._registry.restore(record.name, record.labels, state)
+            self._fleet.restore_node(record.name, state, record.cordoned_by_us, evicted)
 
     def take_over(self) -> None:
         """The open incidents in the store: firing again in memory, each with its grace."""

@@ -34,6 +34,7 @@ from sn_monitor.controller.incidents.escalation import Escalation
 from sn_monitor.controller.incidents.fleet_state import FleetState, heals_by_reading
 from sn_monitor.controller.incidents.inherited import InheritedIncidents
 from sn_monitor.controller.incidents.job_health import JobHealthWatch
+from sn_monitor.controller.incidents.job_labels import JobLabels
 from sn_monitor.controller.incidents.node_states import NodeStateRefresh
 from sn_monitor.controller.incidents.pipeline import Breakage, IncidentPipeline
 from sn_monitor.controller.incidents.steps import StepPlanner
@@ -41,7 +42,7 @@ from sn_monitor.controller.ingest.decode import NodeRegistry
 from sn_monitor.controller.jobs.actions import RunnerJobActions
 from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
 from sn_monitor.controller.jobs.spec import JobControl, load_jobs
-from sn_monitor.controller.remediation.ladder import RemediationLadder, describe_checks
+from sn_monitor.controller.remediation.ladder import RemediationLadder
 from sn_monitor.controller.remediation.service_return import ServiceReturn
 from sn_monitor.controller.security.auth import Identity
 from sn_monitor.controller.service.audit_trail import AuditTrail
@@ -49,26 +50,25 @@ from sn_monitor.controller.service.commands import AuditedCommands
 from sn_monitor.controller.service.intake import ReportIntake, count_stored_events
 from sn_monitor.controller.service.job_desk import JobDesk
 from sn_monitor.controller.service.queries import ControllerQueries
+from sn_monitor.controller.service.snapshot import MetricsSnapshot
 from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.storage.health import StoreHealth
-from sn_monitor.controller.storage.store import Store, StoreError
+from sn_monitor.controller.storage.store import Store
 from sn_monitor.controller.storage.writer import PendingReply, StoreWriter
 from sn_monitor.controller.supervision.stall import StallWatch
 from sn_monitor.controller.telemetry.metrics import ControllerMetrics, ControllerState
-from sn_monitor.model import CommandResult, ReportReply
+from sn_monitor.model import ReportReply
 from sn_monitor.rules.engine import RuleEngine
 from sn_monitor.rules.spec import CONFIG_SOURCE, Rule
-from sn_monitor.rules.view import NodeState
 from sn_monitor.rules.xid_catalog import load_catalog
 
 log = logging.getLogger(__name__)
 
-#: The states a node recorded in the store may be in (anything else: healthy).
-RESTORED_STATES = ("healthy", "degraded", "lost", "cordoned", "evicted")
-
 
 class Controller:
     """The parts wired, started and stopped, and the sweep (module docstring)."""
+
+    pipeline: IncidentPipeline
 
     def __init__(
         self,
@@ -142,20 +142,20 @@ class Controller:
             store, clock, RunnerJobActions(self.runner, store, self.cluster,
                                            self.node_healthy),
             self._labels_of, settings.recovery)
-        drivers.queue.on_result = lambda node, result: self.writer.call(
-            partial(self._command_result, node, result))
         self.audit = AuditTrail(store, self.store_health, clock)
         #: GPU-level faults repaired rung by rung, each verified; back into service after.
         self.remediation = RemediationLadder(settings.remediation, clock, ServiceReturn(
             store=store, clock=clock, jobs=self.jobs, submit=self._submit_request,
-            audit=self.audit.repair, clear_faults=self._clear_faults,
+            audit=self.audit.repair,
+            clear_faults=lambda node, gpu, why: self.pipeline.clear_faults(node, gpu, why),
             labels_of=self._labels_of, forget_attempt=self.policy.did_nothing))
 
     def _wire_incidents(self, settings: ControllerSettings, clock: Clock, store: Store,
                         drivers: Drivers) -> None:
         """Findings to incidents and steps; what a restart inherits; the jobs' health."""
+        self.job_labels = JobLabels(self.jobs, self.registry)
         #: Findings on many nodes at once that belong to their job or rack.
-        self.blast = BlastRadius(self.engine.rule, self._job_of, self._labels_of,
+        self.blast = BlastRadius(self.engine.rule, self.job_labels.job_of, self._labels_of,
                                  self.progress)
         #: Repeat offenders climb one rung (read in the writer, from the store).
         self.escalation = Escalation(self.engine.rule, store)
@@ -177,9 +177,10 @@ class Controller:
             clock=clock, settle=settings.settle,
             detected=self.telemetry.detection_latency.observe)
         self.inherited = InheritedIncidents(
-            engine=self.engine, rules=self._rules, fleet=self.fleet, pipeline=self.pipeline,
-            planner=planner, jobs=self.jobs, remediation=self.remediation, store=store,
-            clock=clock, settle=settings.settle, fail_slow_firing=self.fabric.firing)
+            engine=self.engine, rules=self._rules, fleet=self.fleet, registry=self.registry,
+            pipeline=self.pipeline, planner=planner, jobs=self.jobs,
+            remediation=self.remediation, store=store, clock=clock, settle=settings.settle,
+            fail_slow_firing=self.fabric.firing)
         self.job_health = JobHealthWatch(
             jobs=self.jobs, pipeline=self.pipeline, fleet=self.fleet, fabric=self.fabric,
             engine=self.engine, registry=self.registry, writer=self.writer, store=store,
@@ -192,7 +193,12 @@ class Controller:
             registry=self.registry, rules=self._rules, pipeline=self.pipeline,
             fleet=self.fleet, fabric=self.fabric, jobs=self.jobs, commands=drivers.queue,
             writer=self.writer, store=store, store_health=self.store_health,
-            telemetry=self.telemetry, clock=clock, labels_of=self._labels_of)
+            telemetry=self.telemetry, clock=clock, job_labels=self.job_labels,
+            labels_of=self._labels_of,
+            repair_result=lambda node, result: self.store_health.attempt(
+                self.remediation.on_result, node, result))
+        drivers.queue.on_result = lambda node, result: self.writer.call(
+            partial(self.intake.command_result, node, result))
 
     def _wire_api_parts(self) -> None:
         """What the API reads and changes besides reports (the read API, the changes)."""
@@ -207,6 +213,11 @@ class Controller:
             store=self.store, store_health=self.store_health, clock=self.clock,
             cluster=self.cluster)
         self.job_desk = JobDesk(self.jobs, self.audit)
+        self.snapshot = MetricsSnapshot(
+            fleet=self.fleet, registry=self.registry, store=self.store,
+            store_health=self.store_health, runner=self.runner, policy=self.policy,
+            writer=self.writer, pipeline=self.pipeline, stalls=self.stalls, jobs=self.jobs,
+            fabric=self.fabric, clock=self.clock)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -214,12 +225,8 @@ class Controller:
         """Load what the store remembers and resume actions a previous run left."""
         self.breaker.restore()
         self.store_health.attempt(self.remediation.load)
-        evictions = RunnerJobActions(self.runner, self.store, self.cluster, self.node_healthy)
-        for record in self.store.list_nodes():
-            state: NodeState = record.state if record.state in RESTORED_STATES else "healthy"  # type: ignore[assignment]
-            self.registry.restore(record.name, record.labels, state)
-            self.fleet.restore_node(record.name, state, record.cordoned_by_us,
-                                    evictions.already_evicted)
+        self.inherited.take_nodes(RunnerJobActions(self.runner, self.store, self.cluster,
+                                                   self.node_healthy).already_evicted)
         self.jobs.load_from_store()
         self._load_job_files()
         self.inherited.take_over()
@@ -306,7 +313,7 @@ class Controller:
             self._last_resend = now
             alertmanager.resend_firing()
         self.store_health.attempt(self.breaker.sweep, self.node_healthy)
-        self.intake.relabel_jobs()
+        self.job_labels.relabel()
         self.node_states.tick(now)
 
     def _stalled(self, where: str, seconds: float) -> None:
@@ -327,26 +334,9 @@ class Controller:
         if record.owner is not None:
             self.job_health.tick()
 
-    def _command_result(self, node: str, result: CommandResult) -> None:
-        """An agent ran a command (the writer): its record says so, the ladder reads it."""
-        what = "done" if result.ok else "failed"
-        message = f"agent {what}: {result.message}" + (" (dry run)" if result.dry_run else "")
-        if result.checks:
-            message += f" [{describe_checks(result) if not result.ok else 'checks passed'}]"
-        try:
-            self.store.update_action(result.id, at=self.clock.time(), outcome_message=message)
-        except StoreError as err:
-            log.warning("agent result for unknown action %s: %s", result.id, err,
-                        extra={"node": node})
-        self.store_health.attempt(self.remediation.on_result, node, result)
-
     def _submit_request(self, request: ActionRequest) -> ActionRecord | None:
         """An action the ladder or the breaker asks for, through the runner (None: not recorded)."""
         return self.store_health.attempt(self.runner.submit, request, self.cluster(), False)
-
-    def _clear_faults(self, node: str, gpu: int | None, why: str) -> None:
-        """A repair passed its check: the event incidents it cleared close."""
-        self.pipeline.clear_faults(node, gpu, why)
 
     def _job_control(self, job: str) -> JobControl | None:
         """The job's ``spec.control`` (None: it names none); KeyError: no such job."""
@@ -359,19 +349,6 @@ class Controller:
         view = self.registry.get(node)
         return dict(view.labels) if view is not None else None
 
-    def _job_of(self, node: str) -> tuple[str, int] | None:
-        """``node``'s job and its size: a job the controller runs, else its job label."""
-        jobs = self.jobs.jobs_of_node(node)
-        if jobs:
-            status = self.jobs.job(jobs[0])
-            return jobs[0], len(status.nodes) if status is not None else 0
-        view = self.registry.get(node)
-        label = view.labels.get("job") if view is not None else None
-        if label is None:
-            return None
-        size = sum(1 for v in self.registry.views().values() if v.labels.get("job") == label)
-        return label, size
-
     # ------------------------------------------------------------------ fleet, metrics
 
     def node_healthy(self, node: str, since: float | None = None) -> bool:
@@ -381,39 +358,17 @@ class Controller:
     def cluster(self) -> ClusterSummary:
         """The numbers the safety policy needs."""
         # The runner records a cordon in the store the moment it is done; the sweep only
-        # copies it into memory every NODE_REFRESH_SECONDS. Read it here, or a second
-        # cordon within those seconds would not see the first one (max_unavailable).
-        # One small query and set arithmetic: this runs before every action, and a
-        # per-node walk of 8,192 nodes here was most of the controller's CPU in a burst.
-        cordoned = self.store_health.attempt(self.store.cordoned_by_us)
-        known = self.registry.names()
-        out = self.fleet.out_of_service(cordoned, known)
-        return ClusterSummary(total_nodes=max(1, len(known)), unavailable=out)
+        # copies it into memory every NODE_REFRESH_SECONDS: read here (FleetState.summary).
+        return self.fleet.summary(self.store_health.attempt(self.store.cordoned_by_us))
 
     def topology(self, job: str | None = None) -> dict[str, Any]:
         """``GET /api/v1/topology`` (:meth:`JobHealthWatch.topology`)."""
         return self.job_health.topology(job)
 
     def state(self) -> ControllerState:
-        """What the controller's own metrics show (telemetry formats it)."""
-        firing = self.fleet.firing_pairs()
-        count = self.store_health.attempt(self.store.open_incident_count)
-        return ControllerState(
-            node_states={n: self.fleet.state_of(n) for n in self.registry.views()},
-            firing=firing,
-            open_incidents=count,
-            action_outcomes=self.runner.outcomes(),
-            breaker_open=self.policy.breaker_state().open,
-            store_up=self.store_health.ok,
-            workers=dict(self.workers()) if self.workers is not None else {},
-            store_queue=self.writer.depth,
-            settling=self.pipeline.settling(),
-            sweeps=self.sweeps,
-            ingest_lag=self.stalls.ingest_lag() if self.stalls is not None else None,
-            jobs=self.jobs.metrics(),
-            rules=self._rule_sources,
-            **self.fabric.paces(self.clock.time()),
-        )
+        """What the controller's own metrics show (:class:`MetricsSnapshot`)."""
+        workers = self.workers() if self.workers is not None else {}
+        return self.snapshot.take(workers=workers, sweeps=self.sweeps, rules=self._rule_sources)
 
     def metrics(self) -> bytes:
         """The controller's /metrics body."""

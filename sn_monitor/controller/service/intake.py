@@ -5,7 +5,9 @@ answered, and nothing here waits on the store, a file or a lock held across I/O.
 report means for the store (events, new nodes, incidents and the actions they start) is
 queued for the one writer; a report with events gets a
 :class:`~sn_monitor.controller.storage.writer.PendingReply` while the writer has them
-queued, so that its answer acknowledges them.
+queued, so that its answer acknowledges them. The results of the commands a report
+carries back are recorded on their actions (by the writer), and the remediation ladder
+reads them.
 """
 
 from __future__ import annotations
@@ -24,18 +26,19 @@ from sn_monitor.controller.errors import Forbidden, Invalid, Malformed
 from sn_monitor.controller.failslow.fabric_watch import FabricWatch
 from sn_monitor.controller.incidents.engine_lock import EngineLock
 from sn_monitor.controller.incidents.fleet_state import HEALED_BY_READING, FleetState
+from sn_monitor.controller.incidents.job_labels import JobLabels
 from sn_monitor.controller.incidents.pipeline import IncidentPipeline
 from sn_monitor.controller.ingest.decode import NodeRegistry, controller_times, decode_report
 from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
+from sn_monitor.controller.remediation.ladder import describe_checks
 from sn_monitor.controller.security.auth import Identity
 from sn_monitor.controller.storage.health import StoreHealth
-from sn_monitor.controller.storage.store import Store
+from sn_monitor.controller.storage.store import Store, StoreError
 from sn_monitor.controller.storage.writer import PendingReply, StoreWriter
 from sn_monitor.controller.telemetry.metrics import ControllerMetrics
-from sn_monitor.model import EventRecord, Report, ReportReply
+from sn_monitor.model import CommandResult, EventRecord, Report, ReportReply
 from sn_monitor.rules.alerts import WebhookRejected, decode_webhook
 from sn_monitor.rules.base import Now
-from sn_monitor.rules.view import NodeView
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,12 @@ class ReportIntake:
                  fleet: FleetState, fabric: FabricWatch, jobs: JobOrchestrator,
                  commands: AgentCommandQueue, writer: StoreWriter, store: Store,
                  store_health: StoreHealth, telemetry: ControllerMetrics, clock: Clock,
-                 labels_of: Callable[[str], dict[str, str] | None]) -> None:
+                 job_labels: JobLabels, labels_of: Callable[[str], dict[str, str] | None],
+                 repair_result: Callable[[str, CommandResult], object]) -> None:
+        """The collaborators, passed in.
+
+        ``repair_result``: the remediation ladder reads an agent's command result.
+        """
         self._registry = registry
         self._rules = rules
         self._pipeline = pipeline
@@ -60,10 +68,11 @@ class ReportIntake:
         self._store_health = store_health
         self._telemetry = telemetry
         self._clock = clock
+        self._job_labels = job_labels
         self._labels_of = labels_of
+        self._repair_result = repair_result
         #: Each agent's address and metrics port (Prometheus service discovery).
         self.peers: dict[str, tuple[str, int]] = {}
-        self._membership_seen = -1
 
     def ingest(self, body: bytes, identity: Identity, peer: str | None = None
                ) -> ReportReply | PendingReply:
@@ -98,7 +107,7 @@ class ReportIntake:
         topology_wanted = False
         if accepted.applied:
             topology_wanted = self._fabric.take_report(report)
-            self.label_with_job(accepted.view)
+            self._job_labels.label(accepted.view)
             with self._rules.held() as engine:
                 findings = engine.observe(view, Now(view.received_monotonic, now))
                 if report.takes_rules:
@@ -172,29 +181,18 @@ class ReportIntake:
         return {"accepted": intake.accepted, "skipped": intake.skipped,
                 "unmatched": intake.unmatched, "findings": len(intake.findings), "by": who}
 
-    # ------------------------------------------------------------------ job labels
-
-    def label_with_job(self, view: NodeView) -> None:
-        """Give a node of a DistributedJob the ``job`` label, for rules that group by it.
-
-        A ``job`` label the agent sends itself wins; the one the controller adds follows
-        the job's membership (an evicted node loses it: :meth:`relabel_jobs`).
-        """
-        if view.report is not None and "job" in view.report.labels:
-            return
-        jobs = self._jobs.jobs_of_node(view.name)
-        wanted = jobs[0] if jobs else None
-        if view.labels.get("job") != wanted:
-            labels = {k: v for k, v in view.labels.items() if k != "job"}
-            view.labels = labels if wanted is None else {**labels, "job": wanted}
-
-    def relabel_jobs(self) -> None:
-        """A job's members changed: every node's ``job`` label follows, at once."""
-        if self._jobs.membership_version == self._membership_seen:
-            return
-        self._membership_seen = self._jobs.membership_version
-        for view in self._registry.views().values():
-            self.label_with_job(view)
+    def command_result(self, node: str, result: CommandResult) -> None:
+        """An agent ran a command (the writer): its record says so, the ladder reads it."""
+        what = "done" if result.ok else "failed"
+        message = f"agent {what}: {result.message}" + (" (dry run)" if result.dry_run else "")
+        if result.checks:
+            message += f" [{describe_checks(result) if not result.ok else 'checks passed'}]"
+        try:
+            self._store.update_action(result.id, at=self._clock.time(), outcome_message=message)
+        except StoreError as err:
+            log.warning("agent result for unknown action %s: %s", result.id, err,
+                        extra={"node": node})
+        self._repair_result(node, result)
 
 
 def count_stored_events(telemetry: ControllerMetrics, events: list[EventRecord]) -> None:
