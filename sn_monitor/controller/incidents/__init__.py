@@ -10,10 +10,13 @@
 - ``inherited.py``: the incidents a restarted controller takes over.
 - ``job_health.py``: job hangs, fail-slow and stalled restores as incidents; topology.
 - ``node_states.py``: the nodes' states into the store, and the store's return.
+- ``job_labels.py``: the ``job`` label of a job's nodes; a node's job (blast radius).
 - ``blast_radius.py``, ``escalation.py``, ``breaker.py``: a fault on many nodes of one
   job or rack, repeat offenders, the circuit breaker.
 
 May import ``remediation``, ``telemetry`` and every part below them (``jobs``,
 ``failslow``, ``actions``, ``ingest``, ``fabric``, ``storage``...) and the vocabulary;
-nothing but ``service`` and the layers above import it.
+nothing but ``service`` and the layers above import it. Inside (the
+``incidents-layers`` contract): what a restart inherits, the job health and the node
+states over the pipeline, over the steps and the screens, over the fleet state.
 """

@@ -6,11 +6,13 @@
 - ``queries.py``: the read API's documents (nodes, incidents, actions, jobs, health).
 - ``commands.py``: manual actions, approvals and the breaker by hand, audited.
 - ``job_desk.py``: the API's job changes (audited) and the ranks' progress reports.
+- ``snapshot.py``: the state the controller's own metrics show, gathered at a scrape.
 - ``audit_trail.py``: the audit records of API calls that are not driver actions.
 
 May import every part of the controller below it (``settings`` and down); nothing below
-imports it. Inside, ``controller`` imports the others; ``commands`` and ``job_desk`` the
-audit trail (and ``commands`` the documents of ``queries``).
+imports it. Inside (the ``service-layers`` contract), ``controller`` imports the others;
+``commands`` and ``job_desk`` the audit trail, and ``commands`` the documents of
+``queries``.
 """
 
 from sn_monitor.controller.service.controller import Controller
