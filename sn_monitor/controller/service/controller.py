@@ -68,6 +68,7 @@ log = logging.getLogger(__name__)
 class Controller:
     """The parts wired, started and stopped, and the sweep (module docstring)."""
 
+    #: Wired after the repair ladder, whose checks clear faults through it.
     pipeline: IncidentPipeline
 
     def __init__(
