@@ -76,12 +76,12 @@ if _breaks:
     import importlib
 
     TARGETS = {
-        "sweep": ("sn_monitor.controller.service.controller", "Controller", "sweep"),
+        "sweep": ("sn_monitor.controller.service", "Controller", "sweep"),
         "writer": ("sn_monitor.controller.storage.writer", "StoreWriter", "_write"),
         "actions": ("sn_monitor.controller.actions.runner", "ActionRunner", "tick"),
         "checkpoints": ("sn_monitor.controller.jobs.orchestrator", "JobOrchestrator",
                         "scan_checkpoints"),
-        "reload": ("sn_monitor.controller.service.controller", "Controller", "reload_rules"),
+        "reload": ("sn_monitor.controller.service", "Controller", "reload_rules"),
         "server": ("sn_monitor.controller.process.daemon", "NotifyingServer", "on_tick"),
         "lease": ("sn_monitor.controller.ha.elector", "Elector", "check"),
     }
