@@ -1033,7 +1033,7 @@ def profile_ingest(tmp: Path, templates: Templates, nodes: int, rounds: int,
                 controller.ingest(b, OPEN_ACCESS, "127.0.0.1")
                 total.append((time.perf_counter_ns() - t0) / 1e3)
         result["ingest_us"] = summary(total)
-        # 2. the same steps one by one (mirrors Controller.ingest; private attributes)
+        # 2. the same steps one by one (mirrors ReportIntake.ingest, through its parts)
         steps: dict[str, list[float]] = {k: [] for k in (
             "decode", "accept", "rules", "commands", "metrics", "reply_encode")}
         try:
@@ -1046,7 +1046,7 @@ def profile_ingest(tmp: Path, templates: Templates, nodes: int, rounds: int,
                     c1 = time.perf_counter_ns()
                     accepted = controller.registry.accept(report)
                     c2 = time.perf_counter_ns()
-                    controller._handle(controller.engine.observe(accepted.view))
+                    controller.pipeline.handle(controller.engine.observe(accepted.view))
                     c3 = time.perf_counter_ns()
                     commands = controller.drivers.queue.take(report.node)
                     c4 = time.perf_counter_ns()

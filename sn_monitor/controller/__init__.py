@@ -5,12 +5,14 @@ import contract in ``.importlinter`` names the same folders):
 
 - ``process/``: the ``sn-monitor controller`` process: serve, lead or stand by, stop.
 - ``api/``: the HTTP edge: routes, OpenAPI, the report and stream lanes, bodies, UI.
-- ``service.py``: :class:`~sn_monitor.controller.service.Controller`, the composition
-  root that wires the parts below and runs the sweep.
+- ``service/``: :class:`~sn_monitor.controller.service.Controller`, the composition
+  root that wires the parts below and runs the sweep; the report intake, the read API,
+  the audited changes.
 - ``settings.py``: the controller's configuration file, gathering each part's settings.
+- ``incidents/``: findings become incidents and steps (blast radius, escalation, the
+  circuit breaker), the fleet state in memory, what a restart inherits, job hangs.
+- ``remediation/``: the repair ladder and the return to service.
 - ``telemetry/``: the controller's own metrics (sn_controller_*), formatted from snapshots.
-- ``incidents/`` and ``remediation/``: findings become incidents and steps (blast radius,
-  escalation, the circuit breaker); the repair ladder and the return to service.
 - ``jobs/`` and ``failslow/``: training jobs and their recovery; slow ranks and links.
 - ``ingest/``, ``actions/``, ``ha/``, ``fabric/``: decoding reports, running audited
   actions through drivers, leadership of a pair, the NVLink/RDMA fabric view.

@@ -57,9 +57,9 @@ if _slow:
 
 _hold = os.environ.get("SN_TEST_HOLD_TOPOLOGY")
 if _hold:
-    import sn_monitor.controller.service as _service
+    import sn_monitor.controller.failslow.fabric_watch as _fabric_watch
 
-    _build = _service.fleet_topology
+    _build = _fabric_watch.fleet_topology
 
     def _held_build(**kwargs):
         if os.path.exists(_hold):
@@ -69,7 +69,7 @@ if _hold:
                 time.sleep(0.05)
         return _build(**kwargs)
 
-    _service.fleet_topology = _held_build
+    _fabric_watch.fleet_topology = _held_build
 
 _breaks = os.environ.get("SN_TEST_BREAK_DIR")
 if _breaks:

@@ -22,7 +22,7 @@ from starlette.testclient import TestClient
 
 from sn_monitor.controller.actions.policy import PolicySettings
 from sn_monitor.controller.api.app import build_app
-from sn_monitor.controller.service import NODE_REFRESH_SECONDS
+from sn_monitor.controller.incidents.node_states import NODE_REFRESH_SECONDS
 from tests.support.disk import FullDisk
 from tests.support.harness import Harness, make_harness, rules_from, xid
 

@@ -4,8 +4,8 @@ Jobs never run a driver or read the rules' state themselves. Every outside effec
 action given to :meth:`JobActions.submit` (recorded in the audit trail, judged by the
 safety policy, run by the action runner); what the controller knows of a node (does it
 report, is a fault firing on it, was it already evicted) comes through the same port.
-The controller implements it (``service.py``); the unit tests implement it with a
-recording fake.
+The controller implements it (``actions.py``, wired by ``service/``); the unit tests
+implement it with a recording fake.
 """
 
 from __future__ import annotations
