@@ -198,7 +198,15 @@ class Sampler:
 
     def _sample(self) -> NodeSnapshot:
         extra_events: list[Event] = []
-        called: list[CollectorWorker] = []
+        self._call_collectors(extra_events)
+        statuses, parts = self._gather(extra_events)
+        return self._compose(parts, statuses, extra_events)
+
+    def _call_collectors(self, extra_events: list[Event]) -> None:
+        """Call each collector not stuck, one after another, each up to its deadline.
+
+        The events of a stuck call that has returned since go to ``extra_events``.
+        """
         for worker in self._workers:
             if worker.busy:
                 continue  # stuck since an earlier cycle: no second call into it
@@ -209,7 +217,13 @@ class Sampler:
             # the GIL (2.4x the CPU per sample, measured with bench.agent_bench).
             worker.start_call()
             worker.wait(self._deadlines[worker.name] / self._time_scale)
-            called.append(worker)
+
+    def _gather(self, extra_events: list[Event]
+                ) -> tuple[list[CollectorStatus], list[Collected]]:
+        """Each collector's status and the values of those that succeeded this cycle.
+
+        A collector newly stuck adds its ``collector_stuck`` event to ``extra_events``.
+        """
         statuses: list[CollectorStatus] = []
         parts: list[Collected] = []
         for worker in self._workers:
@@ -220,6 +234,11 @@ class Sampler:
             assert outcome is not None  # called this cycle and returned
             ok = self._account(worker.name, outcome, parts)
             statuses.append(CollectorStatus(worker.name, ok, outcome.duration_seconds))
+        return statuses, parts
+
+    def _compose(self, parts: list[Collected], statuses: list[CollectorStatus],
+                 extra_events: list[Event]) -> NodeSnapshot:
+        """The cycle's snapshot: the parts joined, events mapped to GPUs and admitted."""
         gpus = tuple(g for p in parts for g in p.gpus)
         if gpus:
             self._known_gpus = gpus

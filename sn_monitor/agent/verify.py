@@ -34,7 +34,8 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -264,10 +265,15 @@ def parse_dcgm_diag(text: str, level: int | None = None) -> CheckResult:
     error = body.get("runtime_error")
     if isinstance(error, str) and error.strip():
         return _check(name, False, f"{suite}: dcgmi could not run: {' '.join(error.split())}")
+    tally = _DiagTally()
+    for test_name, result in _results(body):
+        tally.count(test_name, result)
+    return tally.verdict(name, suite)
+
+
+def _results(body: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(test name, result object) for every result of every test; malformed parts skipped."""
     categories = body.get("test_categories")
-    failed: list[str] = []
-    warned: list[str] = []
-    passed = not_run = 0
     for category in categories if isinstance(categories, list) else []:
         tests = category.get("tests") if isinstance(category, dict) else None
         for test in tests if isinstance(tests, list) else []:
@@ -276,30 +282,46 @@ def parse_dcgm_diag(text: str, level: int | None = None) -> CheckResult:
             test_name = str(test.get("name", "?"))
             results = test.get("results")
             for result in results if isinstance(results, list) else []:
-                if not isinstance(result, dict):
-                    continue
-                status = str(result.get("status", "")).strip().lower()
-                where = " ".join(filter(None, (test_name, _entity(result))))
-                why = _warnings(result)
-                if status == "fail":
-                    failed.append(f"{where}: {why}" if why else where)
-                elif status in ("warn", "warning"):
-                    passed += 1
-                    warned.append(f"{where}: {why}" if why else where)
-                elif status == "pass":
-                    passed += 1
-                else:  # skip, not run
-                    not_run += 1
-    if failed:
-        return _check(name, False, f"{suite} failed: " + "; ".join(failed))
-    if not passed:
-        return _check(name, False, f"{suite} ran no test ({not_run} skipped or not run)")
-    detail = f"{suite}: {passed} results passed"
-    if not_run:
-        detail += f", {not_run} skipped"
-    if warned:
-        detail += "; warnings: " + "; ".join(warned)
-    return _check(name, True, detail)
+                if isinstance(result, dict):
+                    yield test_name, result
+
+
+@dataclass
+class _DiagTally:
+    """The results of one ``dcgmi diag`` by status: failures, warnings, passes, not run."""
+
+    failed: list[str] = field(default_factory=list)
+    warned: list[str] = field(default_factory=list)
+    passed: int = 0
+    not_run: int = 0
+
+    def count(self, test_name: str, result: dict[str, Any]) -> None:
+        status = str(result.get("status", "")).strip().lower()
+        where = " ".join(filter(None, (test_name, _entity(result))))
+        why = _warnings(result)
+        if status == "fail":
+            self.failed.append(f"{where}: {why}" if why else where)
+        elif status in ("warn", "warning"):
+            self.passed += 1
+            self.warned.append(f"{where}: {why}" if why else where)
+        elif status == "pass":
+            self.passed += 1
+        else:  # skip, not run
+            self.not_run += 1
+
+    def verdict(self, name: str, suite: str) -> CheckResult:
+        """Any Fail fails; no test that ran fails too; a Warn passes and is listed."""
+        if self.failed:
+            return _check(name, False, f"{suite} failed: " + "; ".join(self.failed))
+        if not self.passed:
+            return _check(name, False,
+                          f"{suite} ran no test ({self.not_run} skipped or not run)")
+        detail = f"{suite}: {self.passed} results passed"
+        if self.not_run:
+            detail += f", {self.not_run} skipped"
+        if self.warned:
+            detail += "; warnings: " + "; ".join(self.warned)
+        return _check(name, True, detail)
 
 
 def run_dcgm(settings: VerifySettings, *, which: Which = shutil.which,

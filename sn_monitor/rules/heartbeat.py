@@ -20,7 +20,7 @@ from sn_monitor.rules.view import NodeView
 UNREPORTED_GRACE_SECONDS: Final = 12.0
 """Extra time for a node not heard from since the controller started: while the
 controller was away its agent backed off, up to 10 s + 20 % jitter
-(``MAX_BACKOFF_SECONDS`` in agent/reporter.py), and must not be taken for lost for it."""
+(``MAX_BACKOFF_SECONDS`` in agent/reporter/), and must not be taken for lost for it."""
 
 
 class HeartbeatEvaluator(Evaluator[HeartbeatRule]):

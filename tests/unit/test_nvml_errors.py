@@ -2,7 +2,7 @@
 
 The whole policy is :data:`POLICY`: one line per ``NVML_ERROR_*`` constant of pynvml. A
 code pynvml adds later fails :func:`test_policy_covers_every_pynvml_error_code` until
-someone classifies it here (and in ``sn_monitor/agent/nvml.py``).
+someone classifies it here (and in ``sn_monitor/agent/nvml/errors.py``).
 """
 
 from __future__ import annotations

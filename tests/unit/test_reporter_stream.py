@@ -222,7 +222,7 @@ def test_an_opening_refused_for_its_token_is_a_refusal_logged_once_not_a_post(
                 clock.advance(60.0)  # past any backoff
         assert reporter.failures_total == 3
         assert not reporter.streaming
-        assert reporter._session is None  # never fell back to posting
+        assert reporter._poster.session is None  # never fell back to posting
         refusals = [r.getMessage() for r in caplog.records]
         assert refusals == [f"controller {lane_server.url} refused the report (401): "
                             "missing or unknown bearer token"]

@@ -207,29 +207,47 @@ def collect_topology(gpus: Sequence[GpuLinks], sysfs: Path) -> NodeTopology:
     sysfs = Path(sysfs)
     devices = sorted(_listing(sysfs / "class" / "infiniband"), key=natural_key)[:MAX_NICS]
     nics = [_read_nic(sysfs, device) for device in devices]
-    gpu_places: list[PciLocation | None] = []
-    for gpu in gpus:
-        bus_id = canonical_bus_id(gpu.pci_bus_id) if gpu.pci_bus_id else None
-        gpu_places.append(
-            None if bus_id is None
-            else pci_location(sysfs, sysfs / "bus" / "pci" / "devices" / bus_id))
-    affinities: list[dict[str, GpuAffinity]] = []
-    for place in gpu_places:
-        near: dict[str, GpuAffinity] = {}
-        for nic in nics:
-            if place is not None and nic.location is not None:
-                affinity = pci_affinity(place, nic.location)
-                if affinity is not None:
-                    near[nic.device] = affinity
-        affinities.append(near)
+    gpu_places = [_gpu_place(sysfs, gpu) for gpu in gpus]
+    affinities = [_nics_near(place, nics) for place in gpu_places]
     roles = _roles(nics, affinities)
+    gpu_topologies, switches = _gpu_topologies(gpus, gpu_places, affinities)
+    nic_topologies = [_nic_topology(nic, *roles[nic.device]) for nic in nics]
+    return NodeTopology(gpus=gpu_topologies[:MAX_GPUS], nics=nic_topologies,
+                        nvswitches=min(64, len(switches)))
+
+
+def _gpu_place(sysfs: Path, gpu: GpuLinks) -> PciLocation | None:
+    """Where the GPU sits in the PCI tree (None: no usable bus id)."""
+    bus_id = canonical_bus_id(gpu.pci_bus_id) if gpu.pci_bus_id else None
+    if bus_id is None:
+        return None
+    return pci_location(sysfs, sysfs / "bus" / "pci" / "devices" / bus_id)
+
+
+def _nics_near(place: PciLocation | None, nics: Sequence[_Nic]) -> dict[str, GpuAffinity]:
+    """The GPU's PCI affinity to each NIC whose place and the GPU's are known."""
+    near: dict[str, GpuAffinity] = {}
+    for nic in nics:
+        if place is not None and nic.location is not None:
+            affinity = pci_affinity(place, nic.location)
+            if affinity is not None:
+                near[nic.device] = affinity
+    return near
+
+
+def _gpu_topologies(
+    gpus: Sequence[GpuLinks],
+    places: Sequence[PciLocation | None],
+    affinities: Sequence[dict[str, GpuAffinity]],
+) -> tuple[list[GpuTopology], set[str]]:
+    """Each GPU's topology, and the NVSwitches (by bus id) its NVLinks reach."""
     gpu_by_bus = {canonical_bus_id(g.pci_bus_id) or g.pci_bus_id: g.index for g in gpus}
-    gpu_topologies: list[GpuTopology] = []
+    topologies: list[GpuTopology] = []
     switches: set[str] = set()
-    for gpu, place, near in zip(gpus, gpu_places, affinities, strict=True):
+    for gpu, place, near in zip(gpus, places, affinities, strict=True):
         peers = nvlink_peers(gpu, gpu_by_bus)
         switches.update(p.pci_bus_id for p in peers if p.kind == "switch" and p.pci_bus_id)
-        gpu_topologies.append(GpuTopology(
+        topologies.append(GpuTopology(
             index=gpu.index,
             uuid=gpu.uuid[:96],
             pci_bus_id=(canonical_bus_id(gpu.pci_bus_id) or gpu.pci_bus_id)[:32],
@@ -238,20 +256,19 @@ def collect_topology(gpus: Sequence[GpuLinks], sysfs: Path) -> NodeTopology:
             peers=peers,
             nics=near,
         ))
-    nic_topologies = [
-        NicTopology(
-            device=nic.device[:64],
-            pci_bus_id=nic.location.path[-1][:32] if nic.location is not None else "",
-            numa_node=_numa_bound(nic.location.numa_node) if nic.location is not None else None,
-            netdev=nic.netdev,
-            role=roles[nic.device][0],
-            rail=roles[nic.device][1],
-            ports=list(nic.ports),
-        )
-        for nic in nics
-    ]
-    return NodeTopology(gpus=gpu_topologies[:MAX_GPUS], nics=nic_topologies,
-                        nvswitches=min(64, len(switches)))
+    return topologies, switches
+
+
+def _nic_topology(nic: _Nic, role: NicRole, rail: int | None) -> NicTopology:
+    return NicTopology(
+        device=nic.device[:64],
+        pci_bus_id=nic.location.path[-1][:32] if nic.location is not None else "",
+        numa_node=_numa_bound(nic.location.numa_node) if nic.location is not None else None,
+        netdev=nic.netdev,
+        role=role,
+        rail=rail,
+        ports=list(nic.ports),
+    )
 
 
 def _numa_bound(node: int | None) -> int | None:

@@ -1,66 +1,11 @@
-"""The agent's own thermal guard: caps a hot GPU's power without waiting for the controller.
+"""The guard's decisions and actions: :class:`ThermalGuard` (see the package docstring).
 
-The controller may be unreachable exactly when a fan fails, so every agent protects its
-own GPUs. Each cycle :meth:`ThermalGuard.observe` looks at the snapshot:
-
-* a GPU at or above ``throttle_at`` for ``hold`` seconds without a break gets its power
-  limit lowered to ``power_cap`` x its default limit (clamped to the GPU's [min, max]);
-* a GPU the guard capped, below ``release_at`` for ``hold`` seconds, gets its original
-  limit back.
-
-``throttle_at`` never sits above the GPU's own slowdown threshold minus
-:data:`SLOWDOWN_MARGIN_CELSIUS`: by the time the hardware slows itself down it is too late
-to act gracefully. When that lowers ``throttle_at``, ``release_at`` moves down with it so
-the hysteresis gap stays the same (see :func:`effective_thresholds`).
-
-**The operator's limit always comes back.** The limit a GPU had before its first change
-is written to ``state_dir/guard.json`` (atomically, fsynced) *before* the limit is
-touched. A release, :meth:`ThermalGuard.restore_all` (at agent stop) and
-:meth:`ThermalGuard.recover` (at agent start, after a crash) put it back and then forget
-it. Should that file not be writable the GPU is capped anyway (the hardware comes first)
-and the original is kept in memory, so only a crash would lose it; that is logged.
-
-**One cap per GPU, shared with the controller.** The controller's ``throttle`` and
-``release`` commands come through :meth:`ThermalGuard.apply_cap` and
-:meth:`ThermalGuard.release`, so the original is saved the same way. A cap is owned by
-whoever set it last: the guard auto-releases only caps it set itself (a controller
-throttle stays until the controller releases it); a controller release releases any cap
-(if the GPU is still hot, the guard caps it again after ``hold``). When a GPU is already
-capped at or below the guard's target, the guard leaves it alone; a milder controller
-cap is lowered to the guard's target and the guard then owns it.
-
-**Modes.** ``enforce`` acts. ``dry-run`` decides, logs and emits events ("would cap GPU 3
-to 490 W") but never calls the setter; :meth:`ThermalGuard.throttled` then stays empty
-because nothing is throttled. ``off`` takes no decisions of its own; controller commands
-are still carried out (they are the controller's decision, made under its own dry-run
-policy). :meth:`ThermalGuard.recover` restores saved limits in every mode: they were
-changed by an earlier run, and leaving a GPU capped by an agent that no longer guards it
-is the worse outcome.
-
-**Failures.** A setter error (:class:`NvmlError`: no permission, GPU lost) is logged with
-the GPU and retried every cycle; it never escapes :meth:`observe`.
-
-**Fresh readings only; a hung NVML.** The guard decides only on the GPUs of the snapshot
-in hand, read this cycle. A GPU missing from it (its collector failed or is stuck, see
-:mod:`sn_monitor.agent.watchdog`) has its hold timers reset: "hot for ``hold`` seconds
-without a break" cannot be vouched for across readings that were never taken, so the
-guard neither caps nor releases it on the strength of older temperatures; once readings
-come back, the hold starts again from the first of them. When the ``nvml`` collector
-itself is stuck the driver is wedged and the setter would hang too (on the sampling
-thread, stopping every later cycle), so the guard calls it not at all: caps and
-restores wanted meanwhile (its own, the controller's, ``restore_all`` at stop) fail at
-once with "NVML is not answering" and are retried every cycle as any setter error is;
-the saved original limits stay in ``guard.json``, so an agent stopped meanwhile puts them
-back when it next starts (:meth:`recover`). The GPUs cannot be protected from here while
-NVML hangs; the ``collector_stuck`` event and ``sn_agent_collector_stuck`` tell a person.
-
-Every action is an :class:`Event` (``kind="guard"``, ``source="agent"``) for the reporter
-to spool, so the controller learns what the node did on its own.
+Per GPU: hold timers, the wanted cap and its owner, the setter's failures; each cycle it
+decides and converges every GPU's limit to what is wanted. Imports :mod:`.saved_limits`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -69,14 +14,14 @@ from pathlib import Path
 from typing import Literal
 
 from sn_monitor.agent.collectors.gpu import NvmlCollector
+from sn_monitor.agent.guard.saved_limits import SavedLimits
 from sn_monitor.agent.nvml import NvmlError
 from sn_monitor.agent.settings import GuardSettings
 from sn_monitor.agent.snapshot import CollectorStatus, GpuSample, NodeSnapshot
-from sn_monitor.agent.spool import write_atomically
 from sn_monitor.clock import Clock
 from sn_monitor.model import Event
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)  # the guard's one logger, named as before the split
 
 #: ``set_power_limit(gpu_index, watts)``: :meth:`NvmlLibrary.set_power_limit_watts`.
 PowerLimitSetter = Callable[[int, float], None]
@@ -84,8 +29,6 @@ Owner = Literal["guard", "controller"]
 
 #: The guard acts at least this far below the GPU's own slowdown temperature.
 SLOWDOWN_MARGIN_CELSIUS = 3.0
-STATE_FILE = "guard.json"
-_STATE_VERSION = 1
 # Caps closer than this are the same cap (NVML limits are whole milliwatts anyway).
 _WATTS_EPSILON = 0.5
 
@@ -153,7 +96,7 @@ class _GpuState:
 
 
 class ThermalGuard:
-    """Caps hot GPUs and restores the operator's limits; see the module docstring."""
+    """Caps hot GPUs and restores the operator's limits; see the package docstring."""
 
     def __init__(
         self,
@@ -164,14 +107,11 @@ class ThermalGuard:
     ) -> None:
         self._settings = settings
         self._set = set_power_limit
-        self._state_dir = Path(state_dir)
-        self._path = self._state_dir / STATE_FILE
+        self._saved = SavedLimits(state_dir)
         self._clock = clock
         self._lock = threading.RLock()
         self._gpus: dict[int, _GpuState] = {}
-        self._originals: dict[int, float] = {}
         self._outbox: list[Event] = []
-        self._persist_failing = False
         # The nvml collector's status while it is stuck (None: NVML answers).
         self._nvml_stuck: CollectorStatus | None = None
 
@@ -181,7 +121,7 @@ class ThermalGuard:
 
     @property
     def state_file(self) -> Path:
-        return self._path
+        return self._saved.path
 
     # ---------------------------------------------------------------- queries
 
@@ -209,7 +149,7 @@ class ThermalGuard:
     def original_limits(self) -> dict[int, float]:
         """The saved operator limits of GPUs whose limit sn-monitor may have changed."""
         with self._lock:
-            return dict(self._originals)
+            return self._saved.all()
 
     # ---------------------------------------------------------------- the cycle
 
@@ -284,7 +224,8 @@ class ThermalGuard:
                           "cannot cap it", state.index, temperature, extra={"gpu": state.index})
             return
         target = self._clamp(state, self._settings.power_cap * base)
-        original = self._originals.get(state.index, state.limit_watts)
+        saved = self._saved.get(state.index)
+        original = saved if saved is not None else state.limit_watts
         if state.cap is not None and state.cap.watts <= target + _WATTS_EPSILON:
             return
         if state.cap is None and original is not None and original <= target + _WATTS_EPSILON:
@@ -323,7 +264,7 @@ class ThermalGuard:
             if not ok:
                 state.cap = previous
                 if not state.dirty and state.cap is None:
-                    self._forget_original(state.index)
+                    self._saved.forget(state.index)
                 return CapOutcome(False, f"cannot cap GPU {gpu} to {target:.0f} W: "
                                          f"{state.last_error or 'power limits unknown'}")
             dry = state.cap is not None and state.cap.dry_run
@@ -356,13 +297,13 @@ class ThermalGuard:
         A restore the driver refuses stays in the file and is retried every cycle.
         """
         with self._lock:
-            saved = self._load()
+            saved = self._saved.load()
             if not saved:
                 return []
             log.warning("guard state from a previous run holds %d saved power limits: "
                         "restoring them", len(saved))
             for gpu, watts in saved.items():
-                self._originals[gpu] = watts
+                self._saved.adopt(gpu, watts)
                 state = self._state(gpu)
                 state.dirty = True
                 state.cap = None
@@ -434,12 +375,12 @@ class ThermalGuard:
         if cap is not None:
             if state.applied_watts is not None and abs(state.applied_watts - cap.watts) < 1e-6:
                 return True
-            if state.index not in self._originals:
+            original = self._saved.get(state.index)
+            if original is None:
                 if state.limit_watts is None:
                     return False
-                self._originals[state.index] = state.limit_watts
-                self._save()
-            original = self._originals[state.index]
+                original = state.limit_watts
+                self._saved.save(state.index, original)
             if not self._call(state, cap.watts, f"cap to {cap.watts:.0f} W"):
                 return False
             state.applied_watts = cap.watts
@@ -448,10 +389,10 @@ class ThermalGuard:
                                f"{cap.watts:.0f} W ({cap.owner}: {cap.reason})")
             return True
         if not state.dirty:
-            if state.index in self._originals:  # saved, but the change never took
-                self._forget_original(state.index)
+            if state.index in self._saved:  # saved, but the change never took
+                self._saved.forget(state.index)
             return True
-        saved = self._originals.get(state.index)
+        saved = self._saved.get(state.index)
         if saved is None:  # nothing to restore to; cannot happen by construction
             state.dirty = False
             state.applied_watts = None
@@ -460,7 +401,7 @@ class ThermalGuard:
             return False
         state.applied_watts = None
         state.dirty = False
-        self._forget_original(state.index)
+        self._saved.forget(state.index)
         self._event(state, f"restored GPU {state.index} power limit to {saved:.0f} W"
                            + (f" ({state.why})" if state.why else ""))
         return True
@@ -499,63 +440,6 @@ class ThermalGuard:
             Event(kind="guard", source="agent", time_seconds=self._clock.time(),
                   message=message, gpu=state.index, pci_bus_id=state.pci_bus_id, code=None)
         )
-
-    # ---------------------------------------------------------------- the state file
-
-    def _forget_original(self, gpu: int) -> None:
-        if self._originals.pop(gpu, None) is not None:
-            self._save()
-
-    def _save(self) -> None:
-        """Write the saved originals (or remove the file when there are none)."""
-        try:
-            if self._originals:
-                doc = {
-                    "version": _STATE_VERSION,
-                    "original_power_limits_watts": {
-                        str(gpu): watts for gpu, watts in sorted(self._originals.items())
-                    },
-                }
-                self._state_dir.mkdir(parents=True, exist_ok=True)
-                write_atomically(self._path, json.dumps(doc, indent=1).encode())
-            else:
-                self._path.unlink(missing_ok=True)
-        except OSError as err:
-            if not self._persist_failing:
-                log.error("cannot write %s: %s; original power limits are kept in memory "
-                          "only and a crash would lose them", self._path, err)
-            self._persist_failing = True
-            return
-        self._persist_failing = False
-
-    def _load(self) -> dict[int, float]:
-        try:
-            doc = json.loads(self._path.read_bytes())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as err:
-            self._set_aside(f"unreadable: {err}")
-            return {}
-        limits = doc.get("original_power_limits_watts") if isinstance(doc, dict) else None
-        if not isinstance(limits, dict):
-            self._set_aside("no original_power_limits_watts")
-            return {}
-        saved: dict[int, float] = {}
-        for key, value in limits.items():
-            if not str(key).isdigit() or not isinstance(value, int | float):
-                log.error("%s: ignoring entry %r: %r", self._path, key, value)
-                continue
-            saved[int(key)] = float(value)
-        return saved
-
-    def _set_aside(self, why: str) -> None:
-        bad = self._path.with_name(STATE_FILE + ".bad")
-        log.error("%s is %s: moved to %s; operator power limits cannot be restored from it",
-                  self._path, why, bad.name)
-        try:
-            self._path.replace(bad)
-        except OSError as err:
-            log.error("cannot move %s aside: %s", self._path, err)
 
 
 def _known(value: float | None, previous: float | None) -> float | None:

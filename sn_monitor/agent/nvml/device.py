@@ -1,0 +1,54 @@
+"""What the adapter remembers about one NVML device between cycles.
+
+Imports nothing of the package but the snapshot types it caches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from typing import Any
+
+from sn_monitor.agent.snapshot import GpuSample, NvLinkSample
+
+
+@dataclass(slots=True)
+class Device:
+    """One NVML device: its handle and identity, what it lacks, and the cycle caches."""
+
+    index: int
+    handle: Any = None
+    uuid: str = ""
+    name: str = ""
+    pci_bus_id: str = ""
+    serial: str | None = None
+    vbios_version: str | None = None
+    identified: bool = False
+    absent: set[str] = field(default_factory=set)
+    static: dict[str, Any] = field(default_factory=dict)
+    nvlink_count: int | None = None
+    nvlink_links: tuple[NvLinkSample, ...] = ()
+    nvlink_read_at: float | None = None
+    nvlink_totals: tuple[int, ...] | None = None
+    nvlink_settled: bool = False
+    gpm_supported: bool | None = None
+    gpm_previous: Any = None
+    pcie_read_at: float | None = None
+    pcie_throughput: tuple[float | None, float | None] = (None, None)
+    events_registered: bool = False
+    lost: bool = False
+    last_sample: GpuSample | None = None
+
+    def forget_nvlinks(self) -> None:
+        """The next cycle reads every link again (after a loss, or on XID 74)."""
+        self.nvlink_links = ()
+        self.nvlink_read_at = None
+        self.nvlink_totals = None
+        self.nvlink_settled = False
+
+
+def handle_key(handle: Any) -> object:
+    """A hashable key for a device handle: the address for ctypes pointers, else identity."""
+    if isinstance(handle, ctypes._Pointer):
+        return ("ptr", ctypes.cast(handle, ctypes.c_void_p).value)
+    return ("obj", id(handle))
