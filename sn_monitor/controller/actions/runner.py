@@ -48,7 +48,8 @@ actions without a node.
 
 The runner decides and dispatches; its parts keep the rest: :mod:`.throttle` the
 failure throttle, :mod:`.calls` the driver calls and their timeout, :mod:`.outcomes`
-what an attempt's end writes (with the backoff) and the outcome counts.
+what an attempt's end writes (with the backoff) and the outcome counts, :mod:`.restart`
+what an interrupted action becomes at the next start.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from functools import partial
-from typing import Final, Literal, Protocol, runtime_checkable
+from typing import Final, Literal
 
 from sn_monitor.clock import Clock
 from sn_monitor.config import Duration, non_negative, positive, setting
@@ -69,6 +70,7 @@ from sn_monitor.controller.actions.base import Driver, Outcome, PermanentError, 
 from sn_monitor.controller.actions.calls import DriverCalls
 from sn_monitor.controller.actions.outcomes import TIMED_OUT, AttemptOutcomes
 from sn_monitor.controller.actions.policy import ClusterSummary, Decision, SafetyPolicy
+from sn_monitor.controller.actions.restart import reconcile_interrupted
 from sn_monitor.controller.actions.throttle import FailureThrottle
 from sn_monitor.controller.audit import (
     DISRUPTIVE,
@@ -90,18 +92,6 @@ OutcomeName = Literal["succeeded", "failed", "dry_run", "refused", "awaiting_app
 def _clock_text(wall: float) -> str:
     """A wall time for a record a person reads: ``2026-12-01 19:54:03 UTC``."""
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(wall))
-
-
-def _idempotent(driver: Driver, request: ActionRequest) -> bool:
-    """Whether running ``request`` again, under its id, is safe with ``driver``.
-
-    A driver may answer per request (``idempotent_for``: a router whose targets differ)
-    or once for all (``idempotent``).
-    """
-    per_request = getattr(driver, "idempotent_for", None)
-    if callable(per_request):
-        return bool(per_request(request))
-    return getattr(driver, "idempotent", False) is True
 
 
 _VERDICT_STATE: Final[dict[str, ActionState]] = {
@@ -130,15 +120,6 @@ class RunnerSettings:
     workers: int = setting(default=4, check=positive)
     throttle_failures: int = setting(default=3, check=positive)
     throttle_window: Duration = setting(default=Duration(600.0), check=positive)
-
-
-@runtime_checkable
-class Reconciling(Protocol):
-    """A driver that can tell whether an interrupted action was done."""
-
-    def reconcile(self, request: ActionRequest) -> bool | None:
-        """True: done; False: not done; None: cannot tell."""
-        ...
 
 
 class ActionStateError(SnMonitorError):
@@ -234,7 +215,8 @@ class ActionRunner:
                     continue
             interrupted = record.state == "running" or record.outcome.get(TIMED_OUT) is True
             if interrupted:
-                touched.append(self._reconcile(record, now))
+                touched.append(reconcile_interrupted(
+                    record, self.drivers.get(record.action), now, self.store, self._outcomes))
             elif record.next_attempt_at is None:
                 # recorded, but the policy had not answered when the controller stopped
                 touched.append(self._decide(record, cluster, False, approved=False))
@@ -480,31 +462,3 @@ class ActionRunner:
                if record.action in DISRUPTIVE and record.attempts > 0]
         self._throttle.seed(recent, now)
         self.policy.remember(ran)
-
-    def _reconcile(self, record: ActionRecord, now: float) -> ActionRecord:
-        driver = self.drivers.get(record.action)
-        request = record.to_request()
-        done: bool | None = None
-        if isinstance(driver, Reconciling):
-            try:
-                done = driver.reconcile(request)
-            except (TemporaryError, PermanentError) as err:
-                log.warning("action %s: reconcile failed: %s", record.id, err)
-                done = None
-        if done is True:
-            record = self.store.update_action(
-                record.id, at=now, state="succeeded", next_attempt_at=None,
-                outcome_message="interrupted by a controller restart; reconciled: already done")
-            self._outcomes.count(record.action, "succeeded")
-            return record
-        if done is False or (driver is not None and _idempotent(driver, request)):
-            why = "not done" if done is False else "outcome unknown, driver is idempotent"
-            record = self.store.update_action(
-                record.id, at=now, state="pending", next_attempt_at=now,
-                outcome_message=f"interrupted by a controller restart; {why}: running again",
-                outcome={})
-            return record
-        self._outcomes.fail(record, "interrupted by a controller restart, unknown outcome, "
-                                    "check by hand")
-        return self.store.get_action(record.id) or record
-
