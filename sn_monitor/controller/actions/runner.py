@@ -45,6 +45,11 @@ pair are refused and its pending retries are held until fewer than that many fai
 are left in the window: a flapping XID cannot start an eviction or reboot storm. Alerts
 are not throttled (a lost "resolved" alert is worse than a retried one) and neither are
 actions without a node.
+
+The runner decides and dispatches; its parts keep the rest: :mod:`.throttle` the
+failure throttle, :mod:`.calls` the driver calls and their timeout, :mod:`.outcomes`
+what an attempt's end writes (with the backoff) and the outcome counts, :mod:`.restart`
+what an interrupted action becomes at the next start.
 """
 
 from __future__ import annotations
@@ -52,18 +57,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from functools import partial
-from typing import Final, Literal, Protocol, runtime_checkable
+from typing import Final, Literal
 
 from sn_monitor.clock import Clock
 from sn_monitor.config import Duration, non_negative, positive, setting
 from sn_monitor.controller.actions.base import Driver, Outcome, PermanentError, TemporaryError
+from sn_monitor.controller.actions.calls import DriverCalls
+from sn_monitor.controller.actions.outcomes import TIMED_OUT, AttemptOutcomes
 from sn_monitor.controller.actions.policy import ClusterSummary, Decision, SafetyPolicy
+from sn_monitor.controller.actions.restart import reconcile_interrupted
+from sn_monitor.controller.actions.throttle import FailureThrottle
 from sn_monitor.controller.audit import (
     DISRUPTIVE,
     TAKES_NODE_OUT,
@@ -86,22 +94,9 @@ def _clock_text(wall: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(wall))
 
 
-def _idempotent(driver: Driver, request: ActionRequest) -> bool:
-    """Whether running ``request`` again, under its id, is safe with ``driver``.
-
-    A driver may answer per request (``idempotent_for``: a router whose targets differ)
-    or once for all (``idempotent``).
-    """
-    per_request = getattr(driver, "idempotent_for", None)
-    if callable(per_request):
-        return bool(per_request(request))
-    return getattr(driver, "idempotent", False) is True
-
-
 _VERDICT_STATE: Final[dict[str, ActionState]] = {
     "dry_run": "dry_run", "refuse": "refused", "await_approval": "awaiting_approval",
 }
-_TIMED_OUT: Final = "timed_out"
 
 
 def _below_stop_deadline(value: float) -> None:
@@ -127,15 +122,6 @@ class RunnerSettings:
     throttle_window: Duration = setting(default=Duration(600.0), check=positive)
 
 
-@runtime_checkable
-class Reconciling(Protocol):
-    """A driver that can tell whether an interrupted action was done."""
-
-    def reconcile(self, request: ActionRequest) -> bool | None:
-        """True: done; False: not done; None: cannot tell."""
-        ...
-
-
 class ActionStateError(SnMonitorError):
     """The action is not in a state that allows this (e.g. approving a finished one)."""
 
@@ -159,9 +145,12 @@ class ActionRunner:
         self._idle = threading.Condition(self._lock)
         self._inflight: set[str] = set()  # ids queued or running in a worker
         self._taking_out: dict[str, str] = {}  # action id -> node, for in-flight cordon/evict
-        self._abandoned: dict[str, Future[Outcome]] = {}  # timed-out calls still running
-        self._failures: dict[tuple[str, str], deque[float]] = {}  # (node, action) -> mono
-        self._outcomes: Counter[tuple[str, str]] = Counter()
+        self._calls = DriverCalls(self.settings.timeout)
+        self._throttle = FailureThrottle(clock, self.settings.throttle_failures,
+                                         self.settings.throttle_window)
+        self._outcomes = AttemptOutcomes(
+            store, clock, self._throttle, retries=self.settings.retries,
+            backoff=self.settings.backoff, max_backoff=self.settings.max_backoff)
         self._closed = False
         #: Called (on the worker thread) after an action succeeds: lets a multi-step
         #: process (a job recovery) take its next step without waiting for the sweep.
@@ -205,7 +194,7 @@ class ActionRunner:
             with self._lock:
                 if record.id in self._inflight:
                     continue
-            until = self._throttled_until(record.node, record.action)
+            until = self._throttle.held_until(record.node, record.action)
             if until is not None:
                 wall_until = now + (until - self.clock.monotonic())
                 self.store.update_action(record.id, at=now, next_attempt_at=wall_until)
@@ -224,9 +213,10 @@ class ActionRunner:
             with self._lock:
                 if record.id in self._inflight:
                     continue
-            interrupted = record.state == "running" or record.outcome.get(_TIMED_OUT) is True
+            interrupted = record.state == "running" or record.outcome.get(TIMED_OUT) is True
             if interrupted:
-                touched.append(self._reconcile(record, now))
+                touched.append(reconcile_interrupted(
+                    record, self.drivers.get(record.action), now, self.store, self._outcomes))
             elif record.next_attempt_at is None:
                 # recorded, but the policy had not answered when the controller stopped
                 touched.append(self._decide(record, cluster, False, approved=False))
@@ -258,8 +248,7 @@ class ActionRunner:
 
     def outcomes(self) -> dict[tuple[str, str], int]:
         """(action, outcome) -> count since start, for ``sn_actions_total{action,outcome}``."""
-        with self._lock:
-            return dict(self._outcomes)
+        return self._outcomes.counts()
 
     # -- deciding ---------------------------------------------------------------------
 
@@ -267,7 +256,7 @@ class ActionRunner:
                 *, approved: bool, approver: str | None = None) -> ActionRecord:
         request = record.to_request()
         now = self.clock.time()
-        until = self._throttled_until(record.node, record.action)
+        until = self._throttle.held_until(record.node, record.action)
         if until is not None:
             failures = self.settings.throttle_failures
             decision = Decision(
@@ -304,7 +293,7 @@ class ActionRunner:
                 reason = f"held since {_clock_text(now)}: {reason}"
             record = self.store.update_action(record.id, at=now, state=state,
                                               verdict_reason=reason, refusal=decision.refusal)
-            self._count(record.action, state)
+            self._outcomes.count(record.action, state)
             log.info("action %s %s on %s: %s", record.id, record.action, record.node, reason)
             return record
         record = self.store.update_action(record.id, at=now, state="pending",
@@ -349,7 +338,7 @@ class ActionRunner:
         except StoreError as err:  # moved on meanwhile (a worker took it): it stands
             log.info("action %s not cancelled: %s", action_id, err)
             return self.store.get_action(action_id) or record
-        self._count(record.action, "cancelled")
+        self._outcomes.count(record.action, "cancelled")
         log.info("action %s %s on %s cancelled: %s", record.id, record.action, record.node,
                  why)
         return record
@@ -403,186 +392,73 @@ class ActionRunner:
         if record is None or record.state != "pending":
             return
         request = record.to_request()
-        with self._lock:
-            earlier = self._abandoned.get(action_id)
-        if earlier is not None:
-            if not earlier.done():
-                # the timed-out call may still do it: do not call the driver twice at once
-                delay = self._delay(record.attempts, None)
-                self.store.update_action(
-                    action_id, at=self.clock.time(), next_attempt_at=self.clock.time() + delay,
-                    outcome_message="previous attempt still running; waiting for it")
-                return
-            with self._lock:
-                del self._abandoned[action_id]
-            late = earlier.exception()
-            if late is None:
-                self._finish(record, "succeeded", earlier.result(), late=True)
-                return
+        if self._settled_by_abandoned_call(record):
+            return
         driver = self.drivers.get(record.action)
         if driver is None:
-            self._fail(record, f"no driver for action {record.action}", permanent=True)
+            self._outcomes.fail(record, f"no driver for action {record.action}",
+                                permanent=True)
             return
         attempt = record.attempts + 1
         record = self.store.update_action(
             action_id, at=self.clock.time(), state="running", expect_state="pending",
             attempts=attempt, next_attempt_at=None)
-        call: Future[Outcome] = Future()
-        thread = threading.Thread(target=self._call, args=(driver, request, call),
-                                  name=f"sn-driver-{action_id}", daemon=True)
-        thread.start()
         try:
-            outcome = call.result(timeout=self.settings.timeout)
+            outcome = self._calls.run(driver, request, action_id)
         except FutureTimeout:
-            with self._lock:
-                self._abandoned[action_id] = call
-            self._retry(record, TemporaryError(
+            self._outcomes.retry(record, TemporaryError(
                 f"{driver.name} timed out after {self.settings.timeout:g}s"), timed_out=True)
         except TemporaryError as err:
-            self._retry(record, err)
+            self._outcomes.retry(record, err)
         except PermanentError as err:
-            self._fail(record, str(err), permanent=True)
+            self._outcomes.fail(record, str(err), permanent=True)
         except Exception as err:
             # A driver bug (KeyError, ...): retrying the same code cannot help.
             log.exception("driver %s raised an unexpected error", driver.name)
-            self._fail(record, f"driver error: {type(err).__name__}: {err}", permanent=True)
+            self._outcomes.fail(record, f"driver error: {type(err).__name__}: {err}",
+                                permanent=True)
         else:
-            self._finish(record, "succeeded", outcome)
+            self._succeeded(record, outcome)
 
-    @staticmethod
-    def _call(driver: Driver, request: ActionRequest, result: Future[Outcome]) -> None:
-        """The driver call, in its own thread; every result or error goes to ``result``."""
-        if not result.set_running_or_notify_cancel():
-            return
-        try:
-            result.set_result(driver.run(request))
-        except BaseException as err:  # noqa: BLE001 -- handed to the worker, which classifies it
-            result.set_exception(err)
+    def _settled_by_abandoned_call(self, record: ActionRecord) -> bool:
+        """Whether the action's earlier, timed-out call settles this attempt.
 
-    def _delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return max(0.0, retry_after)
-        base = self.settings.backoff * 2 ** max(0, attempt - 1)
-        return float(min(base, self.settings.max_backoff))
+        Still running: the attempt waits for it (the driver is never called twice at
+        once). Returned an outcome: the action succeeded. Raised: the attempt goes on.
+        """
+        earlier = self._calls.abandoned(record.id)
+        if earlier is None:
+            return False
+        if not earlier.done():
+            # the timed-out call may still do it: do not call the driver twice at once
+            delay = self._outcomes.delay(record.attempts, None)
+            self.store.update_action(
+                record.id, at=self.clock.time(), next_attempt_at=self.clock.time() + delay,
+                outcome_message="previous attempt still running; waiting for it")
+            return True
+        self._calls.forget(record.id)
+        if earlier.exception() is None:
+            self._succeeded(record, earlier.result(), late=True)
+            return True
+        return False
 
-    def _retry(self, record: ActionRecord, err: TemporaryError, *,
-               timed_out: bool = False) -> None:
-        retries_done = record.attempts - 1
-        if retries_done >= self.settings.retries:
-            self._fail(record, f"{err} (gave up after {record.attempts} attempts)",
-                       timed_out=timed_out)
-            return
-        now = self.clock.time()
-        delay = self._delay(record.attempts, err.retry_after)
-        self.store.update_action(
-            record.id, at=now, state="pending", next_attempt_at=now + delay,
-            outcome_message=f"attempt {record.attempts} failed: {err}; retry in {delay:g}s",
-            outcome={"error": str(err), _TIMED_OUT: timed_out})
-        log.warning("action %s %s on %s: attempt %d failed: %s", record.id, record.action,
-                    record.node, record.attempts, err)
-
-    def _fail(self, record: ActionRecord, message: str, *, permanent: bool = False,
-              timed_out: bool = False) -> None:
-        self.store.update_action(
-            record.id, at=self.clock.time(), state="failed", next_attempt_at=None,
-            outcome_message=message,
-            outcome={"error": message, "permanent": permanent, _TIMED_OUT: timed_out})
-        self._count(record.action, "failed")
-        if record.node is not None and record.action != "alert":
-            with self._lock:
-                times = self._failures.setdefault((record.node, record.action), deque())
-                times.append(self.clock.monotonic())
-        log.error("action %s %s on %s failed: %s", record.id, record.action, record.node,
-                  message)
-
-    def _finish(self, record: ActionRecord, state: ActionState, outcome: Outcome, *,
-                late: bool = False) -> None:
-        message = outcome.message + (" (a timed-out attempt finished late)" if late else "")
-        self.store.update_action(record.id, at=self.clock.time(), state=state,
-                                 next_attempt_at=None, outcome_message=message,
-                                 outcome=dict(outcome.details))
-        self._count(record.action, state)
-        if record.node is not None:
-            now = self.clock.time()
-            if record.action in {"cordon", "evict", "failover"}:
-                self.store.set_cordoned_by_us(record.node, True, now)
-            elif record.action == "uncordon":
-                self.store.set_cordoned_by_us(record.node, False, now)
-        if state == "succeeded" and self.on_succeeded is not None:
+    def _succeeded(self, record: ActionRecord, outcome: Outcome, *, late: bool = False) -> None:
+        """The driver did it; the after-action hook runs (its failure is logged)."""
+        self._outcomes.finish(record, "succeeded", outcome, late=late)
+        if self.on_succeeded is not None:
             try:
                 self.on_succeeded(record)
             except Exception:  # the hook's failure must not undo a finished action; logged
                 log.exception("after-action hook failed for %s", record.id)
 
-    def _count(self, action: str, outcome: str) -> None:
-        with self._lock:
-            self._outcomes[(action, outcome)] += 1
-
     # -- throttle and restart -----------------------------------------------------------
-
-    def _throttled_until(self, node: str | None, action: str) -> float | None:
-        """Monotonic time until which (node, action) is held, or None."""
-        if node is None or action == "alert":
-            return None
-        window, limit = self.settings.throttle_window, self.settings.throttle_failures
-        now = self.clock.monotonic()
-        with self._lock:
-            times = self._failures.get((node, action))
-            if not times:
-                return None
-            while times and now - times[0] >= window:
-                times.popleft()
-            if len(times) < limit:
-                return None
-            return times[-limit] + window
 
     def _seed_history(self, now: float) -> None:
         """Rebuild the policy's budget and the failure throttle from the audit trail."""
         horizon = max(self.policy.settings.rate_limit.window,
                       self.policy.settings.node_cooldown, self.settings.throttle_window)
         recent = self.store.list_actions(since=now - horizon, limit=100_000)
-        ran: list[tuple[ActionRequest, float]] = []
-        mono = self.clock.monotonic()
-        for record in recent:
-            if record.action in DISRUPTIVE and record.attempts > 0:
-                ran.append((record.to_request(), record.created_at))
-            if record.state == "failed" and record.node is not None \
-                    and record.action != "alert" \
-                    and now - record.updated_at < self.settings.throttle_window:
-                with self._lock:
-                    times = self._failures.setdefault((record.node, record.action), deque())
-                    times.append(mono - (now - record.updated_at))
-        with self._lock:
-            for times in self._failures.values():
-                ordered = sorted(times)
-                times.clear()
-                times.extend(ordered)
+        ran = [(record.to_request(), record.created_at) for record in recent
+               if record.action in DISRUPTIVE and record.attempts > 0]
+        self._throttle.seed(recent, now)
         self.policy.remember(ran)
-
-    def _reconcile(self, record: ActionRecord, now: float) -> ActionRecord:
-        driver = self.drivers.get(record.action)
-        request = record.to_request()
-        done: bool | None = None
-        if isinstance(driver, Reconciling):
-            try:
-                done = driver.reconcile(request)
-            except (TemporaryError, PermanentError) as err:
-                log.warning("action %s: reconcile failed: %s", record.id, err)
-                done = None
-        if done is True:
-            record = self.store.update_action(
-                record.id, at=now, state="succeeded", next_attempt_at=None,
-                outcome_message="interrupted by a controller restart; reconciled: already done")
-            self._count(record.action, "succeeded")
-            return record
-        if done is False or (driver is not None and _idempotent(driver, request)):
-            why = "not done" if done is False else "outcome unknown, driver is idempotent"
-            record = self.store.update_action(
-                record.id, at=now, state="pending", next_attempt_at=now,
-                outcome_message=f"interrupted by a controller restart; {why}: running again",
-                outcome={})
-            return record
-        self._fail(record, "interrupted by a controller restart, unknown outcome, "
-                           "check by hand")
-        return self.store.get_action(record.id) or record
-

@@ -37,7 +37,7 @@ from sn_monitor.controller.fabric.meter import (
     NodeValues,
     PortValues,
 )
-from sn_monitor.model import GpuTopology, NicTopology
+from sn_monitor.model import GpuTopology, NicPortTopology, NicTopology
 from sn_monitor.natural import natural_key
 from sn_monitor.rules.view import NodeView
 
@@ -139,40 +139,52 @@ def _rail_best(views: Mapping[str, NodeView], wirings: Mapping[str, NodeWiring],
     return best
 
 
+#: A node's health by its state, before its report, incidents and parts are counted.
+_NODE_HEALTH = {"healthy": "ok", "degraded": "degraded", "cordoned": "degraded",
+                "lost": "failed", "evicted": "failed"}
+#: The values a GPU's part copies from its reading, and the digits each is rounded to
+#: (None: as it is), in the order the part lists them: clocks before its throttle
+#: reasons, NVLink values after its link count.
+_GPU_CLOCKS: tuple[tuple[str, int | None], ...] = (
+    ("utilization_ratio", 3), ("temperature_celsius", None), ("sm_clock_hertz", None),
+    ("sm_max_clock_hertz", None),
+)
+_GPU_LINKS: tuple[tuple[str, int | None], ...] = (
+    ("nvlinks_down", None), ("processes", None), ("nvlink_transmit_bytes_per_second", 0),
+    ("nvlink_errors_per_second", 3),
+)
+#: The values a port's part copies from its reading (as ``_GPU_CLOCKS``).
+_PORT_RATES: tuple[tuple[str, int | None], ...] = (
+    ("transmit_bytes_per_second", 0), ("receive_bytes_per_second", 0),
+    ("utilization_ratio", 3), ("transmit_wait_per_second", 0), ("ecn_marked_per_second", 3),
+    ("cnp_per_second", 3), ("errors_per_second", 3),
+)
+
+
+def _copied(reading: GpuValues | PortValues | None,
+            fields: tuple[tuple[str, int | None], ...]) -> dict[str, Any]:
+    """The reading's ``fields``, rounded to their digits; each None without a reading."""
+    if reading is None:
+        return dict.fromkeys(name for name, _ in fields)
+    return {name: getattr(reading, name) if digits is None
+            else _round(getattr(reading, name), digits) for name, digits in fields}
+
+
+def _incident_health(incident: Mapping[str, Any]) -> str:
+    return "failed" if incident.get("severity") == "critical" else "degraded"
+
+
 def _node(view: NodeView, state: str, incidents: list[Mapping[str, Any]],
           wiring: NodeWiring | None, readings: NodeValues | None, best: Mapping[int, float],
           marked: set[tuple[str, str]], jobs: list[str]) -> dict[str, Any]:
-    name = view.name
-    topo_gpus = {g.index: g for g in wiring.topology.gpus} if wiring else {}
-    topo_nics = {n.device: n for n in wiring.topology.nics} if wiring else {}
-    report = view.report
-    gpu_indexes = set(topo_gpus) | set(readings.gpus if readings else ()) | {
-        g.index for g in (report.gpus if report else ())}
-    gpus = [_gpu(name, i, topo_gpus.get(i), readings.gpus.get(i) if readings else None,
-                 incidents, marked) for i in sorted(gpu_indexes)]
-    ports_of: dict[str, list[PortValues]] = {}
-    for (device, _), port in sorted((readings.ports if readings else {}).items()):
-        ports_of.setdefault(device, []).append(port)
-    for port_report in report.infiniband if report else ():
-        ports_of.setdefault(port_report.device, [])
-    nics = [_nic(name, device, topo_nics.get(device), ports_of.get(device, []), best, marked)
-            for device in sorted(set(topo_nics) | set(ports_of), key=natural_key)]
-    health = {"healthy": "ok", "degraded": "degraded", "cordoned": "degraded",
-              "lost": "failed", "evicted": "failed"}.get(state, "unknown")
-    if report is None:
-        health = "unknown"
-    for incident in incidents:
-        health = _worst(health, "failed" if incident.get("severity") == "critical"
-                        else "degraded")
-    parts = [g["health"] for g in gpus] + [p["health"] for n in nics for p in n["ports"]]
-    if any(h != "ok" for h in parts if h != "unknown") and health == "ok":
-        health = "degraded"
+    gpus = _node_gpus(view, wiring, readings, incidents, marked)
+    nics = _node_nics(view, wiring, readings, best, marked)
     return {
-        "name": name,
+        "name": view.name,
         "supernode": view.labels.get("supernode", ""),
         "rack": view.labels.get("rack", ""),
         "state": state,
-        "health": health,
+        "health": _node_health(view, state, incidents, gpus, nics),
         "jobs": jobs,
         "incidents": [{k: i.get(k) for k in ("id", "rule", "severity", "gpu", "message")}
                       for i in incidents],
@@ -183,41 +195,78 @@ def _node(view: NodeView, state: str, incidents: list[Mapping[str, Any]],
     }
 
 
+def _node_gpus(view: NodeView, wiring: NodeWiring | None, readings: NodeValues | None,
+               incidents: list[Mapping[str, Any]],
+               marked: set[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The parts of every GPU the topology, the readings or the report names."""
+    topo_gpus = {g.index: g for g in wiring.topology.gpus} if wiring else {}
+    report = view.report
+    gpu_indexes = set(topo_gpus) | set(readings.gpus if readings else ()) | {
+        g.index for g in (report.gpus if report else ())}
+    return [_gpu(view.name, i, topo_gpus.get(i), readings.gpus.get(i) if readings else None,
+                 incidents, marked) for i in sorted(gpu_indexes)]
+
+
+def _node_nics(view: NodeView, wiring: NodeWiring | None, readings: NodeValues | None,
+               best: Mapping[int, float],
+               marked: set[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The parts of every NIC the topology, the readings or the report names."""
+    topo_nics = {n.device: n for n in wiring.topology.nics} if wiring else {}
+    report = view.report
+    ports_of: dict[str, list[PortValues]] = {}
+    for (device, _), port in sorted((readings.ports if readings else {}).items()):
+        ports_of.setdefault(device, []).append(port)
+    for port_report in report.infiniband if report else ():
+        ports_of.setdefault(port_report.device, [])
+    return [_nic(view.name, device, topo_nics.get(device), ports_of.get(device, []), best,
+                 marked)
+            for device in sorted(set(topo_nics) | set(ports_of), key=natural_key)]
+
+
+def _node_health(view: NodeView, state: str, incidents: list[Mapping[str, Any]],
+                 gpus: list[dict[str, Any]], nics: list[dict[str, Any]]) -> str:
+    health = _NODE_HEALTH.get(state, "unknown")
+    if view.report is None:
+        health = "unknown"
+    for incident in incidents:
+        health = _worst(health, _incident_health(incident))
+    parts = [g["health"] for g in gpus] + [p["health"] for n in nics for p in n["ports"]]
+    if any(h != "ok" for h in parts if h != "unknown") and health == "ok":
+        health = "degraded"
+    return health
+
+
 def _gpu(node: str, index: int, topo: GpuTopology | None, reading: GpuValues | None,
          incidents: list[Mapping[str, Any]], marked: set[tuple[str, str]]) -> dict[str, Any]:
-    health = "unknown" if reading is None else "ok"
-    if reading is not None and reading.lost:
-        health = "failed"
-    for incident in incidents:
-        if incident.get("gpu") == index:
-            health = _worst(health, "failed" if incident.get("severity") == "critical"
-                            else "degraded")
-    reasons = list(reading.throttle_reasons) if reading else []
-    if any(r in SLOWING_REASONS for r in reasons) or (node, f"gpu{index}") in marked or (
-            node, f"gpu{index}/nvlink") in marked:
-        health = _worst(health, "degraded")
     return {
         "index": index,
         "uuid": topo.uuid if topo else "",
         "pci_bus_id": topo.pci_bus_id if topo else "",
         "numa_node": topo.numa_node if topo else None,
-        "health": health,
-        "utilization_ratio": _round(reading.utilization_ratio) if reading else None,
-        "temperature_celsius": reading.temperature_celsius if reading else None,
-        "sm_clock_hertz": reading.sm_clock_hertz if reading else None,
-        "sm_max_clock_hertz": reading.sm_max_clock_hertz if reading else None,
-        "throttle_reasons": reasons,
+        "health": _gpu_health(node, index, reading, incidents, marked),
+        **_copied(reading, _GPU_CLOCKS),
+        "throttle_reasons": list(reading.throttle_reasons) if reading else [],
         "nvlinks": topo.nvlinks if topo else None,
-        "nvlinks_down": reading.nvlinks_down if reading else None,
-        "processes": reading.processes if reading else None,
-        "nvlink_transmit_bytes_per_second": _round(reading.nvlink_transmit_bytes_per_second, 0)
-        if reading else None,
-        "nvlink_errors_per_second": _round(reading.nvlink_errors_per_second)
-        if reading else None,
+        **_copied(reading, _GPU_LINKS),
         "peers": [{"kind": p.kind, "links": p.links, "pci_bus_id": p.pci_bus_id, "gpu": p.gpu}
                   for p in topo.peers] if topo else [],
         "nics": dict(topo.nics) if topo else {},
     }
+
+
+def _gpu_health(node: str, index: int, reading: GpuValues | None,
+                incidents: list[Mapping[str, Any]], marked: set[tuple[str, str]]) -> str:
+    health = "unknown" if reading is None else "ok"
+    if reading is not None and reading.lost:
+        health = "failed"
+    for incident in incidents:
+        if incident.get("gpu") == index:
+            health = _worst(health, _incident_health(incident))
+    reasons = reading.throttle_reasons if reading else ()
+    if any(r in SLOWING_REASONS for r in reasons) or (node, f"gpu{index}") in marked or (
+            node, f"gpu{index}/nvlink") in marked:
+        health = _worst(health, "degraded")
+    return health
 
 
 def _nic(node: str, device: str, topo: NicTopology | None, ports: list[PortValues],
@@ -226,41 +275,7 @@ def _nic(node: str, device: str, topo: NicTopology | None, ports: list[PortValue
     topo_ports = {p.port: p for p in topo.ports} if topo else {}
     numbers = sorted(set(topo_ports) | {p.port for p in ports})
     by_number = {p.port: p for p in ports}
-    out_ports = []
-    for number in numbers:
-        reading = by_number.get(number)
-        tp = topo_ports.get(number)
-        top = best.get(rail) if rail is not None else None
-        rate = reading.rate_bytes_per_second if reading else None
-        if rate is None and tp is not None:
-            rate = tp.rate_bytes_per_second
-        health = "unknown"
-        if reading is not None:
-            health = "ok"
-            if reading.state is not None and reading.state != _ACTIVE:
-                health = "failed"
-            elif ((top and rate and rate < 0.9 * top) or (reading.errors_per_second or 0) > 0
-                  or (node, device) in marked):
-                health = "degraded"
-        out_ports.append({
-            "port": number,
-            "guid": tp.guid if tp else "",
-            "link_layer": tp.link_layer if tp else "",
-            "state": reading.state if reading else None,
-            "health": health,
-            "rate_bytes_per_second": rate,
-            "max_rate_bytes_per_second": top or rate,
-            "transmit_bytes_per_second": _round(reading.transmit_bytes_per_second, 0)
-            if reading else None,
-            "receive_bytes_per_second": _round(reading.receive_bytes_per_second, 0)
-            if reading else None,
-            "utilization_ratio": _round(reading.utilization_ratio) if reading else None,
-            "transmit_wait_per_second": _round(reading.transmit_wait_per_second, 0)
-            if reading else None,
-            "ecn_marked_per_second": _round(reading.ecn_marked_per_second) if reading else None,
-            "cnp_per_second": _round(reading.cnp_per_second) if reading else None,
-            "errors_per_second": _round(reading.errors_per_second) if reading else None,
-        })
+    top = best.get(rail) if rail is not None else None
     return {
         "device": device,
         "role": topo.role if topo else "other",
@@ -268,7 +283,35 @@ def _nic(node: str, device: str, topo: NicTopology | None, ports: list[PortValue
         "pci_bus_id": topo.pci_bus_id if topo else "",
         "numa_node": topo.numa_node if topo else None,
         "netdev": topo.netdev if topo else "",
-        "ports": out_ports,
+        "ports": [_port(node, device, number, by_number.get(number), topo_ports.get(number),
+                        top, marked) for number in numbers],
+    }
+
+
+def _port(node: str, device: str, number: int, reading: PortValues | None,
+          tp: NicPortTopology | None, top: float | None,
+          marked: set[tuple[str, str]]) -> dict[str, Any]:
+    """One port's part: ``reading`` its rates, ``tp`` its wiring, ``top`` its rail's best."""
+    rate = reading.rate_bytes_per_second if reading else None
+    if rate is None and tp is not None:
+        rate = tp.rate_bytes_per_second
+    health = "unknown"
+    if reading is not None:
+        health = "ok"
+        if reading.state is not None and reading.state != _ACTIVE:
+            health = "failed"
+        elif ((top and rate and rate < 0.9 * top) or (reading.errors_per_second or 0) > 0
+              or (node, device) in marked):
+            health = "degraded"
+    return {
+        "port": number,
+        "guid": tp.guid if tp else "",
+        "link_layer": tp.link_layer if tp else "",
+        "state": reading.state if reading else None,
+        "health": health,
+        "rate_bytes_per_second": rate,
+        "max_rate_bytes_per_second": top or rate,
+        **_copied(reading, _PORT_RATES),
     }
 
 

@@ -130,8 +130,16 @@ def find_suspects(nodes: Sequence[str], meter: FabricMeter, book: TopologyBook,
 
 def _rail_suspects(members: list[tuple[str, PortReading, int | None]], s: SuspectSettings,
                    degraded: set[tuple[str, str]]) -> list[Suspect]:
-    out: list[Suspect] = []
     active = [(n, p, r) for n, p, r in members if p.state in (None, _ACTIVE)]
+    out = _degraded_ports(active, s, degraded)
+    out.extend(_congested_ports(active, s, degraded))
+    return out
+
+
+def _degraded_ports(active: list[tuple[str, PortReading, int | None]], s: SuspectSettings,
+                    degraded: set[tuple[str, str]]) -> list[Suspect]:
+    """nic-degraded: the rail's ports that trained below its best; added to ``degraded``."""
+    out: list[Suspect] = []
     best = max((p.rate_bytes_per_second or 0.0 for _, p, _ in active), default=0.0)
     for node, port, rail in active:
         rate = port.rate_bytes_per_second
@@ -141,12 +149,19 @@ def _rail_suspects(members: list[tuple[str, PortReading, int | None]], s: Suspec
             out.append(Suspect("nic-degraded", node, port.device, rail, None,
                                strength=(best / rate) / (1 / s.rate_share),
                                evidence=f"{where}: rate {_gbps(rate)} Gb/s of {_gbps(best)}"))
+    return out
+
+
+def _congested_ports(active: list[tuple[str, PortReading, int | None]], s: SuspectSettings,
+                     degraded: set[tuple[str, str]]) -> list[Suspect]:
+    """congested-link: the rail's ports (not ``degraded``) that wait or are marked most."""
     waits = [p.transmit_wait.value for _, p, _ in active if p.transmit_wait.value is not None]
     ecns = [p.ecn.value for _, p, _ in active if p.has_ecn and p.ecn.value is not None]
     if len(waits) < 2 and len(ecns) < 2:
-        return out
+        return []
     wait_line = _line(waits, s.wait_ratio, s.wait_floor_per_second)
     ecn_line = _line(ecns, s.wait_ratio, s.ecn_floor_per_second)
+    out: list[Suspect] = []
     for node, port, rail in active:
         if (node, port.device) in degraded:
             continue
@@ -154,24 +169,31 @@ def _rail_suspects(members: list[tuple[str, PortReading, int | None]], s: Suspec
         ecn = _standing(port.ecn.value, port.ecn.latest, ecn_line) if port.has_ecn else None
         if wait is None and ecn is None:
             continue  # a burst that is over is not what holds the job back now
-        parts = []
-        strength = 0.0
-        if wait is not None and wait_line is not None:
-            parts.append(f"xmit_wait {wait / (wait_line / s.wait_ratio):.0f}x the rail median")
-            strength = wait / wait_line
-        if port.has_ecn and port.ecn.value:
-            text = f"ECN marks {_per_second(port.ecn.value)}"
-            if ecn is not None and ecn_line is not None:
-                text += f" ({ecn / (ecn_line / s.wait_ratio):.0f}x the rail median)"
-                strength = max(strength, ecn / ecn_line)
-            parts.append(text)
-        util = port.utilization()
-        if util is not None and port.rate_bytes_per_second:
-            parts.append(f"{_gbps(util * port.rate_bytes_per_second)} of "
-                         f"{_gbps(port.rate_bytes_per_second)} Gb/s")
-        out.append(Suspect("congested-link", node, port.device, rail, None, strength=strength,
-                           evidence=f"{_where(node, port, rail)}: {', '.join(parts)}"))
+        out.append(_congested(node, port, rail, wait, wait_line, ecn, ecn_line, s))
     return out
+
+
+def _congested(node: str, port: PortReading, rail: int | None, wait: float | None,
+               wait_line: float | None, ecn: float | None, ecn_line: float | None,
+               s: SuspectSettings) -> Suspect:
+    """The congested-link suspect of a port whose ``wait`` or ``ecn`` stands over its line."""
+    parts = []
+    strength = 0.0
+    if wait is not None and wait_line is not None:
+        parts.append(f"xmit_wait {wait / (wait_line / s.wait_ratio):.0f}x the rail median")
+        strength = wait / wait_line
+    if port.has_ecn and port.ecn.value:
+        text = f"ECN marks {_per_second(port.ecn.value)}"
+        if ecn is not None and ecn_line is not None:
+            text += f" ({ecn / (ecn_line / s.wait_ratio):.0f}x the rail median)"
+            strength = max(strength, ecn / ecn_line)
+        parts.append(text)
+    util = port.utilization()
+    if util is not None and port.rate_bytes_per_second:
+        parts.append(f"{_gbps(util * port.rate_bytes_per_second)} of "
+                     f"{_gbps(port.rate_bytes_per_second)} Gb/s")
+    return Suspect("congested-link", node, port.device, rail, None, strength=strength,
+                   evidence=f"{_where(node, port, rail)}: {', '.join(parts)}")
 
 
 def _line(values: list[float], ratio: float, floor: float) -> float | None:

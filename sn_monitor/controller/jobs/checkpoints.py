@@ -92,41 +92,64 @@ class CheckpointRegistry:
         verified again (a writer may have finished). Checkpoints that vanished from disk
         (deleted by the job's retention) are forgotten.
         """
+        found, seen = self._scan_directory()
+        self._recheck_known(seen)
+        return self._keep_scanned(found, seen)
+
+    def _scan_directory(self) -> tuple[list[Checkpoint], set[Path]]:
+        """The directory's checkpoints (oldest step first), and every step folder in it."""
         found: list[Checkpoint] = []
         seen: set[Path] = set()
-        if self.directory is not None:
-            try:
-                children = sorted(self.directory.iterdir())
-            except OSError as err:
-                self.last_scan_error = f"cannot list {self.directory}: {err.strerror or err}"
-                children = []
-            else:
-                self.last_scan_error = None
-            candidates = []
-            for child in children:
-                step = parse_step(child.name)
-                if step is not None and child.is_dir():
-                    seen.add(child)
-                    candidates.append((step, child))
-            # Newest first; stop after ``keep`` once one complete is found, so that a
-            # directory of thousands of old checkpoints costs ``keep`` checks a scan.
-            have_complete = False
-            for step, child in sorted(candidates, key=lambda c: c[0], reverse=True):
-                if len(found) >= self.keep and have_complete:
-                    break
-                record = self._refresh(step, child, "scanned")
-                have_complete = have_complete or record.complete
-                found.append(record)
-            found.reverse()
+        if self.directory is None:
+            return found, seen
+        candidates = []
+        for child in self._listing(self.directory):
+            step = parse_step(child.name)
+            if step is not None and child.is_dir():
+                seen.add(child)
+                candidates.append((step, child))
+        # Newest first; stop after ``keep`` once one complete is found, so that a
+        # directory of thousands of old checkpoints costs ``keep`` checks a scan.
+        have_complete = False
+        for step, child in sorted(candidates, key=lambda c: c[0], reverse=True):
+            if len(found) >= self.keep and have_complete:
+                break
+            record = self._refresh(step, child, "scanned")
+            have_complete = have_complete or record.complete
+            found.append(record)
+        found.reverse()
+        return found, seen
+
+    def _listing(self, directory: Path) -> list[Path]:
+        """The directory's entries, sorted; none if it cannot be listed (see last_scan_error)."""
+        try:
+            children = sorted(directory.iterdir())
+        except OSError as err:
+            self.last_scan_error = f"cannot list {directory}: {err.strerror or err}"
+            return []
+        self.last_scan_error = None
+        return children
+
+    def _recheck_known(self, seen: set[Path]) -> None:
+        """Checks again the known checkpoints the scan did not see; forgets those gone.
+
+        Reported ones outside the directory, or not named by step.
+        """
         with self._lock:
             known = list(self._by_path.values())
-        for old in known:  # reported ones outside the directory, or not named by step
+        for old in known:
             if old.path not in seen:
                 if old.path.exists():
                     self._refresh(old.step, old.path, old.source)
                 else:
                     with self._lock:
                         self._by_path.pop(old.path, None)
+
+    def _keep_scanned(self, found: list[Checkpoint], seen: set[Path]) -> list[Checkpoint]:
+        """The last ``keep`` checkpoints in the directory, what the scan ``found`` taken in.
+
+        A reported one stays reported; scanned ones that left the directory are forgotten.
+        """
         with self._lock:
             for record in found:
                 current = self._by_path.get(record.path)

@@ -9,6 +9,8 @@ The parts, each its own module:
 - :mod:`.checkpoints` and :mod:`.schedule`: the checkpoint catalogue (only complete
   ones count) and when a job is asked for one;
 - :mod:`.recovery`: the recovery state machine and the engine that drives it;
+- :mod:`.faults`: what a fault on a node (or a hang) does to the jobs on it;
+- :mod:`.scans`: when a job's checkpoint directory is scanned, which checkpoint is latest;
 - :mod:`.status`: what the API and the metrics read of a job.
 
 Locking. One lock guards the jobs' state; it is never held over file system work: the
@@ -21,25 +23,29 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from collections.abc import Mapping, Sequence
 
 from sn_monitor.clock import Clock
-from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.jobs.advisor import FleetFaults
 from sn_monitor.controller.jobs.checkpoints import Checkpoint
+from sn_monitor.controller.jobs.faults import JobFaults
 from sn_monitor.controller.jobs.hangs import find_hang
 from sn_monitor.controller.jobs.ports import JobActions
 from sn_monitor.controller.jobs.progress import on_controller_clock
 from sn_monitor.controller.jobs.recovery.engine import RecoveryEngine
-from sn_monitor.controller.jobs.recovery_record import FaultKind, Recovery
+from sn_monitor.controller.jobs.recovery_record import FaultKind
 from sn_monitor.controller.jobs.registry import JobRecord, JobRegistry, NodeLabels, NodeRole
-from sn_monitor.controller.jobs.schedule import REQUESTER, CheckpointSchedule
+from sn_monitor.controller.jobs.scans import (
+    CHECKPOINTING_SCAN_SECONDS,
+    freshest,
+    latest,
+    scan_due,
+)
+from sn_monitor.controller.jobs.schedule import CheckpointSchedule
 from sn_monitor.controller.jobs.settings import JobSettings
 from sn_monitor.controller.jobs.spec import DistributedJob
 from sn_monitor.controller.jobs.status import job_metrics, job_status
 from sn_monitor.controller.jobs.views import (
-    RECOVERY_RULE,
     CheckpointRequest,
     HangFinding,
     JobMetrics,
@@ -52,9 +58,6 @@ from sn_monitor.controller.jobs.views import (
 from sn_monitor.controller.storage.store import Store, StoreError
 
 log = logging.getLogger(__name__)
-
-#: While a recovery waits for a checkpoint, its job's directory is scanned this often.
-CHECKPOINTING_SCAN_SECONDS = 5.0
 
 
 class JobOrchestrator:
@@ -75,6 +78,8 @@ class JobOrchestrator:
                                            self.fleet)
         self.engine = RecoveryEngine(store, clock, self.settings, actions, self.registry,
                                      self.schedule)
+        self.faults = JobFaults(self._lock, store, clock, actions, self.registry,
+                                self.schedule, self.engine)
 
     def save_all(self) -> None:
         """Write every job's row now (progress counters included): before a planned stop."""
@@ -172,11 +177,7 @@ class JobOrchestrator:
     def recovering(self, node: str) -> bool:
         """An active recovery counts ``node`` among its failed nodes (evicted or not)."""
         with self._lock:
-            return any(self._recovering(j.name, node) for j in self.registry.records())
-
-    def _recovering(self, job: str, node: str) -> bool:
-        rec = self.engine.active(job)
-        return rec is not None and rec.failed_node(node) is not None
+            return any(self.engine.recovering(j.name, node) for j in self.registry.records())
 
     def stalled_restores(self) -> list[tuple[str, tuple[str, ...]]]:
         """Jobs whose restore went out twice the hang timeout ago without progress since.
@@ -267,12 +268,12 @@ class JobOrchestrator:
         """The latest complete checkpoint (verified on disk) and the job's generation."""
         with self._lock:
             j = self.registry.get(job)
-        latest = _latest(j, scan=j.catalogue.latest_complete() is None)
-        if latest is None:
+        point = latest(j, scan=j.catalogue.latest_complete() is None)
+        if point is None:
             return None
         with self._lock:
-            self.schedule.found(j, latest)
-            return RestorePoint(latest.step, str(latest.path), j.row.generation)
+            self.schedule.found(j, point)
+            return RestorePoint(point.step, str(point.path), j.row.generation)
 
     def observe_fleet(self, nodes: int) -> None:
         """Every sweep: ``nodes`` are watched (the fleet's fault rate's denominator)."""
@@ -288,107 +289,26 @@ class JobOrchestrator:
 
     def on_node_degrading(self, node: str, rule: str,
                           incident_id: int | None = None) -> list[CheckpointRequest]:
-        """A rule with a ``checkpoint`` action fired on ``node`` (degrading, still alive).
-
-        Every job on it checkpoints now, unless one was requested within the last
-        ``preemptive_min_interval`` (then that request is returned).
-        """
-        with self._lock:
-            out = []
-            for name in self.registry.jobs_of_node(node):
-                j = self.registry.get(name)
-                if j.row.state != "failed":
-                    request = self.schedule.preemptive(j, rule, incident_id)
-                    if request is not None:
-                        out.append(request)
-            return out
+        """A rule with a ``checkpoint`` action fired on ``node``: see :class:`.JobFaults`."""
+        return self.faults.on_node_degrading(node, rule, incident_id)
 
     def on_node_fault(self, node: str, kind: FaultKind, incident_id: int | None,
                       alive: bool, observed_at: float | None = None,
                       job: str | None = None) -> list[RecoveryStatus]:
-        """``node`` failed: start (or join) a recovery of every job on it.
-
-        ``kind``: ``fatal`` (a fatal XID, a lost GPU, a rule's eviction), ``lost`` (no
-        heartbeat) or ``hang``; ``alive``: the node still answers (then a checkpoint is
-        tried first, for ``fatal``). ``observed_at``: when the fault happened (default:
-        the incident's observed time, else now); ``job``: only this job. A spare that
-        fails leaves its job's pool. The controller calls this instead of evicting a
-        job's node itself: the recovery evicts it, once.
-        """
-        seen, detected = self._fault_times(incident_id, observed_at)
-        with self._lock:
-            affected = [j for j in self.registry.records() if job in (None, j.name)
-                        and (node in j.nodes or node in j.pool
-                             or self._recovering(j.name, node))]
-        latest = {j.name: _latest(j, scan=self._scan_due(j, CHECKPOINTING_SCAN_SECONDS))
-                  for j in affected if node in j.nodes}
-        out: list[RecoveryStatus] = []
-        with self._lock:
-            for j in affected:
-                if node in j.row.pool:
-                    self.registry.spare_failed(j, node)
-                    log.warning("job %s: spare %s failed (%s); out of the pool", j.name,
-                                node, kind)
-                elif node in j.row.nodes or self._recovering(j.name, node):
-                    rec = self._fault(j, node, kind, incident_id, alive, seen, detected,
-                                      latest.get(j.name))
-                    if rec is not None:
-                        out.append(RecoveryStatus.of(rec))
-        return out
+        """``node`` failed: start (or join) a recovery of every job on it (:class:`.JobFaults`)."""
+        return self.faults.on_node_fault(node, kind, incident_id, alive, observed_at, job)
 
     def on_hang(self, finding: HangFinding, incident_id: int | None) -> list[RecoveryStatus]:
         """Recover from a hang: the nodes that stopped first fail; none: restart in place."""
-        if finding.nodes:
-            out: dict[str, RecoveryStatus] = {}
-            for node in finding.nodes:
-                for status in self.on_node_fault(node, "hang", incident_id, alive=True,
-                                                 observed_at=finding.stopped_at,
-                                                 job=finding.job):
-                    out[status.id] = status
-            return list(out.values())
-        with self._lock:
-            j = self.registry.find(finding.job)
-        if j is None:
-            return []
-        latest = _latest(j, scan=False)
-        with self._lock:
-            rec = self.engine.on_fault(j, None, "hang", incident_id, False,
-                                       finding.stopped_at, finding.detected_at, latest)
-            return [] if rec is None else [RecoveryStatus.of(rec)]
-
-    def _fault(self, j: JobRecord, node: str, kind: FaultKind, incident_id: int | None,
-               alive: bool, seen: float, detected: float,
-               latest: Checkpoint | None) -> Recovery | None:
-        if j.row.state != "failed":
-            return self.engine.on_fault(j, node, kind, incident_id, alive, seen, detected,
-                                        latest)
-        # A failed job is not recovered any more, but its broken node is still taken out.
-        log.warning("job %s is failed (not recovered): %s fault on %s", j.name, kind, node)
-        self.actions.submit(ActionRequest(
-            id=uuid.uuid4().hex, key=f"job:{j.name}:evict:{node}:{incident_id}",
-            action="evict", node=node, rule=RECOVERY_RULE, incident_id=incident_id,
-            reason=f"{kind} fault on {node} (job {j.name} is failed, not recovered)",
-            params={"job": j.name, "status": "firing"}, requested_by=REQUESTER,
-            created_seconds=self.clock.time()))
-        self.registry.evict(j, node)
-        return None
-
-    def _fault_times(self, incident_id: int | None,
-                     observed_at: float | None) -> tuple[float, float]:
-        now = self.clock.time()
-        incident = self.store.get_incident(incident_id) if incident_id is not None else None
-        detected = incident.detected_at if incident is not None else now
-        seen = observed_at if observed_at is not None else (
-            incident.observed_at if incident is not None else now)
-        return min(seen, detected), detected
+        return self.faults.on_hang(finding, incident_id)
 
     def approve_recovery(self, recovery_id: str, who: str) -> RecoveryStatus:
         """A person approved a manual recovery: the restore goes out."""
         with self._lock:
             jobs = self.registry.records()
-        latest = {j.name: _latest(j, scan=False) for j in jobs}
+        points = {j.name: latest(j, scan=False) for j in jobs}
         with self._lock:
-            return RecoveryStatus.of(self.engine.approve(recovery_id, who, latest))
+            return RecoveryStatus.of(self.engine.approve(recovery_id, who, points))
 
     def recoveries(self, job: str | None = None, limit: int = 100) -> list[RecoveryStatus]:
         """Recoveries from the store, newest first."""
@@ -409,9 +329,10 @@ class JobOrchestrator:
         runs it first.
         """
         with self._lock:
-            jobs = [(j, self._scan_due(j, self._scan_every(j))) for j in self.registry.records()]
+            jobs = [(j, scan_due(j, self._scan_every(j), self.clock.monotonic()))
+                    for j in self.registry.records()]
         for j, scan in jobs:
-            j.verified = _latest(j, scan=scan)
+            j.verified = latest(j, scan=scan)
 
     def tick(self) -> list[HangFinding]:
         """Every sweep: scheduled checkpoints, hang detection, recovery steps.
@@ -429,7 +350,7 @@ class JobOrchestrator:
                 if self.registry.find(j.name) is not j:
                     continue  # removed meanwhile
                 try:
-                    self._tick_job(j, _freshest(j), findings)
+                    self._tick_job(j, freshest(j), findings)
                 except StoreError as err:
                     log.error("job %s: store unavailable, trying again: %s", j.name, err)
         return findings
@@ -440,20 +361,13 @@ class JobOrchestrator:
             return min(float(self.settings.scan_interval), CHECKPOINTING_SCAN_SECONDS)
         return float(self.settings.scan_interval)
 
-    def _scan_due(self, j: JobRecord, every: float) -> bool:
-        mono = self.clock.monotonic()
-        if mono - j.last_scan < every:
-            return False
-        j.last_scan = mono
-        return True
-
-    def _tick_job(self, j: JobRecord, latest: Checkpoint | None,
+    def _tick_job(self, j: JobRecord, point: Checkpoint | None,
                   findings: list[HangFinding]) -> None:
-        if latest is not None:
-            self.schedule.found(j, latest)
+        if point is not None:
+            self.schedule.found(j, point)
         self.schedule.submit_pending(j)  # a request saved just before a crash
         if self.engine.active(j.name) is not None:
-            self.engine.tick(j, latest)
+            self.engine.tick(j, point)
         elif j.row.state == "running":
             self.schedule.scheduled(j)
             finding = find_hang(j, self.clock.time())
@@ -476,21 +390,3 @@ class JobOrchestrator:
                                                self.schedule.advice),
                               recoveries=self.engine.finished())
 
-
-def _freshest(j: JobRecord) -> Checkpoint | None:
-    """The newer of the last scan's verified checkpoint and the newest one reported since.
-
-    A reported checkpoint was verified on disk when it was reported (memory only here):
-    a restore decided between two scans must not take an older one.
-    """
-    known = j.catalogue.latest_complete()
-    if known is not None and (j.verified is None or known.step > j.verified.step):
-        return known
-    return j.verified
-
-
-def _latest(j: JobRecord, *, scan: bool) -> Checkpoint | None:
-    """The job's latest complete checkpoint, verified on disk (file system work: no lock)."""
-    if scan:
-        j.catalogue.scan()
-    return j.catalogue.latest_complete(verify=True)

@@ -106,18 +106,38 @@ class JobProgress:
         ``now``: the controller's wall time; the batch's times are on its clock already
         (:func:`on_controller_clock`, applied where the batch comes in).
         """
+        self._check_batch(rank, world_size)
+        if step_time is not None and not step_time > 0:
+            step_time = None
+        self._fit_world(world_size)
+        current, step_time, advanced = self._take_steps(rank, node, updates, step_time, now)
+        if current is not None:
+            self._note_rank(current, step_time, advanced, now)
+        return advanced
+
+    def _check_batch(self, rank: int, world_size: int) -> None:
         if world_size < 1 or world_size > self.max_ranks:
             raise ValueError(f"world_size must be between 1 and {self.max_ranks}, "
                              f"got {world_size}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be between 0 and world_size - 1, got {rank}")
-        if step_time is not None and not step_time > 0:
-            step_time = None
-        if world_size < self.world_size:  # the world shrank: forget ranks beyond it
+
+    def _fit_world(self, world_size: int) -> None:
+        """The world is ``world_size`` ranks now: when it shrank, forget ranks beyond it."""
+        if world_size < self.world_size:
             for old in [r for r in self.ranks if r >= world_size]:
                 del self.ranks[old]
             self._median_stale = True
         self.world_size = world_size
+
+    def _take_steps(self, rank: int, node: str, updates: Sequence[tuple[int, float]],
+                    step_time: float | None, now: float
+                    ) -> tuple[RankProgress | None, float | None, bool]:
+        """The batch's steps in time order, onto the frontier and the rank.
+
+        The rank as it stands after, its step time (worked out from two steps when the
+        batch gave none) and whether it advanced.
+        """
         current = self.ranks.get(rank)
         advanced = False
         for step, when in sorted(updates, key=lambda u: (u[1], u[0])):
@@ -137,15 +157,18 @@ class JobProgress:
                 if step != current.step:
                     advanced = True
                 current.step, current.time, current.node = step, when, node
-        if current is not None:
-            if step_time is not None and step_time != current.step_time:
-                current.step_time = step_time
-                self._median_stale = True
-            if advanced:
-                current.received = now
-                self.last_advance = now
-                self.hang_reported = False
-        return advanced
+        return current, step_time, advanced
+
+    def _note_rank(self, current: RankProgress, step_time: float | None, advanced: bool,
+                   now: float) -> None:
+        """The rank's new step time, and when it advanced (the job's too)."""
+        if step_time is not None and step_time != current.step_time:
+            current.step_time = step_time
+            self._median_stale = True
+        if advanced:
+            current.received = now
+            self.last_advance = now
+            self.hang_reported = False
 
     def _frontier(self, step: int, when: float, now: float) -> None:
         if self.frontier is None or self.frontier_time is None:

@@ -87,6 +87,11 @@ class RecoveryEngine:
     def active(self, job: str) -> Recovery | None:
         return self._active.get(job)
 
+    def recovering(self, job: str, node: str) -> bool:
+        """``job``'s active recovery counts ``node`` among its failed nodes."""
+        rec = self.active(job)
+        return rec is not None and rec.failed_node(node) is not None
+
     def finished(self) -> tuple[RecoveryDuration, ...]:
         return tuple(self._finished)
 

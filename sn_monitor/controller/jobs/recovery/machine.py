@@ -34,7 +34,7 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from msgspec.structs import replace
 
@@ -187,54 +187,23 @@ def _settle(ctx: StepContext, rec: Recovery, failed: FailedNode, state: str,
     return ctx.save(rec.noted(ctx.now(), f"evict-{how}", f"{failed.node}: {state}"))
 
 
+#: How one failed node's eviction stands after a pass of :func:`evicting`: settled,
+#: still running (``untimed`` while the breaker or a person holds it: no timeout), or
+#: the recovery failed for it.
+_Eviction = Literal["settled", "running", "untimed", "failed"]
+
+
 def evicting(ctx: StepContext, rec: Recovery) -> tuple[Recovery, bool]:
     now = ctx.now()
     waiting = untimed = False
     for failed in [f for f in rec.failed if f.eviction not in SETTLED_EVICTIONS]:
-        step = f"evict:{failed.node}"
-        if _healed(ctx, failed):
-            action_id = rec.steps.get(step)
-            record = ctx.actions.cancel(action_id, f"{failed.node} is back and healthy") \
-                if action_id is not None else None
-            if record is None or record.state == "cancelled":
-                rec = _settle(ctx, rec, failed, "back and healthy before its eviction",
-                              "healed")
-                continue
-        if step not in rec.steps and ctx.actions.already_evicted(failed.node):
-            rec = _settle(ctx, rec, failed, "already evicted", "done")
-            continue
-        rec, record = submit_step(
-            ctx, rec, step, "evict", failed.node,
-            f"{failed.kind} fault on {failed.node}: out of job {rec.job} (recovery {rec.id})",
-            {"status": "firing"})
-        if record.state == "held":
-            record = ctx.actions.release(record.id)
-        if record.state in RAN:
-            rec = _settle(ctx, rec, failed, record.state, "done")
-        elif record.state in WILL_NOT_RUN:
-            why = f"evicting {failed.node}: {record.state}"
-            detail = record.outcome_message or record.verdict_reason
-            why += f": {detail}" if detail else ""
-            if ctx.settings.require_eviction:
-                return fail(ctx, rec, why), False
-            rec = _settle(ctx, rec, failed, why + "; going on without it", "skipped")
-        else:
-            waiting = True
-            untimed = untimed or record.state in ("held", "awaiting_approval")
+        rec, how = _evict(ctx, rec, failed)
+        if how == "failed":
+            return rec, False
+        waiting = waiting or how != "settled"
+        untimed = untimed or how == "untimed"
     if waiting:
-        if untimed:  # the breaker or a person decides: no timeout meanwhile
-            if rec.deadline is not None:
-                rec = ctx.save(replace(rec, deadline=None))
-            return rec, False
-        if rec.deadline is None:
-            return ctx.save(replace(rec, deadline=now + ctx.settings.evict_timeout)), False
-        if now < rec.deadline:
-            return rec, False
-        if rec.attempts + 1 > ctx.settings.step_retries:
-            return fail(ctx, rec, "evictions did not finish in time"), False
-        rec = rec.noted(now, "timeout", "evictions not finished yet; waiting again")
-        return ctx.save(replace(rec, attempts=rec.attempts + 1,
-                                deadline=now + ctx.settings.evict_timeout)), False
+        return _await_evictions(ctx, rec, now, untimed=untimed), False
     if not rec.out_nodes and rec.failed:
         return healed(ctx, rec), True
     if rec.evicted is None:
@@ -242,6 +211,54 @@ def evicting(ctx: StepContext, rec: Recovery) -> tuple[Recovery, bool]:
     if rec.give_up:
         return fail(ctx, rec, rec.give_up), False
     return plan(ctx, rec), True
+
+
+def _evict(ctx: StepContext, rec: Recovery, failed: FailedNode) -> tuple[Recovery, _Eviction]:
+    """One pass over the eviction of ``failed``: submitted once, settled when it is over."""
+    step = f"evict:{failed.node}"
+    if _healed(ctx, failed):
+        action_id = rec.steps.get(step)
+        record = ctx.actions.cancel(action_id, f"{failed.node} is back and healthy") \
+            if action_id is not None else None
+        if record is None or record.state == "cancelled":
+            return _settle(ctx, rec, failed, "back and healthy before its eviction",
+                           "healed"), "settled"
+    if step not in rec.steps and ctx.actions.already_evicted(failed.node):
+        return _settle(ctx, rec, failed, "already evicted", "done"), "settled"
+    rec, record = submit_step(
+        ctx, rec, step, "evict", failed.node,
+        f"{failed.kind} fault on {failed.node}: out of job {rec.job} (recovery {rec.id})",
+        {"status": "firing"})
+    if record.state == "held":
+        record = ctx.actions.release(record.id)
+    if record.state in RAN:
+        return _settle(ctx, rec, failed, record.state, "done"), "settled"
+    if record.state in WILL_NOT_RUN:
+        why = f"evicting {failed.node}: {record.state}"
+        detail = record.outcome_message or record.verdict_reason
+        why += f": {detail}" if detail else ""
+        if ctx.settings.require_eviction:
+            return fail(ctx, rec, why), "failed"
+        return _settle(ctx, rec, failed, why + "; going on without it", "skipped"), "settled"
+    return rec, "untimed" if record.state in ("held", "awaiting_approval") else "running"
+
+
+def _await_evictions(ctx: StepContext, rec: Recovery, now: float, *,
+                     untimed: bool) -> Recovery:
+    """Evictions still run: wait up to ``evict_timeout``, ``step_retries`` times over."""
+    if untimed:  # the breaker or a person decides: no timeout meanwhile
+        if rec.deadline is not None:
+            rec = ctx.save(replace(rec, deadline=None))
+        return rec
+    if rec.deadline is None:
+        return ctx.save(replace(rec, deadline=now + ctx.settings.evict_timeout))
+    if now < rec.deadline:
+        return rec
+    if rec.attempts + 1 > ctx.settings.step_retries:
+        return fail(ctx, rec, "evictions did not finish in time")
+    rec = rec.noted(now, "timeout", "evictions not finished yet; waiting again")
+    return ctx.save(replace(rec, attempts=rec.attempts + 1,
+                            deadline=now + ctx.settings.evict_timeout))
 
 
 def healed(ctx: StepContext, rec: Recovery) -> Recovery:
@@ -273,33 +290,13 @@ def plan(ctx: StepContext, rec: Recovery) -> Recovery:
     j, spec = ctx.job, ctx.job.job.spec
     out = set(rec.out_nodes)
     members = [n for n in j.row.nodes if n not in out]
-    target = rec.target or len(members)
     pool = [n for n in j.row.pool if n not in out]
-    take: list[str] = []
-    note = ""
-    if rec.strategy in ("restart", "manual"):
-        need = max(0, target - len(members))
-        take = pool[:need]
-        if len(take) < need:
-            if len(members) + len(take) < spec.min_replicas:
-                return fail(ctx, rec, f"no spare left ({len(take)} of {need}) and "
-                                      f"{len(members) + len(take)} nodes are below "
-                                      f"minReplicas ({spec.min_replicas})")
-            note = (f"only {len(take)} of {need} spares left: continuing elastic on "
-                    f"{len(members) + len(take)} nodes (minReplicas {spec.min_replicas})")
-    elif len(members) < spec.min_replicas:
-        return fail(ctx, rec, f"{len(members)} nodes left, below minReplicas "
-                              f"({spec.min_replicas})")
+    take, note, why_not = _spares(rec, members, pool, spec.min_replicas)
+    if why_not:
+        return fail(ctx, rec, why_not)
     if not members and not take:
         return fail(ctx, rec, "no node left to run on")
-    spares = iter(take)
-    nodes: list[str] = []
-    for node in dict.fromkeys((*rec.order, *members)):
-        if node in members:
-            nodes.append(node)
-        elif node in out and (spare := next(spares, None)) is not None:
-            nodes.append(spare)
-    nodes.extend(spares)
+    nodes = _placed(rec, members, out, take)
     detail = f"{len(nodes)} nodes" + (f", spares {', '.join(take)}" if take else "")
     waiting = rec.strategy == "manual" and rec.approved_by is None
     rec = replace(rec, nodes=tuple(nodes), planned=True,
@@ -310,6 +307,43 @@ def plan(ctx: StepContext, rec: Recovery) -> Recovery:
     ctx.registry.save(j, state="awaiting_approval" if waiting else "recovering",
                       state_reason=("waiting for approval: " if waiting else "") + detail)
     return rec
+
+
+def _spares(rec: Recovery, members: list[str], pool: list[str],
+            min_replicas: int) -> tuple[list[str], str, str]:
+    """The spares the plan takes, a note when too few are left, why the job cannot go on.
+
+    The reason is "" when the job can go on. ``restart`` and ``manual`` take spares up
+    to the target (elastic below it, down to ``minReplicas``); ``elastic`` takes none.
+    """
+    if rec.strategy not in ("restart", "manual"):
+        if len(members) < min_replicas:
+            return [], "", f"{len(members)} nodes left, below minReplicas ({min_replicas})"
+        return [], "", ""
+    target = rec.target or len(members)
+    need = max(0, target - len(members))
+    take = pool[:need]
+    if len(take) >= need:
+        return take, "", ""
+    if len(members) + len(take) < min_replicas:
+        return take, "", (f"no spare left ({len(take)} of {need}) and "
+                          f"{len(members) + len(take)} nodes are below "
+                          f"minReplicas ({min_replicas})")
+    return take, (f"only {len(take)} of {need} spares left: continuing elastic on "
+                  f"{len(members) + len(take)} nodes (minReplicas {min_replicas})"), ""
+
+
+def _placed(rec: Recovery, members: list[str], out: set[str], take: list[str]) -> list[str]:
+    """The job's nodes in rank order: each spare takes the place of a node that left."""
+    spares = iter(take)
+    nodes: list[str] = []
+    for node in dict.fromkeys((*rec.order, *members)):
+        if node in members:
+            nodes.append(node)
+        elif node in out and (spare := next(spares, None)) is not None:
+            nodes.append(spare)
+    nodes.extend(spares)
+    return nodes
 
 
 def awaiting_approval(ctx: StepContext, rec: Recovery) -> tuple[Recovery, bool]:
