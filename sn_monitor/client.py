@@ -142,6 +142,116 @@ class _CheckpointReport:
     save_seconds: float | None = None
 
 
+class _Failover:
+    """The controllers in order, the one requests go to, and when the next try may go.
+
+    A failure moves to the next controller at once while one is left untried since the
+    last success (a standby's 503 or a dead active costs one request, not a backoff
+    period); once every one failed in a row, the tries back off exponentially, from
+    ``first_delay`` up to ``max_delay``, with jitter. Owned by whoever holds the client's
+    I/O lock.
+    """
+
+    def __init__(self, urls: list[str], first_delay: float, max_delay: float,
+                 clock: Callable[[], float], rng: random.Random) -> None:
+        self.urls = urls
+        self._current = 0
+        self._failed_in_row = 0
+        self._first_delay = first_delay
+        self._max_delay = max(max_delay, first_delay)
+        self._clock = clock
+        self._rng = rng
+        self._delay = 0.0
+        self._next_attempt = -math.inf
+        self._down = False
+
+    @property
+    def url(self) -> str:
+        """The controller requests go to now."""
+        return self.urls[self._current]
+
+    @property
+    def delay(self) -> float:
+        """The backoff delay now (before jitter); 0 while the controller in use answers."""
+        return self._delay
+
+    def waiting(self) -> bool:
+        """Whether a try now would come before the backoff delay is over."""
+        return self._clock() < self._next_attempt
+
+    def back_off(self) -> None:
+        """Wait before the next try: twice as long as the last time (with jitter)."""
+        self._delay = (min(self._delay * 2, self._max_delay) if self._delay
+                       else self._first_delay)
+        jitter = 1 + self._rng.uniform(-_JITTER, _JITTER)
+        self._next_attempt = self._clock() + self._delay * jitter
+
+    def unreachable(self, err: object) -> None:
+        """The controller in use failed: the next one now, or back off (logged once)."""
+        if self._fail_over(err):
+            return
+        self.back_off()
+        if not self._down:
+            self._down = True
+            log.warning("sn-monitor controller %s unreachable (%s); training goes on, "
+                        "progress and checkpoint reports are retried with backoff",
+                        ", ".join(self.urls), _short(err))
+
+    def _fail_over(self, err: object) -> bool:
+        """Move to the next controller; True if it is untried since the last success."""
+        if len(self.urls) == 1:
+            return False
+        failed = self.url
+        self._current = (self._current + 1) % len(self.urls)
+        self._failed_in_row += 1
+        if self._failed_in_row % len(self.urls) == 0:
+            return False  # every controller failed in this round: back off
+        log.info("sn-monitor controller %s failed (%s); trying %s", failed, _short(err),
+                 self.url)
+        self._next_attempt = -math.inf
+        return True
+
+    def reachable(self) -> None:
+        """The controller in use answered: no backoff; its return logged once."""
+        self._failed_in_row = 0
+        self._delay = 0.0
+        self._next_attempt = -math.inf
+        if self._down:
+            self._down = False
+            log.info("sn-monitor controller %s reachable again", self.url)
+
+
+class _CheckpointRequests:
+    """The controller's requests for a checkpoint, each answered once.
+
+    One per ``checkpoint_id``; a request without an id, once per run of replies asking.
+    Guarded by the client's lock.
+    """
+
+    def __init__(self) -> None:
+        self._consumed_ids: collections.deque[str] = collections.deque(
+            maxlen=_MAX_REMEMBERED_CHECKPOINT_IDS)
+        self._last_requested = False
+        self._pending = False
+
+    def observe(self, requested: bool, checkpoint_id: str | None) -> None:
+        """A progress reply asked for a checkpoint (``requested``), or no longer does."""
+        if requested:
+            if checkpoint_id is None:
+                if not self._last_requested:  # no id: once per request episode
+                    self._pending = True
+            elif checkpoint_id not in self._consumed_ids:
+                self._consumed_ids.append(checkpoint_id)
+                self._pending = True
+        self._last_requested = requested
+
+    def take(self) -> bool:
+        """True once after a new request; reading clears it."""
+        pending = self._pending
+        self._pending = False
+        return pending
+
+
 class JobClient:
     """A training process's link to the sn-monitor controller; see the module docstring.
 
@@ -182,8 +292,6 @@ class JobClient:
             raise ValueError("timeout must be positive")
         #: The controllers, in order; ``url`` is the one in use.
         self.urls = urls
-        self._current = 0
-        self._failed_in_row = 0
         self.job = job
         self.rank = rank
         self.world_size = world_size
@@ -198,8 +306,6 @@ class JobClient:
         # session's ``verify``.
         self._verify = verify
         self._clock = clock
-        self._max_backoff = max(float(max_backoff), self.flush_interval)
-        self._rng = rng or random.Random()
         self._job_path = API_PREFIX + quote(job, safe="")
 
         # Guards everything below that the training loop touches.
@@ -210,10 +316,7 @@ class JobClient:
             maxlen=STEP_TIME_WINDOW)
         self._checkpoints: collections.deque[_CheckpointReport] = collections.deque()
         self._reply: ProgressReply | None = None
-        self._checkpoint_pending = False
-        self._consumed_ids: collections.deque[str] = collections.deque(
-            maxlen=_MAX_REMEMBERED_CHECKPOINT_IDS)
-        self._last_requested = False
+        self._requests = _CheckpointRequests()
         self._closed = False
         self._thread: threading.Thread | None = None
 
@@ -221,9 +324,8 @@ class JobClient:
         self._io_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._delay = 0.0
-        self._next_attempt = -math.inf
-        self._down = False
+        self._failover = _Failover(urls, self.flush_interval, float(max_backoff), clock,
+                                   rng or random.Random())
         self._logged: set[str] = set()
         self._thread_error_logged = False
         #: Requests that failed or were refused, and requests the controller took.
@@ -274,7 +376,7 @@ class JobClient:
     @property
     def url(self) -> str:
         """The controller requests go to now."""
-        return self.urls[self._current]
+        return self._failover.url
 
     def _endpoint(self, what: str) -> str:
         return f"{self.url}{self._job_path}/{what}"
@@ -326,9 +428,7 @@ class JobClient:
         its replies to progress; each ``checkpoint_id`` makes this true once only.
         """
         with self._lock:
-            pending = self._checkpoint_pending
-            self._checkpoint_pending = False
-            return pending
+            return self._requests.take()
 
     @property
     def last_reply(self) -> ProgressReply | None:
@@ -360,13 +460,13 @@ class JobClient:
                 return None
         self.requests_total += 1
         if resp.status_code in (204, 404):
-            self._note_reachable()
+            self._failover.reachable()
             return None
         if not resp.ok:
             self.failures_total += 1
             self._note_http_error("restore-point", resp)
             return None
-        self._note_reachable()
+        self._failover.reachable()
         try:
             data = resp.json()
         except ValueError:
@@ -439,7 +539,7 @@ class JobClient:
                 log.exception("unexpected error in the sn-monitor client thread")
 
     def _flush(self, force: bool) -> None:
-        if not force and self._clock() < self._next_attempt:
+        if not force and self._failover.waiting():
             return  # backing off
         with self._io_lock:
             if self._send_checkpoints():
@@ -502,10 +602,11 @@ class JobClient:
             return _Outcome.RETRY, None
         if not resp.ok:
             self._note_http_error(what, resp)
-            self._back_off()  # it will be refused again; do not hammer
+            self.failures_total += 1
+            self._failover.back_off()  # it will be refused again; do not hammer
             return _Outcome.REFUSED, None
         self.requests_total += 1
-        self._note_reachable()
+        self._failover.reachable()
         try:
             return _Outcome.OK, resp.json() if resp.content else None
         except ValueError:
@@ -513,74 +614,22 @@ class JobClient:
             return _Outcome.OK, None
 
     def _apply_reply(self, data: Any) -> None:
-        if not isinstance(data, dict):
+        reply = _parse_progress_reply(data)
+        if reply is None:
             self._log_once(f"controller reply to progress is malformed: {_short(data)}")
             return
-        requested = data.get("checkpoint_requested") is True
-        raw_id = data.get("checkpoint_id")
-        checkpoint_id = raw_id if isinstance(raw_id, str) else None
-        raw_restore = data.get("restore")
-        restore = _parse_restore(raw_restore) if raw_restore is not None else None
-        reply = ProgressReply(requested, checkpoint_id, restore)
         with self._lock:
             self._reply = reply
-            if requested:
-                if checkpoint_id is None:
-                    if not self._last_requested:  # no id: once per request episode
-                        self._checkpoint_pending = True
-                elif checkpoint_id not in self._consumed_ids:
-                    self._consumed_ids.append(checkpoint_id)
-                    self._checkpoint_pending = True
-            self._last_requested = requested
+            self._requests.observe(reply.checkpoint_requested, reply.checkpoint_id)
 
     # ---------------------------------------------------------------- state, logging
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
-    def _back_off(self) -> None:
-        self.failures_total += 1
-        self._delay = (min(self._delay * 2, self._max_backoff) if self._delay
-                       else self.flush_interval)
-        jitter = 1 + self._rng.uniform(-_JITTER, _JITTER)
-        self._next_attempt = self._clock() + self._delay * jitter
-
     def _note_unreachable(self, err: object) -> None:
-        if self._fail_over(err):
-            return
-        self._back_off()
-        if not self._down:
-            self._down = True
-            log.warning("sn-monitor controller %s unreachable (%s); training goes on, "
-                        "progress and checkpoint reports are retried with backoff",
-                        ", ".join(self.urls), _short(err))
-
-    def _fail_over(self, err: object) -> bool:
-        """Move to the next controller; True if it is untried since the last success.
-
-        Then the next flush goes to it without backing off: a standby's 503 or a dead
-        active costs one request, not a backoff period.
-        """
-        if len(self.urls) == 1:
-            return False
-        failed = self.url
-        self._current = (self._current + 1) % len(self.urls)
-        self._failed_in_row += 1
-        if self._failed_in_row % len(self.urls) == 0:
-            return False  # every controller failed in this round: back off
-        log.info("sn-monitor controller %s failed (%s); trying %s", failed, _short(err),
-                 self.url)
         self.failures_total += 1
-        self._next_attempt = -math.inf
-        return True
-
-    def _note_reachable(self) -> None:
-        self._failed_in_row = 0
-        self._delay = 0.0
-        self._next_attempt = -math.inf
-        if self._down:
-            self._down = False
-            log.info("sn-monitor controller %s reachable again", self.url)
+        self._failover.unreachable(err)
 
     def _note_http_error(self, what: str, resp: requests.Response) -> None:
         self._log_once(f"controller refused {what}: HTTP {resp.status_code} "
@@ -634,6 +683,18 @@ def _parse_restore(data: Any) -> RestorePoint | None:
             or not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes)):
         return None
     return RestorePoint(step, path, generation, tuple(nodes))
+
+
+def _parse_progress_reply(data: Any) -> ProgressReply | None:
+    """A progress reply, or None when it is not a JSON object."""
+    if not isinstance(data, dict):
+        return None
+    raw_id = data.get("checkpoint_id")
+    raw_restore = data.get("restore")
+    return ProgressReply(
+        checkpoint_requested=data.get("checkpoint_requested") is True,
+        checkpoint_id=raw_id if isinstance(raw_id, str) else None,
+        restore=_parse_restore(raw_restore) if raw_restore is not None else None)
 
 
 def _step_time(recent: list[tuple[int, float]]) -> float | None:

@@ -268,72 +268,115 @@ def bind(cls: type[T], doc: Document, data: Any = dataclasses.MISSING, key: KeyP
 
 
 def _convert(tp: Any, value: Any, doc: Document, key: KeyPath) -> Any:
-    origin = get_origin(tp)
-    if origin is Union or origin is types.UnionType:
-        options = get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        real = [o for o in options if o is not type(None)]
-        if len(real) == 1:
-            return _convert(real[0], value, doc, key)
-        errors = []
-        for option in real:
-            try:
-                return _convert(option, value, doc, key)
-            except ConfigError as err:
-                errors.append(err.message)
-        got = (f", got {value!r}", f"; got {value!r}")
-        if all(e.endswith(got) for e in errors):  # say what was given once, at the end
-            errors = [e[:-len(got[0])] if e.endswith(got[0]) else e[:-len(got[1])]
-                      for e in errors]
-            raise doc.error(key, f"{' or '.join(errors)}; got {value!r}")
-        raise doc.error(key, " or ".join(errors))
-    if origin is Literal:
-        allowed = get_args(tp)
-        if value not in allowed:
-            if len(allowed) == 1:
-                raise doc.error(key, f"must be {allowed[0]}; got {value!r}")
-            raise doc.error(key, f"must be one of {', '.join(map(str, allowed))}; got {value!r}")
-        return value
-    if origin is list:
-        (item,) = get_args(tp)
-        if not isinstance(value, list):
-            raise doc.error(key, f"expected a list, got {_kind(value)}")
-        return [_convert(item, v, doc, (*key, i)) for i, v in enumerate(value)]
-    if origin is dict:
-        ktype, vtype = get_args(tp)
-        if not isinstance(value, dict):
-            raise doc.error(key, f"expected a mapping, got {_kind(value)}")
-        return {
-            _convert(ktype, k, doc, (*key, k)): _convert(vtype, v, doc, (*key, k))
-            for k, v in value.items()
-        }
+    """``value`` read from ``doc`` at ``key`` as type ``tp``; ConfigError says what is wrong."""
+    generic = _GENERICS.get(get_origin(tp))
+    if generic is not None:
+        return generic(get_args(tp), value, doc, key)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return _convert_dataclass(tp, value, doc, key)
-    if tp is Duration:
-        try:
-            return Duration(parse_duration(value))
-        except ValueError as err:
-            raise doc.error(key, str(err)) from None
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise doc.error(key, f"expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise doc.error(key, f"expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise doc.error(key, f"expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise doc.error(key, f"expected a string, got {value!r}")
-        return value
+    scalar = _SCALARS.get(tp)
+    if scalar is not None:
+        return scalar(value, doc, key)
     if tp is Any:
         return value
     raise TypeError(f"settings type {tp!r} is not supported by the loader")
+
+
+def _convert_union(options: tuple[Any, ...], value: Any, doc: Document, key: KeyPath) -> Any:
+    """The first of ``options`` that takes ``value`` (``None`` for an optional setting)."""
+    if value is None and type(None) in options:
+        return None
+    real = [o for o in options if o is not type(None)]
+    if len(real) == 1:
+        return _convert(real[0], value, doc, key)
+    errors = []
+    for option in real:
+        try:
+            return _convert(option, value, doc, key)
+        except ConfigError as err:
+            errors.append(err.message)
+    got = (f", got {value!r}", f"; got {value!r}")
+    if all(e.endswith(got) for e in errors):  # say what was given once, at the end
+        errors = [e[:-len(got[0])] if e.endswith(got[0]) else e[:-len(got[1])]
+                  for e in errors]
+        raise doc.error(key, f"{' or '.join(errors)}; got {value!r}")
+    raise doc.error(key, " or ".join(errors))
+
+
+def _convert_literal(allowed: tuple[Any, ...], value: Any, doc: Document,
+                     key: KeyPath) -> Any:
+    if value not in allowed:
+        if len(allowed) == 1:
+            raise doc.error(key, f"must be {allowed[0]}; got {value!r}")
+        raise doc.error(key, f"must be one of {', '.join(map(str, allowed))}; got {value!r}")
+    return value
+
+
+def _convert_list(args: tuple[Any, ...], value: Any, doc: Document, key: KeyPath) -> Any:
+    (item,) = args
+    if not isinstance(value, list):
+        raise doc.error(key, f"expected a list, got {_kind(value)}")
+    return [_convert(item, v, doc, (*key, i)) for i, v in enumerate(value)]
+
+
+def _convert_dict(args: tuple[Any, ...], value: Any, doc: Document, key: KeyPath) -> Any:
+    ktype, vtype = args
+    if not isinstance(value, dict):
+        raise doc.error(key, f"expected a mapping, got {_kind(value)}")
+    return {
+        _convert(ktype, k, doc, (*key, k)): _convert(vtype, v, doc, (*key, k))
+        for k, v in value.items()
+    }
+
+
+def _convert_duration(value: Any, doc: Document, key: KeyPath) -> Any:
+    try:
+        return Duration(parse_duration(value))
+    except ValueError as err:
+        raise doc.error(key, str(err)) from None
+
+
+def _convert_bool(value: Any, doc: Document, key: KeyPath) -> Any:
+    if not isinstance(value, bool):
+        raise doc.error(key, f"expected true or false, got {value!r}")
+    return value
+
+
+def _convert_int(value: Any, doc: Document, key: KeyPath) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise doc.error(key, f"expected an integer, got {value!r}")
+    return value
+
+
+def _convert_float(value: Any, doc: Document, key: KeyPath) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise doc.error(key, f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _convert_str(value: Any, doc: Document, key: KeyPath) -> Any:
+    if not isinstance(value, str):
+        raise doc.error(key, f"expected a string, got {value!r}")
+    return value
+
+
+#: A generic settings type's converter, by its origin (``list[int]``: list), given its
+#: arguments.
+_GENERICS: dict[Any, Callable[[tuple[Any, ...], Any, Document, KeyPath], Any]] = {
+    Union: _convert_union,
+    types.UnionType: _convert_union,
+    Literal: _convert_literal,
+    list: _convert_list,
+    dict: _convert_dict,
+}
+#: A plain settings type's converter.
+_SCALARS: dict[Any, Callable[[Any, Document, KeyPath], Any]] = {
+    Duration: _convert_duration,
+    bool: _convert_bool,
+    int: _convert_int,
+    float: _convert_float,
+    str: _convert_str,
+}
 
 
 def _convert_dataclass(cls: type, value: Any, doc: Document, key: KeyPath) -> Any:

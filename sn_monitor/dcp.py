@@ -269,40 +269,46 @@ def loads_metadata(data: bytes) -> DcpMetadata:
 
 
 def _digest(root: _Metadata) -> DcpMetadata:
-    entries: dict[str, Entry] = {}
-    for fqn, value in (root.get("state_dict_metadata") or {}).items():
-        if not isinstance(fqn, str):
-            raise DcpError(f"state_dict_metadata key {fqn!r} is not a string")
-        if isinstance(value, _TensorStorageMetadata):
-            props = value.get("properties")
-            dtype = props.get("dtype") if isinstance(props, _TensorProperties) else None
-            size = value.get("size")
-            entries[fqn] = Entry("tensor",
-                                 tuple(int(n) for n in size) if size is not None else None,
-                                 str(dtype) if dtype is not None else None)
-        elif isinstance(value, _BytesStorageMetadata):
-            entries[fqn] = Entry("bytes")
-        else:
-            raise DcpError(f"state_dict_metadata[{fqn!r}] is not tensor or bytes metadata")
+    """What the unpickled Metadata says, checked: its entries and where each item is stored."""
+    entries = {fqn: _entry(fqn, value)
+               for fqn, value in (root.get("state_dict_metadata") or {}).items()}
     storage = root.get("storage_data")
     if not isinstance(storage, dict):
         raise DcpError("storage_data is missing (not written by a FileSystemWriter?)")
-    items: list[StoredItem] = []
-    for index, info in storage.items():
-        if not isinstance(index, _MetadataIndex) or not isinstance(info, _StorageInfo):
-            raise DcpError("storage_data must map MetadataIndex to _StorageInfo")
-        fqn = index.get("fqn")
-        rel, offset, length = (info.get("relative_path"), info.get("offset"),
-                               info.get("length"))
-        if not isinstance(rel, str) or not _inside(rel):
-            raise DcpError(f"storage entry of {fqn!r} points outside the checkpoint: {rel!r}")
-        if (not isinstance(offset, int) or not isinstance(length, int) or offset < 0
-                or length < 0 or isinstance(offset, bool) or isinstance(length, bool)):
-            raise DcpError(f"storage entry of {fqn!r} has a bad offset or length")
-        items.append(StoredItem(str(fqn), rel, offset, length))
+    items = tuple(_stored_item(index, info) for index, info in storage.items())
     version = root.get("version")
     return DcpMetadata(version=version if isinstance(version, str) else None,
-                       entries=entries, items=tuple(items))
+                       entries=entries, items=items)
+
+
+def _entry(fqn: object, value: object) -> Entry:
+    """One ``state_dict_metadata`` entry: a tensor (its size and dtype) or bytes."""
+    if not isinstance(fqn, str):
+        raise DcpError(f"state_dict_metadata key {fqn!r} is not a string")
+    if isinstance(value, _TensorStorageMetadata):
+        props = value.get("properties")
+        dtype = props.get("dtype") if isinstance(props, _TensorProperties) else None
+        size = value.get("size")
+        return Entry("tensor", tuple(int(n) for n in size) if size is not None else None,
+                     str(dtype) if dtype is not None else None)
+    if isinstance(value, _BytesStorageMetadata):
+        return Entry("bytes")
+    raise DcpError(f"state_dict_metadata[{fqn!r}] is not tensor or bytes metadata")
+
+
+def _stored_item(index: object, info: object) -> StoredItem:
+    """One ``storage_data`` entry: a file inside the checkpoint, an offset and a length."""
+    if not isinstance(index, _MetadataIndex) or not isinstance(info, _StorageInfo):
+        raise DcpError("storage_data must map MetadataIndex to _StorageInfo")
+    fqn = index.get("fqn")
+    rel, offset, length = (info.get("relative_path"), info.get("offset"),
+                           info.get("length"))
+    if not isinstance(rel, str) or not _inside(rel):
+        raise DcpError(f"storage entry of {fqn!r} points outside the checkpoint: {rel!r}")
+    if (not isinstance(offset, int) or not isinstance(length, int) or offset < 0
+            or length < 0 or isinstance(offset, bool) or isinstance(length, bool)):
+        raise DcpError(f"storage entry of {fqn!r} has a bad offset or length")
+    return StoredItem(str(fqn), rel, offset, length)
 
 
 def _inside(relative_path: str) -> bool:

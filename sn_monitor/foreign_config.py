@@ -67,6 +67,17 @@ def recognise(path: Path) -> ForeignFile | None:
     if path.suffix in BY_SUFFIX:
         kind, hint = BY_SUFFIX[path.suffix]
         return ForeignFile(kind, hint=hint)
+    documents = _mappings(path)
+    if documents is None:
+        return None
+    manifest = _kubernetes_manifest(documents)
+    if manifest is not None or len(documents) != 1:
+        return manifest
+    return _monitoring_config(documents[0], str(path))
+
+
+def _mappings(path: Path) -> list[dict[Any, Any]] | None:
+    """The file's YAML documents when there are some and each is a mapping, else None."""
     try:
         documents = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8"))
                      if d is not None]
@@ -74,15 +85,21 @@ def recognise(path: Path) -> ForeignFile | None:
         return None
     if not documents or not all(isinstance(d, dict) for d in documents):
         return None
+    return documents
+
+
+def _kubernetes_manifest(documents: list[dict[Any, Any]]) -> ForeignFile | None:
+    """Kubernetes objects, every one, none of a kind sn-monitor reads itself."""
     kinds = [_kubernetes_kind(d) for d in documents]
     if all(kinds) and not OWN_KINDS & set(kinds):
         names = ", ".join(dict.fromkeys(str(k) for k in kinds))
         return ForeignFile(f"Kubernetes manifest: {names}",
                            hint="kubectl apply --dry-run=server checks it")
-    if len(documents) != 1:
-        return None
-    doc = documents[0]
-    name = str(path)
+    return None
+
+
+def _monitoring_config(doc: dict[Any, Any], name: str) -> ForeignFile | None:
+    """A Prometheus configuration or rule file, or an Alertmanager configuration."""
     if doc.keys() & {"scrape_configs", "rule_files", "remote_write"} or (
             "global" in doc and "alerting" in doc):
         return ForeignFile("Prometheus configuration",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sn_monitor.config import ConfigError, Duration, parse_duration_text
 from sn_monitor.goodput.results import POLICIES, table, to_json
-from sn_monitor.goodput.trace import CATALOGUE, draw, load_catalogue, load_trace
+from sn_monitor.goodput.trace import CATALOGUE, Trace, draw, load_catalogue, load_trace
 from sn_monitor.goodput.world import WorldSettings
 
 EXIT_CONFIG = 2
@@ -60,33 +60,14 @@ def run_goodput(args: argparse.Namespace) -> int:
     """Replay, print the table (or JSON) and the wall time; 2 on a bad file or option."""
     from sn_monitor.goodput.replay import (  # the controller: not at every CLI start
         ReplayOptions,
-        job_nodes,
         refine,
         replay,
     )
 
     try:
-        if args.nodes < 1 or args.spares < 0 or args.days <= 0:
-            raise ConfigError("command line", "--nodes/--spares/--days", None,
-                              "need at least one node, no negative spares, days above 0")
-        settings = WorldSettings(
-            nodes=args.nodes, spares=args.spares, step_seconds=_duration("--step", args.step),
-            save_blocking=_duration("--save-blocking", args.save_blocking),
-            save_persist=_duration("--save-persist", args.save_persist),
-            load=_duration("--load", args.load),
-            relaunch=_duration("--relaunch", args.relaunch))
-        policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-        unknown = [p for p in policies if p not in POLICIES]
-        if unknown or not policies:
-            raise ConfigError("command line", "--policies", None,
-                              f"unknown {', '.join(unknown) or 'empty'}; "
-                              f"policies: {', '.join(POLICIES)}")
-        if args.trace is not None:
-            trace, seed = load_trace(args.trace), None
-        else:
-            trace = draw(load_catalogue(args.catalogue), job_nodes(settings),
-                         args.days * 86400.0, args.seed)
-            seed = args.seed
+        settings = _world_settings(args)
+        policies = _policies(args.policies)
+        trace, seed = _trace(args, settings)
     except ConfigError as err:
         print(f"sn-monitor goodput: {err}", file=sys.stderr)
         return EXIT_CONFIG
@@ -112,3 +93,39 @@ def run_goodput(args: argparse.Namespace) -> int:
                 print(f"  every {interval:6.0f} s: ETTR {ettr * 100:.2f} %")
         print(f"\nreplayed in {wall:.0f} s of wall time")
     return 0
+
+
+def _world_settings(args: argparse.Namespace) -> WorldSettings:
+    """The simulated job and its timings, from the options (raises ConfigError)."""
+    if args.nodes < 1 or args.spares < 0 or args.days <= 0:
+        raise ConfigError("command line", "--nodes/--spares/--days", None,
+                          "need at least one node, no negative spares, days above 0")
+    return WorldSettings(
+        nodes=args.nodes, spares=args.spares, step_seconds=_duration("--step", args.step),
+        save_blocking=_duration("--save-blocking", args.save_blocking),
+        save_persist=_duration("--save-persist", args.save_persist),
+        load=_duration("--load", args.load),
+        relaunch=_duration("--relaunch", args.relaunch))
+
+
+def _policies(option: str) -> tuple[str, ...]:
+    """``--policies``: known names, at least one (raises ConfigError)."""
+    policies = tuple(p.strip() for p in option.split(",") if p.strip())
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        raise ConfigError("command line", "--policies", None,
+                          f"unknown {', '.join(unknown) or 'empty'}; "
+                          f"policies: {', '.join(POLICIES)}")
+    return policies
+
+
+def _trace(args: argparse.Namespace, settings: WorldSettings) -> tuple[Trace, int | None]:
+    """The ``--trace`` file, or one drawn from the catalogue; and the seed it was drawn with."""
+    from sn_monitor.goodput.replay import job_nodes
+
+    if args.trace is not None:
+        return load_trace(args.trace), None
+    trace = draw(load_catalogue(args.catalogue), job_nodes(settings),
+                 args.days * 86400.0, args.seed)
+    return trace, args.seed
+

@@ -214,7 +214,7 @@ def test_controller_down_never_raises_logs_once_and_backs_off(caplog: pytest.Log
                          session=CountingSession())
     try:
         assert client.restore_point() is None  # refused: no exception, backoff starts
-        assert client._delay == pytest.approx(client.flush_interval)
+        assert client._failover.delay == pytest.approx(client.flush_interval)
         for step in range(50):
             client.progress(step)
             client.should_checkpoint()
@@ -223,11 +223,13 @@ def test_controller_down_never_raises_logs_once_and_backs_off(caplog: pytest.Log
         wait_for_a_flush_pass(clock)
         assert len(calls) == 1
         clock.now += 1000
-        assert wait_until(lambda: client._delay == pytest.approx(2 * client.flush_interval))
+        assert wait_until(
+            lambda: client._failover.delay == pytest.approx(2 * client.flush_interval))
         wait_for_a_flush_pass(clock)
         assert len(calls) == 2  # one try, then backing off again, twice as long
         clock.now += 1000
-        assert wait_until(lambda: client._delay == pytest.approx(4 * client.flush_interval))
+        assert wait_until(
+            lambda: client._failover.delay == pytest.approx(4 * client.flush_interval))
         assert len(calls) == 3
     finally:
         client.close()
@@ -262,7 +264,7 @@ def test_outage_then_recovery_delivers_latest_progress_and_every_checkpoint(
     assert len(client_records(caplog, logging.WARNING)) == 1
     infos = [r.getMessage() for r in client_records(caplog, logging.INFO)]
     assert any("reachable again" in m for m in infos)
-    assert client._delay == 0.0
+    assert client._failover.delay == 0.0
 
 
 def test_refused_checkpoint_report_is_dropped_with_an_error(

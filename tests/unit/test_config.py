@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sn_monitor.agent.settings import AgentSettings, load_agent_settings
-from sn_monitor.cli import check_config, check_file
+from sn_monitor.cli.check_config import check_config, check_file
 from sn_monitor.config import (
     ConfigError,
     Duration,
@@ -220,9 +220,10 @@ def test_bad_controller_urls_name_the_key(tmp_path, text, message):
 
 
 def _cli_settings(*argv: str):
-    from sn_monitor.cli import _agent_settings, build_parser
+    from sn_monitor.cli import build_parser
+    from sn_monitor.cli.agent import agent_settings
 
-    return _agent_settings(build_parser().parse_args(["agent", *argv]))
+    return agent_settings(build_parser().parse_args(["agent", *argv]))
 
 
 def test_controller_flag_once_is_url_and_more_often_urls(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sn_monitor.cli import check_config
+from sn_monitor.cli.check_config import check_config
 from sn_monitor.config import ConfigError
 from sn_monitor.controller.process.startup import read_rules
 from sn_monitor.controller.settings import ControllerSettings

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
-from sn_monitor.cli import check_config
+from sn_monitor.cli.check_config import check_config
 from tests.conftest import ROOT
 
 DEPLOY = ROOT / "deploy"

@@ -7,7 +7,7 @@ import re
 import msgspec
 import pytest
 
-from sn_monitor.cli import check_file
+from sn_monitor.cli.check_config import check_file
 from sn_monitor.config import ConfigError, parse_yaml
 from sn_monitor.model import Command, CommandResult, HostReport, Report, topology_digest
 from sn_monitor.sim.fleet import Fleet, FleetOptions, base_reports, node_name

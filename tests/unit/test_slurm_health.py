@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sn_monitor.cli import DEFAULT_AGENT_URL
+from sn_monitor.cli.slurm_health import DEFAULT_AGENT_URL
 from sn_monitor.slurm_health import (
     DEFAULT_AGENT,
     HEALTH_PREFIX,

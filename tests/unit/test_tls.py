@@ -23,7 +23,8 @@ import requests
 from sn_monitor.agent.reporter import Reporter
 from sn_monitor.agent.settings import load_agent_settings
 from sn_monitor.agent.spool import EventSpool
-from sn_monitor.cli import build_parser, check_config
+from sn_monitor.cli import build_parser
+from sn_monitor.cli.check_config import check_config
 from sn_monitor.client import JobClient
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import ConfigError

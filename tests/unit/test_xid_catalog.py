@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sn_monitor.cli import check_file
+from sn_monitor.cli.check_config import check_file
 from sn_monitor.config import ConfigError, load_yaml
 from sn_monitor.controller.settings import ControllerSettings, load_controller_settings
 from sn_monitor.errors import SnMonitorError
