@@ -300,51 +300,10 @@ class Demo:
 
     def _entries(self, incidents: list[dict[str, Any]], actions: list[dict[str, Any]],
                  recoveries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        out = []
+        """What came of each played fault that expects a detection, and of each repair."""
         played = [i for i in self.injections if i.injected_wall is not None]
-        for inj in played:
-            assert inj.injected_wall is not None
-            # A fault's window ends at the next fault on its node (a repair does not end
-            # it: an incident may land just after the repair was injected).
-            # A storm's repeats do not end it; an incident of the node's job (one fault
-            # on many of its nodes at once: the job's own) is the node's too.
-            later = [o.injected_wall for o in played if o.node == inj.node
-                     and o.injected_wall is not None and o.injected_wall > inj.injected_wall
-                     and (o.fault not in REPAIRS or inj.fault in REPAIRS)
-                     and o.position != inj.position]
-            until = min(later) if later else float("inf")
-            mine = sorted((i for i in incidents if i["node"] in (inj.node, f"job:{JOB}")
-                           and inj.injected_wall - 0.5 <= i["detected_at"] < until),
-                          key=lambda i: i["detected_at"])
-            ids = {i["id"] for i in mine}
-            done = [a for a in actions
-                    if a["incident_id"] in ids or (
-                        a["node"] == inj.node and a["incident_id"] is None
-                        and inj.injected_wall <= a["created_at"] < until)]
-            counts = Counter(f"{a['action']} {a['state']}" for a in done)
-            recs = [r for r in recoveries if ids & set(r["incident_ids"])]
-            entry: dict[str, Any] = {
-                "at": format_seconds(inj.at), "at_seconds": inj.at,
-                "wall_offset_seconds": round(inj.offset or 0.0, 2),
-                "fault": inj.fault, "node": inj.node, "gpu": inj.gpu,
-                "params": inj.params, "result": inj.error or inj.result,
-                "expects_detection": inj.expects_detection,
-                "detected_at": None, "detection_latency_seconds": None,
-                "incidents": [f"{i['rule']}#{i['id']}" for i in mine],
-                "actions": [f"{k} x{n}" if n > 1 else k for k, n in counts.items()],
-                "refused": sorted({a["verdict"] for a in done if a["state"] == "refused"}),
-                "recoveries": [{"id": r["id"], "state": r["state"],
-                                "failed_nodes": r["failed_nodes"],
-                                "replacement_nodes": r["replacement_nodes"],
-                                "mttr_seconds": r["mttr_seconds"]} for r in recs],
-            }
-            if mine and inj.expects_detection:
-                entry["detected_at"] = mine[0]["detected_at"]
-                entry["detection_latency_seconds"] = round(
-                    max(0.0, mine[0]["detected_at"] - inj.injected_wall), 2)
-            if inj.expects_detection or inj.fault in REPAIRS:
-                out.append(entry)
-        return out
+        return [_entry(inj, _window_end(inj, played), incidents, actions, recoveries)
+                for inj in played if inj.expects_detection or inj.fault in REPAIRS]
 
     def _lost_windows(self) -> dict[str, list[tuple[float, float]]]:
         """When each node was made silent (wall times, from node-lost to node-back)."""
@@ -427,19 +386,9 @@ class Demo:
         entries = self._entries(incidents, actions, recoveries)
         undetected = [f"{e['at']} {e['fault']} on {e['node']}" for e in entries
                       if e["expects_detection"] and e["detected_at"] is None]
-        totals: dict[str, dict[str, int]] = {}
-        for act in actions:
-            bucket = totals.setdefault(act["action"], {})
-            bucket[act["state"]] = bucket.get(act["state"], 0) + 1
-        breaker = health.get("breaker") or {}
         latencies = [e["detection_latency_seconds"] for e in entries
                      if e["detection_latency_seconds"] is not None]
         false_lost, evicted_healthy = self._false_alarms(incidents, actions)
-        obs = self.observed
-        ettr = job.get("effective_training_ratio")
-        closed_at = obs.breaker_closed_at
-        if closed_at is None and obs.breaker_opened_at is not None and not breaker.get("open"):
-            closed_at = self.elapsed * self.options.speed  # closed since the last poll
         summary: dict[str, Any] = {
             "scenario": self.options.scenario.name,
             "speed": self.options.speed,
@@ -454,26 +403,15 @@ class Demo:
             "detection_latency_seconds": {
                 "max": max(latencies) if latencies else None,
                 "mean": round(sum(latencies) / len(latencies), 2) if latencies else None},
-            "actions": totals,
+            "actions": _action_totals(actions),
             "page": page_url(sn.url),
-            "breaker": {"tripped": bool(breaker.get("open")) or (
-                obs.breaker_opened_at is not None),
-                "open": bool(breaker.get("open")),
-                "reason": breaker.get("reason") or obs.breaker_reason,
-                "opened_at_seconds": _rounded(obs.breaker_opened_at),
-                "closed_at_seconds": _rounded(closed_at)},
+            "breaker": self._breaker_summary(health.get("breaker") or {}),
             "recoveries": [{"id": r["id"], "state": r["state"], "kind": r["kind"],
                             "failed_nodes": r["failed_nodes"],
                             "replacement_nodes": r["replacement_nodes"],
                             "generation": r["generation"],
                             "mttr_seconds": r["mttr_seconds"]} for r in recoveries],
-            "job": {"state": job.get("state"), "state_reason": job.get("state_reason"),
-                    "generation": job.get("generation"),
-                    "last_step": job.get("last_step"), "nodes": job.get("nodes"),
-                    "spares": job.get("spares"),
-                    "effective_training_ratio": (round(ettr, 3) if isinstance(ettr, int | float)
-                                                 else ettr),
-                    "training": training},
+            "job": _job_summary(job, training),
             "out_of_service": out_of_service(nodes, actions, repairs, incidents),
             "bottlenecks": bottlenecks(incidents),
             "false_node_lost": false_lost,
@@ -482,6 +420,111 @@ class Demo:
         }
         summary["verdict"] = verdict(summary)
         return summary
+
+    def _breaker_summary(self, breaker: dict[str, Any]) -> dict[str, Any]:
+        """The breaker at the end (``breaker``: the controller's health) and as polled."""
+        obs = self.observed
+        closed_at = obs.breaker_closed_at
+        if closed_at is None and obs.breaker_opened_at is not None and not breaker.get("open"):
+            closed_at = self.elapsed * self.options.speed  # closed since the last poll
+        return {"tripped": bool(breaker.get("open")) or obs.breaker_opened_at is not None,
+                "open": bool(breaker.get("open")),
+                "reason": breaker.get("reason") or obs.breaker_reason,
+                "opened_at_seconds": _rounded(obs.breaker_opened_at),
+                "closed_at_seconds": _rounded(closed_at)}
+
+
+# ---------------------------------------------------------------------- the summary's parts
+
+
+def _action_totals(actions: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """How many actions of each kind ended in each state: ``{"evict": {"succeeded": 2}}``."""
+    totals: dict[str, dict[str, int]] = {}
+    for act in actions:
+        bucket = totals.setdefault(act["action"], {})
+        bucket[act["state"]] = bucket.get(act["state"], 0) + 1
+    return totals
+
+
+def _job_summary(job: dict[str, Any], training: bool) -> dict[str, Any]:
+    """The job at the end, as the controller has it, and whether it still trains."""
+    ettr = job.get("effective_training_ratio")
+    return {"state": job.get("state"), "state_reason": job.get("state_reason"),
+            "generation": job.get("generation"),
+            "last_step": job.get("last_step"), "nodes": job.get("nodes"),
+            "spares": job.get("spares"),
+            "effective_training_ratio": (round(ettr, 3) if isinstance(ettr, int | float)
+                                         else ettr),
+            "training": training}
+
+
+# ---------------------------------------------------------------------- what came of a fault
+
+
+def _window_end(inj: Injection, played: list[Injection]) -> float:
+    """The wall time a fault's window ends: at the next fault on its node.
+
+    A repair does not end it (an incident may land just after the repair was injected),
+    nor do a storm's repeats.
+    """
+    assert inj.injected_wall is not None
+    later = [o.injected_wall for o in played if o.node == inj.node
+             and o.injected_wall is not None and o.injected_wall > inj.injected_wall
+             and (o.fault not in REPAIRS or inj.fault in REPAIRS)
+             and o.position != inj.position]
+    return min(later) if later else float("inf")
+
+
+def _incidents_of(inj: Injection, incidents: list[dict[str, Any]],
+                  until: float) -> list[dict[str, Any]]:
+    """The incidents detected in a fault's window, first first.
+
+    An incident of the node's job (one fault on many of its nodes at once: the job's
+    own) is the node's too.
+    """
+    assert inj.injected_wall is not None
+    start = inj.injected_wall - 0.5
+    return sorted((i for i in incidents if i["node"] in (inj.node, f"job:{JOB}")
+                   and start <= i["detected_at"] < until), key=lambda i: i["detected_at"])
+
+
+def _actions_of(inj: Injection, ids: set[int], actions: list[dict[str, Any]],
+                until: float) -> list[dict[str, Any]]:
+    """The actions on those incidents, and those on the node for no incident in the window."""
+    assert inj.injected_wall is not None
+    start = inj.injected_wall
+    return [a for a in actions
+            if a["incident_id"] in ids or (a["node"] == inj.node and a["incident_id"] is None
+                                           and start <= a["created_at"] < until)]
+
+
+def _entry(inj: Injection, until: float, incidents: list[dict[str, Any]],
+           actions: list[dict[str, Any]], recoveries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One fault of the summary: when it was detected, the incidents, actions, recoveries."""
+    assert inj.injected_wall is not None
+    mine = _incidents_of(inj, incidents, until)
+    ids = {i["id"] for i in mine}
+    done = _actions_of(inj, ids, actions, until)
+    counts = Counter(f"{a['action']} {a['state']}" for a in done)
+    detected = mine[0]["detected_at"] if mine and inj.expects_detection else None
+    return {
+        "at": format_seconds(inj.at), "at_seconds": inj.at,
+        "wall_offset_seconds": round(inj.offset or 0.0, 2),
+        "fault": inj.fault, "node": inj.node, "gpu": inj.gpu,
+        "params": inj.params, "result": inj.error or inj.result,
+        "expects_detection": inj.expects_detection,
+        "detected_at": detected,
+        "detection_latency_seconds": (None if detected is None
+                                      else round(max(0.0, detected - inj.injected_wall), 2)),
+        "incidents": [f"{i['rule']}#{i['id']}" for i in mine],
+        "actions": [f"{k} x{n}" if n > 1 else k for k, n in counts.items()],
+        "refused": sorted({a["verdict"] for a in done if a["state"] == "refused"}),
+        "recoveries": [{"id": r["id"], "state": r["state"],
+                        "failed_nodes": r["failed_nodes"],
+                        "replacement_nodes": r["replacement_nodes"],
+                        "mttr_seconds": r["mttr_seconds"]}
+                       for r in recoveries if ids & set(r["incident_ids"])],
+    }
 
 
 # ---------------------------------------------------------------------- views and verdict
@@ -601,26 +644,37 @@ def out_of_service(nodes: list[dict[str, Any]], actions: list[dict[str, Any]],
                        key=lambda a: a["created_at"])
         last = taken[-1] if taken else None
         repair = next((r for r in repairs if r["node"] == name), None)
-        if repair is not None and repair["step"] in ("acting", "waiting", "verifying"):
-            awaits = (f"the repair ladder ({repair['rung']} {repair['step']}), then the "
-                      "return-to-service check")
-        elif last is not None and last["action"] == "cordon":
-            awaits = (f"a person: uncordon it once repaired (POST /api/v1/nodes/{name}/"
-                      "uncordon), then the return-to-service check")
-        else:
-            awaits = (f"a person: give it back to the job's spare pool once repaired "
-                      f"(POST /api/v1/jobs/{JOB}/spares/{name})")
-        if repair is not None and repair["step"] == "replace":
-            awaits += "; no rung of the repair ladder cleared its fault"
-        by = "?"
-        if last is not None:
-            incident = last["incident_id"]
-            by = (f"{rule_of.get(incident, last['rule'])}#{incident}" if incident is not None
-                  else last["rule"] or last["requested_by"] or "?")
-        out.append({"node": name, "state": node["state"], "by": by,
+        out.append({"node": name, "state": node["state"], "by": _taken_out_by(last, rule_of),
                     "action": last["action"] if last else None,
-                    "reason": (last.get("reason") or "") if last else "", "awaits": awaits})
+                    "reason": (last.get("reason") or "") if last else "",
+                    "awaits": _awaits(name, last, repair)})
     return out
+
+
+def _taken_out_by(last: dict[str, Any] | None, rule_of: dict[int, str]) -> str:
+    """``rule#incident`` of the action that took a node out (its rule, or who asked)."""
+    if last is None:
+        return "?"
+    incident = last["incident_id"]
+    if incident is not None:
+        return f"{rule_of.get(incident, last['rule'])}#{incident}"
+    return str(last["rule"] or last["requested_by"] or "?")
+
+
+def _awaits(name: str, last: dict[str, Any] | None, repair: dict[str, Any] | None) -> str:
+    """What a node out of service waits for: the repair ladder, or a person."""
+    if repair is not None and repair["step"] in ("acting", "waiting", "verifying"):
+        awaits = (f"the repair ladder ({repair['rung']} {repair['step']}), then the "
+                  "return-to-service check")
+    elif last is not None and last["action"] == "cordon":
+        awaits = (f"a person: uncordon it once repaired (POST /api/v1/nodes/{name}/"
+                  "uncordon), then the return-to-service check")
+    else:
+        awaits = (f"a person: give it back to the job's spare pool once repaired "
+                  f"(POST /api/v1/jobs/{JOB}/spares/{name})")
+    if repair is not None and repair["step"] == "replace":
+        awaits += "; no rung of the repair ladder cleared its fault"
+    return awaits
 
 
 def verdict(summary: dict[str, Any]) -> str:
@@ -662,26 +716,7 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     if "error" in summary:
         console.print(f"[red]{summary['error']}[/red]")
         return
-    table = Table(title=f"scenario {summary['scenario']}: injected faults", expand=True)
-    for col in ("at", "node"):
-        table.add_column(col, no_wrap=True)
-    for col in ("fault", "detected after", "incidents", "actions", "recovery"):
-        table.add_column(col, overflow="fold")
-    for e in summary["faults"]:
-        if e["expects_detection"]:
-            latency = e["detection_latency_seconds"]
-            detected = Text(f"{latency:.1f}s", style="green") if latency is not None else (
-                Text("NOT DETECTED", style="bold red"))
-        else:
-            detected = Text("(repair)", style="dim")
-        recs = ", ".join(f"{r['state']}" + (f" in {r['mttr_seconds']:.1f}s"
-                                            if r["mttr_seconds"] is not None else "")
-                         for r in e["recoveries"])
-        fault = e["fault"] + (f" GPU {e['gpu']}" if e["gpu"] is not None else "")
-        table.add_row(e["at"], e["node"], fault, detected, ", ".join(e["incidents"]),
-                      ", ".join(e["actions"]) + ("\nrefused: " + "; ".join(e["refused"])
-                                                 if e["refused"] else ""), recs)
-    console.print(table)
+    console.print(faults_table(summary))
     for rec in summary["recoveries"]:
         mttr = rec["mttr_seconds"]
         console.print(f"recovery {rec['id'][:8]} ({rec['kind']}): {rec['state']}, "
@@ -701,6 +736,39 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     console.print(f"job {JOB}: {job['state']}{reason}, step {job['last_step']}, generation "
                   f"{job['generation']}, effective training ratio "
                   f"{ratio(job['effective_training_ratio'])}")
+    _render_outcome(summary, console)
+
+
+def faults_table(summary: dict[str, Any]) -> Table:
+    """The injected faults: when each was detected, its incidents, actions and recovery."""
+    table = Table(title=f"scenario {summary['scenario']}: injected faults", expand=True)
+    for col in ("at", "node"):
+        table.add_column(col, no_wrap=True)
+    for col in ("fault", "detected after", "incidents", "actions", "recovery"):
+        table.add_column(col, overflow="fold")
+    for e in summary["faults"]:
+        recs = ", ".join(f"{r['state']}" + (f" in {r['mttr_seconds']:.1f}s"
+                                            if r["mttr_seconds"] is not None else "")
+                         for r in e["recoveries"])
+        fault = e["fault"] + (f" GPU {e['gpu']}" if e["gpu"] is not None else "")
+        table.add_row(e["at"], e["node"], fault, _detected(e), ", ".join(e["incidents"]),
+                      ", ".join(e["actions"]) + ("\nrefused: " + "; ".join(e["refused"])
+                                                 if e["refused"] else ""), recs)
+    return table
+
+
+def _detected(entry: dict[str, Any]) -> Text:
+    """The "detected after" cell: the latency, NOT DETECTED, or (repair)."""
+    if not entry["expects_detection"]:
+        return Text("(repair)", style="dim")
+    latency = entry["detection_latency_seconds"]
+    if latency is None:
+        return Text("NOT DETECTED", style="bold red")
+    return Text(f"{latency:.1f}s", style="green")
+
+
+def _render_outcome(summary: dict[str, Any], console: Console) -> None:
+    """The detection latency, what went wrong, the page, the breaker and the verdict."""
     lat = summary["detection_latency_seconds"]
     if lat["max"] is not None:
         console.print(f"detection latency: mean {lat['mean']:.1f}s, max {lat['max']:.1f}s")

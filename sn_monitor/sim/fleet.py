@@ -11,7 +11,8 @@ fake NVML, the collectors) and keeps what the controller sees: the reports.
   (node name, instance, sequence, sample time, labels): the JSON is pre-encoded in
   slices and joined per report, so a report costs the fleet a few microseconds. Nodes
   step through the variants, so values move from one report to the next.
-- **Faults.** A node that has been hit by a fault gets its own state: each faulted GPU
+- **Faults.** A node that has been hit by a fault gets its own state
+  (:mod:`sn_monitor.sim.fleet_node`): each faulted GPU
   becomes a real ``SimulatedGpu`` (thermal model, power cap, ECC, NVLink, PCIe), stepped
   by the simulated time between its reports, and the same fault handlers as a simulated
   agent's ``POST /sim/fault`` (:data:`sn_monitor.sim.node.FAULTS`) act on it. Its report
@@ -34,10 +35,13 @@ fake NVML, the collectors) and keeps what the controller sees: the reports.
   fire none, which the templates check) and sends trimmed reports with its findings,
   pre-encoded per rules version as the full ones are. ``--full-reports`` sends full
   reports throughout, as agents before edge rules do, for the controller to evaluate.
-- **Sending.** One thread, a few connections (``selectors``), each node reporting every
-  ``interval`` with jitter, the first reports spread over the first interval so the
-  load is even. Each connection is a reports' stream (:mod:`sn_monitor.report_stream`),
-  as an agent's is: reports go out as they fall due, and a node asks for an answer as an
+- **Sending.** One thread, a few connections (:mod:`sn_monitor.sim.fleet_client`: one
+  small state machine each, on one selector), each node reporting every ``interval``
+  with jitter, the first reports spread over the first interval so the load is even.
+  :meth:`Fleet.run` is the schedule: it plays the faults that fell due, sends the
+  reports that fell due on the free connections, and reads the answers. Each
+  connection is a reports' stream (:mod:`sn_monitor.report_stream`), as an agent's
+  is: reports go out as they fall due, and a node asks for an answer as an
   agent does (its first report, one carrying events or command results, and one every
   :data:`~sn_monitor.report_stream.ASK_EVERY_SECONDS`), so a node waits only for those.
   ``--post-reports`` (or a controller without streams, which answers the upgrade 404)
@@ -58,29 +62,19 @@ from __future__ import annotations
 import heapq
 import math
 import random
-import selectors
-import socket
-import ssl
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 import msgspec
 
 from sn_monitor import __version__
 from sn_monitor.agent.collectors.infiniband import counter_stem
-from sn_monitor.agent.nvml import THROTTLE_REASONS
 from sn_monitor.agent.report import is_reported_ib_counter
 from sn_monitor.agent.rules import NodeRules
-from sn_monitor.agent.settings import VerifySettings
-from sn_monitor.agent.snapshot import GpuSample, NodeSnapshot, NvLinkSample
-from sn_monitor.agent.stream import StreamAnswer
-from sn_monitor.agent.verify import snapshot_checks
 from sn_monitor.clock import SystemClock
 from sn_monitor.config import ConfigError
 from sn_monitor.model import (
@@ -88,8 +82,6 @@ from sn_monitor.model import (
     Command,
     CommandResult,
     EdgeRules,
-    EventRecord,
-    GpuReport,
     HostReport,
     IbPortReport,
     NetReport,
@@ -97,39 +89,23 @@ from sn_monitor.model import (
     Report,
     topology_digest,
 )
-from sn_monitor.report_stream import (
-    ACK,
-    ASK_EVERY_SECONDS,
-    NO_STREAM_STATUSES,
-    FrameReader,
-    frame,
-    opening,
-)
 from sn_monitor.rules.series import Trim
-from sn_monitor.sim.gpu_model import (
-    FABRIC_COMPLETED,
-    H100_SXM,
-    GpuProfile,
-    SimulatedGpu,
-    make_gpus,
+from sn_monitor.sim.fleet_client import (
+    ControllerAddress,
+    FleetStats,
+    LoadClient,
+    Outgoing,
+    Samples,
 )
+from sn_monitor.sim.fleet_node import IB_ACTIVE, FleetNode, NodeFaults, gpu_values, remedy
+from sn_monitor.sim.gpu_model import H100_SXM, GpuProfile, make_gpus
 from sn_monitor.sim.hgx import simulated_topology
 from sn_monitor.sim.node import FAULTS, FaultError, SimulatedNode
 from sn_monitor.sim.node_tree import DEFAULT_IB_DEVICES, IB_COUNTER_FILES, IB_HW_COUNTER_FILES
 from sn_monitor.sim.scenario import NETDEVS, PlannedFault, Scenario, format_seconds
-from sn_monitor.transport import describe_failure, error_text
 
-REPORTS_PATH = "/api/v1/reports"
 #: Distinct base reports the healthy nodes step through.
 VARIANTS = 8
-#: A request with no full response after this long fails and its connection is closed.
-REQUEST_TIMEOUT_SECONDS = 10.0
-#: A kept-alive connection unused this long is replaced before its next request: servers
-#: close idle ones (uvicorn after 5 s), and a request sent as the server closes is lost.
-STALE_AFTER_SECONDS = 4.0
-#: Latencies kept for the percentiles (a uniform sample beyond this many).
-MAX_SAMPLES = 200_000
-_STATE_ACTIVE, _STATE_DOWN = 4, 1
 _encoder = msgspec.json.Encoder()
 
 
@@ -177,45 +153,6 @@ def node_labels(index: int) -> dict[str, str]:
 # ---------------------------------------------------------------- values
 
 
-def gpu_values(gpu: SimulatedGpu) -> GpuReport:
-    """One simulated GPU's values as the agent would report them (no NVML in between)."""
-    p = gpu.profile
-    if gpu.lost:
-        return GpuReport(index=gpu.index, uuid=gpu.uuid, lost=True)
-    reasons = [name for name, bit in THROTTLE_REASONS if gpu.clock_event_reasons & bit]
-    links = gpu.nvlinks
-    return GpuReport(
-        index=gpu.index, uuid=gpu.uuid,
-        utilization_ratio=round(min(1.0, max(0.0, gpu.utilization)), 2),
-        memory_bandwidth_utilization_ratio=round(min(1.0, max(0.0, gpu.dram_utilization)), 3),
-        memory_used_bytes=gpu.memory_used_bytes, memory_total_bytes=p.memory_total_bytes,
-        temperature_celsius=float(int(gpu.temperature_celsius)),
-        memory_temperature_celsius=float(int(gpu.memory_temperature_celsius)),
-        slowdown_temperature_celsius=p.slowdown_celsius,
-        shutdown_temperature_celsius=p.shutdown_celsius,
-        memory_max_temperature_celsius=p.memory_max_celsius,
-        power_watts=round(gpu.power_watts, 3), power_limit_watts=gpu.power_limit_watts,
-        power_default_limit_watts=p.power_default_limit_watts,
-        sm_clock_hertz=gpu.sm_clock_mhz * 1e6, throttle_reasons=reasons,
-        ecc_corrected_errors_total=gpu.ecc_corrected,
-        ecc_uncorrected_errors_total=gpu.ecc_uncorrected,
-        remapped_rows_correctable=gpu.remapped_rows_correctable,
-        remapped_rows_uncorrectable=gpu.remapped_rows_uncorrectable,
-        row_remap_pending=gpu.row_remap_pending, row_remap_failed=gpu.row_remap_failed,
-        pcie_replays_total=gpu.pcie_replays,
-        pcie_link_generation=gpu.pcie_generation, pcie_link_generation_max=p.pcie_generation,
-        pcie_link_width=gpu.pcie_width, pcie_link_width_max=p.pcie_width,
-        nvlink_crc_errors_total=sum(x.crc_flit_errors + x.crc_data_errors for x in links),
-        nvlink_replay_errors_total=sum(x.replay_errors for x in links),
-        nvlink_recovery_errors_total=sum(x.recovery_errors for x in links),
-        nvlinks_down=sum(1 for x in links if not x.up),
-        fabric_state=gpu.fabric_state if p.fabric_supported else None,
-        fabric_status=(gpu.fabric_status if p.fabric_supported
-                       and gpu.fabric_state == FABRIC_COMPLETED else None),
-        processes=len(gpu.processes),
-    )
-
-
 def _ib_counters() -> dict[str, int]:
     out: dict[str, int] = {}
     for name in IB_COUNTER_FILES + IB_HW_COUNTER_FILES:
@@ -242,7 +179,7 @@ def base_reports(gpus: int, variants: int = VARIANTS, profile: GpuProfile = H100
     for gpu in models:
         gpu.step(150.0)  # ~5 thermal time constants
     counters = _ib_counters()
-    infiniband = [IbPortReport(device=d, port=1, state=_STATE_ACTIVE, counters=counters)
+    infiniband = [IbPortReport(device=d, port=1, state=IB_ACTIVE, counters=counters)
                   for d in DEFAULT_IB_DEVICES]
     network = [NetReport(device=d, carrier_up=True, carrier_changes_total=2,
                          receive_errors_total=0, transmit_errors_total=0,
@@ -256,260 +193,6 @@ def base_reports(gpus: int, variants: int = VARIANTS, profile: GpuProfile = H100
                           infiniband=infiniband, network=network,
                           host=HostReport(processes_stuck=0), topology_digest=digest))
     return out
-
-
-# ---------------------------------------------------------------- per-node state
-
-
-class _Tree:
-    """The part of :class:`~sn_monitor.sim.node_tree.SimulatedNodeTree` faults call."""
-
-    def __init__(self) -> None:
-        self.ib_down: set[str] = set()
-        self.link_downed: Counter[str] = Counter()
-        self.symbol_errors: Counter[str] = Counter()
-        self.carrier_changes: Counter[str] = Counter()
-        self.stuck_processes = 0
-
-    @staticmethod
-    def _ib(device: str) -> str:
-        if device not in DEFAULT_IB_DEVICES:
-            raise KeyError(f"no RDMA device {device!r}")
-        return device
-
-    def set_ib_port_down(self, device: str) -> None:
-        if self._ib(device) not in self.ib_down:
-            self.ib_down.add(device)
-            self.link_downed[device] += 1
-
-    def set_ib_port_up(self, device: str) -> None:
-        self.ib_down.discard(self._ib(device))
-
-    def flap_ib_port(self, device: str) -> None:
-        self.link_downed[self._ib(device)] += 1
-
-    def add_ib_symbol_errors(self, device: str, n: int) -> None:
-        if n < 0:
-            raise ValueError("a counter does not go backwards")
-        self.symbol_errors[self._ib(device)] += n
-
-    def _fail_slow(self, *_args: object) -> None:
-        raise ValueError("port fail-slow faults are played by simulated agents "
-                         "(sn-monitor agent --simulate), not by simulate's template reports")
-
-    congest_ib_port = degrade_ib_port = _fail_slow
-    ib_devices = DEFAULT_IB_DEVICES
-
-    def clear_ib_port_fail_slow(self, device: str) -> None:
-        self._ib(device)  # nothing to clear: no port fail-slow fault plays here
-
-    def add_stuck_process(self, name: str = "python", count: int = 1) -> None:
-        if count < 1:
-            raise ValueError("count must be >= 1")
-        self.stuck_processes += count  # no agent: stuck at once, not after stuck_after
-
-    def clear_stuck_processes(self) -> None:
-        self.stuck_processes = 0
-
-    def flap_carrier(self, netdev: str) -> None:
-        if netdev not in NETDEVS:
-            raise KeyError(f"no network interface {netdev!r}")
-        self.carrier_changes[netdev] += 2
-
-
-class _Gpus:
-    """``node.gpus[i]`` for the fault handlers: a faulted GPU's model, made on first use."""
-
-    def __init__(self, state: _FaultState) -> None:
-        self._state = state
-
-    def __getitem__(self, index: int) -> SimulatedGpu:
-        return self._state.gpu(index)
-
-    def __len__(self) -> int:
-        return self._state.gpu_count
-
-
-class _FaultState:
-    """What a fault changed on one node; duck-types the SimulatedNode that FAULTS expects."""
-
-    def __init__(self, node: _Node, base: Report, gpu_count: int, sim_now: float) -> None:
-        self._node = node
-        self._base = base
-        self.gpu_count = gpu_count
-        self.models: dict[int, SimulatedGpu] = {}
-        self.was_lost: set[int] = set()
-        self.tree = _Tree()
-        self.gpus = _Gpus(self)
-        self.sim_time = sim_now
-        #: NVML wedged (``nvml-hang``): the node reports no GPU values, as its agent would.
-        self.nvml_hung = False
-
-    def gpu(self, index: int) -> SimulatedGpu:
-        if not 0 <= index < self.gpu_count:
-            raise IndexError(f"no GPU {index}")
-        model = self.models.get(index)
-        if model is None:
-            base = self._base.gpus[index]
-            model = SimulatedGpu(index, H100_SXM, seed=self._node.index * 64 + index,
-                                 uuid_text=base.uuid)
-            if base.temperature_celsius is not None:
-                model.temperature_celsius = base.temperature_celsius
-            model.step(1.0)  # utilization, power and clocks as under load
-            self.models[index] = model
-        return model
-
-    def inject_xid(self, gpu: int, code: int, message: str = "Simulated fault") -> None:
-        model = self.gpu(gpu)
-        self._node.event("xid", f"Xid {code}: {message}", gpu=gpu, code=code,
-                         pci_bus_id=model.pci_bus_id)
-
-    def fall_off_bus(self, gpu: int) -> None:
-        self.gpu(gpu).fall_off_bus()  # queues XID 79; the next report says the rest
-
-    def hang_nvml(self) -> None:
-        if not self.nvml_hung:
-            self.nvml_hung = True
-            self._node.event("collector_stuck", "collector nvml has not returned for 5 s "
-                             "(deadline 5 s): simulated nvml-hang", source="agent")
-
-    def release_nvml(self) -> None:
-        self.nvml_hung = False
-
-    def advance(self, sim_now: float) -> None:
-        """Step the faulted GPUs to ``sim_now``; turn what they logged into events."""
-        dt = max(0.0, sim_now - self.sim_time)
-        self.sim_time = sim_now
-        for index, model in self.models.items():
-            if dt > 0:
-                model.step(dt)
-            while model.xid_log:
-                code = model.xid_log.pop(0)
-                text = "GPU has fallen off the bus." if code == 79 else "Simulated fault"
-                self._node.event("xid", f"Xid {code}: {text}", gpu=index, code=code,
-                                 pci_bus_id=model.pci_bus_id)
-            if model.lost and index not in self.was_lost:
-                self.was_lost.add(index)
-                self._node.event("gpu_fallen_off_bus", "GPU has fallen off the bus",
-                                 gpu=index, pci_bus_id=model.pci_bus_id)
-
-    def report_parts(self, base: Report) -> dict[str, Any]:
-        """The gpus / infiniband / network lists of this node's report."""
-        gpus = [] if self.nvml_hung else [
-            gpu_values(self.models[g.index]) if g.index in self.models else g
-            for g in base.gpus]
-        tree = self.tree
-        infiniband = base.infiniband
-        if tree.ib_down or tree.link_downed or tree.symbol_errors:
-            infiniband = []
-            for port in base.infiniband:
-                d = port.device
-                if d in tree.ib_down or d in tree.link_downed or d in tree.symbol_errors:
-                    counters = dict(port.counters)
-                    counters["link_downed"] = counters.get("link_downed", 0) + \
-                        tree.link_downed[d]
-                    counters["symbol_errors"] = counters.get("symbol_errors", 0) + \
-                        tree.symbol_errors[d]
-                    port = msgspec.structs.replace(
-                        port, counters=counters,
-                        state=_STATE_DOWN if d in tree.ib_down else _STATE_ACTIVE)
-                infiniband.append(port)
-        network = base.network
-        if tree.carrier_changes:
-            network = [msgspec.structs.replace(
-                n, carrier_changes_total=(n.carrier_changes_total or 0)
-                + tree.carrier_changes[n.device]) for n in base.network]
-        host = base.host
-        if tree.stuck_processes:
-            host = HostReport(processes_stuck=tree.stuck_processes)
-        return {"gpus": gpus, "infiniband": infiniband, "network": network, "host": host}
-
-
-def remedy(command: Command, state: _FaultState, now: float) -> CommandResult:
-    """A simulated node's reset, reboot or verification, on its GPU models.
-
-    The agent's own checks (:func:`~sn_monitor.agent.verify.snapshot_checks`) judge a
-    snapshot made from the models; what a reset or a reboot clears is the models' own
-    (:meth:`SimulatedGpu.reset`, :meth:`SimulatedGpu.power_cycle`).
-    """
-    if command.kind == "reset_gpu":
-        assert command.gpu is not None
-        state.gpu(command.gpu).reset()
-        return CommandResult(id=command.id, ok=True, time_seconds=now,
-                             message=f"reset GPU {command.gpu}: simulated reset done")
-    if command.kind == "reboot":
-        for index in range(state.gpu_count):
-            state.gpu(index).power_cycle()
-        return CommandResult(id=command.id, ok=True, time_seconds=now,
-                             message="reboot: simulated reboot done (every GPU power-cycled)")
-    snapshot = NodeSnapshot(node="sim", timestamp_seconds=now, gpus=tuple(
-        _verified_sample(state.gpu(i)) for i in range(state.gpu_count)))
-    checks = snapshot_checks(snapshot, VerifySettings(dcgm_level=0), state.gpu_count)
-    failed = [c.name for c in checks if not c.ok]
-    return CommandResult(id=command.id, ok=not failed, time_seconds=now, checks=checks,
-                         message=("verification failed: " + ", ".join(failed)) if failed
-                         else f"verification passed: {len(checks)} checks")
-
-
-def _verified_sample(gpu: SimulatedGpu) -> GpuSample:
-    """What the checks read of a simulated GPU (the agent reads it through NVML)."""
-    return GpuSample(
-        index=gpu.index, uuid=gpu.uuid, name=gpu.profile.name, pci_bus_id=gpu.pci_bus_id,
-        lost=gpu.lost, utilization_ratio=gpu.utilization,
-        temperature_celsius=gpu.temperature_celsius,
-        slowdown_temperature_celsius=gpu.profile.slowdown_celsius,
-        ecc_uncorrected_errors_total=gpu.ecc_uncorrected,
-        row_remap_pending=gpu.row_remap_pending, row_remap_failed=gpu.row_remap_failed,
-        pcie_link_generation=gpu.pcie_generation,
-        pcie_link_generation_max=gpu.profile.pcie_generation,
-        pcie_link_width=gpu.pcie_width, pcie_link_width_max=gpu.profile.pcie_width,
-        nvlinks=tuple(NvLinkSample(link=i, up=link.up) for i, link in enumerate(gpu.nvlinks)))
-
-
-class _Node:
-    """One simulated agent: its sequence, events, command results and faults."""
-
-    __slots__ = ("asked_at", "events", "faults", "head", "in_flight", "index", "labels",
-                 "lost", "name", "next_event_id", "results", "results_in_flight", "rules",
-                 "rules_version", "sequence", "topology_due")
-
-    def __init__(self, index: int, name: str, head: bytes, labels: bytes,
-                 first_event_id: int) -> None:
-        self.index = index
-        self.name = name
-        self.head = head
-        self.labels = labels
-        self.sequence = 0
-        self.lost = False
-        self.in_flight = False
-        self.faults: _FaultState | None = None
-        self.events: list[EventRecord] = []
-        self.next_event_id = first_event_id
-        self.results: list[CommandResult] = []
-        self.results_in_flight = 0
-        #: The version of the node-local rules it evaluates ("": none yet), and their
-        #: evaluator once the node had to evaluate them (a fault, an event).
-        self.rules_version = ""
-        self.rules: NodeRules | None = None
-        #: Monotonic time it last asked for an answer on a stream.
-        self.asked_at = -math.inf
-        #: Its next report carries the topology (the first, and after topology_wanted).
-        self.topology_due = True
-
-    def event(self, kind: str, message: str, *, gpu: int | None = None,
-              code: int | None = None, pci_bus_id: str | None = None,
-              source: str = "kmsg") -> None:
-        self.events.append(EventRecord(
-            id=self.next_event_id, kind=kind, source=source,  # type: ignore[arg-type]
-            time_seconds=time.time(), message=message, gpu=gpu, code=code,
-            pci_bus_id=pci_bus_id))
-        self.next_event_id += 1
-
-    @property
-    def slow(self) -> bool:
-        """Whether this node's report must be encoded from structs (not the template)."""
-        return (self.faults is not None or bool(self.events) or bool(self.results)
-                or self.topology_due)
 
 
 class _Reply(msgspec.Struct):
@@ -526,90 +209,6 @@ class _CommandId(msgspec.Struct):
     id: str = ""
 
 
-# ---------------------------------------------------------------- statistics
-
-
-class _Samples:
-    """A bounded uniform sample of measurements (reservoir), for percentiles."""
-
-    def __init__(self, rng: random.Random) -> None:
-        self.values: list[float] = []
-        self.seen = 0
-        self.max = 0.0
-        self._rng = rng
-
-    def add(self, value: float) -> None:
-        self.seen += 1
-        self.max = max(self.max, value)
-        if len(self.values) < MAX_SAMPLES:
-            self.values.append(value)
-        else:
-            slot = self._rng.randrange(self.seen)
-            if slot < MAX_SAMPLES:
-                self.values[slot] = value
-
-    def summary(self) -> dict[str, float | int | None]:
-        ordered = sorted(self.values)
-
-        def pick(q: float) -> float | None:
-            if not ordered:
-                return None
-            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
-
-        return {"n": self.seen, "p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99),
-                "max": round(self.max, 3) if ordered else None}
-
-
-@dataclass
-class FleetStats:
-    """What the controller answered, and what the fleet did."""
-
-    sent: int = 0
-    accepted: int = 0
-    refused: Counter[int] = field(default_factory=Counter)
-    server_errors: Counter[int] = field(default_factory=Counter)
-    connection_errors: int = 0
-    timeouts: int = 0
-    not_sent: int = 0
-    lost_skipped: int = 0
-    commands: Counter[str] = field(default_factory=Counter)
-    events_sent: int = 0
-    events_acknowledged: int = 0
-    messages: Counter[str] = field(default_factory=Counter)
-    faults_played: list[str] = field(default_factory=list)
-
-    @property
-    def failed(self) -> int:
-        return sum(self.server_errors.values()) + self.connection_errors + self.timeouts
-
-    def note(self, message: str) -> None:
-        """Keep a refusal or error message (the first 20 distinct ones, counted)."""
-        if message in self.messages or len(self.messages) < 20:
-            self.messages[message] += 1
-
-
-# ---------------------------------------------------------------- connections
-
-
-class _Connection:
-    __slots__ = ("buffer", "node", "opening", "retry_at", "sent_at", "sent_results", "sock",
-                 "stream", "used_at", "waiting")
-
-    def __init__(self) -> None:
-        self.sock: socket.socket | None = None
-        self.buffer = b""
-        self.node: _Node | None = None
-        self.sent_at = 0.0
-        self.used_at = 0.0
-        self.sent_results = 0
-        self.retry_at = 0.0
-        #: A stream: upgrade asked, not yet answered; then its frames (None: posting).
-        self.opening = False
-        self.stream: FrameReader | None = None
-        #: A stream's reports that asked for an answer: (node index, sequence) -> when.
-        self.waiting: dict[tuple[int, int], float] = {}
-
-
 class Fleet:
     """N simulated agents reporting to one controller; :meth:`run` until stopped."""
 
@@ -618,26 +217,8 @@ class Fleet:
         if options.nodes < 1 or options.first < 0 or options.interval <= 0 or options.speed <= 0:
             raise ValueError("nodes, interval and speed must be positive, first not negative")
         self.options = options
-        url = urlsplit(options.controller)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"expected an http(s)://host:port controller URL, got "
-                             f"{options.controller!r}")
-        self.host = url.hostname
-        self.port = url.port or (443 if url.scheme == "https" else 80)
-        if url.scheme == "https":
-            try:
-                self.tls: ssl.SSLContext | None = ssl.create_default_context(
-                    cafile=options.ca_file)
-            except (OSError, ssl.SSLError) as err:
-                raise ValueError(f"--ca-file {options.ca_file}: {err}") from None
-        else:
-            self.tls = None
-        #: The controller URL's own path, before the API's paths.
-        self.prefix = url.path.rstrip("/")
-        self.path = self.prefix + REPORTS_PATH
-        #: Reports go on streams (False: posted, by choice or because the controller has
-        #: no streams).
-        self.streams = not options.post_reports
+        #: Where the reports go (ValueError: not an http(s) URL, or a bad CA file).
+        self.address = ControllerAddress.parse(options.controller, options.ca_file)
         self.progress = progress
         self.rng = random.Random(options.seed)
         self.instance = uuid.uuid4().hex
@@ -649,8 +230,10 @@ class Fleet:
             self.plan = scenario.resolve(options.nodes, self.names)
         self.scenario = scenario
         self.stats = FleetStats()
-        self.latency = _Samples(self.rng)
-        self.lag = _Samples(self.rng)
+        self.latency = Samples(self.rng)
+        self.lag = Samples(self.rng)
+        #: When :meth:`run` started (monotonic): simulated time counts from it.
+        self._started = time.monotonic()
         self.elapsed = 0.0
         self.cpu_seconds = 0.0
         self._build_templates()
@@ -678,17 +261,10 @@ class Fleet:
             + b',"labels":'
         first_event_id = int(time.time() * 1000)  # ids keep rising across runs
         self.nodes = [
-            _Node(i, name, b'{"node":' + _encoder.encode(name) + b',"instance":'
+            FleetNode(i, name, b'{"node":' + _encoder.encode(name) + b',"instance":'
                   + _encoder.encode(self.instance) + b',"sequence":',
                   _encoder.encode(node_labels(self.options.first + i)), first_event_id)
             for i, name in enumerate(self.names)]
-        auth = f"Authorization: Bearer {self.options.token}\r\n" if self.options.token else ""
-        self.header = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                       f"Content-Type: application/json\r\nUser-Agent: sn-monitor-simulate/"
-                       f"{__version__}\r\n{auth}Content-Length: ").encode()
-        self.upgrade = opening(self.prefix, self.host, self.port,
-                               f"sn-monitor-simulate/{__version__}", self.options.token)
-        self.index_of = {name: i for i, name in enumerate(self.names)}
         # The slices must make exactly the report they stand for.
         body = self.fast_body(self.nodes[-1], 7, 1.5)
         expected = msgspec.structs.replace(
@@ -726,14 +302,14 @@ class Fleet:
     def interval_field(self) -> float:
         return min(3600.0, self.options.interval)
 
-    def fast_body(self, node: _Node, sequence: int, now: float) -> bytes:
+    def fast_body(self, node: FleetNode, sequence: int, now: float) -> bytes:
         values, bare, every = self.tails[node.rules_version]
         tails = values if (node.index + sequence) % every == 0 else bare
         variant = (node.index + sequence) % len(tails)
         return b"".join((node.head, str(sequence).encode(), b',"sample_time_seconds":',
                          repr(now).encode(), self.mid, node.labels, tails[variant]))
 
-    def slow_body(self, node: _Node, sequence: int, now: float, sim_now: float
+    def slow_body(self, node: FleetNode, sequence: int, now: float, sim_now: float
                   ) -> tuple[bytes, int, int]:
         """(body, events sent, results sent) for a node that cannot use the templates.
 
@@ -790,9 +366,9 @@ class Fleet:
         self.stats.faults_played.append(
             f"t={format_seconds(planned.at)}: {planned.source.describe()} on {who}{gpu}")
 
-    def _faults(self, node: _Node, sim_now: float) -> _FaultState:
+    def _faults(self, node: FleetNode, sim_now: float) -> NodeFaults:
         if node.faults is None:
-            node.faults = _FaultState(node, self.bases[node.index % len(self.bases)],
+            node.faults = NodeFaults(node, self.bases[node.index % len(self.bases)],
                                       self.options.gpus, sim_now)
             if node.rules_version:
                 # A real agent evaluates its rules on every sample; this node has sent
@@ -801,7 +377,7 @@ class Fleet:
                 self.slow_body(node, node.sequence, time.time(), sim_now)
         return node.faults
 
-    def _commands(self, node: _Node, raw: list[msgspec.Raw], sim_now: float) -> None:
+    def _commands(self, node: FleetNode, raw: list[msgspec.Raw], sim_now: float) -> None:
         for item in raw:
             try:
                 command = msgspec.json.decode(item, type=Command)
@@ -815,7 +391,7 @@ class Fleet:
             self.stats.commands[command.kind] += 1
             node.results.append(self._carry_out(node, command, sim_now))
 
-    def _carry_out(self, node: _Node, command: Command, sim_now: float) -> CommandResult:
+    def _carry_out(self, node: FleetNode, command: Command, sim_now: float) -> CommandResult:
         now = time.time()
         if command.kind == "checkpoint":
             return CommandResult(id=command.id, ok=True, time_seconds=now,
@@ -845,362 +421,114 @@ class Fleet:
     # ------------------------------------------------------------ the loop
 
     def run(self, stop: threading.Event | None = None) -> FleetStats:
-        """Report until ``duration`` (wall seconds) has passed or ``stop`` is set."""
+        """Report until ``duration`` (wall seconds) has passed or ``stop`` is set.
+
+        Each turn of the loop plays the scenario's faults that fell due, lets the
+        connections reconnect and time out, sends the reports that fell due on the free
+        connections, and reads the answers until the next report is due.
+        """
         stop = stop or threading.Event()
         opts = self.options
-        sel = selectors.DefaultSelector()
-        conns = [_Connection() for _ in range(max(1, opts.connections))]
-        idle: list[_Connection] = []
-        busy: set[_Connection] = set()
         cpu0 = time.process_time()
-        start = time.monotonic()
+        start = self._started = time.monotonic()
         end = math.inf if opts.duration is None else start + opts.duration
-        # The first reports spread evenly over the first interval, in a random order.
-        offsets = [(k + self.rng.random()) / opts.nodes * opts.interval
-                   for k in range(opts.nodes)]
-        self.rng.shuffle(offsets)
-        due: list[tuple[float, int]] = [(start + offsets[i], i) for i in range(opts.nodes)]
-        heapq.heapify(due)
+        client = LoadClient(self, self.address, connections=opts.connections,
+                            streams=not opts.post_reports, token=opts.token,
+                            nodes=self.nodes, stats=self.stats, latency=self.latency,
+                            now=start)
+        due = self._first_reports(start)
         plan = list(self.plan)
         next_progress = start + 10.0
         last_progress = (start, 0)
-        next_timeout_check = start + 1.0
-
-        def connect(conn: _Connection, now: float) -> bool:
-            try:
-                sock = socket.create_connection((self.host, self.port), timeout=5.0)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                if self.tls is not None:
-                    sock = self.tls.wrap_socket(sock, server_hostname=self.host)
-            except OSError as err:
-                self.stats.connection_errors += 1
-                self.stats.note(f"connect to {self.host}:{self.port}: {describe_failure(err)}")
-                conn.retry_at = now + 0.5
-                return False
-            conn.sock = sock
-            conn.buffer = b""
-            conn.used_at = now
-            sel.register(sock, selectors.EVENT_READ, conn)
-            if not self.streams:
-                return True
-            try:
-                sock.sendall(self.upgrade)
-            except OSError as err:
-                self.stats.connection_errors += 1
-                self.stats.note(f"send: {err}")
-                close(conn, now)
-                conn.retry_at = now + 0.5
-                return False
-            conn.opening = True
-            return False  # idle once the controller switched protocols
-
-        def timed_out(now: float) -> None:
-            """Close the streams with a report unanswered for REQUEST_TIMEOUT_SECONDS."""
-            limit = time.perf_counter() - REQUEST_TIMEOUT_SECONDS
-            for conn in conns:
-                if conn.opening and now - conn.used_at > REQUEST_TIMEOUT_SECONDS:
-                    self.stats.timeouts += 1
-                    self.stats.note("stream not opened within "
-                                    f"{REQUEST_TIMEOUT_SECONDS:g} s")
-                    close(conn, now)
-                late = sum(1 for at in conn.waiting.values() if at < limit)
-                if late:
-                    self.stats.timeouts += late
-                    self.stats.note(f"no answer within {REQUEST_TIMEOUT_SECONDS:g} s")
-                    close(conn, now)
-
-        def close(conn: _Connection, now: float) -> None:
-            if conn.sock is not None:
-                sel.unregister(conn.sock)
-                conn.sock.close()
-            conn.sock = None
-            conn.retry_at = now
-            if conn.node is not None:
-                conn.node.in_flight = False
-                conn.node = None
-            for index, _ in conn.waiting:
-                self.nodes[index].in_flight = False
-                self.nodes[index].results_in_flight = 0
-            conn.waiting.clear()
-            conn.opening = False
-            conn.stream = None
-            busy.discard(conn)
-            if conn in idle:
-                idle.remove(conn)
-
-        def send(conn: _Connection, node: _Node, now: float, ask: bool = False) -> None:
-            sim_now = (now - start) * opts.speed
-            node.sequence += 1
-            wall = time.time()
-            sent_events = sent_results = 0
-            topology = node.topology_due
-            if node.slow:
-                body, sent_events, sent_results = self.slow_body(node, node.sequence, wall,
-                                                                 sim_now)
-            else:
-                body = self.fast_body(node, node.sequence, wall)
-            assert conn.sock is not None
-            if conn.stream is not None:
-                ask = (ask or sent_events > 0 or sent_results > 0 or topology
-                       or now - node.asked_at >= ASK_EVERY_SECONDS)
-                data = frame(body, ACK if ask else 0)
-            else:
-                data = self.header + str(len(body)).encode() + b"\r\n\r\n" + body
-            try:
-                conn.sock.sendall(data)
-            except OSError as err:
-                self.stats.connection_errors += 1
-                self.stats.note(f"send: {err}")
-                close(conn, now)
-                return
-            self.stats.sent += 1
-            self.stats.events_sent += sent_events
-            if topology:
-                node.topology_due = False  # a controller that missed it asks again
-            if conn.stream is not None:
-                idle.append(conn)  # a stream takes the next report at once
-                if not ask:
-                    return
-                node.asked_at = now
-                conn.waiting[(node.index, node.sequence)] = time.perf_counter()
-            else:
-                conn.node = node
-                conn.sent_at = time.perf_counter()
-                busy.add(conn)
-            node.in_flight = True
-            node.results_in_flight = sent_results
-
-        def answered(conn: _Connection, status: int, body: bytes, now: float) -> None:
-            node = conn.node
-            conn.node = None
-            conn.used_at = now
-            busy.discard(conn)
-            idle.append(conn)
-            if node is None:
-                return
-            node.in_flight = False
-            self.latency.add((time.perf_counter() - conn.sent_at) * 1e3)
-            if 200 <= status < 300:
-                self.stats.accepted += 1
-                if node.results_in_flight:
-                    del node.results[:node.results_in_flight]
-                    node.results_in_flight = 0
-                if node.events or b"commands" in body or b"edge_rules" in body:
-                    self._reply(node, body, (now - start) * opts.speed)
-                return
-            node.results_in_flight = 0
-            if status >= 500:
-                self.stats.server_errors[status] += 1
-            else:
-                self.stats.refused[status] += 1
-            self.stats.note(f"{status}: {error_text(body, 200)}")
-
-        def opened(conn: _Connection, now: float) -> None:
-            """The answer to a stream's opening, once its head is in ``conn.buffer``."""
-            head_end = conn.buffer.find(b"\r\n\r\n")
-            if head_end < 0:
-                return
-            try:
-                status = int(conn.buffer[9:12])
-            except ValueError:
-                status = 0
-            if status == 101:
-                rest = conn.buffer[head_end + 4:]
-                conn.opening, conn.buffer = False, b""
-                conn.stream = FrameReader(1 << 26)
-                conn.used_at = now
-                idle.append(conn)
-                if rest:
-                    answers(conn, rest, now)
-                return
-            length = _content_length(conn.buffer[:head_end].lower())
-            if len(conn.buffer) < head_end + 4 + length:
-                return
-            body = conn.buffer[head_end + 4:head_end + 4 + length]
-            close(conn, now)
-            if status in NO_STREAM_STATUSES:
-                self.streams = False
-                self.stats.note(f"the controller has no reports' stream ({status}): "
-                                "posting the reports")
-                return
-            conn.retry_at = now + 0.5
-            counted = self.stats.server_errors if status >= 500 else self.stats.refused
-            counted[status] += 1
-            self.stats.note(f"{status}: {error_text(body, 200)} (opening a stream)")
-
-        def answers(conn: _Connection, data: bytes, now: float) -> None:
-            """A stream's answers: counts, the nodes that waited, what the replies carry."""
-            assert conn.stream is not None
-            for _, payload in conn.stream.feed(data):
-                try:
-                    answer = msgspec.json.decode(payload, type=StreamAnswer)
-                except msgspec.DecodeError as err:
-                    self.stats.note(f"undecodable stream answer: {err}")
-                    continue
-                self.stats.accepted += answer.accepted
-                index = self.index_of.get(answer.node)
-                node = self.nodes[index] if index is not None else None
-                sent_at = (conn.waiting.pop((index, answer.sequence), None)
-                           if index is not None else None)
-                if node is not None and sent_at is not None:
-                    node.in_flight = False
-                    self.latency.add((time.perf_counter() - sent_at) * 1e3)
-                if answer.status != 200:
-                    if node is not None:
-                        node.results_in_flight = 0
-                    counted = (self.stats.server_errors if answer.status >= 500
-                               else self.stats.refused)
-                    counted[answer.status] += 1
-                    self.stats.note(f"{answer.status}: {answer.error[:200]}")
-                    continue
-                if node is None or not len(answer.reply):
-                    continue
-                if sent_at is not None and node.results_in_flight:
-                    del node.results[:node.results_in_flight]
-                    node.results_in_flight = 0
-                self._reply(node, bytes(answer.reply), (now - start) * opts.speed)
-            if conn.stream.too_large is not None:
-                self.stats.note(f"stream answer: {conn.stream.too_large}")
-                close(conn, now)
-
-        def read(conn: _Connection, now: float) -> None:
-            sock = conn.sock
-            assert sock is not None
-            tls = sock if isinstance(sock, ssl.SSLSocket) else None
-            if tls is not None:
-                # Readable is not "application data" over TLS: a TLS 1.3 server sends
-                # session tickets after the handshake. Read without blocking.
-                tls.setblocking(False)
-            try:
-                data = sock.recv(65536)
-                while tls is not None and tls.pending():
-                    data += tls.recv(65536)
-            except (BlockingIOError, ssl.SSLWantReadError):
-                return
-            except OSError as err:
-                data = b""
-                self.stats.note(f"receive: {err}")
-            finally:
-                if tls is not None:
-                    tls.settimeout(5.0)  # sendall blocks, within a bound
-            if not data:
-                if conn.node is not None or conn.waiting or conn.opening:
-                    self.stats.connection_errors += 1
-                close(conn, now)
-                return
-            if conn.stream is not None:
-                answers(conn, data, now)
-                return
-            conn.buffer += data
-            if conn.opening:
-                opened(conn, now)
-                return
-            while True:
-                head_end = conn.buffer.find(b"\r\n\r\n")
-                if head_end < 0:
-                    return
-                head = conn.buffer[:head_end].lower()
-                length = _content_length(head)
-                if len(conn.buffer) < head_end + 4 + length:
-                    return
-                try:
-                    status = int(conn.buffer[9:12])
-                except ValueError:
-                    status = 0
-                body = conn.buffer[head_end + 4:head_end + 4 + length]
-                conn.buffer = conn.buffer[head_end + 4 + length:]
-                answered(conn, status, body, now)
-                if b"connection: close" in head:
-                    close(conn, now)
-                    return
-
         try:
-            while True:
-                now = time.monotonic()
-                if stop.is_set() or now >= end:
-                    break
+            while not stop.is_set() and (now := time.monotonic()) < end:
                 sim_now = (now - start) * opts.speed
                 while plan and plan[0].at <= sim_now:
                     self.apply(plan.pop(0), sim_now)
-                for conn in [c for c in idle if c.stream is None
-                             and now - c.used_at > STALE_AFTER_SECONDS]:
-                    close(conn, now)  # reconnected just below
-                for conn in conns:
-                    if conn.sock is None and conn.retry_at <= now and connect(conn, now):
-                        idle.append(conn)
-                for conn in list(busy):
-                    if time.perf_counter() - conn.sent_at > REQUEST_TIMEOUT_SECONDS:
-                        self.stats.timeouts += 1
-                        self.stats.note("no response within "
-                                        f"{REQUEST_TIMEOUT_SECONDS:g} s")
-                        close(conn, now)
-                if now >= next_timeout_check:
-                    next_timeout_check = now + 1.0
-                    timed_out(now)
-                # Reports overdue by more than an interval are not sent: counted.
-                while due and due[0][0] < now - opts.interval:
-                    _, i = heapq.heappop(due)
-                    self.stats.not_sent += 1
-                    heapq.heappush(due, (self._next(now), i))
-                while idle and due and due[0][0] <= now:
-                    at, i = heapq.heappop(due)
-                    node = self.nodes[i]
-                    heapq.heappush(due, (self._next(at), i))
-                    if node.lost:
-                        self.stats.lost_skipped += 1
-                        continue
-                    if node.in_flight:  # its previous report is still unanswered
-                        self.stats.not_sent += 1
-                        continue
-                    self.lag.add((now - at) * 1e3)
-                    send(idle.pop(0), node, now)  # in turn: none sits idle
-                timeout = 0.05
-                if due and idle:
-                    timeout = max(0.0, min(timeout, due[0][0] - time.monotonic()))
-                if plan:
-                    timeout = max(0.0, min(timeout, start + plan[0].at / opts.speed
-                                           - time.monotonic()))
-                timeout = max(0.0, min(timeout, end - time.monotonic()))
-                if sel.get_map():
-                    for key, _ in sel.select(timeout):
-                        read(cast(_Connection, key.data), time.monotonic())
-                else:
-                    time.sleep(timeout)
+                client.maintain(now)
+                self._send_due(due, client, now)
+                client.wait(self._wait_seconds(due if client.free else [], plan, end))
                 if self.progress is not None and now >= next_progress:
                     t0, sent0 = last_progress
                     rate = (self.stats.sent - sent0) / max(1e-9, now - t0)
                     self.progress(self._progress_line(now - start, rate))
                     last_progress = (now, self.stats.sent)
                     next_progress += 10.0
-            # One last report that asks on each stream (its answer counts what the stream
-            # carried), then wait briefly for the answers still in flight.
-            for k, conn in enumerate(c for c in conns if c.stream is not None):
-                node = self.nodes[k % len(self.nodes)]
-                if not node.in_flight and not node.lost:
-                    send(conn, node, time.monotonic(), ask=True)
-            drain_until = time.monotonic() + 5.0
-            while ((busy or any(c.waiting for c in conns))
-                   and time.monotonic() < drain_until):
-                for key, _ in sel.select(0.1):
-                    read(cast(_Connection, key.data), time.monotonic())
-            for conn in conns:
-                if conn in busy or conn.waiting:
-                    self.stats.timeouts += len(conn.waiting) or 1
-                    close(conn, time.monotonic())
+            client.finish()
         finally:
             self.elapsed = time.monotonic() - start
             self.cpu_seconds = time.process_time() - cpu0
-            for conn in conns:
-                if conn.sock is not None:
-                    conn.sock.close()
-            sel.close()
+            client.close()
         return self.stats
+
+    def _first_reports(self, start: float) -> list[tuple[float, int]]:
+        """When each node reports first (a heap): evenly over the first interval, shuffled."""
+        opts = self.options
+        offsets = [(k + self.rng.random()) / opts.nodes * opts.interval
+                   for k in range(opts.nodes)]
+        self.rng.shuffle(offsets)
+        due = [(start + offsets[i], i) for i in range(opts.nodes)]
+        heapq.heapify(due)
+        return due
+
+    def _send_due(self, due: list[tuple[float, int]], client: LoadClient, now: float) -> None:
+        """Send the reports that fell due, while a connection is free.
+
+        A report overdue by more than an interval, or whose node's previous report is
+        still unanswered, is not sent (counted); a lost node's is skipped.
+        """
+        while due and due[0][0] < now - self.options.interval:
+            _, i = heapq.heappop(due)
+            self.stats.not_sent += 1
+            heapq.heappush(due, (self._next(now), i))
+        while client.free and due and due[0][0] <= now:
+            at, i = heapq.heappop(due)
+            node = self.nodes[i]
+            heapq.heappush(due, (self._next(at), i))
+            if node.lost:
+                self.stats.lost_skipped += 1
+                continue
+            if node.in_flight:  # its previous report is still unanswered
+                self.stats.not_sent += 1
+                continue
+            self.lag.add((now - at) * 1e3)
+            client.send(node, now)  # in turn: none sits idle
+
+    def _wait_seconds(self, due: list[tuple[float, int]], plan: list[PlannedFault],
+                      end: float) -> float:
+        """How long to read answers: at most 50 ms, and no later than what comes next.
+
+        What comes next: the next report (``due`` is empty when no connection is free to
+        send it), the next fault, the end.
+        """
+        timeout = 0.05
+        if due:
+            timeout = max(0.0, min(timeout, due[0][0] - time.monotonic()))
+        if plan:
+            timeout = max(0.0, min(timeout, self._started + plan[0].at / self.options.speed
+                                   - time.monotonic()))
+        return max(0.0, min(timeout, end - time.monotonic()))
+
+    def report(self, node: FleetNode, now: float) -> Outgoing:
+        """``node``'s next report, at monotonic time ``now`` (:class:`Reporting`)."""
+        sim_now = (now - self._started) * self.options.speed
+        node.sequence += 1
+        wall = time.time()
+        topology = node.topology_due
+        if node.slow:
+            body, events, results = self.slow_body(node, node.sequence, wall, sim_now)
+            return Outgoing(body, events, results, topology)
+        return Outgoing(self.fast_body(node, node.sequence, wall), 0, 0, topology)
+
+    def take_reply(self, node: FleetNode, body: bytes, now: float) -> None:
+        """Act on a reply to ``node``'s report, read at monotonic ``now`` (:class:`Reporting`)."""
+        self._reply(node, body, (now - self._started) * self.options.speed)
 
     def _next(self, after: float) -> float:
         jitter = self.options.jitter
         return after + self.options.interval * (1.0 + self.rng.uniform(-jitter, jitter))
 
-    def _reply(self, node: _Node, body: bytes, sim_now: float) -> None:
+    def _reply(self, node: FleetNode, body: bytes, sim_now: float) -> None:
         try:
             reply = msgspec.json.decode(body, type=_Reply)
         except msgspec.DecodeError as err:
@@ -1260,18 +588,6 @@ def _tail(report: Report) -> bytes:
     full = _encoder.encode(msgspec.structs.replace(report, labels={"x": "y"}))
     mark = b'"labels":{"x":"y"}'
     return full[full.index(mark) + len(mark):]
-
-
-def _content_length(head: bytes) -> int:
-    """The Content-Length of a response head (lower-cased); 0 when there is none."""
-    at = head.find(b"content-length:")
-    if at < 0:
-        return 0
-    line_end = head.find(b"\r\n", at)
-    try:
-        return int(head[at + 15:line_end if line_end >= 0 else None])
-    except ValueError:
-        return 0
 
 
 def render_summary(summary: dict[str, Any]) -> str:

@@ -6,7 +6,9 @@ model, temperature near the slowdown threshold pulls the clocks down. Time moves
 when the simulation driver calls :meth:`SimulatedGpu.step`; noise comes from a seeded
 :class:`random.Random`, so a run is reproducible. Fault injectors (cooling failure, XID,
 ECC, row remap, NVLink, PCIe, falling off the bus) change state that the fake NVML
-reports the way the real driver would.
+reports the way the real driver would. The fail-slow faults (clocks held low, an NVLink
+error storm, a noisy neighbour) set :class:`FailSlowState` through
+:mod:`sn_monitor.sim.gpu_fail_slow`; the model reads it as it steps.
 
 Values are kept in base units (watts, celsius, bytes/s, hertz as MHz integers where NVML
 reports MHz); :mod:`sn_monitor.sim.fake_nvml` converts them to NVML's units.
@@ -18,7 +20,7 @@ import math
 import random
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 GIB = 1024**3
@@ -30,17 +32,6 @@ REASON_HW_SLOWDOWN = 0x8
 REASON_SW_THERMAL_SLOWDOWN = 0x20
 REASON_HW_THERMAL_SLOWDOWN = 0x40
 REASON_HW_POWER_BRAKE_SLOWDOWN = 0x80
-#: The slowing reasons a ``gpu-throttled`` fault may name (agent.nvml.THROTTLE_REASONS).
-THROTTLE_REASON_BITS = {
-    "sw_power_cap": REASON_SW_POWER_CAP,
-    "hw_slowdown": REASON_HW_SLOWDOWN,
-    "sw_thermal_slowdown": REASON_SW_THERMAL_SLOWDOWN,
-    "hw_thermal_slowdown": REASON_HW_THERMAL_SLOWDOWN,
-    "hw_power_brake_slowdown": REASON_HW_POWER_BRAKE_SLOWDOWN,
-}
-#: The pid a noisy neighbour's process has on GPU i: NEIGHBOUR_PID + i.
-NEIGHBOUR_PID = 70_000
-
 XID_FALLEN_OFF_BUS = 79
 
 # NVML's GPU fabric states (nvml.h NVML_GPU_FABRIC_STATE_*) and return codes.
@@ -423,68 +414,6 @@ class SimulatedGpu:
         link.crc_flit_errors += replays * 3
         if self._rng.random() < 0.05 * dt_seconds:
             link.recovery_errors += 1
-
-    # ---------------------------------------------------------------- fail-slow faults
-
-    def inject_throttle(self, reasons: Sequence[str], ratio: float) -> None:
-        """The clocks held at ``ratio`` of what they would be, for ``reasons``.
-
-        A power brake, a hardware slowdown signal, a power cap set low out of band.
-        """
-        if not 0.05 <= ratio <= 1.0:
-            raise ValueError(f"clock ratio must be in 0.05..1, got {ratio}")
-        unknown = [r for r in reasons if r not in THROTTLE_REASON_BITS]
-        if unknown or not reasons:
-            raise ValueError(f"throttle reasons must be some of {sorted(THROTTLE_REASON_BITS)}")
-        with self.lock:
-            self.fail_slow.clock_ratio = ratio
-            self.fail_slow.reasons = 0
-            for reason in reasons:
-                self.fail_slow.reasons |= THROTTLE_REASON_BITS[reason]
-
-    def clear_throttle(self) -> None:
-        with self.lock:
-            self.fail_slow.clock_ratio = 1.0
-            self.fail_slow.reasons = 0
-
-    def inject_nvlink_slow(self, links_down: int, errors_per_second: float,
-                           bandwidth_ratio: float) -> None:
-        """An NVLink error storm: errors climb and ``links_down`` links drop.
-
-        The GPU's NVLink data rate falls to ``bandwidth_ratio`` of its peers'.
-        """
-        if not 0 <= links_down < len(self.nvlinks) or errors_per_second < 0:
-            raise ValueError("links_down must leave a link up; errors_per_second >= 0")
-        if not 0.0 < bandwidth_ratio <= 1.0:
-            raise ValueError(f"bandwidth ratio must be in (0, 1], got {bandwidth_ratio}")
-        for link in range(links_down):
-            self.set_nvlink_down(link)
-        with self.lock:
-            self.fail_slow.nvlink_errors_per_second = errors_per_second
-            self.fail_slow.nvlink_bandwidth_ratio = bandwidth_ratio
-
-    def clear_nvlink_slow(self) -> None:
-        with self.lock:
-            self.fail_slow.nvlink_errors_per_second = 0.0
-            self.fail_slow.nvlink_bandwidth_ratio = 1.0
-            for link in self.nvlinks:
-                link.up = True
-
-    def inject_noisy_neighbour(self, share: float) -> None:
-        """Another tenant's compute process on this GPU, taking ``share`` of it."""
-        if not 0.0 < share < 1.0:
-            raise ValueError(f"share must be in (0, 1), got {share}")
-        with self.lock:
-            pid = NEIGHBOUR_PID + self.index
-            used = int(share * 0.3 * self.profile.memory_total_bytes)
-            self.processes = [p for p in self.processes if p[0] != pid] + [(pid, used)]
-            self.fail_slow.neighbour_share = share
-
-    def clear_noisy_neighbour(self) -> None:
-        with self.lock:
-            pid = NEIGHBOUR_PID + self.index
-            self.processes = [p for p in self.processes if p[0] != pid]
-            self.fail_slow.neighbour_share = 0.0
 
     # ---------------------------------------------------------------- power limit
 

@@ -19,6 +19,14 @@ from sn_monitor.agent.remedy import ActOutcome
 from sn_monitor.agent.settings import AgentSettings, PathSettings
 from sn_monitor.errors import SnMonitorError
 from sn_monitor.sim import fake_nvml
+from sn_monitor.sim.gpu_fail_slow import (
+    add_noisy_neighbour,
+    clear_noisy_neighbour,
+    clear_nvlink_slow,
+    clear_throttle,
+    slow_nvlinks,
+    throttle,
+)
 from sn_monitor.sim.gpu_model import H100_SXM, GpuProfile, SimulatedGpu, make_gpus
 from sn_monitor.sim.node_tree import SimulatedNodeTree
 
@@ -244,17 +252,17 @@ FAULTS: dict[str, FaultKind] = {
             str(p["device"]), float(p.get("rate_gbps", 200.0))), needs_gpu=False),
         "nic-degraded-cleared": FaultKind(lambda n, g, p: n.tree.clear_ib_port_fail_slow(
             str(p["device"])), needs_gpu=False),
-        "nvlink-slow": FaultKind(lambda n, g, p: _gpu(n, g).inject_nvlink_slow(
-            int(p.get("links_down", 1)), float(p.get("errors_per_second", 100.0)),
+        "nvlink-slow": FaultKind(lambda n, g, p: slow_nvlinks(
+            _gpu(n, g), int(p.get("links_down", 1)), float(p.get("errors_per_second", 100.0)),
             float(p.get("bandwidth_ratio", 0.6)))),
-        "nvlink-slow-cleared": FaultKind(lambda n, g, p: _gpu(n, g).clear_nvlink_slow()),
-        "gpu-throttled": FaultKind(lambda n, g, p: _gpu(n, g).inject_throttle(
-            _reasons(p.get("reason", "hw_slowdown")), float(p.get("ratio", 0.7)))),
-        "gpu-throttled-cleared": FaultKind(lambda n, g, p: _gpu(n, g).clear_throttle()),
-        "noisy-neighbour": FaultKind(lambda n, g, p: _gpu(n, g).inject_noisy_neighbour(
-            float(p.get("share", 0.3)))),
+        "nvlink-slow-cleared": FaultKind(lambda n, g, p: clear_nvlink_slow(_gpu(n, g))),
+        "gpu-throttled": FaultKind(lambda n, g, p: throttle(
+            _gpu(n, g), _reasons(p.get("reason", "hw_slowdown")), float(p.get("ratio", 0.7)))),
+        "gpu-throttled-cleared": FaultKind(lambda n, g, p: clear_throttle(_gpu(n, g))),
+        "noisy-neighbour": FaultKind(lambda n, g, p: add_noisy_neighbour(
+            _gpu(n, g), float(p.get("share", 0.3)))),
         "noisy-neighbour-cleared": FaultKind(
-            lambda n, g, p: _gpu(n, g).clear_noisy_neighbour()),
+            lambda n, g, p: clear_noisy_neighbour(_gpu(n, g))),
         "fail-slow-clear": FaultKind(lambda n, g, p: clear_fail_slow(n), needs_gpu=False),
     },
 }
@@ -274,9 +282,9 @@ def clear_fail_slow(node: SimulatedNode) -> None:
     for device in node.tree.ib_devices:
         node.tree.clear_ib_port_fail_slow(device)
     for gpu in node.gpus:
-        gpu.clear_throttle()
-        gpu.clear_nvlink_slow()
-        gpu.clear_noisy_neighbour()
+        clear_throttle(gpu)
+        clear_nvlink_slow(gpu)
+        clear_noisy_neighbour(gpu)
 
 
 def fault_endpoint(node: SimulatedNode) -> Callable[[bytes], tuple[int, dict[str, Any]]]:

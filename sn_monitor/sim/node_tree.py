@@ -9,20 +9,13 @@ Processes: ``/proc/<pid>/stat`` and ``cgroup`` of a few system processes (system
 sshd, the agent), and of processes a fault leaves stuck in ``D`` state
 (:meth:`SimulatedNodeTree.add_stuck_process`), which never use CPU time again.
 
-A /sys file keeps its identity once created, as a sysfs attribute does: it is rewritten
-in place (one ``pwrite``, then the length), so a collector that keeps it open and reads
-it again from offset 0 sees the new value, as on a real node (the agent steps the
-simulation and samples in one thread: it never reads one half rewritten). A /proc file,
-which readers open afresh each time, and any new file are replaced atomically (written
-in ``<root>/.staging`` and moved into place): a reader sees the old contents or the new
-ones, never half a file. Only files whose contents changed are rewritten.
+The files are written as :mod:`sn_monitor.sim.tree_files` says (in place in /sys,
+atomically in /proc, only when changed); the host's CPU, load and memory counters are
+:mod:`sn_monitor.sim.host_model`'s.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
-import os
 import random
 import threading
 from collections.abc import Iterable, Sequence
@@ -37,6 +30,8 @@ from sn_monitor.sim.hgx import (
     node_layout,
     write_pci_tree,
 )
+from sn_monitor.sim.host_model import SimulatedHost
+from sn_monitor.sim.tree_files import TreeFiles
 
 # Counter file names as the mlx5 driver creates them, copied from the real tree in
 # tests/fixtures/h100-node/sys/class/infiniband/mlx5_0/ports/1/.
@@ -112,9 +107,6 @@ _STATE_DOWN = "1: DOWN"
 _PHYS_LINK_UP = "5: LinkUp"
 _PHYS_POLLING = "2: Polling"
 _IB_MTU_BYTES = 4096
-_MEM_TOTAL_KB = 2_113_389_000  # 2 TiB class host
-_L3_DOMAINS = ("L3_00", "L3_01")  # two sockets
-_USER_HZ = 100
 # (pid, name, state, cgroup path) of the processes every simulated node runs.
 _BASE_PROCESSES = (
     (1, "systemd", "S", "/init.scope"),
@@ -202,22 +194,10 @@ class SimulatedNodeTree:
         self.root = Path(root)
         self.procfs = self.root / "proc"
         self.sysfs = self.root / "sys"
-        self._staging = self.root / ".staging"
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self._written: dict[Path, str] = {}
-        self._tmp_names = itertools.count()
-        self._cpus = cpus
-        # user nice system idle iowait irq softirq steal, after about 30 days up
-        uptime_ticks = 30 * 86400 * _USER_HZ * cpus
-        self._cpu_ticks = [
-            uptime_ticks * share for share in (0.34, 0.0, 0.05, 0.6, 0.002, 0.0, 0.008, 0.0)
-        ]
-        self._load1 = 0.0
-        self._load5 = 0.0
-        self._load15 = 0.0
-        self._mem_available_kb = int(_MEM_TOTAL_KB * 0.95)
-        self._mbm = {domain: self._rng.randrange(10**12, 10**13) for domain in _L3_DOMAINS}
+        self._files = TreeFiles(self.root, self.sysfs)
+        self.host = SimulatedHost(self._rng, cpus)
         if netdevs is None:
             netdevs = DEFAULT_NETDEVS
         if ib_devices is None:
@@ -227,7 +207,6 @@ class SimulatedNodeTree:
         self._netdevs = {name: self._new_netdev(name) for name in netdevs}
         self._ports = {device: self._new_port(device) for device in ib_devices}
         self._stuck: list[int] = []
-        self._staging.mkdir(parents=True, exist_ok=True)
         with self._lock:
             write_pci_tree(self.sysfs, self.layout)
             for pid, name, state, cgroup in _BASE_PROCESSES:
@@ -268,7 +247,7 @@ class SimulatedNodeTree:
                 self._write_port(port)
             for dev in self._netdevs.values():
                 self._advance_netdev(dev, dt_seconds, load)
-            self._advance_host(dt_seconds, load)
+            self.host.advance(dt_seconds, load)
             self._write_dynamic()
 
     @property
@@ -297,8 +276,8 @@ class SimulatedNodeTree:
         """The stuck processes are gone (the mount came back, or the node rebooted)."""
         with self._lock:
             for pid in self._stuck:
-                self._remove(self.procfs / str(pid) / "stat")
-                self._remove(self.procfs / str(pid) / "cgroup")
+                self._files.remove(self.procfs / str(pid) / "stat")
+                self._files.remove(self.procfs / str(pid) / "cgroup")
                 (self.procfs / str(pid)).rmdir()
             self._stuck.clear()
 
@@ -365,14 +344,14 @@ class SimulatedNodeTree:
                 raise ValueError(f"a degraded rate is below {_port_gbps(port):g} Gb/s")
             port.fail_slow.rate_gbps = rate_gbps
             port.fail_slow.wait_factor = 4.0
-            self._write(self._port_dir(port) / "rate", _rate_text(port))
+            self._files.write(self._port_dir(port) / "rate", _rate_text(port))
 
     def clear_ib_port_fail_slow(self, device: str) -> None:
         """``device`` port 1 back at its full rate, uncongested."""
         with self._lock:
             port = self._port(device)
             port.fail_slow = PortFailSlow()
-            self._write(self._port_dir(port) / "rate", _rate_text(port))
+            self._files.write(self._port_dir(port) / "rate", _rate_text(port))
 
     def flap_carrier(self, netdev: str) -> None:
         """The interface loses carrier and gets it back: ``carrier_changes`` += 2."""
@@ -481,51 +460,7 @@ class SimulatedNodeTree:
             dev.counters[offset] += nbytes
             dev.counters[offset + 1] += -(-nbytes // packet)  # at least one per burst
 
-    def _advance_host(self, dt: float, load: float) -> None:
-        total = dt * _USER_HZ * self._cpus
-        busy = min(0.02 + 0.9 * load, 1.0)
-        shares = (0.85, 0.001, 0.12, 0.0, 0.0, 0.0, 0.029, 0.0)
-        for mode, share in enumerate(shares):
-            self._cpu_ticks[mode] += total * busy * share
-        self._cpu_ticks[3] += total * (1 - busy) * 0.995  # idle
-        self._cpu_ticks[4] += total * (1 - busy) * 0.005  # iowait
-        running = busy * self._cpus
-        for attr, period in (("_load1", 60.0), ("_load5", 300.0), ("_load15", 900.0)):
-            decay = math.exp(-dt / period)
-            setattr(self, attr, getattr(self, attr) * decay + running * (1 - decay))
-        target_kb = _MEM_TOTAL_KB * (0.95 - 0.35 * load)
-        decay = math.exp(-dt / 30.0)
-        self._mem_available_kb = int(self._mem_available_kb * decay + target_kb * (1 - decay))
-        for domain in self._mbm:
-            self._mbm[domain] += int((5e9 + 150e9 * load) * dt * self._jitter())
-
     # ----- writing -----
-
-    def _write(self, path: Path, text: str) -> None:
-        """``path`` holds ``text`` from now on: rewritten in place, created whole."""
-        old = self._written.get(path)
-        if old == text:
-            return
-        data = text.encode("ascii")
-        if old is not None and path.is_relative_to(self.sysfs):
-            try:
-                fd = os.open(path, os.O_WRONLY)
-            except FileNotFoundError:
-                pass  # removed behind our back (a test's fault): created again below
-            else:
-                try:
-                    os.pwrite(fd, data, 0)
-                    if len(data) < len(old):
-                        os.ftruncate(fd, len(data))
-                finally:
-                    os.close(fd)
-                self._written[path] = text
-                return
-        tmp = self._staging / f"{next(self._tmp_names)}.tmp"
-        tmp.write_bytes(data)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, path)
-        self._written[path] = text
 
     def _write_process(self, pid: int, name: str, state: str, cgroup: str) -> None:
         """``/proc/<pid>/stat`` as the kernel writes it (52 fields), and ``cgroup``."""
@@ -534,88 +469,56 @@ class SimulatedNodeTree:
         fields = [1, pid, pid, 0, -1, 4194560, 1000, 0, 10, 0, 100 + pid % 97, 20, 0, 0,
                   20, 0, 1, 0, 2500 + pid, 10**8, 4000]
         rest = " ".join(map(str, fields)) + " 18446744073709551615" + " 0" * 30
-        self._write(self.procfs / str(pid) / "stat", f"{pid} ({name}) {state} {rest}\n")
-        self._write(self.procfs / str(pid) / "cgroup", f"0::{cgroup}\n")
-
-    def _remove(self, path: Path) -> None:
-        path.unlink(missing_ok=True)
-        self._written.pop(path, None)
+        self._files.write(self.procfs / str(pid) / "stat", f"{pid} ({name}) {state} {rest}\n")
+        self._files.write(self.procfs / str(pid) / "cgroup", f"0::{cgroup}\n")
 
     def _write_static(self) -> None:
         for port in self._ports.values():
             dev_dir = self.sysfs / "class" / "infiniband" / port.device
             hca, fw = ("MT41692", "32.38.3056") if port.ethernet else ("MT4129", "28.41.1000")
-            self._write(dev_dir / "hca_type", f"{hca}\n")
-            self._write(dev_dir / "fw_ver", f"{fw}\n")
-            self._write(dev_dir / "board_id", "MT_0000000838\n")
+            self._files.write(dev_dir / "hca_type", f"{hca}\n")
+            self._files.write(dev_dir / "fw_ver", f"{fw}\n")
+            self._files.write(dev_dir / "board_id", "MT_0000000838\n")
             port_dir = dev_dir / "ports" / "1"
-            self._write(port_dir / "rate", _rate_text(port))
+            self._files.write(port_dir / "rate", _rate_text(port))
             layer = "Ethernet" if port.ethernet else "InfiniBand"
-            self._write(port_dir / "link_layer", f"{layer}\n")
+            self._files.write(port_dir / "link_layer", f"{layer}\n")
         for dev in self._netdevs.values():
             self._write_netdev(dev)
-            self._write(self.sysfs / "class" / "net" / dev.name / "mtu", f"{dev.mtu}\n")
+            self._files.write(self.sysfs / "class" / "net" / dev.name / "mtu", f"{dev.mtu}\n")
 
     def _port_dir(self, port: _IbPort) -> Path:
         return self.sysfs / "class" / "infiniband" / port.device / "ports" / "1"
 
     def _write_port(self, port: _IbPort) -> None:
         port_dir = self.sysfs / "class" / "infiniband" / port.device / "ports" / "1"
-        self._write(port_dir / "state", f"{_STATE_ACTIVE if port.up else _STATE_DOWN}\n")
-        self._write(port_dir / "phys_state", f"{_PHYS_LINK_UP if port.up else _PHYS_POLLING}\n")
+        files = self._files
+        files.write(port_dir / "state", f"{_STATE_ACTIVE if port.up else _STATE_DOWN}\n")
+        files.write(port_dir / "phys_state", f"{_PHYS_LINK_UP if port.up else _PHYS_POLLING}\n")
         for name in port.dirty:
             sub = "hw_counters" if name in _HW_COUNTERS else "counters"
-            self._write(port_dir / sub / name, f"{port.counters[name]}\n")
+            self._files.write(port_dir / sub / name, f"{port.counters[name]}\n")
         port.dirty.clear()
 
     def _write_netdev(self, dev: _NetDev) -> None:
         base = self.sysfs / "class" / "net" / dev.name
-        self._write(base / "carrier", f"{1 if dev.carrier_up else 0}\n")
-        self._write(base / "carrier_changes", f"{dev.carrier_changes}\n")
+        self._files.write(base / "carrier", f"{1 if dev.carrier_up else 0}\n")
+        self._files.write(base / "carrier_changes", f"{dev.carrier_changes}\n")
         operstate = dev.operstate_up if dev.carrier_up else "down"
-        self._write(base / "operstate", f"{operstate}\n")
+        self._files.write(base / "operstate", f"{operstate}\n")
         if dev.speed_mbit is None:
-            self._remove(base / "speed")  # virtual: reading speed fails with EINVAL
+            self._files.remove(base / "speed")  # virtual: reading speed fails with EINVAL
         else:
-            self._write(base / "speed", f"{dev.speed_mbit if dev.carrier_up else -1}\n")
+            self._files.write(base / "speed", f"{dev.speed_mbit if dev.carrier_up else -1}\n")
 
     def _write_dynamic(self) -> None:
-        self._write(self.procfs / "net" / "dev", _netdev_text(self._netdevs.values()))
-        self._write(self.procfs / "stat", self._stat_text())
-        mem_free_kb = int(self._mem_available_kb * 0.75)
-        self._write(
-            self.procfs / "meminfo",
-            f"MemTotal:       {_MEM_TOTAL_KB} kB\n"
-            f"MemFree:        {mem_free_kb} kB\n"
-            f"MemAvailable:   {self._mem_available_kb} kB\n"
-            f"Buffers:        {12_345_678} kB\n"
-            f"Cached:         {self._mem_available_kb - mem_free_kb} kB\n"
-            "SwapTotal:              0 kB\n"
-            "SwapFree:               0 kB\n"
-            "HugePages_Total:       0\n"
-            "Hugepagesize:       2048 kB\n",
-        )
-        running = max(1, round(self._load1))
-        self._write(
-            self.procfs / "loadavg",
-            f"{self._load1:.2f} {self._load5:.2f} {self._load15:.2f} {running}/3456 98765\n",
-        )
+        self._files.write(self.procfs / "net" / "dev", _netdev_text(self._netdevs.values()))
+        self._files.write(self.procfs / "stat", self.host.stat_text())
+        self._files.write(self.procfs / "meminfo", self.host.meminfo_text())
+        self._files.write(self.procfs / "loadavg", self.host.loadavg_text())
         mon_data = self.sysfs / "fs" / "resctrl" / "mon_data"
-        for domain, value in self._mbm.items():
-            self._write(mon_data / f"mon_{domain}" / "mbm_total_bytes", f"{value}\n")
-
-    def _stat_text(self) -> str:
-        ticks = [int(t) for t in self._cpu_ticks]
-        per_cpu = [t // self._cpus for t in ticks]
-        first = [t - p * (self._cpus - 1) for t, p in zip(ticks, per_cpu, strict=True)]
-        lines = ["cpu  " + " ".join(map(str, ticks)) + " 0 0"]
-        lines.append("cpu0 " + " ".join(map(str, first)) + " 0 0")
-        rest = " ".join(map(str, per_cpu)) + " 0 0"
-        lines.extend(f"cpu{i} {rest}" for i in range(1, self._cpus))
-        lines.append("btime 1732900000")
-        lines.append(f"procs_running {max(1, round(self._load1))}")
-        lines.append("procs_blocked 0")
-        return "\n".join(lines) + "\n"
+        for domain, value in self.host.mbm_bytes.items():
+            self._files.write(mon_data / f"mon_{domain}" / "mbm_total_bytes", f"{value}\n")
 
 
 def _port_gbps(port: _IbPort) -> float:

@@ -420,7 +420,35 @@ def _duration(doc: Document, key: KeyPath, value: Any) -> float:
 
 def _fault(doc: Document, i: int, item: Any, gpus: int, duration: float | None
            ) -> ScenarioFault:
+    """``faults[i]`` checked: its kind, time, nodes, GPU, parameters and repeats."""
     key: KeyPath = ("faults", i)
+    fault, spec = _fault_kind(doc, key, item)
+    at = _duration(doc, (*key, "at"), item["at"])
+    if duration is not None and at > duration:
+        raise doc.error((*key, "at"), f"{format_seconds(at)} is after the scenario's "
+                                      f"duration ({format_seconds(duration)})")
+    node = item["node"]
+    if isinstance(node, bool) or not (
+            (isinstance(node, int) and node >= 0) or (isinstance(node, str) and node)):
+        raise doc.error((*key, "node"), 'expected a node index (0, 1, ...), a node name '
+                                        f'or "*", got {node!r}')
+    count, share = None, None
+    if node == "*" and "count" in item:
+        count, share = _node_count(doc, (*key, "count"), item["count"])
+    gpu = _fault_gpu(doc, key, item, fault, spec, gpus)
+    given, params_key = _given_params(doc, key, item, node_count=node == "*")
+    params = _params(doc, key, params_key, fault, spec, given, item)
+    if isinstance(node, str) and (span := _NODE_RANGE.fullmatch(node)) and (
+            int(span.group(1)) > int(span.group(2))):
+        raise doc.error((*key, "node"), f"a range runs from low to high (2-5), got {node!r}")
+    repeats, every = _repeat(doc, (*key, "repeat"), item.get("repeat"), at, duration)
+    return ScenarioFault(at=at, fault=fault, node=node, count=count, share=share,
+                         gpu=gpu, params=params, line=doc.line(key), position=i,
+                         repeats=repeats, every=every)
+
+
+def _fault_kind(doc: Document, key: KeyPath, item: Any) -> tuple[str, FaultSpec]:
+    """A fault's mapping has its required keys and names a known fault: (name, spec)."""
     if not isinstance(item, dict):
         raise doc.error(key, "expected a mapping such as {at: 30s, node: 3, gpu: 5, "
                              "fault: overheat}")
@@ -432,47 +460,43 @@ def _fault(doc: Document, i: int, item: Any, gpus: int, duration: float | None
     if spec is None:
         raise doc.error((*key, "fault"), f"unknown fault {fault!r} (known: "
                                          f"{', '.join(sorted(FAULT_SPECS))})")
-    at = _duration(doc, (*key, "at"), item["at"])
-    if duration is not None and at > duration:
-        raise doc.error((*key, "at"), f"{format_seconds(at)} is after the scenario's "
-                                      f"duration ({format_seconds(duration)})")
-    node = item["node"]
-    if isinstance(node, bool) or not (
-            (isinstance(node, int) and node >= 0) or (isinstance(node, str) and node)):
-        raise doc.error((*key, "node"), 'expected a node index (0, 1, ...), a node name '
-                                        f'or "*", got {node!r}')
-    count: int | None = None
-    inline = {k: v for k, v in item.items() if k not in _FAULT_KEYS}
-    share: float | None = None
-    if node == "*" and "count" in item:
-        count, share = _node_count(doc, (*key, "count"), item["count"])
-    elif "count" in item:
-        inline["count"] = item["count"]
+    return str(fault), spec
+
+
+def _fault_gpu(doc: Document, key: KeyPath, item: dict[str, Any], fault: str,
+               spec: FaultSpec, gpus: int) -> int | None:
+    """The fault's GPU: one from 0 to ``gpus - 1`` if it needs one, else none."""
     gpu = item.get("gpu")
     if spec.needs_gpu:
         if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < gpus:
             raise doc.error((*key, "gpu") if "gpu" in item else key,
                             f"{fault} needs a gpu from 0 to {gpus - 1}")
-    elif gpu is not None:
+        return gpu
+    if gpu is not None:
         raise doc.error((*key, "gpu"), f"{fault} takes no gpu")
-    params_key: KeyPath = key
-    if "params" in item:
-        extra = item["params"]
-        if not isinstance(extra, dict):
-            raise doc.error((*key, "params"), "expected a mapping of the fault's parameters")
-        for name in extra:
-            if name in inline:
-                raise doc.error((*key, "params", name), "given both inline and in params")
-        inline.update(extra)
-        params_key = (*key, "params")
-    params = _params(doc, key, params_key, str(fault), spec, inline, item)
-    if isinstance(node, str) and (span := _NODE_RANGE.fullmatch(node)) and (
-            int(span.group(1)) > int(span.group(2))):
-        raise doc.error((*key, "node"), f"a range runs from low to high (2-5), got {node!r}")
-    repeats, every = _repeat(doc, (*key, "repeat"), item.get("repeat"), at, duration)
-    return ScenarioFault(at=at, fault=str(fault), node=node, count=count, share=share,
-                         gpu=gpu if spec.needs_gpu else None, params=params,
-                         line=doc.line(key), position=i, repeats=repeats, every=every)
+    return None
+
+
+def _given_params(doc: Document, key: KeyPath, item: dict[str, Any], *, node_count: bool
+                  ) -> tuple[dict[str, Any], KeyPath]:
+    """The parameters given inline and under ``params:``, and the key path of the latter.
+
+    ``node_count``: a ``count`` beside the fault is the number of nodes (``node: "*"``),
+    not the fault's own parameter.
+    """
+    given = {k: v for k, v in item.items() if k not in _FAULT_KEYS}
+    if "count" in item and not node_count:
+        given["count"] = item["count"]
+    if "params" not in item:
+        return given, key
+    extra = item["params"]
+    if not isinstance(extra, dict):
+        raise doc.error((*key, "params"), "expected a mapping of the fault's parameters")
+    for name in extra:
+        if name in given:
+            raise doc.error((*key, "params", name), "given both inline and in params")
+    given.update(extra)
+    return given, (*key, "params")
 
 
 def _repeat(doc: Document, key: KeyPath, value: Any, at: float, duration: float | None
