@@ -32,6 +32,7 @@ seconds.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -101,20 +102,35 @@ def _trimmed_bodies(nodes: int, rules: list[Any]) -> tuple[list[list[bytes]], li
     return out
 
 
+def _moved_parts() -> tuple[Any, Any, Any]:
+    """The report decoder, the open identity and the store, where this checkout keeps them.
+
+    Issue 30 moved them into the controller's folders; ``--compare`` against a checkout
+    from before the move imports them from where they were.
+    """
+    try:
+        from sn_monitor.controller.ingest.decode import decode_report
+        from sn_monitor.controller.security.auth import OPEN_ACCESS
+        from sn_monitor.controller.storage.store import Store
+    except ImportError:  # a checkout from before the move
+        return (importlib.import_module("sn_monitor.controller.ingest").decode_report,
+                importlib.import_module("sn_monitor.controller.auth").OPEN_ACCESS,
+                importlib.import_module("sn_monitor.controller.store").Store)
+    return decode_report, OPEN_ACCESS, Store
+
+
 def measure(nodes: int, rounds: int, interval: float) -> dict[str, float]:
     """One repetition: median per-report CPU microseconds of each part."""
     from sn_monitor.clock import ManualClock
     from sn_monitor.controller.actions.policy import PolicySettings, RateLimitSettings
     from sn_monitor.controller.actions.routing import build_drivers
-    from sn_monitor.controller.ingest.decode import decode_report
-    from sn_monitor.controller.security.auth import OPEN_ACCESS
     from sn_monitor.controller.service import Controller
     from sn_monitor.controller.settings import ControllerSettings
-    from sn_monitor.controller.storage.store import Store
     from sn_monitor.rules.engine import RuleEngine
     from sn_monitor.rules.spec import load_rules
     from sn_monitor.rules.view import NodeView
 
+    decode_report, OPEN_ACCESS, Store = _moved_parts()
     templates = _bodies(nodes)
     variants = len(templates)
     rules = load_rules([REPO / "sn_monitor" / "rules"])
