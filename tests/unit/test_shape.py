@@ -64,7 +64,8 @@ def _definitions(tree: ast.Module) -> Iterator[tuple[ast.AST, list[ast.AST]]]:
 
 
 def _length(node: ast.AST) -> int:
-    assert isinstance(node, ast.stmt) and node.end_lineno is not None
+    assert isinstance(node, ast.stmt)
+    assert node.end_lineno is not None
     return node.end_lineno - node.lineno + 1
 
 
