@@ -1,21 +1,24 @@
 """What users run today, as the replay models it: Kubernetes alone, and torchrun elastic.
 
-Neither is sn-monitor, so neither runs its code: each is its documented timings. Both
-restart the whole job from its latest complete checkpoint, taken on a fixed interval.
+Neither is sn-monitor, so neither runs its code: each is its documented timings, each
+with its source (:class:`Assumption`). Both restart the whole job from its latest
+complete checkpoint, taken on a fixed interval (the policy's ``interval``: see
+:mod:`.intervals` for Daly's and the best one).
 
 - *Kubernetes default*: a dead node is found by the node controller (``node-monitor-
-  grace-period`` 40 s) and its pods evicted after the ``not-ready`` toleration (300 s);
-  the job's pods are then created again on free nodes (the cluster has capacity) and
-  start from the checkpoint. A GPU fault kills the rank (the training process exits):
-  the pod fails and the job is requeued whole; NVIDIA's device plugin marks the GPU
-  unhealthy, so the new pods go elsewhere. A hang is ended by NCCL's watchdog (10 min).
-- *torchrun elastic*: the rendezvous keep-alive finds a dead node in about 15 s and a
-  dead process at once; every rank restarts from the checkpoint. It holds no spares: a
-  node that is gone is replaced when the scheduler provides another (``replacement``).
+  grace-period``) and its pods evicted after the ``not-ready`` toleration; the job's
+  pods are then created again on free nodes and start from the checkpoint. A GPU fault
+  kills the rank (the training process exits): the pod fails and the job is requeued
+  whole; NVIDIA's device plugin marks the GPU unhealthy, so the new pods go elsewhere.
+  A hang is ended by the NCCL watchdog.
+- *torchrun elastic*: the rendezvous keep-alive finds a dead node and its monitor a dead
+  process; every rank restarts from the checkpoint. It holds no spares: a node that is
+  gone is replaced when the scheduler provides another.
 
-A fault neither can see (an InfiniBand link down: the node is up, the job only hangs)
-ends in the watchdog's restart onto the same node, which hangs again, until a person
-takes the node out (``operator_response``).
+What both share is the world's (:class:`~sn_monitor.goodput.world.WorldSettings`): the
+time for the cluster to give a replacement node (``replacement``), and a person taking
+out a node whose fault neither sees (``operator_response``: an InfiniBand link down, the
+node is up, the job only hangs; until then the watchdog restarts it onto the same node).
 """
 
 from __future__ import annotations
@@ -26,40 +29,72 @@ from functools import partial
 from sn_monitor.goodput.trace import Fault, Trace
 from sn_monitor.goodput.world import JobWorld, Timeline, WorldSettings
 
+#: The interval a baseline checkpoints at unless told otherwise.
+DEFAULT_INTERVAL = 900.0
+ASSUMED = "assumed"
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """One timing a policy is held to, and where it comes from."""
+
+    what: str
+    seconds: float
+    #: A documented default, a paper, or :data:`ASSUMED`.
+    source: str
+
+    def line(self) -> str:
+        return f"{self.what}: {self.seconds:g} s ({self.source})"
+
 
 @dataclass(frozen=True)
 class Baseline:
-    """One tool's timings (seconds)."""
+    """One tool's timings."""
 
     name: str
     title: str
-    node_lost_detection: float
-    crash_detection: float
-    hang_timeout: float
-    operator_response: float
-    #: From the decision to a replacement node being there.
-    replacement: float
-    checkpoint_interval: float
-    assumes: str
+    node_lost_detection: Assumption
+    crash_detection: Assumption
+    hang_timeout: Assumption
+    #: What it does with them, in a sentence.
+    how: str
+
+    def assumptions(self, settings: WorldSettings) -> list[str]:
+        """Every timing behind its row, the world's shared ones included, with sources."""
+        shared = (
+            Assumption("a replacement node from the cluster's scheduler (every policy "
+                       "without spares)", float(settings.replacement), ASSUMED),
+            Assumption("a person takes out a node whose fault no tool sees (every "
+                       "policy)", float(settings.operator_response), ASSUMED))
+        own = (self.node_lost_detection, self.crash_detection, self.hang_timeout)
+        return [self.how, *(a.line() for a in (*own, *shared))]
 
 
+NCCL_WATCHDOG = Assumption(
+    "a hang ended by the NCCL watchdog", 600.0,
+    "PyTorch documented default: init_process_group's NCCL timeout, 10 min")
 KUBERNETES = Baseline(
-    name="kubernetes", title="Kubernetes default", node_lost_detection=40.0 + 300.0,
-    crash_detection=10.0, hang_timeout=600.0, operator_response=1800.0, replacement=30.0,
-    checkpoint_interval=900.0,
-    assumes=("node death: 40 s node-monitor grace + 300 s not-ready toleration, then the "
-             "pods are evicted and the job requeued whole (30 s to schedule it again); "
-             "a rank killed by a GPU fault: 10 s until the job restarts, the device "
-             "plugin keeps it off that GPU; hangs: NCCL watchdog 10 min; an unseen link "
-             "fault: 30 min until a person cordons the node; checkpoints every 15 min"))
+    name="kubernetes", title="Kubernetes default",
+    node_lost_detection=Assumption(
+        "node death: node-monitor-grace-period 40 s, then the not-ready toleration 300 s",
+        340.0, "Kubernetes documented defaults: kube-controller-manager 40 s (50 s since "
+        "1.32), DefaultTolerationSeconds 300 s"),
+    crash_detection=Assumption(
+        "a rank killed by a GPU fault or a process exit: the pod fails and the job is "
+        "requeued", 10.0, ASSUMED),
+    hang_timeout=NCCL_WATCHDOG,
+    how=("the job's pods are evicted and the job requeued whole from its checkpoint; "
+         "NVIDIA's device plugin keeps it off a failed GPU"))
 TORCHRUN = Baseline(
-    name="torchrun", title="torchrun elastic", node_lost_detection=15.0,
-    crash_detection=5.0, hang_timeout=600.0, operator_response=1800.0, replacement=300.0,
-    checkpoint_interval=900.0,
-    assumes=("node death: 15 s rendezvous keep-alive; a dead process: 5 s; every rank "
-             "restarts from the checkpoint; no spares: 300 s until the scheduler gives a "
-             "replacement node; hangs: NCCL watchdog 10 min; an unseen link fault: 30 min "
-             "until a person takes the node out; checkpoints every 15 min"))
+    name="torchrun", title="torchrun elastic",
+    node_lost_detection=Assumption(
+        "node death: the rendezvous keep-alive", 15.0,
+        "PyTorch documented defaults: c10d rendezvous keep-alive every 5 s, 3 missed"),
+    crash_detection=Assumption(
+        "a dead process: torchrun's monitor", 5.0,
+        "PyTorch documented default of --monitor-interval, 5 s (0.1 s in recent releases)"),
+    hang_timeout=NCCL_WATCHDOG,
+    how="every rank restarts from the checkpoint; no spares")
 BASELINES = (KUBERNETES, TORCHRUN)
 
 
@@ -67,8 +102,10 @@ class BaselineReplay:
     """One baseline on one trace."""
 
     def __init__(self, baseline: Baseline, trace: Trace, settings: WorldSettings,
-                 nodes: list[str]) -> None:
+                 nodes: list[str], interval: float = DEFAULT_INTERVAL) -> None:
         self.baseline = baseline
+        self.interval = interval
+        self.settings = settings
         self.trace = trace
         self.timeline = Timeline()
         self.world = JobWorld(settings, list(nodes), self.timeline)
@@ -101,7 +138,7 @@ class BaselineReplay:
                 return
             if self.world.checkpoint() is not None:
                 self._schedule_checkpoint(self.timeline.now)
-        self.timeline.at(since + self.baseline.checkpoint_interval, save)
+        self.timeline.at(since + self.interval, save)
 
     # ------------------------------------------------------------------ faults
 
@@ -115,16 +152,17 @@ class BaselineReplay:
         b = self.baseline
         now = self.timeline.now
         if fault.kind == "node-lost":
-            self._replace_after(node, b.node_lost_detection)
+            self._replace_after(node, b.node_lost_detection.seconds)
         elif fault.kind == "xid":
-            self._replace_after(node, b.crash_detection)
+            self._replace_after(node, b.crash_detection.seconds)
         elif fault.kind == "software":
-            self._restart_after(b.crash_detection)
+            self._restart_after(b.crash_detection.seconds)
         elif fault.kind == "hang":
-            self._restart_after(b.hang_timeout)
+            self._restart_after(b.hang_timeout.seconds)
         else:  # ib-link: nothing sees it; the watchdog restarts in place until a person acts
-            self._restart_after(b.hang_timeout)
-            self.timeline.at(now + b.operator_response, lambda: self._operator(node))
+            self._restart_after(b.hang_timeout.seconds)
+            self.timeline.at(now + float(self.settings.operator_response),
+                             lambda: self._operator(node))
 
     def _operator(self, node: str) -> None:
         if node in self.world.members and node in self.world.broken:
@@ -161,7 +199,7 @@ class BaselineReplay:
                 self._replacements += 1
                 world.members[world.members.index(node)] = f"replacement-{self._replacements}"
                 self._known_bad.discard(node)
-            self._replacements_ready = now + self.baseline.replacement
+            self._replacements_ready = now + float(self.settings.replacement)
         if now < self._replacements_ready:
             self._restart_after(self._replacements_ready - now)
             return
@@ -170,4 +208,4 @@ class BaselineReplay:
     def _failed_start(self, node: str) -> None:
         """A start failed on a broken node the tool does not know of: it hangs again."""
         del node
-        self._restart_after(self.baseline.hang_timeout)
+        self._restart_after(self.baseline.hang_timeout.seconds)

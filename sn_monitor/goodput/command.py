@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from sn_monitor.config import ConfigError, Duration, parse_duration_text
-from sn_monitor.goodput.results import POLICIES, table, to_json
+from sn_monitor.goodput.intervals import parse_policy
+from sn_monitor.goodput.results import DEFAULT_POLICIES, POLICIES, table, to_json
 from sn_monitor.goodput.trace import CATALOGUE, Trace, draw, load_catalogue, load_trace
 from sn_monitor.goodput.world import WorldSettings
 
@@ -39,8 +40,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--relaunch", default="60s",
                         help="starting every rank again (default 60s)")
     parser.add_argument("--load", default="30s", help="loading a checkpoint (default 30s)")
-    parser.add_argument("--policies", default=",".join(POLICIES),
-                        help=f"comma-separated, of {', '.join(POLICIES)} (default: all)")
+    parser.add_argument("--operator-response", default="30m",
+                        help="until a person takes out a node whose fault no tool sees, or "
+                             "gives back a healthy node a tool took out: the same for "
+                             "every policy (default 30m)")
+    parser.add_argument("--replacement", default="30s",
+                        help="until the cluster gives a node to a policy without spares "
+                             "(default 30s)")
+    parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                        help=f"comma-separated NAME[@INTERVAL], NAME of {', '.join(POLICIES)}; "
+                             "INTERVAL a duration, 'daly' (Daly's, from the policy's own "
+                             "MTBF) or 'auto' (sn-monitor's advisor; a baseline's best "
+                             f"replayed) (default: {','.join(DEFAULT_POLICIES)})")
     parser.add_argument("--refine", action="store_true",
                         help="then replay the advisor's configuration with fixed intervals "
                              "around the one it chose (x0.5 to x2), and print each ETTR: "
@@ -105,13 +116,18 @@ def _world_settings(args: argparse.Namespace) -> WorldSettings:
         save_blocking=_duration("--save-blocking", args.save_blocking),
         save_persist=_duration("--save-persist", args.save_persist),
         load=_duration("--load", args.load),
-        relaunch=_duration("--relaunch", args.relaunch))
+        relaunch=_duration("--relaunch", args.relaunch),
+        operator_response=_duration("--operator-response", args.operator_response),
+        replacement=_duration("--replacement", args.replacement))
 
 
 def _policies(option: str) -> tuple[str, ...]:
-    """``--policies``: known names, at least one (raises ConfigError)."""
+    """``--policies``: known names with valid intervals, at least one (raises ConfigError)."""
     policies = tuple(p.strip() for p in option.split(",") if p.strip())
-    unknown = [p for p in policies if p not in POLICIES]
+    try:
+        unknown = [p for p in policies if parse_policy(p)[0] not in POLICIES]
+    except ValueError as err:
+        raise ConfigError("command line", "--policies", None, str(err)) from None
     if unknown or not policies:
         raise ConfigError("command line", "--policies", None,
                           f"unknown {', '.join(unknown) or 'empty'}; "

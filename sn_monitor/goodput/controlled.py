@@ -61,8 +61,6 @@ ACTIONS = ("alert", "cordon", "uncordon", "evict", "failover", "checkpoint", "re
            "throttle", "release")
 #: A process that exits is restarted in place by the job's launcher after this long.
 CRASH_RESTART = 5.0
-#: A node taken out that was healthy is given back after the operator looked at it.
-FALSE_EVICTION_RETURN = 3600.0
 CHECKPOINTS_KEPT = 3
 
 
@@ -298,6 +296,9 @@ class ControlledReplay:
             self._condition.setdefault(node, {})
             self._report(node, [self._event("xid", node, fault.code)])
         elif fault.kind == "node-lost":
+            # Its agent reported until now: the heartbeat timeout runs from the fault, not
+            # from the last sweep (up to ``Cadence.quiet`` before it).
+            self.controller.registry.heard_from([node])
             self._silent.add(node)
             self._heard = None
         elif fault.kind == "ib-link":
@@ -353,7 +354,9 @@ class ControlledReplay:
     def _evict(self, node: str) -> None:
         self.world.evicted(node)
         broken = node in self.world.broken
-        delay = self._repair.get(node, 0.0) if broken else FALSE_EVICTION_RETURN
+        # a healthy node taken out is given back when the operator has looked at it
+        delay = (self._repair.get(node, 0.0) if broken
+                 else float(self.settings.operator_response))
         self.timeline.at(self.timeline.now + max(delay, 1.0), lambda: self._repaired(node))
 
     def _repaired(self, node: str) -> None:

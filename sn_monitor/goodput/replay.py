@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
 import time
@@ -9,9 +10,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sn_monitor.goodput.baselines import BASELINES, BaselineReplay
+from sn_monitor.goodput.baselines import (
+    BASELINES,
+    DEFAULT_INTERVAL,
+    KUBERNETES,
+    TORCHRUN,
+    BaselineReplay,
+)
 from sn_monitor.goodput.controlled import Cadence, ControlledReplay, warning_checkpoints
-from sn_monitor.goodput.results import POLICIES, PolicyResult, result_of
+from sn_monitor.goodput.intervals import IntervalChoice, at_interval, parse_policy
+from sn_monitor.goodput.results import (
+    BASELINE_POLICIES,
+    DEFAULT_POLICIES,
+    POLICIES,
+    PolicyResult,
+    result_of,
+)
 from sn_monitor.goodput.trace import Trace, retarget
 from sn_monitor.goodput.world import WorldSettings
 from sn_monitor.logs import muted
@@ -23,14 +37,23 @@ log = logging.getLogger(__name__)
 REFINE_FACTORS = (0.5, 0.75, 1.5, 2.0)
 
 SN_ASSUMES = ("the controller itself (default rules, safety policy, breaker, recovery "
-              "engine) on a virtual clock, swept every second after a fault; node death: "
-              "no report for 10 s; evictions settle 3 s; a spare replaces the node; the "
-              "operator gives repaired nodes back to the pool")
+              "engine) on a virtual clock, swept every second after a fault",
+              "node death: no report for 10 s (its packaged node-heartbeat rule); "
+              "evictions settle 3 s; a spare replaces the node",
+              "the operator gives repaired nodes back to the pool, and a healthy node "
+              "taken out after --operator-response")
+#: The interval each policy runs at unless named with one (``NAME@INTERVAL``).
+DEFAULT_INTERVALS: dict[str, IntervalChoice] = {
+    "kubernetes": DEFAULT_INTERVAL, "torchrun": DEFAULT_INTERVAL,
+    "sn-monitor": DEFAULT_INTERVAL, "sn-monitor-advisor": "auto"}
+TITLES = {"kubernetes": KUBERNETES.title, "torchrun": TORCHRUN.title,
+          "sn-monitor": "sn-monitor", "sn-monitor-advisor": "sn-monitor + advisor"}
 
 
 @dataclass(frozen=True)
 class ReplayOptions:
-    policies: tuple[str, ...] = POLICIES
+    #: ``NAME[@INTERVAL]`` each (intervals.py).
+    policies: tuple[str, ...] = DEFAULT_POLICIES
     rules: tuple[Path, ...] = ()
     cadence: Cadence = field(default_factory=Cadence)
     #: Let the simulated controller log (``--log-level``): off, its expected faults (a
@@ -57,24 +80,45 @@ def replay(trace: Trace, settings: WorldSettings,
     """Every policy of ``options`` on ``trace``, in order."""
     options = options or ReplayOptions()
     nodes, trace, rules = _prepare(trace, settings, options)
-    results = []
-    for name in options.policies:
+    return [_policy(policy, trace, settings, nodes, rules, options)
+            for policy in options.policies]
+
+
+def _policy(policy: str, trace: Trace, settings: WorldSettings, nodes: list[str],
+            rules: Sequence[Rule], options: ReplayOptions) -> PolicyResult:
+    """One ``NAME[@INTERVAL]`` on the trace, its row named and titled after both."""
+    name, named = parse_policy(policy)
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r} (policies: {', '.join(POLICIES)})")
+    choice = DEFAULT_INTERVALS[name] if named is None else named
+
+    def replay_at(interval: float | str) -> PolicyResult:
         started = time.process_time()
-        if name in ("kubernetes", "torchrun"):
+        if name in BASELINE_POLICIES:
             baseline = next(b for b in BASELINES if b.name == name)
-            world = BaselineReplay(baseline, trace, settings, nodes).run()
-            results.append(result_of(world, trace.duration, name=name, title=baseline.title,
-                                     assumes=baseline.assumes,
-                                     interval=baseline.checkpoint_interval,
-                                     replay_seconds=time.process_time() - started))
-        elif name in ("sn-monitor", "sn-monitor-advisor"):
-            advisor = name == "sn-monitor-advisor"
-            results.append(_controlled(name, trace, settings, nodes, rules, options,
-                                       started, interval="auto" if advisor else 900.0,
-                                       warnings=advisor))
-        else:
-            raise ValueError(f"unknown policy {name!r} (policies: {', '.join(POLICIES)})")
-    return results
+            world = BaselineReplay(baseline, trace, settings, nodes,
+                                   float(interval)).run()
+            return result_of(world, trace.duration, name=name, title=baseline.title,
+                             assumes=baseline.assumptions(settings),
+                             interval=float(interval),
+                             replay_seconds=time.process_time() - started)
+        return _controlled(name, trace, settings, nodes, rules, options, started,
+                           interval=interval, warnings=name == "sn-monitor-advisor")
+
+    result = at_interval(replay_at, choice, default=DEFAULT_INTERVAL,
+                         save_seconds=float(settings.save_blocking),
+                         duration=trace.duration, search=name in BASELINE_POLICIES)
+    return dataclasses.replace(result, name=policy, title=_title(name, named))
+
+
+def _title(name: str, named: IntervalChoice | None) -> str:
+    """The row's title: the policy's; with the interval it was named with, if any."""
+    if named is None:
+        return TITLES[name]
+    short = TITLES[name].removesuffix(" default")
+    if named == "auto":
+        return short + (", best interval" if name in BASELINE_POLICIES else ", auto interval")
+    return short + (", Daly interval" if named == "daly" else f" every {named:g} s")
 
 
 def refine(trace: Trace, settings: WorldSettings, advised: float,
@@ -100,13 +144,12 @@ def refine(trace: Trace, settings: WorldSettings, advised: float,
 def _controlled(name: str, trace: Trace, settings: WorldSettings, nodes: list[str],
                 rules: Sequence[Rule], options: ReplayOptions, started: float, *,
                 interval: float | str, warnings: bool) -> PolicyResult:
-    advisor = interval == "auto"
     notes = []
     used = list(rules)
     if warnings:
         used, changed = warning_checkpoints(rules)
         notes.append(f"checkpointInterval: {interval}"
-                     + (" (the advisor's interval)" if advisor else "")
+                     + (" (the advisor's interval)" if interval == "auto" else "")
                      + f"; a checkpoint on every warning: {', '.join(changed) or 'none added'}")
     with tempfile.TemporaryDirectory(prefix="sn-goodput-",
                                      dir=_fast_tmp()) as tmp:
@@ -122,9 +165,8 @@ def _controlled(name: str, trace: Trace, settings: WorldSettings, nodes: list[st
                 run.close()
     actions = ", ".join(f"{k} {v}" for k, v in sorted(run.counts.items()))
     notes.append(f"controller actions: {actions}")
-    title = "sn-monitor + advisor" if advisor else "sn-monitor"
-    assumes = SN_ASSUMES + ("" if advisor else "; checkpoints every 15 min")
-    return result_of(world, trace.duration, name=name, title=title, assumes=assumes,
+    return result_of(world, trace.duration, name=name, title=TITLES.get(name, name),
+                     assumes=SN_ASSUMES,
                      interval=used_interval, replay_seconds=time.process_time() - started,
                      controller_ettr=controller_ettr, notes=notes)
 

@@ -9,9 +9,17 @@ from typing import Any
 from sn_monitor.goodput.trace import Trace
 from sn_monitor.goodput.world import JobWorld, WorldSettings
 
+DALY_2006 = ('J. T. Daly, "A higher order estimate of the optimum checkpoint interval for '
+             'restart dumps", Future Generation Computer Systems 22(3), 2006')
 SPLIT = ("detection", "eviction", "relaunch", "load")
-#: The policies a replay compares, in the table's order.
-POLICIES = ("kubernetes", "torchrun", "sn-monitor", "sn-monitor-advisor")
+#: The policies a replay knows; each may be named with an interval (``NAME@INTERVAL``,
+#: intervals.py).
+BASELINE_POLICIES = ("kubernetes", "torchrun")
+POLICIES = (*BASELINE_POLICIES, "sn-monitor", "sn-monitor-advisor")
+#: What a replay compares unless told otherwise, in the table's order: each baseline
+#: at its default interval and at its best.
+DEFAULT_POLICIES = ("kubernetes", "kubernetes@auto", "torchrun", "torchrun@auto",
+                    "sn-monitor", "sn-monitor-advisor")
 
 
 @dataclass(frozen=True)
@@ -20,7 +28,8 @@ class PolicyResult:
 
     name: str
     title: str
-    assumes: str
+    #: Every timing behind the row, each with its source.
+    assumes: list[str]
     ettr: float
     #: Training seconds done and then thrown away by restores (recomputed).
     lost_work_seconds: float
@@ -36,7 +45,7 @@ class PolicyResult:
     notes: list[str] = field(default_factory=list)
 
 
-def result_of(world: JobWorld, end: float, *, name: str, title: str, assumes: str,
+def result_of(world: JobWorld, end: float, *, name: str, title: str, assumes: Sequence[str],
               interval: float | None, replay_seconds: float,
               controller_ettr: float | None = None,
               notes: Sequence[str] = ()) -> PolicyResult:
@@ -49,7 +58,7 @@ def result_of(world: JobWorld, end: float, *, name: str, title: str, assumes: st
     kept = world.kept_work(end)
     step = float(world.settings.step_seconds)
     return PolicyResult(
-        name=name, title=title, assumes=assumes, ettr=kept / end if end > 0 else 0.0,
+        name=name, title=title, assumes=list(assumes), ettr=kept / end if end > 0 else 0.0,
         lost_work_seconds=round(lost, 3), lost_steps=int(lost // step),
         downtime_seconds={k: round(v, 3) for k, v in split.items()},
         interruptions=sum(1 for r in world.interruptions if r.kind != "restart"),
@@ -80,14 +89,7 @@ def table(results: Sequence[PolicyResult], trace: Trace, settings: WorldSettings
                        for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    by_name = {r.name: r for r in results}
-    best = max(results, key=lambda r: r.ettr) if results else None
-    if best is not None and "kubernetes" in by_name and best.name != "kubernetes":
-        gap = (best.ettr - by_name["kubernetes"].ettr) * 100
-        lines.append("")
-        lines.append(f"{best.title}: {gap:+.2f} points of ETTR over Kubernetes default "
-                     f"({gap / 100 * trace.duration / 3600:.1f} h of the job's "
-                     f"{trace.duration / 3600:.0f} h)")
+    lines += _headline(results, trace)
     lines += ["", f"trace: {trace.source}",
               f"  {len(trace.faults)} interruptions in {trace.duration / 86400:.1f} days"
               f"{f', seed {seed}' if seed is not None else ''}: "
@@ -97,12 +99,33 @@ def table(results: Sequence[PolicyResult], trace: Trace, settings: WorldSettings
               f"{settings.spares} spares (sn-monitor), step {settings.step_seconds:g} s; "
               f"checkpoint: training pauses {settings.save_blocking:g} s, complete "
               f"{settings.save_persist:g} s later; restart: relaunch "
-              f"{settings.relaunch:g} s + load {settings.load:g} s",
+              f"{settings.relaunch:g} s + load {settings.load:g} s; a person acts on what "
+              f"no tool does after {settings.operator_response:g} s (--operator-response), "
+              f"a replacement node comes in {settings.replacement:g} s (--replacement)",
               "assumptions:"]
+    said: list[list[str]] = []
     for r in results:
-        lines.append(f"  {r.title}: {r.assumes}")
-        lines += [f"    {note}" for note in r.notes]
+        lines.append(f"  {r.title}:")
+        shown = ["as above"] if r.assumes in said else r.assumes
+        said.append(r.assumes)
+        lines += [f"    {line}" for line in [*shown, *r.notes]]
+    if any("Daly 2006" in note for r in results for note in r.notes):
+        lines.append(f"Daly 2006: {DALY_2006}")
     return "\n".join(lines)
+
+
+def _headline(results: Sequence[PolicyResult], trace: Trace) -> list[str]:
+    """The best sn-monitor row's margin over the best baseline row (each at its best)."""
+    baselines = [r for r in results if r.name.partition("@")[0] in BASELINE_POLICIES]
+    ours = [r for r in results if r not in baselines]
+    if not baselines or not ours:
+        return []
+    best, rival = max(ours, key=lambda r: r.ettr), max(baselines, key=lambda r: r.ettr)
+    gap = (best.ettr - rival.ettr) * 100
+    return ["", f"{best.title}: {gap:+.2f} points of ETTR over the best baseline "
+                f"({rival.title}: {rival.checkpoint_interval_seconds or 0:.0f} s), "
+                f"{gap / 100 * trace.duration / 3600:.1f} h of the job's "
+                f"{trace.duration / 3600:.0f} h"]
 
 
 def to_json(results: Sequence[PolicyResult], trace: Trace, settings: WorldSettings,

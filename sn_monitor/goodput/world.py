@@ -44,6 +44,12 @@ class WorldSettings:
     load: Duration = setting(default=Duration(30.0), check=non_negative)
     #: Starting every rank again: processes, rendezvous, NCCL communicators.
     relaunch: Duration = setting(default=Duration(60.0), check=non_negative)
+    #: A person acting on what no tool acts on (a link down that only hangs the job; a
+    #: healthy node a tool took out): the same for every policy. Assumed.
+    operator_response: Duration = setting(default=Duration(1800.0), check=non_negative)
+    #: From asking the cluster for a node to having it, for a policy without spares (the
+    #: same scheduler under each): assumed, a free node and the image already cached.
+    replacement: Duration = setting(default=Duration(30.0), check=non_negative)
 
 
 @dataclass
