@@ -4,6 +4,7 @@
   controller's recorded incidents);
 - :mod:`.world`: what is simulated (the job's progress, checkpoints, restarts, nodes);
 - :mod:`.baselines`: Kubernetes alone and torchrun elastic, as their timings;
+- :mod:`.intervals`: the checkpoint interval a policy runs at (fixed, Daly's, its best);
 - :mod:`.controlled`: sn-monitor itself, the real controller on a virtual clock;
 - :mod:`.replay`, :mod:`.results`, :mod:`.command`: the run, its table, the subcommand.
 """

@@ -194,6 +194,7 @@ class BaselineReplay:
         bad = [n for n in world.members if n in self._known_bad]
         now = self.timeline.now
         if bad:  # out of the job now; the new nodes come after the replacement time
+            world.abort_start()  # not onto the new nodes before they are there
             for node in bad:
                 world.evicted(node)
                 self._replacements += 1

@@ -273,6 +273,11 @@ class JobWorld:
                 self.on_running()
         self.timeline.at(now + relaunch + load, up)
 
+    def abort_start(self) -> None:
+        """The start under way dies (a policy is changing the job's members)."""
+        if self.state == "starting":
+            self._stop()
+
     def evicted(self, node: str) -> None:
         """A policy took ``node`` out of service; a healthy one is a false eviction."""
         if node in self.out:

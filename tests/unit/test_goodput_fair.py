@@ -158,3 +158,18 @@ def test_the_json_has_each_baseline_at_its_best_and_the_shared_timings(
     assert (doc["job"]["operator_response"], doc["job"]["replacement"]) == (600, 60)
     for policy in doc["policies"]:
         assert any("(assumed)" in line for line in policy["assumes"])
+
+
+def test_a_replacement_node_comes_no_sooner_than_the_cluster_gives_it() -> None:
+    """A person takes the node out while the watchdog's restart onto it is starting: that
+    start dies, and the job runs again on the new node ``replacement`` later."""
+    slow = WorldSettings(nodes=20, spares=0, step_seconds=Duration(10),
+                         save_blocking=Duration(2), save_persist=Duration(8),
+                         relaunch=Duration(20), load=Duration(10),
+                         operator_response=Duration(610), replacement=Duration(300))
+    link = Trace((Fault(time=1000.0, node="node-0002", kind="ib-link", category="network",
+                        repair=86400.0),), TWO_HOURS, "a link down")
+    [k8s] = replay(link, slow, ReplayOptions(policies=("kubernetes",)))
+    # watchdog at 1600 (starting until 1630), the person at 1610, a node at 1910,
+    # running at 1940: down 940
+    assert sum(k8s.downtime_seconds.values()) == pytest.approx(940)
