@@ -260,7 +260,8 @@ def check_goodput(sn: Installed) -> None:
                 timeout=300)
     doc = json.loads(out)
     names = [p["name"] for p in doc["policies"]]
-    if names != ["kubernetes", "torchrun", "sn-monitor", "sn-monitor-advisor"]:
+    if names != ["kubernetes", "kubernetes@auto", "torchrun", "torchrun@auto", "sn-monitor",
+                 "sn-monitor-advisor"]:
         raise SmokeFailure(f"goodput: policies {names}")
     if "Llama 3" not in doc["trace"]["source"]:
         raise SmokeFailure(f"goodput: not the packaged catalogue: {doc['trace']}")
