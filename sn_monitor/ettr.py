@@ -37,7 +37,7 @@ from collections import deque
 #: A frontier gap up to this many median step times per step counts whole (jitter).
 SLACK = 2.0
 #: The frontier's advances a restore can go back over (older restores are estimated).
-CREDITS_KEPT = 16_384
+CREDITS_KEPT = 4096
 #: The steps of the latest saves, so that a save reported twice is taken off once.
 SAVES_KEPT = 64
 
@@ -115,14 +115,14 @@ class TrainingLedger:
             s, p, w = credits[i]
             credits[i] = (s, p - blocking, w)
 
-    def resumed(self, step: int, when: float, median: float | None) -> None:
-        """The job restarted: ``step`` done at ``when``, below the frontier (else nothing).
+    def resumed(self, step: int, when: float, median: float | None) -> bool:
+        """The job restarted: ``step`` done at ``when``; True when below the frontier.
 
         The steps after ``step`` are redone: the productive seconds go back to when
         ``step`` was first reached.
         """
         if self.frontier is None or step >= self.frontier:
-            return
+            return False
         kept = self._credit_at(step, median)
         credits = self._credits
         while credits and credits[-1][0] >= step:
@@ -131,6 +131,7 @@ class TrainingLedger:
         self._pending.clear()
         self.productive = kept
         self.frontier, self.frontier_time = step, when
+        return True
 
     def _credit_at(self, step: int, median: float | None) -> float:
         """The productive seconds when ``step`` was first reached (interpolated)."""

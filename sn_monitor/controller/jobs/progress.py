@@ -144,8 +144,9 @@ class JobProgress:
         for step, when in sorted(updates, key=lambda u: (u[1], u[0])):
             if step < 0:
                 raise ValueError(f"a step is not negative, got {step}")
-            if (current.step > step if current is not None else self.resuming):
-                self.ledger.resumed(step, when, self.median_step_time(now))
+            # the rank's step went back, or a restored generation's rank starts: a restart
+            restart = current.step > step if current is not None else self.resuming
+            if restart and self.ledger.resumed(step, when, self.median_step_time(now)):
                 self._advances.clear()
                 self.dirty = True
             self._frontier(step, when, now)
