@@ -179,6 +179,12 @@ class ControlledReplay:
         self.store.close()
 
     def controller_ettr(self) -> float | None:
+        """The controller's ETTR gauge now, rank 0's step at this time reported first.
+
+        (A live client reports every few seconds; the replay only at its ticks, up to
+        ``Cadence.quiet`` apart: the last stretch of training would be missing.)
+        """
+        self._progress()
         status = self.controller.jobs.job(JOB)
         return None if status is None else status.effective_training_ratio
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sn_monitor.ettr import effective_training_ratio
 from sn_monitor.goodput.trace import Trace
 from sn_monitor.goodput.world import JobWorld, WorldSettings
 
@@ -40,7 +41,8 @@ class PolicyResult:
     checkpoints: int
     checkpoint_interval_seconds: float | None
     replay_seconds: float
-    #: The controller's own ETTR gauge at the end (sn-monitor policies only).
+    #: The controller's own ETTR gauge at the end (sn-monitor policies only): the same
+    #: :func:`~sn_monitor.ettr.effective_training_ratio` of what the job reported to it.
     controller_ettr: float | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -58,7 +60,8 @@ def result_of(world: JobWorld, end: float, *, name: str, title: str, assumes: Se
     kept = world.kept_work(end)
     step = float(world.settings.step_seconds)
     return PolicyResult(
-        name=name, title=title, assumes=list(assumes), ettr=kept / end if end > 0 else 0.0,
+        name=name, title=title, assumes=list(assumes),
+        ettr=effective_training_ratio(kept, end) or 0.0,
         lost_work_seconds=round(lost, 3), lost_steps=int(lost // step),
         downtime_seconds={k: round(v, 3) for k, v in split.items()},
         interruptions=sum(1 for r in world.interruptions if r.kind != "restart"),

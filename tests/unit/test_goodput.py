@@ -75,9 +75,10 @@ def test_each_policy_s_ettr_is_the_hand_calculation() -> None:
         {"detection": 0, "eviction": 3, "relaunch": 20, "load": 10}, abs=0.01)
     assert (k8s.interruptions, torchrun.interruptions, sn.interruptions) == (1, 1, 1)
     assert sn.false_evictions == 0
-    # the controller's own gauge (counted from rank 0's steps as the client reports them,
-    # progress.py) tells the same story within two points
-    assert sn.controller_ettr == pytest.approx(sn.ettr, abs=0.02)
+    # the controller's own gauge (from rank 0's steps and saves as the client reports
+    # them, sn_monitor/ettr.py) is the same number: the restore's downtime and the work
+    # redone after it are not productive, and neither are the saves' pauses
+    assert sn.controller_ettr == pytest.approx(sn.ettr, abs=1e-5)
 
 
 def test_the_advisor_policy_loses_the_same_and_checkpoints_on_its_own_interval() -> None:
@@ -93,6 +94,9 @@ def test_the_advisor_policy_loses_the_same_and_checkpoints_on_its_own_interval()
     low = (HOUR - 33 - 198 - 2 * started) / HOUR
     high = (HOUR - 33 - 198 - 2 * advisor.checkpoints) / HOUR
     assert low - 1e-5 <= advisor.ettr <= high + 1e-5
+    # the gauge misses only the pause of a save not complete (so not reported) at the end
+    assert advisor.controller_ettr is not None
+    assert advisor.ettr - 1e-5 <= advisor.controller_ettr <= advisor.ettr + 2 / HOUR + 1e-5
 
 
 def test_a_warning_before_the_fault_saves_the_work_with_a_checkpoint() -> None:

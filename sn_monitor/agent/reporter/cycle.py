@@ -47,8 +47,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__package__)  # the reporter's one logger (see .replies)
 
 #: Low enough that after a controller restart every agent is back within the grace the
-#: controller gives restored nodes (``RESTART_REPORT_GRACE`` in controller/service.py):
-#: a longer wait would make a healthy node look lost.
+#: controller gives restored nodes (at least 60 s: ``restart_grace`` in
+#: controller/incidents/inherited.py): a longer wait would make a healthy node look lost.
 MAX_BACKOFF_SECONDS = 10.0
 #: Events in one report take at most this many bytes: the controller refuses bodies over
 #: 1 MiB (413), and a report refused for its size would be refused forever.

@@ -247,13 +247,15 @@ class JobOrchestrator:
         """The client wrote a checkpoint; it counts (and satisfies a request) if complete.
 
         It is verified on disk before the lock is taken. ``save_seconds``: how long
-        training stood still for it (the interval advisor's input).
+        training stood still for it: the interval advisor's input, and not productive
+        time (:mod:`sn_monitor.ettr`).
         """
         with self._lock:
             known = self.registry.get(job)
             catalogue = known.catalogue
             if save_seconds is not None:
                 known.saves.add(save_seconds)
+                known.progress.saved(step, save_seconds)
         record = catalogue.report(step, path)
         log.info("job %s: checkpoint of step %d reported by rank %d on %s: %s", job, step,
                  rank, node, "complete" if record.complete else f"not complete ({record.reason})")

@@ -7,20 +7,13 @@ orchestrator every few seconds.
 
 Effective training time ratio (ETTR)
 ------------------------------------
-``ETTR = productive seconds / wall seconds since the job started``: since its first
-step was reported (the time of that step). Before it, the job is ``pending`` and has no
-ETTR: the time its ranks wait to be scheduled is not training lost to faults.
-
-The job's *frontier* is the highest step any rank ever reported. Only moving the
-frontier is productive: when it advances from step ``F`` (reached at time ``t_F``) to
-step ``S`` at time ``t`` (the client's wall times), the gap ``t - t_F`` is productive
-when it is at most ``SLACK x (S - F) x the median step time`` (ordinary jitter); a
-longer gap means the job stalled in between (hung, recovering, relaunching, loading a
-checkpoint), and only ``(S - F) x median`` of it is productive: the time those new
-steps took. Steps re-computed after a restore from an older checkpoint do not move the
-frontier, so the work lost since that checkpoint is not productive either. While the
-median step time is not known yet, a gap counts whole up to ``unknown_gap`` seconds.
-The very first step gives no credit (its start is not known).
+The job's frontier and productive seconds are a :class:`~sn_monitor.ettr.TrainingLedger`
+(the definition, in :mod:`sn_monitor.ettr`): every rank's steps move it; a rank whose
+step goes back (its job restarted in place from a checkpoint), or the first step of a
+rank after a restore below the frontier, takes back the steps redone; the checkpoint
+saves the job reports (:meth:`JobProgress.saved`) take their blocking time off. Before
+the first step the job is ``pending`` and has no ETTR: the time its ranks wait to be
+scheduled is not training lost to faults.
 
 The ranks' times are taken on the controller's clock, as a report's events are
 (:func:`on_controller_clock`): a rank whose clock is a day ahead or a year behind, or that
@@ -35,9 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sn_monitor.controller.ingest.decode import MAX_EVENT_AGE_SECONDS
+from sn_monitor.ettr import TrainingLedger
 
-#: A frontier gap up to this many median step times per step counts whole (jitter).
-SLACK = 2.0
 #: The frontier's advances kept for :meth:`JobProgress.recent_step_time`.
 ADVANCES_KEPT = 256
 
@@ -66,20 +58,18 @@ class RankProgress:
 
 
 class JobProgress:
-    """Per-rank last step and time, median step time, frontier and productive time."""
+    """Per-rank last step and time, median step time, and the ledger of productive time."""
 
     def __init__(self, max_ranks: int, unknown_gap: float = 60.0) -> None:
         self.max_ranks = max_ranks
-        self.unknown_gap = unknown_gap
+        #: The frontier, when the job started and its productive seconds.
+        self.ledger = TrainingLedger(unknown_gap)
         self.ranks: dict[int, RankProgress] = {}
         self.world_size = 0
         #: Controller wall time of the last advance of any rank (this generation).
         self.last_advance: float | None = None
-        self.frontier: int | None = None
-        self.frontier_time: float | None = None
-        #: When the job started: the time of the first step any rank reported.
-        self.started: float | None = None
-        self.productive = 0.0
+        #: A restore started this generation: its ranks' first steps may go back.
+        self.resuming = False
         #: Whether the current stall was already reported as a hang.
         self.hang_reported = False
         self.dirty = False
@@ -96,7 +86,18 @@ class JobProgress:
         self.world_size = 0
         self.last_advance = None
         self.hang_reported = False
+        self.resuming = True
         self._median_stale = True
+
+    @property
+    def frontier(self) -> int | None:
+        """The highest step the job reached and still has (None before its first)."""
+        return self.ledger.frontier
+
+    def saved(self, step: int, blocking: float) -> None:
+        """The job's checkpoint of ``step`` stood training still for ``blocking`` seconds."""
+        self.ledger.saved(step, blocking)
+        self.dirty = True
 
     def update(self, rank: int, node: str, world_size: int,
                updates: Sequence[tuple[int, float]], step_time: float | None,
@@ -143,6 +144,11 @@ class JobProgress:
         for step, when in sorted(updates, key=lambda u: (u[1], u[0])):
             if step < 0:
                 raise ValueError(f"a step is not negative, got {step}")
+            # the rank's step went back, or a restored generation's rank starts: a restart
+            restart = current.step > step if current is not None else self.resuming
+            if restart and self.ledger.resumed(step, when, self.median_step_time(now)):
+                self._advances.clear()
+                self.dirty = True
             self._frontier(step, when, now)
             if current is None:
                 current = RankProgress(node, step, when, now, step_time)
@@ -169,30 +175,14 @@ class JobProgress:
             current.received = now
             self.last_advance = now
             self.hang_reported = False
+        if self.all_reported():
+            self.resuming = False
 
     def _frontier(self, step: int, when: float, now: float) -> None:
-        if self.frontier is None or self.frontier_time is None:
-            self.frontier, self.frontier_time = step, when
-            if self.started is None:
-                self.started = when
+        if self.ledger.reached(step, when, self.median_step_time(now)):
+            reached = self.ledger.frontier_time
+            self._advances.append((step, when if reached is None else reached))
             self.dirty = True
-            return
-        if step <= self.frontier:
-            return
-        steps = step - self.frontier
-        gap = when - self.frontier_time
-        median = self.median_step_time(now)
-        if gap > 0:
-            if median is None:
-                self.productive += gap if gap <= self.unknown_gap else 0.0
-            elif gap <= SLACK * steps * median:
-                self.productive += gap
-            else:
-                self.productive += steps * median
-        self.frontier = step
-        self.frontier_time = max(when, self.frontier_time)
-        self._advances.append((step, self.frontier_time))
-        self.dirty = True
 
     def recent_step_time(self, window: float = 30.0) -> float | None:
         """Seconds per step of the frontier over its last ``window`` seconds.
@@ -249,4 +239,4 @@ class JobProgress:
         return max((r.step for r in self.ranks.values()), default=None)
 
 
-__all__ = ["SLACK", "JobProgress", "RankProgress", "on_controller_clock"]
+__all__ = ["JobProgress", "RankProgress", "on_controller_clock"]

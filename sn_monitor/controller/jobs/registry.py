@@ -153,11 +153,12 @@ class JobRegistry:
         catalogue = CheckpointRegistry(job.name, job.spec.checkpoint_dir,
                                        job.spec.checkpoint_marker, clock=self.clock)
         progress = JobProgress(self.settings.max_ranks, float(self.settings.unknown_gap))
+        ledger = progress.ledger
         if book.frontier is not None:
-            progress.frontier = book.frontier
-            progress.frontier_time = book.frontier_time or 0.0
-        progress.started = book.started_at
-        progress.productive = book.productive
+            ledger.frontier = book.frontier
+            ledger.frontier_time = book.frontier_time or 0.0
+        ledger.started = book.started_at
+        ledger.productive = book.productive
         return JobRecord(row, job, book, catalogue, progress)
 
     def add(self, job: DistributedJob, source: str) -> JobRecord:
@@ -307,9 +308,11 @@ class JobRegistry:
     def save(self, j: JobRecord, **changes: Any) -> None:
         """Write the job's row (durable): its fields, ``changes`` and the bookkeeping."""
         p = j.progress
-        j.book = msgspec.structs.replace(j.book, frontier=p.frontier,
-                                         frontier_time=p.frontier_time,
-                                         started_at=p.started, productive=p.productive)
+        ledger = p.ledger
+        j.book = msgspec.structs.replace(j.book, frontier=ledger.frontier,
+                                         frontier_time=ledger.frontier_time,
+                                         started_at=ledger.started,
+                                         productive=ledger.productive)
         j.row = replace(j.row, **changes, data=msgspec.to_builtins(j.book),
                         updated_at=self.clock.time())
         self.store.save_job(j.row)

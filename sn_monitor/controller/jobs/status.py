@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import cast
 
+from sn_monitor import ettr
 from sn_monitor.controller.jobs.advisor import Advice
 from sn_monitor.controller.jobs.registry import JobRecord
 from sn_monitor.controller.jobs.views import CheckpointRequest, JobMetric, JobState, JobStatus
@@ -30,16 +31,16 @@ def job_state(j: JobRecord) -> tuple[JobState, str]:
 
 
 def effective_training_ratio(j: JobRecord, now: float) -> float | None:
-    """Productive (training, not redone after a restore) seconds over those since it started.
+    """The job's ETTR (:mod:`sn_monitor.ettr`): productive seconds over those since it started.
 
     None before the job started. A job kept from before the start was recorded counts
     from when it was added.
     """
     if not started(j):
         return None
-    since = j.progress.started if j.progress.started is not None else j.row.created_at
-    wall = now - since
-    return None if wall <= 0 else min(1.0, j.progress.productive / wall)
+    ledger = j.progress.ledger
+    since = ledger.started if ledger.started is not None else j.row.created_at
+    return ettr.effective_training_ratio(ledger.productive, now - since)
 
 
 def job_status(j: JobRecord, now: float, *, recovery: str | None,
@@ -81,7 +82,7 @@ def job_metrics(records: Iterable[JobRecord], now: float,
             generation=j.row.generation, failures_total=j.row.failures,
             checkpoint_age_seconds=j.catalogue.age_seconds(),
             effective_training_ratio=effective_training_ratio(j, now),
-            productive_seconds=j.progress.productive, nodes=len(j.row.nodes),
+            productive_seconds=j.progress.ledger.productive, nodes=len(j.row.nodes),
             spares=len(j.row.pool), median_step_seconds=j.progress.median_step_time(),
             last_step=j.progress.last_step())
         for j in records}

@@ -288,7 +288,7 @@ class JobMetric:
     generation: int
     failures_total: int
     checkpoint_age_seconds: float | None
-    #: See :mod:`sn_monitor.controller.jobs.progress` for the definition.
+    #: See :mod:`sn_monitor.ettr` for the definition.
     effective_training_ratio: float | None
     productive_seconds: float
     nodes: int

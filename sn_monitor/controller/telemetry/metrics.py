@@ -196,8 +196,9 @@ def _job_families(jobs: JobMetrics) -> Iterator[Metric]:
                                    labels=["job"])
     ettr = GaugeMetricFamily(
         "sn_job_effective_training_ratio",
-        "Productive training time / wall time since the job started (ETTR); absent while "
-        "it is pending (no rank has reported a step yet).", labels=["job"])
+        "ETTR: productive training time (the steps not redone after a restore, less the "
+        "blocking checkpoint saves the job reported) / wall time since its first step; "
+        "absent while it is pending (no rank has reported a step yet).", labels=["job"])
     age = GaugeMetricFamily("sn_job_checkpoint_age_seconds",
                             "Age of the latest complete checkpoint.", labels=["job"])
     step = GaugeMetricFamily("sn_job_step", "The highest step the job reported.",
