@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sn_monitor.config import ConfigError, Duration, parse_duration_text
 from sn_monitor.goodput.intervals import parse_policy
+from sn_monitor.goodput.noise import NOISE, draw_noise
 from sn_monitor.goodput.results import DEFAULT_POLICIES, POLICIES, table, to_json
 from sn_monitor.goodput.trace import CATALOGUE, Trace, draw, load_catalogue, load_trace
 from sn_monitor.goodput.world import WorldSettings
@@ -52,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "INTERVAL a duration, 'daly' (Daly's, from the policy's own "
                              "MTBF) or 'auto' (sn-monitor's advisor; a baseline's best "
                              f"replayed) (default: {','.join(DEFAULT_POLICIES)})")
+    parser.add_argument("--noise", choices=("on", "off"), default="on",
+                        help="healthy nodes' reports show correctable ECC errors, "
+                             "temperature excursions, symbol errors, link flaps and "
+                             "application XIDs at the rates printed (default on), so false "
+                             "evictions and checkpoints are measured; off: none")
     parser.add_argument("--refine", action="store_true",
                         help="then replay the advisor's configuration with fixed intervals "
                              "around the one it chose (x0.5 to x2), and print each ETTR: "
@@ -71,6 +77,7 @@ def run_goodput(args: argparse.Namespace) -> int:
     """Replay, print the table (or JSON) and the wall time; 2 on a bad file or option."""
     from sn_monitor.goodput.replay import (  # the controller: not at every CLI start
         ReplayOptions,
+        job_nodes,
         refine,
         replay,
     )
@@ -83,8 +90,11 @@ def run_goodput(args: argparse.Namespace) -> int:
         print(f"sn-monitor goodput: {err}", file=sys.stderr)
         return EXIT_CONFIG
     started = time.perf_counter()
+    kinds = NOISE if args.noise == "on" else ()
+    noise = draw_noise(kinds, job_nodes(settings), trace.duration, args.seed)
     # the simulated controller logs only when asked: its faults are the trace's
-    options = ReplayOptions(policies=policies, controller_logs=args.log_level is not None)
+    options = ReplayOptions(policies=policies, noise=noise,
+                            controller_logs=args.log_level is not None)
     results = replay(trace, settings, options)
     advised = next((r.checkpoint_interval_seconds for r in results
                     if r.name == "sn-monitor-advisor"), None)
@@ -92,12 +102,12 @@ def run_goodput(args: argparse.Namespace) -> int:
         if args.refine and advised else []
     wall = time.perf_counter() - started
     if args.json:
-        doc = to_json(results, trace, settings, seed, wall)
+        doc = to_json(results, trace, settings, seed, wall, kinds)
         if refined:
             doc["refine"] = [{"interval_seconds": i, "ettr": e} for i, e in refined]
         print(json.dumps(doc, indent=2))
     else:
-        print(table(results, trace, settings, seed))
+        print(table(results, trace, settings, seed, kinds))
         if refined:
             print(f"\nrefined by the replay (the advisor chose {advised:.0f} s):")
             for interval, ettr in refined:

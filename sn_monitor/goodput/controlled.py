@@ -10,6 +10,7 @@ drivers (:class:`ReplayDriver`) the way they reach Kubernetes or a launcher:
   XID event, an InfiniBand port down, a pending row remap, guard throttling, rising
   symbol errors), a lost node stops reporting. Between faults a healthy node's reports
   are identical, so only their arrival is replayed (``NodeRegistry.heard_from``);
+- noise (noise.py): a healthy node's report shows it for a while, the job runs on;
 - the training client: rank 0's progress and its checkpoint reports (with the save time);
 - actions: ``checkpoint`` makes the job save, ``evict`` takes a node out (repaired and
   given back to the job's spare pool by the operator later), ``restore`` relaunches the
@@ -46,6 +47,7 @@ from sn_monitor.controller.security.auth import OPEN_ACCESS
 from sn_monitor.controller.service import Controller
 from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.storage.store import Store
+from sn_monitor.goodput.noise import APP_XID, EXCURSION_CELSIUS, SYMBOL_BURST, Noise
 from sn_monitor.goodput.trace import Fault, Trace
 from sn_monitor.goodput.world import JobWorld, SavedCheckpoint, Timeline, WorldSettings
 from sn_monitor.model import EventRecord, GpuReport, IbPortReport, Report
@@ -113,8 +115,9 @@ class ControlledReplay:
 
     def __init__(self, trace: Trace, settings: WorldSettings, nodes: list[str],
                  rules: Sequence[Rule], *, state_dir: Path, interval: float | str,
-                 cadence: Cadence | None = None) -> None:
+                 cadence: Cadence | None = None, noise: Sequence[Noise] = ()) -> None:
         self.trace = trace
+        self.noise = tuple(noise)
         self.settings = settings
         self.cadence = cadence or Cadence()
         self.timeline = Timeline()
@@ -168,6 +171,8 @@ class ControlledReplay:
             if fault.warning is not None:
                 start = max(0.0, fault.time - fault.warning.lead)
                 self.timeline.at(start, partial(self._warn, fault))
+        for noise in self.noise:
+            self.timeline.at(noise.time, partial(self._noise, noise))
         self._progress()
         self._wake(0.0)
         self.timeline.run_until(self.trace.duration, self._advance)
@@ -245,17 +250,29 @@ class ControlledReplay:
     def _carry_out(self, request: ActionRequest) -> None:
         if request.action == "checkpoint":
             self._last_request = self.timeline.now
-            self.world.checkpoint()
+            self.world.checkpoint(because=self._node_behind(request))
         elif request.action == "evict" and request.node is not None:
             self._evict(request.node)
         elif request.action == "restore":
             self._restore(request)
 
+    def _node_behind(self, request: ActionRequest) -> str | None:
+        """The node whose incident the action is for (None: the job's schedule)."""
+        if request.node is not None or request.incident_id is None:
+            return request.node
+        incident = self.controller.get_incident(request.incident_id)
+        node = None if incident is None else incident.get("node")
+        return str(node) if node else None
+
     # ------------------------------------------------------------------ the world's side
 
     def _report(self, node: str, events: Sequence[EventRecord] = ()) -> None:
         condition = self._condition.get(node, {})
-        gpus = [GpuReport(index=i, temperature_celsius=60.0, utilization_ratio=0.95,
+        gpus = [GpuReport(index=i, utilization_ratio=0.95,
+                          temperature_celsius=float(condition.get("temperature", 60.0))
+                          if i == 0 else 60.0,
+                          ecc_corrected_errors_total=condition.get("ecc_corrected")
+                          if i == 0 else None,
                           row_remap_pending=bool(condition.get("row_remap_pending"))
                           and i == 0)
                 for i in range(self.settings.gpus_per_node)]
@@ -283,7 +300,11 @@ class ControlledReplay:
                                       float(self.settings.step_seconds))
 
     def _node_of(self, fault: Fault) -> str | None:
-        slot = self._slots.get(fault.node)
+        return self._member(fault.node)
+
+    def _member(self, name: str) -> str | None:
+        """The job's node in the slot of trace node ``name`` now."""
+        slot = self._slots.get(name)
         if slot is None or slot >= len(self.world.members):
             return None
         return self.world.members[slot]
@@ -293,6 +314,7 @@ class ControlledReplay:
         if node is None:
             return
         self._progress()  # the rank's last step before it stopped
+        self.world.warned.discard(node)
         self.world.fault(fault, node)
         fine = (self.cadence.fine_for if fault.kind in ("node-lost", "ib-link")
                 else self.cadence.fine_for_reported)
@@ -327,6 +349,7 @@ class ControlledReplay:
         node = self._node_of(fault)
         if node is None or fault.warning is None:
             return
+        self.world.warned.add(node)
         self._fine_until = max(self._fine_until,
                                self.timeline.now + self.cadence.fine_for_reported)
         signal = fault.warning.signal
@@ -345,6 +368,37 @@ class ControlledReplay:
                 t += 30.0
         self._drain()
         self._wake(self.timeline.now + self.cadence.fine)
+
+    def _noise(self, noise: Noise) -> None:
+        """A healthy node's noise: its reports show it (for ``noise.lasts``); no fault."""
+        node = self._member(noise.slot)
+        if node is None or not self.world.healthy(node) or node in self._silent:
+            return
+        self._fine_until = max(self._fine_until,
+                               self.timeline.now + self.cadence.fine_for_reported)
+        condition = self._condition.setdefault(node, {})
+        events = []
+        if noise.signal == "app-xid":
+            events.append(self._event("xid", node, APP_XID))
+        elif noise.signal == "ecc-corrected":
+            condition["ecc_corrected"] = int(condition.get("ecc_corrected", 0)) + 1
+        elif noise.signal == "ib-symbols":
+            condition["symbols"] = int(condition.get("symbols", 0)) + SYMBOL_BURST
+        elif noise.signal == "temperature":
+            condition["temperature"] = EXCURSION_CELSIUS
+        else:  # link-flap
+            condition["ib_state"] = 1
+        self._signal(node, events)
+        if noise.lasts > 0:
+            self.timeline.at(self.timeline.now + noise.lasts,
+                             partial(self._noise_over, node, noise))
+
+    def _noise_over(self, node: str, noise: Noise) -> None:
+        condition = self._condition.get(node)
+        if condition is None or not self.world.healthy(node) or node in self._silent:
+            return  # repaired since, or a fault shows now: not the noise's to undo
+        condition.pop("temperature" if noise.signal == "temperature" else "ib_state", None)
+        self._signal(node)
 
     def _symbols(self, node: str) -> None:
         condition = self._condition.setdefault(node, {})
@@ -368,6 +422,7 @@ class ControlledReplay:
     def _repaired(self, node: str) -> None:
         """The node is fixed: it reports healthy again and the operator gives it back."""
         self.world.repaired(node)
+        self.world.warned.discard(node)
         self._silent.discard(node)
         self._heard = None
         self._condition.pop(node, None)

@@ -19,6 +19,7 @@ from sn_monitor.goodput.baselines import (
 )
 from sn_monitor.goodput.controlled import Cadence, ControlledReplay, warning_checkpoints
 from sn_monitor.goodput.intervals import IntervalChoice, at_interval, parse_policy
+from sn_monitor.goodput.noise import Noise
 from sn_monitor.goodput.results import (
     BASELINE_POLICIES,
     DEFAULT_POLICIES,
@@ -56,6 +57,8 @@ class ReplayOptions:
     policies: tuple[str, ...] = DEFAULT_POLICIES
     rules: tuple[Path, ...] = ()
     cadence: Cadence = field(default_factory=Cadence)
+    #: What healthy nodes' reports show (noise.py); none: ``--noise off``.
+    noise: tuple[Noise, ...] = ()
     #: Let the simulated controller log (``--log-level``): off, its expected faults (a
     #: node "needs a person", CRITICAL) would bury the replay's result.
     controller_logs: bool = False
@@ -154,7 +157,8 @@ def _controlled(name: str, trace: Trace, settings: WorldSettings, nodes: list[st
     with tempfile.TemporaryDirectory(prefix="sn-goodput-",
                                      dir=_fast_tmp()) as tmp:
         run = ControlledReplay(trace, settings, nodes, used, state_dir=Path(tmp),
-                               interval=interval, cadence=options.cadence)
+                               interval=interval, cadence=options.cadence,
+                               noise=options.noise)
         quiet = muted() if options.controller_logs else muted("sn_monitor.controller")
         with quiet:
             try:

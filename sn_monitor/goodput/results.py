@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sn_monitor.ettr import effective_training_ratio
+from sn_monitor.goodput.noise import NoiseKind
 from sn_monitor.goodput.trace import Trace
-from sn_monitor.goodput.world import JobWorld, WorldSettings
+from sn_monitor.goodput.world import CAUSES, JobWorld, WorldSettings
 
 DALY_2006 = ('J. T. Daly, "A higher order estimate of the optimum checkpoint interval for '
              'restart dumps", Future Generation Computer Systems 22(3), 2006')
@@ -36,8 +37,13 @@ class PolicyResult:
     lost_work_seconds: float
     lost_steps: int
     downtime_seconds: dict[str, float]
+    #: Every stop of the running job, and by cause (world.Cause): the trace's faults,
+    #: the policy's own restarts, its restarts for a healthy node.
     interruptions: int
+    interruptions_by_cause: dict[str, int]
+    lost_work_by_cause_seconds: dict[str, float]
     false_evictions: int
+    false_checkpoints: int
     checkpoints: int
     checkpoint_interval_seconds: float | None
     replay_seconds: float
@@ -57,6 +63,7 @@ def result_of(world: JobWorld, end: float, *, name: str, title: str, assumes: Se
         for key, value in record.split(end).items():
             split[key] += value
     lost = sum(r.lost_work for r in world.interruptions)
+    stops = {cause: [r for r in world.interruptions if r.cause == cause] for cause in CAUSES}
     kept = world.kept_work(end)
     step = float(world.settings.step_seconds)
     return PolicyResult(
@@ -64,8 +71,12 @@ def result_of(world: JobWorld, end: float, *, name: str, title: str, assumes: Se
         ettr=effective_training_ratio(kept, end) or 0.0,
         lost_work_seconds=round(lost, 3), lost_steps=int(lost // step),
         downtime_seconds={k: round(v, 3) for k, v in split.items()},
-        interruptions=sum(1 for r in world.interruptions if r.kind != "restart"),
-        false_evictions=world.false_evictions, checkpoints=len(world.checkpoints),
+        interruptions=len(world.interruptions),
+        interruptions_by_cause={cause: len(records) for cause, records in stops.items()},
+        lost_work_by_cause_seconds={cause: round(sum(r.lost_work for r in records), 3)
+                                    for cause, records in stops.items()},
+        false_evictions=world.false_evictions, false_checkpoints=world.false_checkpoints,
+        checkpoints=len(world.checkpoints),
         checkpoint_interval_seconds=interval, replay_seconds=round(replay_seconds, 2),
         controller_ettr=controller_ettr, notes=list(notes))
 
@@ -74,17 +85,26 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _by_cause(values: dict[str, float] | dict[str, int], form: str) -> str:
+    return " / ".join(format(values[cause], form) for cause in CAUSES)
+
+
 def table(results: Sequence[PolicyResult], trace: Trace, settings: WorldSettings,
-          seed: int | None) -> str:
-    """The side-by-side table, then the trace and every assumption behind it."""
+          seed: int | None, noise: Sequence[NoiseKind] = ()) -> str:
+    """The side-by-side table, then the trace, the noise and every assumption behind it."""
     head = ("policy", "ETTR", "lost work", "detection", "eviction", "relaunch", "load",
-            "interruptions", "false evictions", "checkpoint every")
+            "interruptions", "fault / own / false", "lost to fault / own / false",
+            "false evictions", "false checkpoints", "checkpoint every")
     rows = [head]
     for r in results:
         d = r.downtime_seconds
+        lost_hours = {k: v / 3600 for k, v in r.lost_work_by_cause_seconds.items()}
         rows.append((r.title, f"{r.ettr * 100:.2f} %", _hours(r.lost_work_seconds),
                      _hours(d["detection"]), _hours(d["eviction"]), _hours(d["relaunch"]),
-                     _hours(d["load"]), str(r.interruptions), str(r.false_evictions),
+                     _hours(d["load"]), str(r.interruptions),
+                     _by_cause(r.interruptions_by_cause, "d"),
+                     _by_cause(lost_hours, ".1f") + " h",
+                     str(r.false_evictions), str(r.false_checkpoints),
                      f"{r.checkpoint_interval_seconds:.0f} s"
                      if r.checkpoint_interval_seconds else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
@@ -105,6 +125,7 @@ def table(results: Sequence[PolicyResult], trace: Trace, settings: WorldSettings
               f"{settings.relaunch:g} s + load {settings.load:g} s; a person acts on what "
               f"no tool does after {settings.operator_response:g} s (--operator-response), "
               f"a replacement node comes in {settings.replacement:g} s (--replacement)",
+              *_noise_lines(noise),
               "assumptions:"]
     said: list[list[str]] = []
     for r in results:
@@ -115,6 +136,13 @@ def table(results: Sequence[PolicyResult], trace: Trace, settings: WorldSettings
     if any("Daly 2006" in note for r in results for note in r.notes):
         lines.append(f"Daly 2006: {DALY_2006}")
     return "\n".join(lines)
+
+
+def _noise_lines(noise: Sequence[NoiseKind]) -> list[str]:
+    if not noise:
+        return ["noise on healthy nodes: off (--noise off)"]
+    return ["noise on healthy nodes (the baselines act on no report):",
+            *(f"  {kind.line()}" for kind in noise)]
 
 
 def _headline(results: Sequence[PolicyResult], trace: Trace) -> list[str]:
@@ -132,11 +160,13 @@ def _headline(results: Sequence[PolicyResult], trace: Trace) -> list[str]:
 
 
 def to_json(results: Sequence[PolicyResult], trace: Trace, settings: WorldSettings,
-            seed: int | None, wall_seconds: float) -> dict[str, Any]:
+            seed: int | None, wall_seconds: float,
+            noise: Sequence[NoiseKind] = ()) -> dict[str, Any]:
     return {
         "trace": {"source": trace.source, "days": trace.duration / 86400,
                   "interruptions": len(trace.faults), "by_kind": trace.by_kind(),
                   "warned": trace.warned(), "seed": seed},
+        "noise": [asdict(kind) for kind in noise],
         "job": asdict(settings),
         "policies": [asdict(r) for r in results],
         "wall_seconds": round(wall_seconds, 2),

@@ -23,6 +23,10 @@ from sn_monitor.config import Duration, non_negative, positive, setting
 from sn_monitor.goodput.trace import Fault
 
 JobState = Literal["running", "down", "starting"]
+#: Why the job stopped: a fault of the trace; the policy's own restart of a running job
+#: (a node taken out on a warning); the same, for a node that was healthy (noise).
+Cause = Literal["fault", "own", "false"]
+CAUSES: tuple[Cause, ...] = ("fault", "own", "false")
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class Interruption:
     lost_work: float = 0.0
     #: Starts that failed (a broken node still in the job) before the one that worked.
     failed_starts: int = 0
+    cause: Cause = "fault"
 
     def split(self, end: float) -> dict[str, float]:
         """Seconds of detection, eviction (everything until the relaunch), relaunch, load."""
@@ -129,7 +134,11 @@ class JobWorld:
     out: set[str] = field(default_factory=set)
     checkpoints: list[SavedCheckpoint] = field(default_factory=list)
     interruptions: list[Interruption] = field(default_factory=list)
+    #: Nodes warned of a fault still to come (not healthy, not broken yet).
+    warned: set[str] = field(default_factory=set)
     false_evictions: int = 0
+    #: Checkpoints a policy asked for because of a healthy node.
+    false_checkpoints: int = 0
     checkpoints_requested: int = 0
     #: Called when a start fails because a member is broken (the policy looks again).
     on_failed_start: Callable[[str], None] | None = None
@@ -166,10 +175,16 @@ class JobWorld:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def checkpoint(self) -> SavedCheckpoint | None:
-        """Start a checkpoint now (None: the job is not running, nothing to save)."""
+    def checkpoint(self, because: str | None = None) -> SavedCheckpoint | None:
+        """Start a checkpoint now (None: the job is not running, nothing to save).
+
+        ``because``: the node a policy asks for it because of; a healthy one makes it a
+        false checkpoint.
+        """
         if self.state != "running":
             return None
+        if because is not None and self.healthy(because):
+            self.false_checkpoints += 1
         now = self.timeline.now
         work = self.work()
         blocking = float(self.settings.save_blocking)
@@ -234,9 +249,12 @@ class JobWorld:
         now = self.timeline.now
         if self.state == "running":
             self._stop()
+            dropped = sorted(set(self.members) - set(members))
+            false = [n for n in dropped if self.healthy(n)]
             self.interruptions.append(Interruption(
-                node="", kind="restart", category="restart", at=now,
-                work_at_stop=self._work_base, detected=now))
+                node=(false or dropped or [""])[0], kind="restart", category="restart",
+                at=now, work_at_stop=self._work_base, detected=now,
+                cause="false" if false else "own"))
         self.state = "starting"
         self._generation += 1
         generation = self._generation
@@ -278,12 +296,16 @@ class JobWorld:
         if self.state == "starting":
             self._stop()
 
+    def healthy(self, node: str) -> bool:
+        """Neither broken nor warned of a fault to come."""
+        return node not in self.broken and node not in self.warned
+
     def evicted(self, node: str) -> None:
         """A policy took ``node`` out of service; a healthy one is a false eviction."""
         if node in self.out:
             return
         self.out.add(node)
-        if node not in self.broken:
+        if self.healthy(node):
             self.false_evictions += 1
 
     def repaired(self, node: str) -> None:
