@@ -19,7 +19,9 @@ Every node is simulated on this machine; on a real cluster the same job is a Slu
     launcher.py --state F                           # an action: SN_ACTION from the env
 
 ``start --spares``: on each spare node a *standby*, a ``train.py --standby`` process with
-Python, torch and the job's code already loaded, waiting to be named in a plan.
+Python, torch and the job's code already loaded, waiting to be named in a plan. A warm
+restore does the same for the spares its ``SN_PARAMS`` lists (the pool left after the
+restore's own: a node given back after repair gets its standby there).
 
 Actions:
 
@@ -273,12 +275,28 @@ def warm_restart(state: dict[str, Any], nodes: list[str], generation: int,
         standbys.pop(node, None)
         agents.append(entry)
     state.update(agents=agents, nodes=list(nodes), generation=generation)
+    if "spares" in params:
+        killed += prewarm(state, [str(n) for n in params["spares"]], generation)
     kept = [n for n in nodes if n in ready and n in current]
     warm = [n for n in nodes if n in ready and n not in current]
     return {"killed": killed, "pids": [a["pid"] for a in agents], "started_at": time.time(),
             "kept": kept, "standbys_used": warm, "cold": cold,
             "summary": (f"torchrun on {len(nodes)} nodes (warm: {len(kept)} ranks kept, "
                         f"{len(warm)} standbys joined, {len(cold)} started again)")}
+
+
+def prewarm(state: dict[str, Any], spares: list[str], generation: int) -> list[int]:
+    """A standby on each of ``spares`` (a node given back after repair included).
+
+    A standby on a node that is no longer a spare is killed; what was killed is returned.
+    """
+    standbys: dict[str, Any] = state.setdefault("standbys", {})
+    gone = [n for n in standbys if n not in spares]
+    killed = kill_processes(standbys.pop(n)["pid"] for n in gone)
+    for node in spares:
+        if node not in standbys or not is_ours(int(standbys[node]["pid"])):
+            standbys[node] = start_standby(state, node, generation)
+    return killed
 
 
 def restart(state: dict[str, Any], nodes: list[str], generation: int,
@@ -314,10 +332,8 @@ def start_spares(state_path: Path, spares: list[str]) -> None:
     with locked(state_path) as state:
         if state.get("restore") != "warm":
             return
-        standbys = state.setdefault("standbys", {})
-        for node in spares:
-            if node not in standbys and node not in state.get("nodes", []):
-                standbys[node] = start_standby(state, node, int(state["generation"] or 0))
+        prewarm(state, [n for n in spares if n not in state.get("nodes", [])],
+                int(state["generation"] or 0))
     print(f"standbys on {len(spares)} spare nodes")
 
 
