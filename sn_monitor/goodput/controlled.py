@@ -14,7 +14,10 @@ drivers (:class:`ReplayDriver`) the way they reach Kubernetes or a launcher:
 - the training client: rank 0's progress and its checkpoint reports (with the save time);
 - actions: ``checkpoint`` makes the job save, ``evict`` takes a node out (repaired and
   given back to the job's spare pool by the operator later), ``restore`` relaunches the
-  ranks on the nodes and from the checkpoint it names.
+  ranks on the nodes and from the checkpoint it names: warm (world.py's
+  :func:`~sn_monitor.goodput.world.warm_start`) when every node is one whose rank is
+  alive or one of the spares the job started with (their standby processes pre-warmed;
+  a node given back later is not), cold otherwise.
 
 The controller is swept the way the daemon sweeps it, but only when something can
 happen: every second after a fault, every few seconds while the job is down, at the
@@ -49,7 +52,13 @@ from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.storage.store import Store
 from sn_monitor.goodput.noise import APP_XID, EXCURSION_CELSIUS, SYMBOL_BURST, Noise
 from sn_monitor.goodput.trace import Fault, Trace
-from sn_monitor.goodput.world import JobWorld, SavedCheckpoint, Timeline, WorldSettings
+from sn_monitor.goodput.world import (
+    JobWorld,
+    SavedCheckpoint,
+    Timeline,
+    WorldSettings,
+    warm_start,
+)
 from sn_monitor.model import EventRecord, GpuReport, IbPortReport, Report
 from sn_monitor.rules.spec import Rule
 
@@ -126,6 +135,8 @@ class ControlledReplay:
         self.world.on_running = self._running
         self.world.on_saved = self._saved
         self.spares = [f"spare-{i:03d}" for i in range(settings.spares)]
+        #: Spares whose standby process is pre-warmed: the job's own, until one joins it.
+        self._standby = set(self.spares)
         self._slots = {name: i for i, name in enumerate(nodes)}
         self._inbox: list[ActionRequest] = []
         self._inbox_lock = threading.Lock()
@@ -449,7 +460,10 @@ class ControlledReplay:
             if record.detected is None or detected < record.detected:
                 record.detected = max(record.at, detected)
         self.world.detected()
-        self.world.restart(nodes or list(self.world.members), saved)
+        members = nodes or list(self.world.members)
+        warm = warm_start(members, self.world.ranks, self._standby)
+        self._standby.difference_update(members)
+        self.world.restart(members, saved, warm=warm)
 
     def _running(self) -> None:
         self._progress()
