@@ -17,7 +17,12 @@ from sn_monitor.goodput.baselines import (
     TORCHRUN,
     BaselineReplay,
 )
-from sn_monitor.goodput.controlled import Cadence, ControlledReplay, warning_checkpoints
+from sn_monitor.goodput.controlled import (
+    Cadence,
+    ControlledReplay,
+    WarningCheckpoints,
+    warning_checkpoints,
+)
 from sn_monitor.goodput.intervals import IntervalChoice, at_interval, parse_policy
 from sn_monitor.goodput.noise import Noise
 from sn_monitor.goodput.results import (
@@ -154,10 +159,9 @@ def _controlled(name: str, trace: Trace, settings: WorldSettings, nodes: list[st
     notes = []
     used = list(rules)
     if warnings:
-        used, changed = warning_checkpoints(rules)
-        notes.append(f"checkpointInterval: {interval}"
-                     + (" (the advisor's interval)" if interval == "auto" else "")
-                     + f"; a checkpoint on every warning: {', '.join(changed) or 'none added'}")
+        added = warning_checkpoints(rules)
+        used = added.rules
+        notes.append(_warnings_note(interval, added))
     with tempfile.TemporaryDirectory(prefix="sn-goodput-",
                                      dir=_fast_tmp()) as tmp:
         run = ControlledReplay(trace, settings, nodes, used, state_dir=Path(tmp),
@@ -177,6 +181,16 @@ def _controlled(name: str, trace: Trace, settings: WorldSettings, nodes: list[st
                      assumes=SN_ASSUMES,
                      interval=used_interval, replay_seconds=time.process_time() - started,
                      controller_ettr=controller_ettr, notes=notes)
+
+
+def _warnings_note(interval: float | str, added: WarningCheckpoints) -> str:
+    """The advisor row's note: its interval, and which warnings got a checkpoint."""
+    skipped = (f" (none on the application's XIDs: {', '.join(added.skipped)})"
+               if added.skipped else "")
+    return (f"checkpointInterval: {interval}"
+            + (" (the advisor's interval)" if interval == "auto" else "")
+            + f"; a checkpoint on every warning: {', '.join(added.changed) or 'none added'}"
+            + skipped)
 
 
 def _fast_tmp() -> str | None:
