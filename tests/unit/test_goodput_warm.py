@@ -4,6 +4,7 @@ and take pre-warmed spares relaunch in ``warm_relaunch``, every other start in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -64,7 +65,7 @@ def test_a_restore_onto_a_node_given_back_is_cold() -> None:
     """One spare. The node lost at 1000 is replaced by the spare (warm: 5 s), repaired
     10 minutes later and given back to the pool; the node lost at 3000 is replaced by it:
     it ran no rank and is no pre-warmed spare, so that restore is cold (20 s)."""
-    one_spare = WorldSettings(**{**SETTINGS.__dict__, "spares": 1})
+    one_spare = dataclasses.replace(SETTINGS, spares=1)
     trace = Trace((
         Fault(time=1000.0, node="node-0001", kind="node-lost", category="host", repair=600.0),
         Fault(time=3000.0, node="node-0002", kind="node-lost", category="host",
