@@ -43,9 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warm-relaunch", metavar="DURATION",
                         help="the relaunch of a restore that keeps the running ranks and "
                              "takes only pre-warmed spares (sn-monitor's restores; every "
-                             "other restart takes --relaunch) (default: --relaunch x the "
-                             "warm / cold relaunch measured by bench.torch_recovery_bench, "
-                             "printed under the table)")
+                             "other restart takes --relaunch) (default 15s, assumed: the "
+                             "new NCCL communicators and the spares' join; the real "
+                             "torchrun job's figures are printed under the table)")
     parser.add_argument("--load", default="30s", help="loading a checkpoint (default 30s)")
     parser.add_argument("--operator-response", default="30m",
                         help="until a person takes out a node whose fault no tool sees, or "

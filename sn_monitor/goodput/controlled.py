@@ -16,8 +16,8 @@ drivers (:class:`ReplayDriver`) the way they reach Kubernetes or a launcher:
   given back to the job's spare pool by the operator later), ``restore`` relaunches the
   ranks on the nodes and from the checkpoint it names: warm (world.py's
   :func:`~sn_monitor.goodput.world.warm_start`) when every node is one whose rank is
-  alive or one of the spares the job started with (their standby processes pre-warmed;
-  a node given back later is not), cold otherwise.
+  alive or a pre-warmed spare (the job's spares at the start, then the pool the last
+  restore left, as examples/pytorch/launcher.py pre-warms them), cold otherwise.
 
 The controller is swept the way the daemon sweeps it, but only when something can
 happen: every second after a fault, every few seconds while the job is down, at the
@@ -179,7 +179,8 @@ class ControlledReplay:
         self.world.on_running = self._running
         self.world.on_saved = self._saved
         self.spares = [f"spare-{i:03d}" for i in range(settings.spares)]
-        #: Spares whose standby process is pre-warmed: the job's own, until one joins it.
+        #: Spares whose standby process is pre-warmed: the job's own at the start, then
+        #: the pool each restore leaves (the launcher's ``SN_PARAMS["spares"]``).
         self._standby = set(self.spares)
         self._slots = {name: i for i, name in enumerate(nodes)}
         self._inbox: list[ActionRequest] = []
@@ -506,7 +507,8 @@ class ControlledReplay:
         self.world.detected()
         members = nodes or list(self.world.members)
         warm = warm_start(members, self.world.ranks, self._standby)
-        self._standby.difference_update(members)
+        # the launcher pre-warms the pool the restore leaves (a node given back included)
+        self._standby = {str(n) for n in request.params.get("spares", [])}
         self.world.restart(members, saved, warm=warm)
 
     def _running(self) -> None:

@@ -73,15 +73,6 @@ class Fault:
     def breaks_node(self) -> bool:
         return self.kind in HARDWARE
 
-    @property
-    def kills_rank(self) -> bool:
-        """Whether the node's rank can join the job again only by a cold start.
-
-        It died (an XID, a process exit), or its node or its link did. A hang stops
-        every rank alike in a collective; aborting the communicators frees them all.
-        """
-        return self.kind != "hang"
-
 
 @dataclass(frozen=True)
 class Trace:

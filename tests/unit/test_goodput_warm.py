@@ -13,7 +13,12 @@ from sn_monitor.config import Duration
 from sn_monitor.goodput.replay import ReplayOptions, replay
 from sn_monitor.goodput.results import table
 from sn_monitor.goodput.trace import Fault, Trace
-from sn_monitor.goodput.world import TORCHRUN_RELAUNCH, WorldSettings, warm_start
+from sn_monitor.goodput.world import (
+    TORCHRUN_RELAUNCH,
+    WARM_RELAUNCH_AT_SCALE,
+    WorldSettings,
+    warm_start,
+)
 
 #: 20 nodes, two spares, 10 s steps, a 2 s pause per checkpoint complete 8 s later; a
 #: cold relaunch of 20 s, a warm one of 5 s, load 10 s.
@@ -31,7 +36,7 @@ POINTS_002 = 0.0002
 
 @pytest.mark.parametrize(("members", "ranks", "standby", "warm"), [
     (["a", "b", "s"], {"a", "b"}, {"s"}, True),       # a spare for a lost node
-    (["a", "b", "c"], {"a", "b", "c"}, set(), True),  # the same nodes (a hang)
+    (["a", "b", "c"], {"a", "b", "c"}, set(), True),  # the same nodes, every rank kept
     (["a", "b", "r"], {"a", "b"}, {"s"}, False),      # a node from elsewhere
     (["a", "b", "c"], {"a", "b"}, set(), False),      # c's rank died: started cold
     (["s", "t"], set(), {"s", "t"}, False),           # the whole job crashed
@@ -75,13 +80,39 @@ def test_a_restore_onto_a_node_given_back_is_cold() -> None:
     assert sn.downtime_seconds["relaunch"] == pytest.approx(5 + 20)
 
 
+def test_a_node_given_back_before_a_restore_is_pre_warmed_for_the_next() -> None:
+    """Two spares. node-0001, lost at 1000, is replaced by spare-000 (warm), repaired and
+    given back 10 minutes later; node-0002, lost at 3000, by spare-001 (warm): that
+    restore leaves node-0001 in the pool, and the launcher starts its standby. node-0003,
+    lost at 5000, is replaced by node-0001: warm too (5 + 5 + 5)."""
+    trace = Trace(tuple(
+        Fault(time=at, node=f"node-{i:04d}", kind="node-lost", category="host",
+              repair=600.0 if i == 1 else 86400.0)
+        for i, at in ((1, 1000.0), (2, 3000.0), (3, 5000.0))), TWO_HOURS, "three lost")
+    [sn] = replay(trace, SETTINGS, ReplayOptions(policies=("sn-monitor",)))
+    assert sn.interruptions == 3
+    assert sn.downtime_seconds["relaunch"] == pytest.approx(5 + 5 + 5)
+
+
+def test_a_hang_restarts_cold() -> None:
+    """Every rank waits in the collective: none can leave it, every one starts again."""
+    trace = Trace((Fault(time=3000.0, node="node-0001", kind="hang", category="software",
+                         repair=0.0),), TWO_HOURS, "one hang")
+    [sn] = replay(trace, SETTINGS, ReplayOptions(policies=("sn-monitor",)))
+    assert sn.interruptions == 1
+    assert sn.downtime_seconds["relaunch"] == pytest.approx(20)
+
+
 def test_the_warm_relaunch_and_its_source_are_printed() -> None:
     [k8s] = replay(LOST, SETTINGS, ReplayOptions(policies=("kubernetes",)))
     assert "warm relaunch: 5 s, a restore that keeps the running ranks" in \
         table([k8s], LOST, SETTINGS, None)
-    derived = WorldSettings(relaunch=Duration(60))
-    assert derived.relaunch_seconds(warm=True) == pytest.approx(60 * TORCHRUN_RELAUNCH.ratio)
-    assert TORCHRUN_RELAUNCH.source in table([k8s], LOST, derived, None)
+    default = WorldSettings(relaunch=Duration(60))
+    assert default.relaunch_seconds(warm=True) == WARM_RELAUNCH_AT_SCALE
+    assert WorldSettings(relaunch=Duration(10)).relaunch_seconds(warm=True) == 10
+    printed = table([k8s], LOST, default, None)
+    assert TORCHRUN_RELAUNCH.source in printed
+    assert f"{TORCHRUN_RELAUNCH.warm_seconds:g} s warm" in printed
 
 
 def test_warm_relaunch_is_an_option_and_in_the_json(
