@@ -288,9 +288,8 @@ class JobWorld:
             self.broken.add(node)
         if node not in self.members:
             return None
-        if fault.kind == "hang":
-            # every rank waits in the collective and cannot leave it (the launcher's
-            # warm restore starts a rank that does not answer again)
+        if fault.blocks_peers:
+            # the launcher's warm restore starts again a rank that does not answer
             self.ranks.clear()
         else:
             self.ranks.discard(node)
