@@ -9,8 +9,9 @@ rank of ``train.py`` (DDP on gloo, async DCP saves every 20 steps, 0.05 s of ext
 compute a step), started and restarted by ``launcher.py``.
 
 One fault at a time, on a different node of the job each time: a fatal XID (48) on the
-node's simulated GPU, then the node dies (its torchrun agent, its rank and its
-sn-monitor agent SIGKILLed); each recovery is waited for, and the job's progress past
+node's simulated GPU, then the node's processes die (its torchrun agent, its rank and its
+sn-monitor agent SIGKILLed: the host stays up and their connections close, so the other
+ranks' collectives fail at once); each recovery is waited for, and the job's progress past
 it, before the next. MTTR is the controller's (fault seen -> the new generation's
 progress), split into:
 
