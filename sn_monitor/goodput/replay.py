@@ -48,10 +48,12 @@ SN_ASSUMES = ("the controller itself (default rules, safety policy, breaker, rec
               "evictions settle 3 s; a spare replaces the node",
               "the operator gives repaired nodes back to the pool, and a healthy node "
               "taken out after --operator-response",
-              "a restore whose every rank was running (kept alive across it) or is one "
-              "of the job's pre-warmed spares relaunches in the warm relaunch; any other "
-              "start (onto a node given back, or the launcher's restart after a process "
-              "exit) in the relaunch")
+              "a restore whose every rank was running (kept alive across it: after a "
+              "fatal XID) or is a pre-warmed spare (the job's at the start, then the pool "
+              "each restore leaves) relaunches in the warm relaunch; any other start (after "
+              "a lost host, a link down or a hang, which leave every rank waiting; onto a "
+              "node given back since the last restore; the launcher's restart after a "
+              "process exit) in the relaunch")
 #: The interval each policy runs at unless named with one (``NAME@INTERVAL``).
 DEFAULT_INTERVALS: dict[str, IntervalChoice] = {
     "kubernetes": DEFAULT_INTERVAL, "torchrun": DEFAULT_INTERVAL,
