@@ -49,15 +49,21 @@ STARTED = time.time()  # before torch is imported: the relaunch's cost includes 
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import socket  # noqa: E402
 import sys  # noqa: E402
 from concurrent.futures import Future  # noqa: E402
+from concurrent.futures import TimeoutError as FutureTimeout  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
+from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
+
+# beside this script: the launcher's plans for warm restores
+from rejoin import Plan, announce, newer_plan, wait_for_plan  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.checkpoint import FileSystemWriter  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
@@ -71,6 +77,12 @@ HIDDEN = 64
 BATCH = 64
 #: The longest a stalled save (``--stall-save``) waits to be killed.
 STALL_LIMIT_SECONDS = 600.0
+#: The most generations one process takes part in (each restore is one).
+MAX_GENERATIONS = 1000
+#: How long a process leaving a broken generation waits for its save in flight to end.
+LEAVE_SECONDS = 5.0
+#: How long forming a warm generation's group waits for its slowest member.
+JOIN_TIMEOUT_SECONDS = 300.0
 
 
 # ------------------------------------------------------------------ the model, the data
@@ -158,6 +170,15 @@ class Checkpointer:
         self.group = dist.new_group(backend="gloo")
         self.pending: Save | None = None
 
+    @classmethod
+    def for_new_model(cls, args: argparse.Namespace) -> Checkpointer:
+        """A fresh model and optimizer from the seed, under DDP, and their saves."""
+        model = data_parallel(build_model(args.seed))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        return cls(model, optimizer, args.checkpoint_dir, asynchronous=not args.sync_save,
+                   stall=args.stall_save)
+
     def state(self, step: int) -> dict[str, Any]:
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         return {"model": model_state, "optim": optim_state,
@@ -239,30 +260,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--final-weights", type=Path, metavar="FILE")
     parser.add_argument("--stall-save", type=int, metavar="N",
                         help="the N-th save of this run never writes its .metadata (tests)")
+    parser.add_argument("--standby", type=int, metavar="G",
+                        help="a pre-warmed process on a spare node: wait for a plan after "
+                             "generation G that names this node (SN_REJOIN_DIR), then join it")
+    parser.add_argument("--rejoin-timeout", type=float, default=3600.0, metavar="SECONDS",
+                        help="the longest a process waits for the next generation's plan")
     args = parser.parse_args(argv)
     if args.steps < 0 or args.checkpoint_every < 1:
         parser.error("--steps >= 0 and --checkpoint-every >= 1")
     return args
 
 
-def connect() -> JobClient | None:
+def connect(environ: dict[str, str]) -> JobClient | None:
     """The controller's client; None without ``SN_CONTROLLER_URL`` (an unmonitored run)."""
-    if not os.environ.get("SN_CONTROLLER_URL"):
+    if not environ.get("SN_CONTROLLER_URL"):
         return None
-    return JobClient.from_env()
+    return JobClient.from_env(environ)
 
 
-def resume_from(point: RestorePoint | None, checkpoint_dir: Path) -> tuple[Path | None, str]:
+def resume_from(point: RestorePoint | None, given: str | None,
+                checkpoint_dir: Path) -> tuple[Path | None, str]:
     """The checkpoint to load: the controller's restore point.
 
     Without an answer from the controller: the one the launcher was given
-    (``SN_RESTORE_CHECKPOINT``), else the latest complete one in the directory.
+    (``given``), else the latest complete one in the directory.
     """
     if point is not None:
         source, how = (Path(point.path) if point.path else None,
                        f"generation {point.generation}, step {point.step}")
-    elif os.environ.get("SN_RESTORE_CHECKPOINT"):
-        source, how = Path(os.environ["SN_RESTORE_CHECKPOINT"]), "the launcher's restore"
+    elif given:
+        source, how = Path(given), "the launcher's restore"
     else:
         return latest_complete(checkpoint_dir), "latest local checkpoint"
     if source is not None and not (complete := is_complete(source)):
@@ -271,31 +298,120 @@ def resume_from(point: RestorePoint | None, checkpoint_dir: Path) -> tuple[Path 
     return source, how
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    torch.set_num_threads(1)  # deterministic sums, and no oversubscribed cores
-    torch.use_deterministic_algorithms(True)
+# ------------------------------------------------------------------ generations
+
+
+class GenerationOver(Exception):
+    """The generation cannot go on: a peer is gone, or the launcher planned a newer one."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """A process in one generation: its rank, the world, and how its group forms.
+
+    ``plan`` None: torchrun started it (rank, world and the store in its environment);
+    else a warm generation of the launcher's plan, formed on the job's store.
+    """
+
+    node: str
+    generation: int
+    rank: int
+    world_size: int
+    checkpoint: str | None
+    plan: Plan | None = None
+
+    @classmethod
+    def from_torchrun(cls, node: str) -> Member:
+        return cls(node, int(os.environ.get("SN_GENERATION") or 0),
+                   int(os.environ.get("RANK") or 0), int(os.environ.get("WORLD_SIZE") or 1),
+                   os.environ.get("SN_RESTORE_CHECKPOINT") or None)
+
+    @classmethod
+    def from_plan(cls, node: str, plan: Plan) -> Member:
+        rank = plan.rank_of(node)
+        assert rank is not None
+        return cls(node, plan.generation, rank, len(plan.nodes), plan.checkpoint, plan)
+
+    def environ(self) -> dict[str, str]:
+        """The environment this member's client reads (its rank and world, not torchrun's)."""
+        return {**os.environ, "RANK": str(self.rank), "WORLD_SIZE": str(self.world_size)}
+
+    def form_group(self) -> None:
+        """The default process group of this generation: every member of it joins."""
+        if self.plan is None:
+            dist.init_process_group(backend="gloo")
+            return
+        host, _, port = os.environ["SN_JOB_STORE"].rpartition(":")
+        store = dist.TCPStore(host, int(port), is_master=False,
+                              timeout=timedelta(seconds=JOIN_TIMEOUT_SECONDS))
+        prefixed = dist.PrefixStore(self.plan.store_prefix(os.environ.get("SN_JOB", "")),
+                                    store)
+        dist.init_process_group(backend="gloo", store=prefixed, rank=self.rank,
+                                world_size=self.world_size)
+
+
+def peer_lost(err: BaseException) -> bool:
+    """A collective failed because another member is gone (gloo says so in its text)."""
+    return isinstance(err, (GenerationOver, dist.DistError)) or "/gloo/" in str(err)
+
+
+def leave(checkpoints: Checkpointer | None, client: JobClient | None) -> None:
+    """Leave a broken generation so that this process can join the next one.
+
+    A save still in flight must end first (it fails on its own broken group): one that
+    does not in :data:`LEAVE_SECONDS` means this process cannot take part any more.
+    """
+    pending = checkpoints.pending if checkpoints is not None else None
+    if pending is not None and pending.future is not None:
+        try:
+            pending.future.result(timeout=LEAVE_SECONDS)
+        except FutureTimeout:
+            raise SystemExit("train.py: a save of the broken generation is still "
+                             "running: cannot join another") from None
+        except Exception as err:  # noqa: BLE001 - the save's group is broken: expected
+            print(f"the save of step {pending.step} failed with its generation: {err}",
+                  flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if client is not None:
+        client.close()
+
+
+def run_generation(args: argparse.Namespace, member: Member,
+                   rejoin_dir: Path | None) -> int:
+    """Train as ``member`` to ``--steps``; :class:`GenerationOver` when it breaks first.
+
+    Without ``rejoin_dir`` (no warm restores) a broken generation ends the process, as
+    torchrun's ``--max-restarts 0`` expects.
+    """
+    client = connect(member.environ())
+    checkpoints: Checkpointer | None = None
     try:
-        client = connect()
-    except ValueError as err:
-        print(f"train.py: {err}", file=sys.stderr)
-        return 2
-    point = client.restore_point() if client is not None else None
-    dist.init_process_group(backend="gloo")
+        point = client.restore_point() if client is not None else None
+        member.form_group()
+        checkpoints = Checkpointer.for_new_model(args)
+        return train(args, member, point, client, checkpoints, rejoin_dir)
+    except (GenerationOver, RuntimeError) as err:
+        if rejoin_dir is None or not peer_lost(err):
+            raise
+        print(f"generation {member.generation} is over: {str(err).splitlines()[0][:200]}",
+              flush=True)
+        leave(checkpoints, client)
+        raise GenerationOver(str(err)) from err
+
+
+def train(args: argparse.Namespace, member: Member, point: RestorePoint | None,
+          client: JobClient | None, checkpoints: Checkpointer,
+          rejoin_dir: Path | None) -> int:
+    """Load the restore point, then train to ``--steps`` (rank 0 marks the timeline)."""
     rank = dist.get_rank()
     # the launcher says which generation this is; the restore point says it too
-    generation = point.generation if point else int(os.environ.get("SN_GENERATION") or 0)
+    generation = point.generation if point else member.generation
     timeline = Timeline(args.timeline, rank, generation)
     timeline.mark("started", STARTED)
     timeline.mark("rendezvous", world_size=dist.get_world_size())
 
-    model = data_parallel(build_model(args.seed))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    checkpoints = Checkpointer(model, optimizer, args.checkpoint_dir,
-                               asynchronous=not args.sync_save, stall=args.stall_save)
-    args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-
-    source, how = resume_from(point, args.checkpoint_dir)
+    source, how = resume_from(point, member.checkpoint, args.checkpoint_dir)
     step = 0
     if source is not None:
         step = checkpoints.load(source)
@@ -315,7 +431,10 @@ def main(argv: list[str] | None = None) -> int:
 
     first = True
     loss = torch.tensor(0.0)
+    model, optimizer = checkpoints.model, checkpoints.optimizer
     while step < args.steps:
+        if rejoin_dir is not None and (plan := newer_plan(rejoin_dir, member.generation)):
+            raise GenerationOver(f"the launcher planned generation {plan.generation}")
         step += 1
         x, y = batch(args.seed, step, rank)
         optimizer.zero_grad(set_to_none=True)
@@ -348,6 +467,55 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
     dist.destroy_process_group()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Generations, one after another, in this process.
+
+    Under torchrun, generation 0 (or a cold restore) comes from torchrun's environment;
+    with ``SN_REJOIN_DIR`` (the launcher's warm restores) a generation that breaks is left
+    and the next plan naming this node is joined. ``--standby``: a pre-warmed process on
+    a spare node, waiting for a plan that names it.
+    """
+    args = parse_args(argv)
+    torch.set_num_threads(1)  # deterministic sums, and no oversubscribed cores
+    torch.use_deterministic_algorithms(True)
+    rejoin_dir = Path(os.environ["SN_REJOIN_DIR"]) if os.environ.get("SN_REJOIN_DIR") else None
+    node = os.environ.get("SN_NODE") or socket.gethostname()
+    if args.standby is not None:
+        if rejoin_dir is None:
+            print("train.py: --standby needs SN_REJOIN_DIR", file=sys.stderr)
+            return 2
+        plan = wait_for_plan(rejoin_dir, node, args.standby, args.rejoin_timeout,
+                             standby=True)
+        if plan is None:
+            print(f"standby on {node}: no generation named it in {args.rejoin_timeout:g} s",
+                  flush=True)
+            return 0
+        member = Member.from_plan(node, plan)
+    else:
+        member = Member.from_torchrun(node)
+    for _ in range(MAX_GENERATIONS):
+        if rejoin_dir is not None:
+            announce(rejoin_dir, node, "joined", member.generation)
+        try:
+            return run_generation(args, member, rejoin_dir)
+        except ValueError as err:  # the client's environment
+            print(f"train.py: {err}", file=sys.stderr)
+            return 2
+        except GenerationOver:
+            assert rejoin_dir is not None
+        plan = wait_for_plan(rejoin_dir, node, member.generation, args.rejoin_timeout,
+                             standby=False)
+        if plan is None or plan.rank_of(node) is None:
+            print(f"{node} is not in generation "
+                  f"{plan.generation if plan else '(none came)'}: stopping", flush=True)
+            return 0
+        print(f"joining generation {plan.generation} as rank {plan.rank_of(node)}",
+              flush=True)
+        member = Member.from_plan(node, plan)
+    print(f"train.py: {MAX_GENERATIONS} generations in one process: stopping", flush=True)
+    return 1
 
 
 if __name__ == "__main__":

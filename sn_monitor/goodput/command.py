@@ -40,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="then until the checkpoint is complete on storage (default 20s)")
     parser.add_argument("--relaunch", default="60s",
                         help="starting every rank again (default 60s)")
+    parser.add_argument("--warm-relaunch", metavar="DURATION",
+                        help="the relaunch of a restore that keeps the running ranks and "
+                             "takes only pre-warmed spares (sn-monitor's restores; every "
+                             "other restart takes --relaunch) (default 15s, assumed: the "
+                             "new NCCL communicators and the spares' join; the real "
+                             "torchrun job's figures are printed under the table)")
     parser.add_argument("--load", default="30s", help="loading a checkpoint (default 30s)")
     parser.add_argument("--operator-response", default="30m",
                         help="until a person takes out a node whose fault no tool sees, or "
@@ -127,6 +133,8 @@ def _world_settings(args: argparse.Namespace) -> WorldSettings:
         save_persist=_duration("--save-persist", args.save_persist),
         load=_duration("--load", args.load),
         relaunch=_duration("--relaunch", args.relaunch),
+        warm_relaunch=None if args.warm_relaunch is None
+        else _duration("--warm-relaunch", args.warm_relaunch),
         operator_response=_duration("--operator-response", args.operator_response),
         replacement=_duration("--replacement", args.replacement))
 

@@ -14,7 +14,10 @@ drivers (:class:`ReplayDriver`) the way they reach Kubernetes or a launcher:
 - the training client: rank 0's progress and its checkpoint reports (with the save time);
 - actions: ``checkpoint`` makes the job save, ``evict`` takes a node out (repaired and
   given back to the job's spare pool by the operator later), ``restore`` relaunches the
-  ranks on the nodes and from the checkpoint it names.
+  ranks on the nodes and from the checkpoint it names: warm (world.py's
+  :func:`~sn_monitor.goodput.world.warm_start`) when every node is one whose rank is
+  alive or a pre-warmed spare (the job's spares at the start, then the pool the last
+  restore left, as examples/pytorch/launcher.py pre-warms them), cold otherwise.
 
 The controller is swept the way the daemon sweeps it, but only when something can
 happen: every second after a fault, every few seconds while the job is down, at the
@@ -49,9 +52,16 @@ from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.storage.store import Store
 from sn_monitor.goodput.noise import APP_XID, EXCURSION_CELSIUS, SYMBOL_BURST, Noise
 from sn_monitor.goodput.trace import Fault, Trace
-from sn_monitor.goodput.world import JobWorld, SavedCheckpoint, Timeline, WorldSettings
+from sn_monitor.goodput.world import (
+    JobWorld,
+    SavedCheckpoint,
+    Timeline,
+    WorldSettings,
+    warm_start,
+)
 from sn_monitor.model import EventRecord, GpuReport, IbPortReport, Report
-from sn_monitor.rules.spec import Rule
+from sn_monitor.rules.spec import EventRule, Rule
+from sn_monitor.rules.xid_catalog import XidCatalog, load_catalog
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +74,8 @@ ACTIONS = ("alert", "cordon", "uncordon", "evict", "failover", "checkpoint", "re
 #: A process that exits is restarted in place by the job's launcher after this long.
 CRASH_RESTART = 5.0
 CHECKPOINTS_KEPT = 3
+#: NVIDIA's Xid resolution for the application's own fault: the GPU needs nothing.
+APPLICATION_RESOLUTIONS = frozenset({"RESTART_APP"})
 
 
 @dataclass(frozen=True)
@@ -96,18 +108,59 @@ class ReplayDriver:
         return Outcome(f"{request.action}: carried out in the replay")
 
 
-def warning_checkpoints(rules: Sequence[Rule]) -> tuple[list[Rule], list[str]]:
-    """The rules with ``checkpoint`` added to every warning that does not checkpoint yet."""
+@dataclass(frozen=True)
+class WarningCheckpoints:
+    """The rules of the "+ advisor" row, and the names of the rules a checkpoint went to."""
+
+    rules: list[Rule]
+    changed: list[str]
+    #: Warnings left as they were: their findings are the application's (see
+    #: :func:`application_rule`).
+    skipped: list[str]
+
+
+def warning_checkpoints(rules: Sequence[Rule],
+                        catalog: XidCatalog | None = None) -> WarningCheckpoints:
+    """The rules with ``checkpoint`` added to every warning about a node.
+
+    A checkpoint on a warning saves the work before a fault of that node. A warning
+    whose findings are the application's own (:func:`application_rule`: XIDs NVIDIA
+    resolves RESTART_APP, such as 13) warns of no node fault: it gets none. ``catalog``:
+    NVIDIA's Xid catalogue (None: the packaged one, the replayed controller's).
+    """
+    catalog = catalog if catalog is not None else load_catalog()
     out: list[Rule] = []
     changed: list[str] = []
+    skipped: list[str] = []
     for rule in rules:
         actions = list(rule.actions)
-        if rule.severity == "warning" and "checkpoint" not in actions and rule.kind != "alert":
+        if rule.severity != "warning" or "checkpoint" in actions or rule.kind == "alert":
+            out.append(rule)
+        elif application_rule(rule, catalog):
+            out.append(rule)
+            skipped.append(rule.name)
+        else:
             out.append(dataclasses.replace(rule, actions=[*actions, "checkpoint"]))
             changed.append(rule.name)
-        else:
-            out.append(rule)
-    return out, changed
+    return WarningCheckpoints(out, changed, skipped)
+
+
+def application_rule(rule: Rule, catalog: XidCatalog) -> bool:
+    """Whether every finding of ``rule`` is the application's fault, none the node's.
+
+    True for an XID rule all of whose XIDs, its ``codes`` and its ``resolutions``, NVIDIA's
+    catalogue resolves RESTART_APP (restart the application; the GPU is fine). An XID
+    rule with neither matches every XID, a code the catalogue does not list could be
+    anything, and any other kind of rule watches the node: False.
+    """
+    if not isinstance(rule, EventRule) or rule.event != "xid":
+        return False
+    if not rule.codes and not rule.resolutions:
+        return False
+    entries = [catalog.get(code) for code in rule.codes]
+    return (set(rule.resolutions) <= APPLICATION_RESOLUTIONS
+            and all(entry is not None and entry.resolution in APPLICATION_RESOLUTIONS
+                    for entry in entries))
 
 
 class ControlledReplay:
@@ -126,6 +179,9 @@ class ControlledReplay:
         self.world.on_running = self._running
         self.world.on_saved = self._saved
         self.spares = [f"spare-{i:03d}" for i in range(settings.spares)]
+        #: Spares whose standby process is pre-warmed: the job's own at the start, then
+        #: the pool each restore leaves (the launcher's ``SN_PARAMS["spares"]``).
+        self._standby = set(self.spares)
         self._slots = {name: i for i, name in enumerate(nodes)}
         self._inbox: list[ActionRequest] = []
         self._inbox_lock = threading.Lock()
@@ -449,7 +505,11 @@ class ControlledReplay:
             if record.detected is None or detected < record.detected:
                 record.detected = max(record.at, detected)
         self.world.detected()
-        self.world.restart(nodes or list(self.world.members), saved)
+        members = nodes or list(self.world.members)
+        warm = warm_start(members, self.world.ranks, self._standby)
+        # the launcher pre-warms the pool the restore leaves (a node given back included)
+        self._standby = {str(n) for n in request.params.get("spares", [])}
+        self.world.restart(members, saved, warm=warm)
 
     def _running(self) -> None:
         self._progress()

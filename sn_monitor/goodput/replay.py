@@ -17,7 +17,12 @@ from sn_monitor.goodput.baselines import (
     TORCHRUN,
     BaselineReplay,
 )
-from sn_monitor.goodput.controlled import Cadence, ControlledReplay, warning_checkpoints
+from sn_monitor.goodput.controlled import (
+    Cadence,
+    ControlledReplay,
+    WarningCheckpoints,
+    warning_checkpoints,
+)
 from sn_monitor.goodput.intervals import IntervalChoice, at_interval, parse_policy
 from sn_monitor.goodput.noise import Noise
 from sn_monitor.goodput.results import (
@@ -42,7 +47,13 @@ SN_ASSUMES = ("the controller itself (default rules, safety policy, breaker, rec
               "node death: no report for 10 s (its packaged node-heartbeat rule); "
               "evictions settle 3 s; a spare replaces the node",
               "the operator gives repaired nodes back to the pool, and a healthy node "
-              "taken out after --operator-response")
+              "taken out after --operator-response",
+              "a restore whose every rank was running (kept alive across it: after a "
+              "fatal XID) or is a pre-warmed spare (the job's at the start, then the pool "
+              "each restore leaves) relaunches in the warm relaunch; any other start (after "
+              "a lost host, a link down or a hang, which leave every rank waiting; onto a "
+              "node given back since the last restore; the launcher's restart after a "
+              "process exit) in the relaunch")
 #: The interval each policy runs at unless named with one (``NAME@INTERVAL``).
 DEFAULT_INTERVALS: dict[str, IntervalChoice] = {
     "kubernetes": DEFAULT_INTERVAL, "torchrun": DEFAULT_INTERVAL,
@@ -150,10 +161,9 @@ def _controlled(name: str, trace: Trace, settings: WorldSettings, nodes: list[st
     notes = []
     used = list(rules)
     if warnings:
-        used, changed = warning_checkpoints(rules)
-        notes.append(f"checkpointInterval: {interval}"
-                     + (" (the advisor's interval)" if interval == "auto" else "")
-                     + f"; a checkpoint on every warning: {', '.join(changed) or 'none added'}")
+        added = warning_checkpoints(rules)
+        used = added.rules
+        notes.append(_warnings_note(interval, added))
     with tempfile.TemporaryDirectory(prefix="sn-goodput-",
                                      dir=_fast_tmp()) as tmp:
         run = ControlledReplay(trace, settings, nodes, used, state_dir=Path(tmp),
@@ -173,6 +183,16 @@ def _controlled(name: str, trace: Trace, settings: WorldSettings, nodes: list[st
                      assumes=SN_ASSUMES,
                      interval=used_interval, replay_seconds=time.process_time() - started,
                      controller_ettr=controller_ettr, notes=notes)
+
+
+def _warnings_note(interval: float | str, added: WarningCheckpoints) -> str:
+    """The advisor row's note: its interval, and which warnings got a checkpoint."""
+    skipped = (f" (none on the application's XIDs: {', '.join(added.skipped)})"
+               if added.skipped else "")
+    return (f"checkpointInterval: {interval}"
+            + (" (the advisor's interval)" if interval == "auto" else "")
+            + f"; a checkpoint on every warning: {', '.join(added.changed) or 'none added'}"
+            + skipped)
 
 
 def _fast_tmp() -> str | None:

@@ -9,7 +9,7 @@ from typing import Any
 from sn_monitor.ettr import effective_training_ratio
 from sn_monitor.goodput.noise import NoiseKind
 from sn_monitor.goodput.trace import Trace
-from sn_monitor.goodput.world import CAUSES, JobWorld, WorldSettings
+from sn_monitor.goodput.world import CAUSES, TORCHRUN_RELAUNCH, JobWorld, WorldSettings
 
 DALY_2006 = ('J. T. Daly, "A higher order estimate of the optimum checkpoint interval for '
              'restart dumps", Future Generation Computer Systems 22(3), 2006')
@@ -122,9 +122,11 @@ def table(results: Sequence[PolicyResult], trace: Trace, settings: WorldSettings
               f"{settings.spares} spares (sn-monitor), step {settings.step_seconds:g} s; "
               f"checkpoint: training pauses {settings.save_blocking:g} s, complete "
               f"{settings.save_persist:g} s later; restart: relaunch "
-              f"{settings.relaunch:g} s + load {settings.load:g} s; a person acts on what "
+              f"{settings.relaunch:g} s ({settings.relaunch_seconds(warm=True):g} s warm) "
+              f"+ load {settings.load:g} s; a person acts on what "
               f"no tool does after {settings.operator_response:g} s (--operator-response), "
               f"a replacement node comes in {settings.replacement:g} s (--replacement)",
+              f"warm relaunch: {warm_relaunch_source(settings)}",
               *_noise_lines(noise),
               "assumptions:"]
     said: list[list[str]] = []
@@ -136,6 +138,19 @@ def table(results: Sequence[PolicyResult], trace: Trace, settings: WorldSettings
     if any("Daly 2006" in note for r in results for note in r.notes):
         lines.append(f"Daly 2006: {DALY_2006}")
     return "\n".join(lines)
+
+
+def warm_relaunch_source(settings: WorldSettings) -> str:
+    """The warm relaunch, what makes a restart warm, and where the figure comes from."""
+    what = (f"{settings.relaunch_seconds(warm=True):g} s, a restore that keeps the running "
+            "ranks and starts none cold (sn-monitor's; the baselines' restarts are cold)")
+    if settings.warm_relaunch is not None:
+        return f"{what} (--warm-relaunch)"
+    bench = TORCHRUN_RELAUNCH
+    return (f"{what}: assumed, what a warm restore cannot skip at this scale (the new "
+            f"NCCL communicators, the spares' join); on a real torchrun job the relaunch "
+            f"went from {bench.cold_seconds:g} s cold to {bench.warm_seconds:g} s warm "
+            f"({bench.source}; no NCCL there: x{bench.ratio:.3f} is not carried over)")
 
 
 def _noise_lines(noise: Sequence[NoiseKind]) -> list[str]:
@@ -167,7 +182,9 @@ def to_json(results: Sequence[PolicyResult], trace: Trace, settings: WorldSettin
                   "interruptions": len(trace.faults), "by_kind": trace.by_kind(),
                   "warned": trace.warned(), "seed": seed},
         "noise": [asdict(kind) for kind in noise],
-        "job": asdict(settings),
+        "job": {**asdict(settings),
+                "warm_relaunch": settings.relaunch_seconds(warm=True),
+                "warm_relaunch_source": warm_relaunch_source(settings)},
         "policies": [asdict(r) for r in results],
         "wall_seconds": round(wall_seconds, 2),
     }

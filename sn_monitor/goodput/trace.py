@@ -44,6 +44,8 @@ Signal = Literal["thermal", "row-remap-pending", "symbol-errors"]
 SIGNALS: tuple[str, ...] = get_args(Signal)
 #: Kinds after which the node is broken until repaired (the others leave it healthy).
 HARDWARE: frozenset[str] = frozenset({"xid", "node-lost", "ib-link"})
+#: Kinds that leave every rank waiting in its collective (:attr:`Fault.blocks_peers`).
+BLOCKING: frozenset[str] = frozenset({"node-lost", "ib-link", "hang"})
 DEFAULT_REPAIR = 86400.0
 CATALOGUE = Path(__file__).with_name("llama3.yaml")
 
@@ -72,6 +74,18 @@ class Fault:
     @property
     def breaks_node(self) -> bool:
         return self.kind in HARDWARE
+
+    @property
+    def blocks_peers(self) -> bool:
+        """Whether every rank is left waiting in its collective, unable to leave it.
+
+        A fatal XID or a process exit kills a process on a live host: its connections
+        close and the peers' collectives fail at once. A lost host closes nothing, a link
+        down cuts it off, a hang is every rank waiting: the peers wait until a timeout
+        (gloo's abort does not free them; NCCL's would, which the torchrun example does
+        not use).
+        """
+        return self.kind in BLOCKING
 
 
 @dataclass(frozen=True)

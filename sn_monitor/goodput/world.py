@@ -3,8 +3,10 @@
 What is simulated is what no policy decides: the job's progress (work seconds), its
 checkpoints (training pauses ``save_blocking`` while the state is staged; the checkpoint
 is complete ``save_persist`` later, unless the job dies first), the launcher's relaunch
-and the checkpoint load at a restart, nodes that break and are repaired. Who notices a
-fault, when, and what is done about it is the policy's (baselines.py, controlled.py).
+and the checkpoint load at a restart, nodes that break and are repaired, and which
+ranks' processes are alive (``JobWorld.ranks``). Who notices a fault, when, and what is
+done about it is the policy's (baselines.py, controlled.py); so is whether a restart is
+warm (:func:`warm_start`: every rank kept or pre-warmed) or cold.
 
 Accounting is exact: the job's *work* is the training time it has done since the start
 that it still has (a restore from an older checkpoint takes the difference away: lost
@@ -15,11 +17,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sn_monitor.config import Duration, non_negative, positive, setting
+from sn_monitor.config import Duration, non_negative, optional, positive, setting
 from sn_monitor.goodput.trace import Fault
 
 JobState = Literal["running", "down", "starting"]
@@ -27,6 +29,37 @@ JobState = Literal["running", "down", "starting"]
 #: (a node taken out on a warning); the same, for a node that was healthy (noise).
 Cause = Literal["fault", "own", "false"]
 CAUSES: tuple[Cause, ...] = ("fault", "own", "false")
+
+
+@dataclass(frozen=True)
+class RelaunchBench:
+    """The relaunch phase (restore sent -> new process group formed) measured on a real job.
+
+    Cold: every rank started again (every agent killed, torchrun started, torch imported,
+    the c10d rendezvous). Warm: the healthy ranks kept alive across the restore (they leave
+    the broken process group and join the new one in-process) and a spare's rank a
+    pre-warmed standby process.
+    """
+
+    cold_seconds: float
+    warm_seconds: float
+    source: str
+
+    @property
+    def ratio(self) -> float:
+        return self.warm_seconds / self.cold_seconds
+
+
+#: The medians of ``python -m bench.torch_recovery_bench`` (5 recoveries each, cold and
+#: warm in one command).
+TORCHRUN_RELAUNCH = RelaunchBench(
+    cold_seconds=10.63, warm_seconds=0.14,
+    source="bench.torch_recovery_bench, 4-node torchrun job on CPU/gloo, median of 5 "
+           "each, 2026-12-07")
+#: What a warm restore cannot skip at 2,048 nodes: the new generation's NCCL
+#: communicators and the spares' join. The bench's CPU job has none of it (gloo on 4
+#: ranks), so its ratio is not carried over: assumed.
+WARM_RELAUNCH_AT_SCALE = 15.0
 
 
 @dataclass(frozen=True)
@@ -48,12 +81,40 @@ class WorldSettings:
     load: Duration = setting(default=Duration(30.0), check=non_negative)
     #: Starting every rank again: processes, rendezvous, NCCL communicators.
     relaunch: Duration = setting(default=Duration(60.0), check=non_negative)
+    #: The relaunch of a warm restart (:func:`warm_start`: the running ranks kept, the
+    #: spares' standby processes pre-warmed). None: :data:`WARM_RELAUNCH_AT_SCALE`, or
+    #: ``relaunch`` when that is shorter.
+    warm_relaunch: Duration | None = setting(default=None, check=optional(non_negative))
     #: A person acting on what no tool acts on (a link down that only hangs the job; a
     #: healthy node a tool took out): the same for every policy. Assumed.
     operator_response: Duration = setting(default=Duration(1800.0), check=non_negative)
     #: From asking the cluster for a node to having it, for a policy without spares (the
     #: same scheduler under each): assumed, a free node and the image already cached.
     replacement: Duration = setting(default=Duration(30.0), check=non_negative)
+
+    def relaunch_seconds(self, *, warm: bool) -> float:
+        """The relaunch of a warm or a cold restart."""
+        if not warm:
+            return float(self.relaunch)
+        if self.warm_relaunch is not None:
+            return float(self.warm_relaunch)
+        return min(float(self.relaunch), WARM_RELAUNCH_AT_SCALE)
+
+
+def warm_start(members: Collection[str], ranks: Collection[str],
+               standby: Collection[str]) -> bool:
+    """Whether a start of ``members`` is warm: no rank of it has to be started cold.
+
+    ``ranks``: the nodes whose ranks are alive out of the generation that just stopped
+    (``JobWorld.ranks``: a rank kept across the restore leaves the broken process group
+    and joins the new one in-process); ``standby``: spares whose standby process is
+    pre-warmed (Python and torch imported). Warm when every member is one or the other
+    and at least one rank is kept; cold when any member comes from elsewhere (a node
+    given back after repair, a replacement from the cluster) or no rank survived (the
+    whole job crashed). Only a launcher that keeps ranks (sn-monitor's) asks.
+    """
+    kept = [node for node in members if node in ranks]
+    return bool(kept) and all(node in ranks or node in standby for node in members)
 
 
 @dataclass
@@ -146,10 +207,16 @@ class JobWorld:
     on_running: Callable[[], None] | None = None
     #: Called when a checkpoint is complete on storage.
     on_saved: Callable[[SavedCheckpoint], None] | None = None
+    #: The nodes whose ranks are alive: the running job's, or out of a stopped generation
+    #: and able to join the next (not the rank a fault killed or cut off).
+    ranks: set[str] = field(init=False)
     _work_base: float = 0.0
     _base_time: float = 0.0
     _generation: int = 0
     _start_checkpoint: SavedCheckpoint | None = None
+
+    def __post_init__(self) -> None:
+        self.ranks = set(self.members)
 
     # ------------------------------------------------------------------ progress
 
@@ -221,6 +288,11 @@ class JobWorld:
             self.broken.add(node)
         if node not in self.members:
             return None
+        if fault.blocks_peers:
+            # the launcher's warm restore starts again a rank that does not answer
+            self.ranks.clear()
+        else:
+            self.ranks.discard(node)
         if self.state == "running":
             self._stop()
             record = Interruption(node=node, kind=fault.kind, category=fault.category,
@@ -244,8 +316,13 @@ class JobWorld:
 
     # ------------------------------------------------------------------ restarts
 
-    def restart(self, members: list[str], checkpoint: SavedCheckpoint | None) -> None:
-        """Relaunch every rank on ``members``, then load ``checkpoint`` (None: from scratch)."""
+    def restart(self, members: list[str], checkpoint: SavedCheckpoint | None, *,
+                warm: bool = False) -> None:
+        """Relaunch the ranks on ``members``, then load ``checkpoint`` (None: from scratch).
+
+        ``warm``: the policy's launcher keeps the running ranks and starts none cold
+        (:func:`warm_start`), so the relaunch is ``WorldSettings.warm_relaunch``.
+        """
         now = self.timeline.now
         if self.state == "running":
             self._stop()
@@ -259,11 +336,13 @@ class JobWorld:
         self._generation += 1
         generation = self._generation
         self.members = list(members)
+        self.ranks = set(members) - self.broken
         self._start_checkpoint = checkpoint
         record = self.open
         if record is not None and record.restart is None:
             record.restart = now
-        relaunch, load = float(self.settings.relaunch), float(self.settings.load)
+        relaunch = self.settings.relaunch_seconds(warm=warm)
+        load = float(self.settings.load)
 
         def up() -> None:
             if self._generation != generation or self.state != "starting":

@@ -187,7 +187,8 @@ def act(state_path: Path, restart: Restart | None = None, what: str = "ranks") -
     ``restore`` runs ``restart`` (this launcher's: kill the ranks, start them again)
     unless its action id was carried out already; anything else is recorded only. Every
     call goes into the state's ``calls``; what was done is printed (the command driver
-    keeps the first line as the action's outcome). ``what`` names the processes started.
+    keeps the first line as the action's outcome). ``what`` names the processes started,
+    unless ``restart`` returns a ``summary`` of what it did.
     """
     action = os.environ.get("SN_ACTION", "")
     action_id = os.environ.get("SN_ACTION_ID", "")
@@ -215,8 +216,8 @@ def act(state_path: Path, restart: Restart | None = None, what: str = "ranks") -
         call["done"] = True
     if action == "restore":
         checkpoint = (params.get("checkpoint") or {}).get("path") or "none (from scratch)"
-        print(f"restore: generation {params.get('generation')}: {what} on "
-              f"{len(params.get('nodes') or [])} nodes, checkpoint {checkpoint}"
+        done = call.get("summary") or f"{what} on {len(params.get('nodes') or [])} nodes"
+        print(f"restore: generation {params.get('generation')}: {done}, checkpoint {checkpoint}"
               + (" (already done: same action id)" if duplicate else ""))
     else:
         print(f"{action or 'no action'}: nothing to do")

@@ -8,10 +8,15 @@ restarted by ``examples/pytorch/launcher.py``, the job's ``spec.control`` comman
 The job runs on sim-0..sim-3 with sim-4 as its spare, and saves when the controller
 asks (``checkpointInterval: 2s``). Generation 0's second save writes its data but stalls
 before ``.metadata``; then sim-2 takes a fatal XID and dies (its torchrun agent, rank and
-sn-monitor agent SIGKILLed). sn-monitor evicts it, takes the spare, and the launcher
-restarts torchrun on the new node list; the ranks load the latest complete checkpoint
-(never the newer incomplete one) and train to the end. The final weights are compared,
-byte for byte, with an uninterrupted run of the same job.
+sn-monitor agent SIGKILLed). sn-monitor evicts it, takes the spare, and the launcher's
+warm restore brings in the spare's pre-warmed standby and starts again the survivors,
+which the stalled save keeps from leaving the broken generation; the ranks load the
+latest complete checkpoint (never the newer incomplete one) and train to the end. The
+final weights are compared, byte for byte, with an uninterrupted run of the same job.
+
+The second test kills a node of a job with no stalled save: the three survivors leave
+the broken generation and join the next in their own processes, with the standby, and
+the job still ends with the same bytes.
 
 ``make e2e`` runs it (torch: ``pip install -e '.[examples]'``).
 """
@@ -80,8 +85,6 @@ def reference_run(root: Path) -> Path:
 
 def test_a_dead_node_of_a_torchrun_job_is_replaced_and_training_ends_bit_identical(
         cluster: Cluster, tmp_path: Path) -> None:
-    import torch
-
     c = cluster
     job = TorchJob(c, "torch", ["sim-0", "sim-1", "sim-2", "sim-3"], ["sim-4"],
                    steps=STEPS, checkpoint_every=NEVER, step_time=STEP_TIME,
@@ -134,6 +137,12 @@ def test_a_dead_node_of_a_torchrun_job_is_replaced_and_training_ends_bit_identic
     assert restores[0]["params"]["nodes"] == rec["nodes"]
     assert restores[0]["params"]["checkpoint"] == point
     assert [a["node"] for a in job.state()["agents"]] == rec["nodes"]
+    # warm: the spare's standby joined; every survivor still had the stalled save in
+    # flight (rank 0 writes it, the others wait for its end), so none could leave the
+    # broken generation cleanly: each was started again
+    assert restores[0]["standbys_used"] == ["sim-4"]
+    assert restores[0]["kept"] == []
+    assert restores[0]["cold"] == ["sim-0", "sim-1", "sim-3"]
 
     loaded = job.wait_mark("loaded", 1, WAIT)
     assert loaded["step"] == point["step"]
@@ -157,9 +166,51 @@ def test_a_dead_node_of_a_torchrun_job_is_replaced_and_training_ends_bit_identic
     assert job.state()["agents"] == agents
     assert job.state()["calls"][-1]["duplicate"]
 
-    reference = torch.load(reference_run(tmp_path / "reference"), weights_only=True)
-    resumed = torch.load(job.weights, weights_only=True)
-    assert list(resumed) == list(reference)
-    for name, tensor in reference.items():
+    assert_same_bytes(job.weights, reference_run(tmp_path / "reference"))
+
+def assert_same_bytes(weights: Path, reference: Path) -> None:
+    import torch
+
+    expected = torch.load(reference, weights_only=True)
+    resumed = torch.load(weights, weights_only=True)
+    assert list(resumed) == list(expected)
+    for name, tensor in expected.items():
         assert resumed[name].dtype == tensor.dtype == torch.float32
         assert torch.equal(resumed[name].view(torch.int32), tensor.view(torch.int32)), name
+
+
+def test_the_survivors_of_a_warm_restore_rejoin_in_their_processes_bit_identical(
+        cluster: Cluster, tmp_path: Path) -> None:
+    c = cluster
+    job = TorchJob(c, "warm", ["sim-0", "sim-1", "sim-2", "sim-3"], ["sim-4"],
+                   steps=STEPS, checkpoint_every=20, step_time=STEP_TIME)
+    c.torch_jobs.append(job)  # type: ignore[attr-defined]
+    job.post()
+    job.start()
+    job.wait_checkpoint(20, START_WAIT)
+    before = {a["node"]: a["pid"] for a in job.state()["agents"]}
+    standby = job.state()["standbys"]["sim-4"]["pid"]
+
+    c.agents[FAILED].fault("xid", 0, code=48)
+    c.wait_for(lambda: [i for i in c.incidents(node=FAILED) if i["rule"] == "fatal-xid"],
+               WAIT, f"a fatal-xid incident for {FAILED}")
+    job.kill_node(FAILED)
+    rec = job.wait_recovery("done", WAIT)
+    assert rec["nodes"] == ["sim-0", "sim-1", "sim-4", "sim-3"]
+
+    (restore,) = [x for x in job.state()["calls"] if x["action"] == "restore"]
+    assert restore["kept"] == ["sim-0", "sim-1", "sim-3"], restore
+    assert restore["standbys_used"] == ["sim-4"]
+    assert restore["cold"] == []
+    # the same processes: the survivors' torchrun agents and the standby, none started anew
+    after = {a["node"]: a["pid"] for a in job.state()["agents"]}
+    assert after == {**{n: before[n] for n in ("sim-0", "sim-1", "sim-3")}, "sim-4": standby}
+    (action,) = [a for a in c.actions() if a["action"] == "restore"]
+    assert "warm: 3 ranks kept, 1 standbys joined, 0 started again" in action["outcome"]
+
+    loaded = job.wait_mark("loaded", 1, WAIT)
+    assert loaded["step"] == rec["checkpoint"]["step"]
+    job.wait_mark("done", 1, WAIT)
+    assert job.marks(1)["done"]["step"] == STEPS
+    c.wait_for(lambda: job.weights.exists(), 30, "the final weights")
+    assert_same_bytes(job.weights, reference_run(tmp_path / "reference"))

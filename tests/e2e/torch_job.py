@@ -40,10 +40,11 @@ class TorchJob:
     def __init__(self, c: Cluster, name: str, nodes: list[str], spares: list[str], *,
                  steps: int, checkpoint_every: int, step_time: float,
                  first_generation_args: str = "", checkpoint_interval: str = "30s",
-                 max_failures: int = 3) -> None:
+                 max_failures: int = 3, restore: str = "warm") -> None:
         self.c = c
         self.name = name
         self.nodes = nodes
+        self.spares = spares
         self.root = c.root / f"torch-{name}"
         self.root.mkdir(parents=True, exist_ok=True)
         self.ckpt = self.root / "ckpt"
@@ -64,7 +65,7 @@ class TorchJob:
         self.launcher("init", "--controller", c.url, "--job", name,
                       "--token-file", str(c.root / "agent.token"),
                       "--checkpoint-dir", str(self.ckpt), "--log-dir", str(self.root / "logs"),
-                      "--flush-interval", "0.5",
+                      "--flush-interval", "0.5", "--restore", restore,
                       f"--first-generation-args={first_generation_args}", "--",
                       "--steps", str(steps), "--checkpoint-every", str(checkpoint_every),
                       "--step-time", str(step_time), "--timeline", str(self.timeline_path),
@@ -83,7 +84,8 @@ class TorchJob:
         assert reply.status_code == 201, reply.text
 
     def start(self) -> None:
-        self.launcher("start", "--nodes", ",".join(self.nodes))
+        self.launcher("start", "--nodes", ",".join(self.nodes),
+                      "--spares", ",".join(self.spares))
 
     def kill_node(self, node: str) -> None:
         """The node dies: its torchrun agent and rank, then its sn-monitor agent."""

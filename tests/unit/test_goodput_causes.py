@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sn_monitor.config import Duration
-from sn_monitor.goodput.noise import NOISE, Noise, draw_noise
+from sn_monitor.goodput.noise import NOISE, NOISE_BUDGET, Noise, NoiseKind, draw_noise
 from sn_monitor.goodput.replay import ReplayOptions, job_nodes, replay
 from sn_monitor.goodput.results import PolicyResult, table, to_json
 from sn_monitor.goodput.trace import Fault, Trace, Warning
@@ -136,3 +136,23 @@ def test_the_table_and_json_split_by_cause_and_print_each_noise_source() -> None
     [policy] = doc["policies"]
     assert set(policy["interruptions_by_cause"]) == set(CAUSES)
     assert set(policy["lost_work_by_cause_seconds"]) == set(CAUSES)
+
+
+def test_a_noise_line_says_the_published_rate_next_to_the_replayed_one() -> None:
+    def kind(replayed: float, published: float | None) -> NoiseKind:
+        return NoiseKind("ecc-corrected", replayed, published, 0.0, "an error", "a paper")
+
+    assert kind(0.5, 0.5).line() == (
+        "ecc-corrected: 0.5 per node and day, as published, an error (a paper)")
+    assert kind(0.5, 40.0).line() == ("ecc-corrected: published 40 per node and day, "
+                                      "replayed 0.5, an error (a paper)")
+    assert kind(0.5, None).line() == ("ecc-corrected: 0.5 per node and day, assumed (no "
+                                      "published rate), an error (a paper)")
+
+
+def test_the_default_noise_stays_within_its_budget_and_never_above_its_source() -> None:
+    assert sum(k.per_node_day for k in NOISE) <= NOISE_BUDGET
+    for kind in NOISE:
+        published = kind.published_per_node_day
+        assert published is None or kind.per_node_day <= published, kind.signal
+        assert ("no published rate" in kind.source) == (published is None), kind.signal

@@ -611,6 +611,11 @@ def test_an_open_breaker_holds_the_eviction_in_one_record_then_it_goes_on(
     assert orch.jobs_of_node(node(5)) == []
     [restore] = submit.of("restore")
     assert restore.params["failed_nodes"] == [node(5)]
+    # the pool left after the spare was taken, for the launcher to pre-warm
+    left = list(orch.job("train").spares)
+    assert len(left) == 1
+    assert left[0] not in restore.params["nodes"]
+    assert restore.params["spares"] == left
 
 
 def _lost(store, clock, name):

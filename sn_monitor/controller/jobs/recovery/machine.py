@@ -369,7 +369,9 @@ def restoring(ctx: StepContext, rec: Recovery) -> tuple[Recovery, bool]:
         + (f"step {rec.checkpoint.step}" if rec.checkpoint else "scratch")
         + f" (generation {rec.generation}, recovery {rec.id})",
         {"checkpoint": checkpoint, "nodes": list(rec.nodes),
-         "failed_nodes": list(rec.out_nodes), "generation": rec.generation})
+         "failed_nodes": list(rec.out_nodes), "generation": rec.generation,
+         # what is left in the pool: a launcher may pre-warm the next restore's spares
+         "spares": [n for n in ctx.job.row.pool if n not in rec.nodes]})
     if record.state == "held":
         record = ctx.actions.release(record.id)
     if record.state in WILL_NOT_RUN:
