@@ -7,7 +7,8 @@ STAMP  := $(VENV)/.installed
 WHEELHOUSE := $(VENV)/wheelhouse
 WHEELS := $(WHEELHOUSE)/.complete
 
-.PHONY: all demo test e2e fuzz lint docs bench soak crash goodput clean venv wheelhouse examples
+.PHONY: all demo test e2e fuzz lint docs bench soak crash goodput clean venv wheelhouse examples \
+	kubelet-proto
 
 all: test
 
@@ -35,11 +36,22 @@ examples: $(EXAMPLES)
 
 $(WHEELS): $(STAMP)
 	rm -rf $(WHEELHOUSE)
-	$(BIN)/pip wheel --quiet --no-build-isolation --wheel-dir $(WHEELHOUSE) '.[kubernetes]'
+	$(BIN)/pip wheel --quiet --no-build-isolation --wheel-dir $(WHEELHOUSE) '.[kubernetes,kubelet]'
 	rm -f $(WHEELHOUSE)/sn_monitor-*.whl
 	touch $@
 
 wheelhouse: $(WHEELS)
+
+# The kubelet's pod-resources API in Python, from its api.proto
+# (sn_monitor/agent/workloads/kubelet/v1/): protoc from grpcio-tools at GRPC_TOOLS. A newer
+# GRPC_TOOLS raises the kubelet extra's lower bounds in pyproject.toml (the generated code
+# refuses older grpcio and protobuf): raise them with it.
+GRPC_TOOLS ?= grpcio-tools==1.85.4
+KUBELET_API := sn_monitor/agent/workloads/kubelet/v1/api.proto
+kubelet-proto: $(STAMP)
+	$(BIN)/pip install --quiet $(GRPC_TOOLS)
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. --pyi_out=. \
+		$(KUBELET_API)
 
 demo: $(STAMP)
 	$(BIN)/sn-monitor demo

@@ -2,7 +2,8 @@
 virtual environments outside it, without the kubernetes extra and with it, and every
 command run from a directory that is not the checkout (``tests/install/smoke.py``; with
 the extra, the checks it changes: the commands, the shipped configs, the Kubernetes
-driver).
+driver). The kubelet extra goes with the kubernetes one: the kubelet source's generated
+code loads with what it installs, and without it the source names the extra.
 
 Tests talk only to loopback, so the installs are offline: the dependencies come from
 ``WHEELHOUSE``, a folder of their wheels that ``make test`` fills first (``make
@@ -26,12 +27,14 @@ from tests.install import smoke
 pytestmark = pytest.mark.integration
 
 #: What the wheel must carry besides the modules: the default rules, the XID catalogue,
-#: the scenarios, the typing marker, the demo's training loop and the topology page.
+#: the scenarios, the typing marker, the demo's training loop, the topology page and the
+#: kubelet's API definition.
 PACKAGE_DATA = ("sn_monitor/rules/default.yaml", "sn_monitor/rules/xid_catalog.yaml",
                 "sn_monitor/sim/scenarios/default.yaml",
                 "sn_monitor/sim/scenarios/thermal.yaml", "sn_monitor/py.typed",
                 "sn_monitor/sim/train.py", "sn_monitor/sim/launcher.py",
-                "sn_monitor/controller/api/ui/topology.html")
+                "sn_monitor/controller/api/ui/topology.html",
+                "sn_monitor/agent/workloads/kubelet/v1/api.proto")
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +70,7 @@ def test_every_command_runs_from_a_wheel_install(wheel: Path, wheelhouse: Path,
                                                  tmp_path: Path, kubernetes: bool) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
-    requirement = f"{wheel}[kubernetes]" if kubernetes else str(wheel)
+    requirement = f"{wheel}[kubernetes,kubelet]" if kubernetes else str(wheel)
     subprocess.run([str(env_dir / "bin" / "pip"), "install", "--quiet", "--no-index",
                     "--no-cache-dir", "--find-links", str(wheelhouse), requirement],
                    check=True, capture_output=True, timeout=600,
@@ -77,3 +80,31 @@ def test_every_command_runs_from_a_wheel_install(wheel: Path, wheelhouse: Path,
     smoke.run(env_dir, ROOT / "deploy", kubernetes=kubernetes, extra_only=kubernetes,
               say=steps.append)
     assert len(steps) == (3 if kubernetes else 6), steps
+    why = kubelet_source_says(env_dir, tmp_path)
+    assert why.startswith("cannot reach the kubelet" if kubernetes
+                          else "the kubelet extra is not installed (grpc is missing)"), why
+
+
+#: The kubelet source asked once, in an installed package, on a socket nobody listens on.
+ASK_THE_KUBELET = """\
+import socket, sys
+from pathlib import Path
+from sn_monitor.agent.workloads.kubelet import KubeletSource
+from sn_monitor.agent.workloads.model import SourceUnavailable
+path = Path(sys.argv[1])
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
+    dead.bind(str(path))
+try:
+    KubeletSource(path).allocations()
+except SourceUnavailable as err:
+    print(err.why)
+"""
+
+
+def kubelet_source_says(env_dir: Path, work: Path) -> str:
+    """Why the installed kubelet source could not answer (run from ``work``)."""
+    done = subprocess.run([str(env_dir / "bin" / "python"), "-c", ASK_THE_KUBELET,
+                           str(work / "kubelet.sock")], cwd=work, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
