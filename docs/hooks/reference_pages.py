@@ -298,7 +298,8 @@ def simulated_node() -> Iterator[tuple[Any, Any]]:
 
     The node is sampled once, then GPU 0's cooling fails, GPU 1 takes XID 79 and a minute
     passes before the second sample, so the families that appear only with a fault
-    (XID counters, events) appear.
+    (XID counters, events) appear. GPU 7 is cut into two MIG devices, so the MIG
+    families appear.
     """
     from sn_monitor.agent.registry import build_collectors
     from sn_monitor.agent.sampler import Sampler
@@ -309,6 +310,8 @@ def simulated_node() -> Iterator[tuple[Any, Any]]:
 
     with tempfile.TemporaryDirectory(prefix="sn-docs-node-") as root:
         node = SimulatedNode(Path(root), gpus=8, seed=1)
+        node.gpus[7].mig.enable()
+        node.gpus[7].mig.create(["3g.40gb", "3g.40gb"])
         clock = ManualClock()
         settings = node.agent_settings(AgentSettings(node="docs-node"))
         sampler = Sampler(settings.node, build_collectors(settings, node.nvml, clock), clock)

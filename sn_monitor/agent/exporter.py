@@ -105,6 +105,18 @@ _GPU_VALUES: Sequence[tuple[str, str, str]] = (
      "NVLink fabric clique the GPU belongs to (GPUs of one clique share NVLink)."),
 )
 
+MIG_LABELS = [*GPU_LABELS, "mig_uuid", "gpu_instance", "compute_instance"]
+
+# (metric name, MigInstanceSample attribute, help), one series per MIG device.
+_MIG_VALUES: Sequence[tuple[str, str, str]] = (
+    ("sn_mig_memory_used_bytes", "memory_used_bytes", "MIG device memory in use."),
+    ("sn_mig_memory_total_bytes", "memory_total_bytes", "MIG device memory."),
+    ("sn_mig_sm_utilization_ratio", "sm_utilization_ratio",
+     "Fraction of the GPU instance's SMs busy over the sample interval (GPM, Hopper+)."),
+    ("sn_mig_memory_bandwidth_utilization_ratio", "memory_bandwidth_utilization_ratio",
+     "GPU instance's DRAM bandwidth used against its maximum (GPM, Hopper+)."),
+)
+
 _NVLINK_VALUES: Sequence[tuple[str, str, str]] = (
     ("nvlink_crc_errors_total", "crc_errors_total", "NVLink CRC errors (flit and data)."),
     ("nvlink_replay_errors_total", "replay_errors_total", "NVLink replays."),
@@ -283,6 +295,7 @@ class SnapshotCollector:
             yield processes
         yield from _gpu_clocks(gpus)
         yield from _gpu_throttle(gpus)
+        yield from _gpu_mig(gpus)
         yield from _gpu_nvlinks(gpus)
 
     @staticmethod
@@ -448,6 +461,37 @@ def _gpu_throttle(gpus: Iterable[GpuSample]) -> Iterator[Family]:
             family.add_metric([str(g.index), g.uuid, reason], 1.0 if active else 0.0)
     if family.samples:
         yield family
+
+
+def _gpu_mig(gpus: Sequence[GpuSample]) -> Iterator[Family]:
+    """MIG mode per GPU, and per MIG device its identity, memory, processes, activity."""
+    mode = gauge("sn_gpu_mig_mode", "1 while the GPU is in MIG mode, 0 while not; absent "
+                 "on GPUs without MIG.", labels=GPU_LABELS)
+    pending = gauge("sn_gpu_mig_mode_pending", "MIG mode after the next GPU reset (1 on, "
+                    "0 off); differs from sn_gpu_mig_mode while a change waits.",
+                    labels=GPU_LABELS)
+    info = gauge("sn_mig_info", "Identity of each MIG device (a compute instance of a GPU "
+                 "instance): its UUID, instance ids and profile.",
+                 labels=[*MIG_LABELS, "profile"])
+    processes = gauge("sn_mig_processes", "Compute processes on the MIG device.",
+                      labels=MIG_LABELS)
+    values = [(gauge(name, doc, labels=MIG_LABELS), attr) for name, attr, doc in _MIG_VALUES]
+    for g in gpus:
+        gpu = [str(g.index), g.uuid]
+        for family, value in ((mode, g.mig_mode), (pending, g.mig_mode_pending)):
+            if value is not None:
+                family.add_metric(gpu, 1.0 if value else 0.0)
+        for m in g.mig_instances:
+            labels = [*gpu, m.uuid, str(m.gpu_instance_id), str(m.compute_instance_id)]
+            info.add_metric([*labels, m.profile or ""], 1.0)
+            if m.processes is not None:
+                processes.add_metric(labels, float(len(m.processes)))
+            for family, attr in values:
+                number = _value(getattr(m, attr))
+                if number is not None:
+                    family.add_metric(labels, number)
+    families = [mode, pending, info, processes, *(family for family, _ in values)]
+    yield from (f for f in families if f.samples)
 
 
 def _gpu_nvlinks(gpus: Sequence[GpuSample]) -> Iterator[Family]:

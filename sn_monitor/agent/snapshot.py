@@ -65,6 +65,32 @@ class GpuProcess:
 
 
 @dataclass(frozen=True, slots=True)
+class MigInstanceSample:
+    """One MIG device (a compute instance in a GPU instance) of a MIG-enabled GPU.
+
+    ``uuid`` is the MIG device's (``MIG-...``), the one the kubelet and
+    ``CUDA_VISIBLE_DEVICES`` name; ``gpu_instance_id`` and ``compute_instance_id`` are
+    NVML's ids, unique on the parent GPU. ``profile`` is the placement profile
+    (``1g.10gb``, ``3g.40gb``...) read from the MIG device's NVML name, None where the
+    name does not say. ``processes`` are the compute processes on this instance (None
+    where NVML cannot list them). The activity ratios come from GPM per GPU instance
+    (Hopper and later): the fraction of the instance's SMs busy and of its DRAM bandwidth
+    used over the last sample interval; None where the GPU has no GPM, or on the first
+    cycle that sees the instance.
+    """
+
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    processes: tuple[GpuProcess, ...] | None = None
+    sm_utilization_ratio: float | None = None
+    memory_bandwidth_utilization_ratio: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSample:
     """One GPU as NVML saw it in one cycle. A lost GPU keeps its identity, ``lost=True``."""
 
@@ -126,6 +152,13 @@ class GpuSample:
     #: NVLink data sent and received over all the GPU's links since the driver loaded.
     nvlink_transmitted_bytes_total: int | None = None
     nvlink_received_bytes_total: int | None = None
+    #: MIG mode now and after the next GPU reset (``nvmlDeviceGetMigMode``); None on a
+    #: GPU without MIG. While it is on, NVML does not give the GPU's utilization (the
+    #: field is None) and the work runs in :attr:`mig_instances`.
+    mig_mode: bool | None = None
+    mig_mode_pending: bool | None = None
+    #: The MIG devices of a MIG-enabled GPU, by GPU and compute instance id.
+    mig_instances: tuple[MigInstanceSample, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,16 @@ Module state (the installed GPUs, init refcount, call counts) sits behind one lo
 the sampler and the thermal guard may call from different threads. The fake never
 moves time: the simulation driver calls ``gpu.step(dt)``.
 
+MIG (:mod:`sn_monitor.sim.mig`): a GPU whose profile has MIG profiles answers the MIG
+calls from its :attr:`SimulatedGpu.mig <sn_monitor.sim.gpu_model.SimulatedGpu.mig>`, with
+NVML's documented semantics: ``nvmlDeviceGetMaxMigDeviceCount`` is 0 while the mode is
+off, ``nvmlDeviceGetMigDeviceHandleByIndex`` NotFound on an empty slot, a MIG device
+handle answers the identity, memory and process calls for its instance (and
+InvalidArgument once the instance is destroyed), the parent's utilization is
+NotSupported while the mode is on, and the parent's processes and memory are those of
+all its instances. A GPU without MIG profiles answers NotSupported to
+``nvmlDeviceGetMigMode``.
+
 Test and simulator API: :func:`configure`, :func:`configure_missing_library`,
 :func:`configure_driver_not_loaded`, :func:`reset`, :func:`simulated_gpus`,
 :func:`call_counts`, :func:`call_count`, :func:`inject_error`, :func:`clear_errors`,
@@ -38,6 +48,7 @@ import pynvml  # noqa: TID251 - the fake reuses pynvml's own exceptions and cons
 
 from sn_monitor.sim.gpu_model import SimulatedGpu
 from sn_monitor.sim.hgx import nvswitch_bus_id, nvswitch_of_link
+from sn_monitor.sim.mig import MAX_MIG_DEVICES, MigInstance
 
 # ------------------------------------------------------------------ pynvml re-exports
 
@@ -71,10 +82,13 @@ NVML_ERROR_IN_USE: int = pynvml.NVML_ERROR_IN_USE
 NVML_ERROR_RESET_REQUIRED: int = pynvml.NVML_ERROR_RESET_REQUIRED
 NVML_ERROR_LIB_RM_VERSION_MISMATCH: int = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
 NVML_ERROR_NO_DATA: int = pynvml.NVML_ERROR_NO_DATA
+NVML_ERROR_NOT_FOUND: int = pynvml.NVML_ERROR_NOT_FOUND
 NVML_ERROR_UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
 
 NVML_FEATURE_DISABLED: int = pynvml.NVML_FEATURE_DISABLED
 NVML_FEATURE_ENABLED: int = pynvml.NVML_FEATURE_ENABLED
+NVML_DEVICE_MIG_DISABLE: int = pynvml.NVML_DEVICE_MIG_DISABLE
+NVML_DEVICE_MIG_ENABLE: int = pynvml.NVML_DEVICE_MIG_ENABLE
 NVML_TEMPERATURE_GPU: int = pynvml.NVML_TEMPERATURE_GPU
 NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: int = pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
 NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: int = pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
@@ -270,10 +284,12 @@ class _GpmSupport:
 class _GpmSample:
     """An opaque GPM sample buffer, filled by :func:`nvmlGpmSampleGet`."""
 
-    __slots__ = ("device_index", "freed", "snapshot")
+    __slots__ = ("device_index", "freed", "gpu_instance_id", "snapshot")
 
     def __init__(self) -> None:
         self.device_index: int | None = None
+        #: The GPU instance of a MIG sample (nvmlGpmMigSampleGet); None: the whole GPU.
+        self.gpu_instance_id: int | None = None
         self.snapshot: Any = None
         self.freed = False
 
@@ -311,6 +327,19 @@ class _DeviceHandle:
 
     def __repr__(self) -> str:
         return f"<fake nvmlDevice_t {self._gpu.index}>"
+
+
+class _MigDeviceHandle:
+    """A MIG device handle: the parent GPU and the MIG instance it stands for."""
+
+    __slots__ = ("_gpu", "instance")
+
+    def __init__(self, gpu: SimulatedGpu, instance: MigInstance) -> None:
+        self._gpu = gpu
+        self.instance = instance
+
+    def __repr__(self) -> str:
+        return f"<fake MIG nvmlDevice_t {self._gpu.index}/{self.instance.gpu_instance_id}>"
 
 
 class _EventSet:
@@ -397,6 +426,8 @@ class _State:
     errors: dict[tuple[int, str], _InjectedError] = field(default_factory=dict)
     # Injected hangs, oldest first; see inject_hang.
     hangs: list[Hang] = field(default_factory=list)
+    # One handle per MIG device, by (GPU index, MIG UUID): NVML hands out the same one.
+    mig_handles: dict[tuple[int, str], _MigDeviceHandle] = field(default_factory=dict)
 
 
 _lock = threading.RLock()
@@ -432,6 +463,7 @@ def configure(
         _state.refcount = 0
         _state.calls.clear()
         _state.errors.clear()
+        _state.mig_handles.clear()
         hangs, _state.hangs = _state.hangs, []
     for hang in hangs:
         hang.release()
@@ -537,7 +569,7 @@ def reset_gpu(index: int) -> None:
             raise NVMLError_InvalidArgument()
         gpu = _state.gpus[index]
     with gpu.lock:
-        if gpu.processes:
+        if gpu.processes or any(i.processes for i in gpu.mig.instances):
             raise NVMLError(NVML_ERROR_IN_USE)
         gpu.reset()
 
@@ -564,7 +596,7 @@ def _target_gpu(name: str, args: tuple[Any, ...]) -> int:
     if not args:
         return -1
     first = args[0]
-    if isinstance(first, _DeviceHandle):
+    if isinstance(first, _DeviceHandle | _MigDeviceHandle):
         return first._gpu.index
     if name == "nvmlDeviceGetHandleByIndex" and isinstance(first, int):
         return first
@@ -621,11 +653,12 @@ def _nvml_function(fn: Callable[_P, _R]) -> Callable[_P, _R]:
             _raise_injected(name, args)
             if name not in _NO_INIT and _state.refcount == 0:
                 raise NVMLError_Uninitialized()
-            if args and isinstance(args[0], _DeviceHandle):
+            if args and isinstance(args[0], _DeviceHandle | _MigDeviceHandle):
                 gpu = args[0]._gpu
                 with gpu.lock:
                     if gpu.lost:
                         raise NVMLError_GpuIsLost()
+                    _check_mig_handle(args[0])
                     if name in gpu.profile.unsupported:
                         raise NVMLError_NotSupported()
                     return fn(*args, **kwargs)
@@ -638,6 +671,17 @@ def _gpu(handle: Any) -> SimulatedGpu:
     if not isinstance(handle, _DeviceHandle):
         raise NVMLError_InvalidArgument()
     return handle._gpu
+
+
+def _check_mig_handle(handle: Any) -> None:
+    """A MIG device handle whose instance was destroyed is invalid: ask for it again."""
+    if isinstance(handle, _MigDeviceHandle) and handle.instance not in handle._gpu.mig.instances:
+        raise NVMLError_InvalidArgument()
+
+
+def _mig_instance(handle: Any) -> MigInstance | None:
+    """The MIG instance behind a MIG device handle; None for a GPU's handle."""
+    return handle.instance if isinstance(handle, _MigDeviceHandle) else None
 
 
 # ------------------------------------------------------------------ init, system
@@ -697,11 +741,16 @@ def nvmlDeviceGetIndex(handle: Any) -> int:
 
 @_nvml_function
 def nvmlDeviceGetUUID(handle: Any) -> str:
-    return _gpu(handle).uuid
+    instance = _mig_instance(handle)
+    return instance.uuid if instance is not None else _gpu(handle).uuid
 
 
 @_nvml_function
 def nvmlDeviceGetName(handle: Any) -> str:
+    """A MIG device's name is its GPU's with the profile: ``NVIDIA H100 ... MIG 1g.10gb``."""
+    instance = _mig_instance(handle)
+    if instance is not None:
+        return f"{handle._gpu.profile.name} MIG {instance.profile.name}"
     return _gpu(handle).profile.name
 
 
@@ -741,7 +790,12 @@ def nvmlDeviceGetVbiosVersion(handle: Any) -> str:
 
 @_nvml_function
 def nvmlDeviceGetUtilizationRates(handle: Any) -> _Utilization:
+    """NotSupported on a MIG device and on a GPU in MIG mode, as NVML documents."""
+    if _mig_instance(handle) is not None:
+        raise NVMLError_NotSupported()
     gpu = _gpu(handle)
+    if gpu.mig.enabled:
+        raise NVMLError_NotSupported()
     return _Utilization(
         gpu=round(gpu.utilization * 100), memory=round(gpu.memory_utilization * 100)
     )
@@ -749,9 +803,17 @@ def nvmlDeviceGetUtilizationRates(handle: Any) -> _Utilization:
 
 @_nvml_function
 def nvmlDeviceGetMemoryInfo(handle: Any, version: int | None = None) -> _Memory:
+    """A MIG device's own memory; a GPU in MIG mode: what all its instances use."""
+    instance = _mig_instance(handle)
+    if instance is not None:
+        total = instance.profile.memory_bytes
+        return _Memory(total=total, free=total - instance.memory_used_bytes,
+                       used=instance.memory_used_bytes)
     gpu = _gpu(handle)
     total = gpu.profile.memory_total_bytes
     used = min(total, gpu.memory_used_bytes)
+    if gpu.mig.enabled:
+        used = min(total, sum(i.memory_used_bytes for i in gpu.mig.instances))
     return _Memory(total=total, free=total - used, used=used)
 
 
@@ -1089,14 +1151,100 @@ def nvmlDeviceGetGpuFabricInfoV(device: Any, gpuFabricInfo: Any) -> int:
     return NVML_SUCCESS
 
 
+def _processes(handle: Any) -> list[_ProcessInfo]:
+    """A MIG device's processes, each with its instance ids.
+
+    On a GPU in MIG mode: those of every instance (NVML's aggregate, which needs the
+    privileges the agent has).
+    """
+    instance = _mig_instance(handle)
+    if instance is None and _gpu(handle).mig.enabled:
+        instances = _gpu(handle).mig.instances
+    elif instance is None:
+        return [_ProcessInfo(pid, used) for pid, used in _gpu(handle).processes]
+    else:
+        instances = [instance]
+    return [_ProcessInfo(pid, used, i.gpu_instance_id, i.compute_instance_id)
+            for i in instances for pid, used in i.processes]
+
+
 @_nvml_function
 def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[_ProcessInfo]:
-    return [_ProcessInfo(pid, used) for pid, used in _gpu(handle).processes]
+    return _processes(handle)
 
 
 @_nvml_function
 def nvmlDeviceGetComputeRunningProcesses_v2(handle: Any) -> list[_ProcessInfo]:
-    return [_ProcessInfo(pid, used) for pid, used in _gpu(handle).processes]
+    return _processes(handle)
+
+
+# ------------------------------------------------------------------ MIG
+
+
+@_nvml_function
+def nvmlDeviceGetMigMode(device: Any) -> list[int]:
+    """[current, pending]; NotSupported on a GPU without MIG."""
+    mig = _gpu(device).mig
+    if not mig.supported:
+        raise NVMLError_NotSupported()
+    return [int(mig.enabled), int(mig.pending)]
+
+
+@_nvml_function
+def nvmlDeviceGetMaxMigDeviceCount(device: Any) -> int:
+    """How many MIG devices can exist: 0 where MIG is not supported or not enabled."""
+    return MAX_MIG_DEVICES if _gpu(device).mig.enabled else 0
+
+
+@_nvml_function
+def nvmlDeviceGetMigDeviceHandleByIndex(device: Any, index: int) -> _MigDeviceHandle:
+    """The MIG device in slot ``index``.
+
+    NotFound where the slot is empty, InvalidArgument past the count (0 with MIG off).
+    """
+    gpu = _gpu(device)
+    if not 0 <= index < len(gpu.mig.slots):
+        raise NVMLError_InvalidArgument()
+    instance = gpu.mig.slots[index]
+    if instance is None:
+        raise NVMLError_NotFound()
+    key = (gpu.index, instance.uuid)
+    handle = _state.mig_handles.get(key)
+    if handle is None or handle.instance is not instance:
+        handle = _state.mig_handles[key] = _MigDeviceHandle(gpu, instance)
+    return handle
+
+
+@_nvml_function
+def nvmlDeviceIsMigDeviceHandle(device: Any) -> int:
+    return int(isinstance(device, _MigDeviceHandle))
+
+
+@_nvml_function
+def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(migDevice: Any) -> _DeviceHandle:
+    if not isinstance(migDevice, _MigDeviceHandle):
+        raise NVMLError_InvalidArgument()
+    return _state.handles[migDevice._gpu.index]
+
+
+@_nvml_function
+def nvmlDeviceGetGpuInstanceId(device: Any) -> int:
+    """A MIG device's GPU instance id; NotSupported on a GPU's own handle."""
+    instance = _mig_instance(device)
+    if instance is None:
+        _gpu(device)
+        raise NVMLError_NotSupported()
+    return instance.gpu_instance_id
+
+
+@_nvml_function
+def nvmlDeviceGetComputeInstanceId(device: Any) -> int:
+    """A MIG device's compute instance id; NotSupported on a GPU's own handle."""
+    instance = _mig_instance(device)
+    if instance is None:
+        _gpu(device)
+        raise NVMLError_NotSupported()
+    return instance.compute_instance_id
 
 
 # ------------------------------------------------------------------ GPM
@@ -1130,7 +1278,25 @@ def nvmlGpmSampleGet(device: Any, gpmSample: Any) -> _GpmSample:
     if not isinstance(gpmSample, _GpmSample) or gpmSample.freed:
         raise NVMLError_InvalidArgument()
     gpmSample.device_index = gpu.index
+    gpmSample.gpu_instance_id = None
     gpmSample.snapshot = gpu.gpm_snapshot()
+    return gpmSample
+
+
+@_nvml_function
+def nvmlGpmMigSampleGet(device: Any, gpuInstanceId: int, gpmSample: Any) -> _GpmSample:
+    """A GPM sample of one GPU instance of a GPU in MIG mode (the GPU's own handle)."""
+    gpu = _gpu(device)
+    if not gpu.profile.gpm_supported or not gpu.mig.enabled:
+        raise NVMLError_NotSupported()
+    if not isinstance(gpmSample, _GpmSample) or gpmSample.freed:
+        raise NVMLError_InvalidArgument()
+    instance = next((i for i in gpu.mig.instances if i.gpu_instance_id == gpuInstanceId), None)
+    if instance is None:
+        raise NVMLError_InvalidArgument()
+    gpmSample.device_index = gpu.index
+    gpmSample.gpu_instance_id = gpuInstanceId
+    gpmSample.snapshot = instance.gpm_snapshot()
     return gpmSample
 
 
@@ -1147,7 +1313,8 @@ def nvmlGpmMetricsGet(metricsGet: Any) -> Any:
     for sample in (first, second):
         if not isinstance(sample, _GpmSample) or sample.freed or sample.snapshot is None:
             raise NVMLError_InvalidArgument()
-    if first.device_index != second.device_index:
+    if (first.device_index, first.gpu_instance_id) != (
+            second.device_index, second.gpu_instance_id):
         raise NVMLError_InvalidArgument()
     a, b = first.snapshot, second.snapshot
     span = b.elapsed_seconds - a.elapsed_seconds

@@ -23,6 +23,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sn_monitor.sim.mig import H100_MIG_PROFILES, MigProfile, MigState
+
 GIB = 1024**3
 
 # NVML clocks-event-reason bits (nvml.h, identical for the older "throttle" names).
@@ -58,6 +60,8 @@ class GpuProfile:
     ``nvlink_totals_supported=False`` makes the GPU-wide NVLink error-total field values
     answer NotSupported (as an older driver might), leaving only the per-link counters.
     ``fabric_supported=False``: the GPU fabric calls answer NotSupported (before Hopper).
+    ``mig_profiles``: the MIG instance profiles the GPU can be cut into; none: no MIG
+    (the MIG calls answer NotSupported).
     """
 
     name: str
@@ -90,9 +94,11 @@ class GpuProfile:
     nvlink_totals_supported: bool = True
     fabric_supported: bool = True
     unsupported: frozenset[str] = frozenset()
+    mig_profiles: tuple[MigProfile, ...] = ()
 
 
-H100_SXM = GpuProfile(name="NVIDIA H100 80GB HBM3", memory_total_bytes=80 * GIB)
+H100_SXM = GpuProfile(name="NVIDIA H100 80GB HBM3", memory_total_bytes=80 * GIB,
+                      mig_profiles=H100_MIG_PROFILES)
 
 H200_SXM = GpuProfile(
     name="NVIDIA H200",
@@ -264,6 +270,8 @@ class SimulatedGpu:
         self.processes: list[tuple[int, int]] = []
         self.fail_slow = FailSlowState()
         self._counters = _Counters()
+        #: MIG mode and instances (:mod:`sn_monitor.sim.mig`); off until enabled.
+        self.mig = MigState(profile.mig_profiles, self.uuid)
 
     # ---------------------------------------------------------------- derived values
 
@@ -361,6 +369,7 @@ class SimulatedGpu:
         c.pcie_tx_bytes += self.pcie_tx_bytes_per_second * dt_seconds
         self._advance_nvlinks(dt_seconds)
         self._advance_nvlink_errors(dt_seconds)
+        self.mig.advance(dt_seconds)
         if self.temperature_celsius >= p.shutdown_celsius:
             # The driver's thermal shutdown: the GPU drops off the bus.
             self._fall_off_bus()

@@ -86,22 +86,38 @@ class NvmlCollector:
     def _with_containers(
         self, gpus: tuple[GpuSample, ...], procfs: Path
     ) -> tuple[GpuSample, ...]:
-        """Each GPU process with its container and pod, from ``<procfs>/<pid>/cgroup``."""
+        """Each process of a GPU or MIG device with its container and pod (cgroup)."""
         known, self._containers = self._containers, {}
         out: list[GpuSample] = []
         for gpu in gpus:
-            if not gpu.processes:
+            if not gpu.processes and not gpu.mig_instances:
                 out.append(gpu)
                 continue
-            processes: list[GpuProcess] = []
-            for process in gpu.processes:
-                identity = self._containers.get(process.pid) or known.get(process.pid)
-                if identity is None:
-                    identity = container_of(procfs, process.pid)
-                self._containers[process.pid] = identity
-                processes.append(replace(process, container_id=identity.container_id,
-                                         pod_uid=identity.pod_uid))
-            out.append(replace(gpu, processes=tuple(processes)))
+            instances = tuple(
+                replace(mig, processes=self._identified(mig.processes, known, procfs))
+                for mig in gpu.mig_instances
+            )
+            out.append(replace(gpu, processes=self._identified(gpu.processes, known, procfs),
+                               mig_instances=instances))
+        return tuple(out)
+
+    def _identified(
+        self,
+        processes: tuple[GpuProcess, ...] | None,
+        known: dict[int, CgroupIdentity],
+        procfs: Path,
+    ) -> tuple[GpuProcess, ...] | None:
+        """``processes`` with their containers: read once a pid (``known``: last cycle's)."""
+        if not processes:
+            return processes
+        out: list[GpuProcess] = []
+        for process in processes:
+            identity = self._containers.get(process.pid) or known.get(process.pid)
+            if identity is None:
+                identity = container_of(procfs, process.pid)
+            self._containers[process.pid] = identity
+            out.append(replace(process, container_id=identity.container_id,
+                               pod_uid=identity.pod_uid))
         return tuple(out)
 
     def close(self) -> None:

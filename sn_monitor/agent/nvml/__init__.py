@@ -26,6 +26,9 @@ module passed in: the real ``pynvml`` (:func:`load_pynvml`) or
 * XID events from an NVML event set, drained without blocking on every collect.
 * The NVLink fabric's registration and the compute processes on each GPU, every cycle:
   one call each per GPU.
+* MIG: the mode of each GPU and, while it is on, its MIG devices (UUID, GPU and compute
+  instance ids, profile, memory, processes, GPM activity per GPU instance). A mode
+  change probes the GPU's absent capabilities again.
 
 Its modules, each owning one part (a module imports only those listed before it):
 
@@ -38,6 +41,8 @@ Its modules, each owning one part (a module imports only those listed before it)
 * :mod:`.nvlink`: counting a GPU's NVLinks, their state and counters, the link topology.
 * :mod:`.gpm`: DRAM bandwidth and PCIe throughput (GPM, else the throttled blocking read).
 * :mod:`.fabric`: the NVLink fabric registration.
+* :mod:`.processes`: the compute processes on a GPU or a MIG device.
+* :mod:`.mig`: the MIG mode, the MIG devices and what each holds.
 * :mod:`.events`: the XID event set, its registrations and its drain.
 * :mod:`.sampling`: one GPU's :class:`~sn_monitor.agent.snapshot.GpuSample` a cycle.
 * :mod:`.library`: :class:`NvmlLibrary`, the face and the life cycle.

@@ -38,6 +38,13 @@ class Device:
     events_registered: bool = False
     lost: bool = False
     last_sample: GpuSample | None = None
+    #: MIG mode as last read (None: not read yet, or no MIG); a change re-probes.
+    mig_mode: bool | None = None
+    #: The MIG devices under this GPU by slot (``nvmlDeviceGetMigDeviceHandleByIndex``),
+    #: each a :class:`Device` of its own (its handle, what it lacks, its static values).
+    mig_devices: dict[int, Device] = field(default_factory=dict)
+    #: Per GPU instance id, the GPM sample kept from the last cycle.
+    mig_gpm_previous: dict[int, Any] = field(default_factory=dict)
 
     def forget_nvlinks(self) -> None:
         """The next cycle reads every link again (after a loss, or on XID 74)."""
@@ -45,6 +52,10 @@ class Device:
         self.nvlink_read_at = None
         self.nvlink_totals = None
         self.nvlink_settled = False
+
+    def forget_mig_devices(self) -> None:
+        """The next cycle asks for every MIG device handle again (a loss, a mode change)."""
+        self.mig_devices.clear()
 
 
 def handle_key(handle: Any) -> object:

@@ -14,6 +14,7 @@ from sn_monitor.errors import SnMonitorError
 NOT_SUPPORTED = 3
 NO_PERMISSION = 4
 INVALID_ARGUMENT = 2
+NOT_FOUND = 6  # e.g. no MIG device in that slot: an answer, not an error
 DRIVER_NOT_LOADED = 9
 TIMEOUT = 10
 LIBRARY_NOT_FOUND = 12

@@ -3,7 +3,9 @@
 No blocking reads in the cycle: GPM (``nvmlGpmMetricsGet`` between two samples) does not
 block, so PCIe throughput comes from it where the GPU has GPM and its PCIe metrics; else
 from the blocking ``nvmlDeviceGetPcieThroughput`` at most every
-``pcie_throughput_interval`` seconds (see :meth:`GpmMetrics.pcie_throughput`). Imports
+``pcie_throughput_interval`` seconds (see :meth:`GpmMetrics.pcie_throughput`). A GPU in
+MIG mode is also sampled per GPU instance (``nvmlGpmMigSampleGet``): each instance's SM
+and DRAM activity (:meth:`GpmMetrics.mig_activity`). Imports
 :mod:`.calls`, :mod:`.device`, :mod:`.errors` and :mod:`.units`.
 """
 
@@ -26,6 +28,7 @@ PCIE_THROUGHPUT_INTERVAL_SECONDS = 10.0
 # GPM's PCIe metric ids are nvml.h's, used when older bindings lack the names.
 _GPM_PCIE_TX_PER_SEC = 20
 _GPM_PCIE_RX_PER_SEC = 21
+_GPM_SM_UTIL = 2
 
 
 @dataclass(slots=True)
@@ -131,11 +134,63 @@ class GpmMetrics:
         )
         return device.pcie_throughput
 
+    def mig_activity(
+        self, device: Device, gpu_instance_id: int
+    ) -> tuple[float | None, float | None]:
+        """One GPU instance's SM and DRAM bandwidth utilization (0..1) since the last cycle.
+
+        From two ``nvmlGpmMigSampleGet`` samples of the instance on the parent GPU, one
+        kept from the last cycle; nothing on a GPU without GPM, on the first cycle that
+        sees the instance, or for a metric the driver does not give.
+        """
+        if not device.gpm_supported or "gpm_mig" in device.absent:
+            return None, None
+        nvml = self._calls.nvml
+        if getattr(nvml, "nvmlGpmMigSampleGet", None) is None:
+            self._calls.function_missing("nvmlGpmMigSampleGet")
+            device.absent.add("gpm_mig")
+            return None, None
+        try:
+            current = nvml.nvmlGpmSampleAlloc()
+        except nvml.NVMLError as error:
+            self._calls.classify(device, "gpm_mig", "nvmlGpmSampleAlloc", error)
+            return None, None
+        try:
+            nvml.nvmlGpmMigSampleGet(device.handle, gpu_instance_id, current)
+        except nvml.NVMLError as error:
+            self._free_sample(device, current)
+            self._calls.classify(device, "gpm_mig", "nvmlGpmMigSampleGet", error)
+            return None, None
+        previous = device.mig_gpm_previous.get(gpu_instance_id)
+        device.mig_gpm_previous[gpu_instance_id] = current
+        if previous is None:
+            return None, None
+        sm = int(getattr(nvml, "NVML_GPM_METRIC_SM_UTIL", _GPM_SM_UTIL))
+        dram = int(nvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
+        try:
+            results = self._metrics_get(previous, current, (sm, dram))
+        except nvml.NVMLError as error:
+            self._calls.classify(device, "gpm_mig", "nvmlGpmMetricsGet", error)
+            return None, None
+        finally:
+            self._free_sample(device, previous)
+        (sm_code, sm_value), (dram_code, dram_value) = results
+        return (
+            clamp_ratio(sm_value / 100.0) if sm_code == SUCCESS else None,
+            clamp_ratio(dram_value / 100.0) if dram_code == SUCCESS else None,
+        )
+
+    def keep_mig(self, device: Device, gpu_instance_ids: set[int]) -> None:
+        """Free the kept samples of GPU instances that are gone."""
+        for gpu_instance_id in set(device.mig_gpm_previous) - gpu_instance_ids:
+            self._free_sample(device, device.mig_gpm_previous.pop(gpu_instance_id))
+
     def forget(self, device: Device) -> None:
-        """Free the device's kept GPM sample and forget its PCIe reads (a loss, a close)."""
+        """Free the device's kept GPM samples and forget its PCIe reads (a loss, a close)."""
         if device.gpm_previous is not None:
             self._free_sample(device, device.gpm_previous)
             device.gpm_previous = None
+        self.keep_mig(device, set())
         device.pcie_read_at = None
         device.pcie_throughput = (None, None)
 

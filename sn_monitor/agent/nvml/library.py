@@ -30,6 +30,7 @@ from sn_monitor.agent.nvml.errors import (
 )
 from sn_monitor.agent.nvml.events import XidEvents
 from sn_monitor.agent.nvml.gpm import PCIE_THROUGHPUT_INTERVAL_SECONDS, GpmMetrics
+from sn_monitor.agent.nvml.mig import MigDevices
 from sn_monitor.agent.nvml.nvlink import NVLINK_LINK_INTERVAL_SECONDS, NvLinks
 from sn_monitor.agent.nvml.sampling import GpuSampler, identity_fields
 from sn_monitor.agent.nvml.units import text
@@ -76,7 +77,9 @@ class NvmlLibrary:
         self._calls = DriverCalls(module)
         self._nvlinks = NvLinks(self._calls, self._clock, float(nvlink_link_interval))
         self._gpm = GpmMetrics(self._calls, self._clock, float(pcie_throughput_interval))
-        self._sampler = GpuSampler(self._calls, self._nvlinks, self._gpm)
+        self._sampler = GpuSampler(
+            self._calls, self._nvlinks, self._gpm, MigDevices(self._calls, self._gpm)
+        )
         self._events = XidEvents(self._calls, self._clock)
         self._lock = threading.RLock()
         self._initialized = False
@@ -313,6 +316,7 @@ class NvmlLibrary:
         sample = GpuSample(**identity_fields(device, self._driver_version), lost=True)
         self._gpm.forget(device)
         device.forget_nvlinks()
+        device.forget_mig_devices()
         device.events_registered = False
         if device.lost:
             return sample, None

@@ -4,9 +4,10 @@
 the first fault ending the read (:class:`~sn_monitor.agent.nvml.errors.DeviceFault`). The
 HBM temperature and the GPU-wide NVLink totals and data come from one batched
 ``nvmlDeviceGetFieldValues``; the compute processes on the GPU are read every cycle. The
-driver calls are made in one fixed order (a fault names the first call that failed).
-Imports :mod:`.calls`, :mod:`.device`, :mod:`.errors`, :mod:`.fabric`, :mod:`.gpm`,
-:mod:`.nvlink` and :mod:`.units`.
+driver calls are made in one fixed order (a fault names the first call that failed),
+the MIG mode first: a mode changed since the last cycle probes every field again (see
+:mod:`.mig`). Imports :mod:`.calls`, :mod:`.device`, :mod:`.errors`, :mod:`.fabric`,
+:mod:`.gpm`, :mod:`.mig`, :mod:`.nvlink`, :mod:`.processes` and :mod:`.units`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from sn_monitor.agent.nvml.device import Device
 from sn_monitor.agent.nvml.errors import SUCCESS
 from sn_monitor.agent.nvml.fabric import read_fabric
 from sn_monitor.agent.nvml.gpm import GpmMetrics
+from sn_monitor.agent.nvml.mig import MigDevices
 from sn_monitor.agent.nvml.nvlink import NvLinks, nvlink_field_ids, nvlink_totals
+from sn_monitor.agent.nvml.processes import read_processes
 from sn_monitor.agent.nvml.units import (
     field_value,
     integer,
@@ -28,7 +31,7 @@ from sn_monitor.agent.nvml.units import (
     percent,
     real,
 )
-from sn_monitor.agent.snapshot import GpuProcess, GpuSample
+from sn_monitor.agent.snapshot import GpuSample
 
 # Clocks-event ("throttle") reason bits, identical under both NVML function names.
 THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
@@ -42,13 +45,6 @@ THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
     ("hw_power_brake_slowdown", 0x80),
     ("display_clock_setting", 0x100),
 )
-# The running-process calls, newest first: pynvml's plain name calls the _v3 symbol,
-# which drivers before r510 lack.
-_PROCESS_FUNCTIONS = (
-    "nvmlDeviceGetComputeRunningProcesses",
-    "nvmlDeviceGetComputeRunningProcesses_v2",
-)
-
 #: A group of :class:`GpuSample` fields, by keyword.
 SampleFields = dict[str, Any]
 
@@ -67,17 +63,20 @@ def identity_fields(device: Device, driver_version: str | None) -> SampleFields:
 
 
 class GpuSampler:
-    """Reads a device's fields through ``calls``; NVLinks and GPM through their readers."""
+    """Reads a device's fields through ``calls``; NVLinks, GPM, MIG through their readers."""
 
-    def __init__(self, calls: DriverCalls, nvlinks: NvLinks, gpm: GpmMetrics) -> None:
+    def __init__(self, calls: DriverCalls, nvlinks: NvLinks, gpm: GpmMetrics,
+                 mig: MigDevices) -> None:
         self._calls = calls
         self._nvlinks = nvlinks
         self._gpm = gpm
+        self._mig = mig
         self._reasons_function: str | None = "nvmlDeviceGetCurrentClocksEventReasons"
 
     def read(self, device: Device, driver_version: str | None) -> GpuSample:
         """One full read; raises :class:`DeviceFault` on the first fault."""
         call = self._calls.call
+        mig_mode, mig_pending = self._mig.mode(device)
         if device.nvlink_count is None:
             device.nvlink_count = self._nvlinks.probe(device)  # None: probe again next cycle
         fields = self._field_values(device)
@@ -113,9 +112,12 @@ class GpuSampler:
             fabric_status=fabric.status if fabric is not None else None,
             fabric_clique_id=fabric.clique_id if fabric is not None else None,
             fabric_cluster_uuid=fabric.cluster_uuid if fabric is not None else None,
-            processes=self._processes(device),
+            processes=read_processes(self._calls, device),
             nvlink_transmitted_bytes_total=kib_total(fields.get("nvlink_transmitted_kib")),
             nvlink_received_bytes_total=kib_total(fields.get("nvlink_received_kib")),
+            mig_mode=mig_mode,
+            mig_mode_pending=mig_pending,
+            mig_instances=self._mig.instances(device),
         )
 
     # ------------------------------------------------------------ field groups
@@ -295,27 +297,3 @@ class GpuSampler:
         if generation is None:
             generation = static(device, "pcie_gen_max_slot", "nvmlDeviceGetMaxPcieLinkGeneration")
         return integer(generation)
-
-    def _processes(self, device: Device) -> tuple[GpuProcess, ...] | None:
-        """The compute processes on the GPU: pid and memory (container ids come later).
-
-        :class:`~sn_monitor.agent.collectors.gpu.NvmlCollector` adds the container of
-        each from /proc; NVML knows pids only.
-        """
-        for function in _PROCESS_FUNCTIONS:
-            if self._calls.is_missing(function):
-                continue
-            found = self._calls.call(device, "processes", function)
-            if found is not None:
-                return tuple(
-                    GpuProcess(
-                        pid=int(p.pid),
-                        used_memory_bytes=(
-                            None if p.usedGpuMemory is None else int(p.usedGpuMemory)
-                        ),
-                    )
-                    for p in found
-                )
-            if not self._calls.is_missing(function):
-                return None
-        return None
