@@ -10,45 +10,45 @@ replaces it. The names are facts listed in ``tests/fixtures/dcgm/``; this module
 formats (no state, nothing read).
 
 Labels on every GPU series, as dcgm-exporter writes them: ``gpu`` (the NVML index),
-``UUID``, ``pci_bus_id``, ``device`` (``nvidia<index>``), ``modelName``, ``Hostname``
-(the agent's node name; dcgm-exporter's main branch renames it ``hostname`` after
-4.5.3-4.8.2), ``DCGM_FI_DRIVER_VERSION`` (a label, as the counters file declares it);
-``err_code`` and ``err_msg`` on ``DCGM_FI_DEV_XID_ERRORS``. ``pod``, ``namespace``,
-``container`` and ``hpc_job`` come from the ``workloads`` hook
-(:data:`WorkloadLabels`) when attribution knows the GPU's workload: one series per
-workload on a shared GPU, as dcgm-exporter does, and none of those labels when nothing
-is known.
+``UUID``, ``pci_bus_id`` (NVML's form, ``00000000:1B:00.0``), ``device``
+(``nvidia<index>``), ``modelName``, ``Hostname`` (the agent's node name; dcgm-exporter's
+main branch renames it ``hostname`` after 4.5.3-4.8.2), ``DCGM_FI_DRIVER_VERSION`` (a
+label, as the counters file declares it); ``err_code`` and ``err_msg`` on
+``DCGM_FI_DEV_XID_ERRORS``. ``pod``, ``namespace``, ``container`` and ``hpc_job`` come
+from the ``workloads`` hook (:data:`WorkloadLabels`) when attribution knows the GPU's
+workload: one series per workload on a shared GPU, as dcgm-exporter does, and none of
+those labels when nothing is known.
 
 Units are dcgm-exporter's, not base units: MiB, MHz, mJ, percent for ``DCGM_FI_DEV_*``
 utilisations, ratios for ``DCGM_FI_PROF_*``. Its counters are named without ``_total``.
 
 Served, and from which snapshot field:
 
-===================================== ==========================================================
-DCGM_FI_DEV_SM_CLOCK                  ``sm_clock_hertz`` / 1e6 (MHz)
-DCGM_FI_DEV_MEM_CLOCK                 ``memory_clock_hertz`` / 1e6 (MHz)
-DCGM_FI_DEV_GPU_TEMP                  ``temperature_celsius``
-DCGM_FI_DEV_MEMORY_TEMP               ``memory_temperature_celsius``
-DCGM_FI_DEV_POWER_USAGE               ``power_watts``
-DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION  ``energy_joules_total`` x 1000 (mJ, counter)
-DCGM_FI_DEV_PCIE_REPLAY_COUNTER       ``pcie_replays_total`` (counter)
-DCGM_FI_DEV_GPU_UTIL                  ``utilization_ratio`` x 100 (%)
-DCGM_FI_DEV_MEM_COPY_UTIL             ``memory_utilization_ratio`` x 100 (%)
-DCGM_FI_DEV_XID_ERRORS                the GPU's latest XID code (``NodeSnapshot.last_xids``), 0
-                                      before any
-DCGM_FI_DEV_FB_FREE                   (``memory_total_bytes`` - ``memory_used_bytes``) in MiB
-DCGM_FI_DEV_FB_USED                   ``memory_used_bytes`` in MiB
-DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS ``remapped_rows_uncorrectable`` (counter)
-DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS ``remapped_rows_correctable`` (counter)
-DCGM_FI_DEV_ROW_REMAP_FAILURE         ``row_remap_failed`` (0 / 1)
-DCGM_FI_PROF_GR_ENGINE_ACTIVE         ``utilization_ratio`` (NVML's kernel-busy share: the
-                                      same engine, measured coarser than DCGM's profiler)
-DCGM_FI_PROF_PIPE_TENSOR_ACTIVE       ``tensor_active_ratio`` (GPM ANY_TENSOR_UTIL, Hopper+)
-DCGM_FI_PROF_DRAM_ACTIVE              ``memory_bandwidth_utilization_ratio`` (GPM DRAM_BW_UTIL
-                                      on Hopper+, NVML utilization.memory before)
-DCGM_FI_PROF_PCIE_TX_BYTES            ``pcie_transmit_bytes_per_second``
-DCGM_FI_PROF_PCIE_RX_BYTES            ``pcie_receive_bytes_per_second``
-===================================== ==========================================================
+======================================== ==========================================================
+DCGM_FI_DEV_SM_CLOCK                     ``sm_clock_hertz`` / 1e6 (MHz)
+DCGM_FI_DEV_MEM_CLOCK                    ``memory_clock_hertz`` / 1e6 (MHz)
+DCGM_FI_DEV_GPU_TEMP                     ``temperature_celsius``
+DCGM_FI_DEV_MEMORY_TEMP                  ``memory_temperature_celsius``
+DCGM_FI_DEV_POWER_USAGE                  ``power_watts``
+DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION     ``energy_joules_total`` x 1000 (mJ, counter)
+DCGM_FI_DEV_PCIE_REPLAY_COUNTER          ``pcie_replays_total`` (counter)
+DCGM_FI_DEV_GPU_UTIL                     ``utilization_ratio`` x 100 (%)
+DCGM_FI_DEV_MEM_COPY_UTIL                ``memory_utilization_ratio`` x 100 (%)
+DCGM_FI_DEV_XID_ERRORS                   the GPU's latest XID code (``NodeSnapshot.last_xids``), 0
+                                         before any
+DCGM_FI_DEV_FB_FREE                      (``memory_total_bytes`` - ``memory_used_bytes``) in MiB
+DCGM_FI_DEV_FB_USED                      ``memory_used_bytes`` in MiB
+DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS  ``remapped_rows_uncorrectable`` (counter)
+DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS    ``remapped_rows_correctable`` (counter)
+DCGM_FI_DEV_ROW_REMAP_FAILURE            ``row_remap_failed`` (0 / 1)
+DCGM_FI_PROF_GR_ENGINE_ACTIVE            ``utilization_ratio`` (NVML's kernel-busy share: the same
+                                         engine, measured coarser than DCGM's profiler)
+DCGM_FI_PROF_PIPE_TENSOR_ACTIVE          ``tensor_active_ratio`` (GPM ANY_TENSOR_UTIL, Hopper+)
+DCGM_FI_PROF_DRAM_ACTIVE                 ``memory_bandwidth_utilization_ratio`` (GPM DRAM_BW_UTIL
+                                         on Hopper+, NVML utilization.memory before)
+DCGM_FI_PROF_PCIE_TX_BYTES               ``pcie_transmit_bytes_per_second``
+DCGM_FI_PROF_PCIE_RX_BYTES               ``pcie_receive_bytes_per_second``
+======================================== ==========================================================
 
 Not served, and why (a field whose snapshot value is None on a GPU is left out for that
 GPU, never written as NaN):
@@ -77,6 +77,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from sn_monitor.agent.exposition import Family, FamilySource, FamilyType
+from sn_monitor.agent.pci import canonical_bus_id
 from sn_monitor.agent.settings import Exposition
 from sn_monitor.agent.snapshot import GpuSample, NodeSnapshot
 from sn_monitor.rules.xid_catalog import load_catalog
@@ -208,6 +209,15 @@ def catalogue_name(code: int) -> str:
     return "Unknown Error" if entry is None else entry.name
 
 
+def dcgm_bus_id(text: str) -> str:
+    """A PCI address as DCGM writes it (NVML's ``busId``: 8-digit domain, upper-case hex)."""
+    canonical = canonical_bus_id(text)
+    if canonical is None:
+        return text
+    domain, bus, rest = canonical.split(":")
+    return f"{int(domain, 16):08X}:{bus.upper()}:{rest.upper()}"
+
+
 def served_families(mode: Exposition, native: FamilySource, dcgm: FamilySource) -> FamilySource:
     """The families /metrics serves for ``exposition: mode`` (see its setting)."""
     if mode == "sn":
@@ -234,6 +244,7 @@ class DcgmCollector:
         self._workloads = workloads
 
     def families(self) -> Iterator[Family]:
+        """The served families of the latest snapshot; none before the first."""
         snapshot = self._source()
         if snapshot is None or not snapshot.gpus:
             return
@@ -264,8 +275,8 @@ class DcgmCollector:
 
     def _values(self, gpu: GpuSample, labels: Mapping[str, str],
                 extra: Sequence[str]) -> list[str]:
-        return [str(gpu.index), gpu.uuid, gpu.pci_bus_id, f"nvidia{gpu.index}", gpu.name,
-                self._hostname, gpu.driver_version or "",
+        return [str(gpu.index), gpu.uuid, dcgm_bus_id(gpu.pci_bus_id), f"nvidia{gpu.index}",
+                gpu.name, self._hostname, gpu.driver_version or "",
                 *(labels.get(name, "") for name in extra)]
 
     def _xids(self, snapshot: NodeSnapshot, rows: Sequence[tuple[GpuSample, Mapping[str, str]]],

@@ -26,6 +26,7 @@ from sn_monitor.agent.exposition_dcgm import (
     MIB,
     DcgmCollector,
     catalogue_name,
+    dcgm_bus_id,
     served_families,
 )
 from sn_monitor.agent.sampler import Sampler
@@ -107,7 +108,7 @@ def test_every_series_carries_dcgm_exporters_labels(snapshot):
             assert sample.labels["UUID"] == gpu.uuid
             assert sample.labels["device"] == f"nvidia{gpu.index}"
             assert sample.labels["modelName"] == gpu.name
-            assert sample.labels["pci_bus_id"] == gpu.pci_bus_id
+            assert sample.labels["pci_bus_id"] == dcgm_bus_id(gpu.pci_bus_id)
             assert sample.labels["Hostname"] == "node-a"
             assert sample.labels["DCGM_FI_DRIVER_VERSION"] == gpu.driver_version
 
@@ -165,6 +166,15 @@ def test_a_missing_value_leaves_the_gpu_out_and_a_lost_gpu_has_no_series(snapsho
     assert "1" in by_gpu(families["DCGM_FI_DEV_GPU_TEMP"])
     for family in families.values():
         assert "2" not in by_gpu(family), family.name
+
+
+@pytest.mark.parametrize(("ours", "dcgm"), [
+    ("0000:1b:00.0", "00000000:1B:00.0"),
+    ("00000000:db:00.0", "00000000:DB:00.0"),
+    ("not a bus", "not a bus"),
+])
+def test_pci_addresses_are_written_as_nvml_writes_them(ours: str, dcgm: str):
+    assert dcgm_bus_id(ours) == dcgm
 
 
 def test_nothing_before_the_first_snapshot():
