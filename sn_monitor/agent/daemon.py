@@ -34,6 +34,7 @@ from sn_monitor.agent.commands import CommandExecutor, Remedies
 from sn_monitor.agent.counter_memory import CounterMemory
 from sn_monitor.agent.exporter import AgentStatus, SnapshotCollector
 from sn_monitor.agent.exposition import ExpositionCache
+from sn_monitor.agent.exposition_dcgm import DcgmCollector, served_families
 from sn_monitor.agent.guard import ThermalGuard
 from sn_monitor.agent.node_labels import NodeLabelLoop, NodeReader, build_node_label_loop
 from sn_monitor.agent.nvml import NvmlError, NvmlLibrary
@@ -186,7 +187,10 @@ class Agent:
                                deadlines=settings.collectors.deadlines(), time_scale=time_scale)
         self.protection = protection
         self.exporter = SnapshotCollector(lambda: self.sampler.latest, self.status)
-        self.exposition = ExpositionCache(self.exporter.families, lambda: self.sampler.latest)
+        self.dcgm = DcgmCollector(lambda: self.sampler.latest, settings.node)
+        self.exposition = ExpositionCache(
+            served_families(settings.exposition, self.exporter.families, self.dcgm.families),
+            lambda: self.sampler.latest)
         self._before = before_sample
         self._after = list(after_sample)
         self._last_tick: float | None = None

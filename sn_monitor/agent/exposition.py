@@ -35,16 +35,20 @@ MAX_CACHED_SERIES: Final = 50_000
 class Family:
     """One metric family: its samples are (label values, value), in the order added.
 
-    A counter is named without ``_total`` (the text adds it), as in client_python.
+    A counter is named without ``_total`` (the text adds it), as in client_python;
+    ``total_suffix=False`` writes it as named, for names fixed elsewhere (dcgm-exporter's
+    counters; :func:`to_metric` keeps client_python's naming).
     """
 
-    __slots__ = ("documentation", "labelnames", "name", "samples", "type")
+    __slots__ = ("documentation", "labelnames", "name", "samples", "total_suffix", "type")
 
     def __init__(self, name: str, documentation: str, kind: FamilyType,
-                 labels: Sequence[str] = (), value: float | None = None) -> None:
+                 labels: Sequence[str] = (), value: float | None = None, *,
+                 total_suffix: bool = True) -> None:
         self.name = name
         self.documentation = documentation
         self.type: FamilyType = kind
+        self.total_suffix = total_suffix
         self.labelnames = tuple(labels)
         self.samples: list[tuple[tuple[str, ...], float]] = []
         if value is not None:
@@ -131,7 +135,8 @@ class TextRenderer:
         out: list[str] = []
         append = out.append
         for family in families:
-            sample_name = family.name + "_total" if family.type == "counter" else family.name
+            suffixed = family.type == "counter" and family.total_suffix
+            sample_name = family.name + "_total" if suffixed else family.name
             header = self._headers.get((sample_name, family.type, family.documentation))
             if header is None:
                 header = (f"# HELP {sample_name} {_escape_help(family.documentation)}\n"

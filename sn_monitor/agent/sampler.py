@@ -76,6 +76,7 @@ class XidLedger:
         self._watched = frozenset(gpu_fatal_codes() if watched is None else watched)
         self._recent: deque[_Seen] = deque()
         self._counts: dict[tuple[int | None, int], int] = {}
+        self._last: dict[int, int] = {}
 
     def admit(self, events: Iterable[Event]) -> list[Event]:
         """Return the events that are new (duplicates dropped) and count their XIDs."""
@@ -106,6 +107,8 @@ class XidLedger:
             self._recent.append(_Seen(now, event.gpu, event.code, event.source))
             key = (event.gpu, event.code)
             self._counts[key] = self._counts.get(key, 0) + 1
+            if event.gpu is not None:
+                self._last[event.gpu] = event.code
             kept.append(event)
         return kept
 
@@ -122,6 +125,10 @@ class XidLedger:
                      uuid="" if gpu is None else uuids.get(gpu, ""))
             for gpu, code in sorted(keys, key=lambda key: (key[0] is None, key[0] or 0, key[1]))
         )
+
+    def last(self) -> tuple[tuple[int, int], ...]:
+        """(GPU index, code of its latest counted XID), by GPU index."""
+        return tuple(sorted(self._last.items()))
 
 
 def map_events_to_gpus(events: Sequence[Event], gpus: Sequence[GpuSample]) -> list[Event]:
@@ -258,6 +265,7 @@ class Sampler:
             processes=next((p.processes for p in parts if p.processes is not None), None),
             events=admitted,
             xid_counts=self._ledger.counts(self._known_gpus),
+            last_xids=self._ledger.last(),
             event_counts=tuple(sorted(self._event_counts.items())),
             collectors=tuple(statuses),
         )

@@ -337,6 +337,13 @@ def default_node_name() -> str:
     return os.environ.get("NODE_NAME", "").strip() or socket.gethostname()
 
 
+#: What /metrics serves: ``sn``, the agent's own ``sn_*`` families; ``dcgm``, those and
+#: dcgm-exporter's ``DCGM_FI_*`` families (:mod:`sn_monitor.agent.exposition_dcgm`), for
+#: a node where the agent replaces dcgm-exporter; ``dcgm-only``, dcgm-exporter's alone
+#: (sn-monitor's own dashboards and alert rules then see nothing of the node).
+Exposition = Literal["sn", "dcgm", "dcgm-only"]
+
+
 @dataclass(frozen=True)
 class AgentSettings:
     """Everything ``sn-monitor agent`` reads from deploy/agent.yaml."""
@@ -346,6 +353,7 @@ class AgentSettings:
     labels_from_node: NodeLabelSettings = field(default_factory=NodeLabelSettings)
     interval: Duration = setting(default=Duration(1.0), check=positive)
     listen: str = setting(default="0.0.0.0:9847", check=listen_address)
+    exposition: Exposition = "sn"
     controller: ControllerSettings = field(default_factory=ControllerSettings)
     state_dir: str = "/var/lib/sn-monitor"
     paths: PathSettings = field(default_factory=PathSettings)

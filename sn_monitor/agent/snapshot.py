@@ -105,6 +105,8 @@ class GpuSample:
     utilization_ratio: float | None = None
     memory_utilization_ratio: float | None = None
     memory_bandwidth_utilization_ratio: float | None = None
+    #: Share of time the SMs ran tensor operations (GPM ANY_TENSOR_UTIL, Hopper+).
+    tensor_active_ratio: float | None = None
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
     temperature_celsius: float | None = None
@@ -296,5 +298,7 @@ class NodeSnapshot:
     processes: ProcessesSample | None = None
     events: tuple[Event, ...] = ()
     xid_counts: tuple[XidCount, ...] = ()
+    #: (GPU index, code of its latest XID) for each GPU with an XID since the agent started.
+    last_xids: tuple[tuple[int, int], ...] = ()
     event_counts: tuple[tuple[str, int], ...] = ()
     collectors: tuple[CollectorStatus, ...] = field(default=())

@@ -138,6 +138,7 @@ NVML_NVLINK_ERROR_DL_CRC_DATA: int = pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA
 NVML_NVLINK_ERROR_DL_ECC_DATA: int = pynvml.NVML_NVLINK_ERROR_DL_ECC_DATA
 NVML_GPM_METRIC_SM_UTIL: int = pynvml.NVML_GPM_METRIC_SM_UTIL
 NVML_GPM_METRIC_DRAM_BW_UTIL: int = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+NVML_GPM_METRIC_ANY_TENSOR_UTIL: int = pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL
 NVML_GPM_METRIC_PCIE_TX_PER_SEC: int = pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC
 NVML_GPM_METRIC_PCIE_RX_PER_SEC: int = pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC
 NVML_GPM_METRIC_MAX: int = pynvml.NVML_GPM_METRIC_MAX
@@ -1304,8 +1305,8 @@ def nvmlGpmMigSampleGet(device: Any, gpuInstanceId: int, gpmSample: Any) -> _Gpm
 def nvmlGpmMetricsGet(metricsGet: Any) -> Any:
     """Fill ``metrics[i]`` for the simulated metrics between two samples, averaged over them.
 
-    SM_UTIL and DRAM_BW_UTIL in percent, PCIE_RX_PER_SEC and PCIE_TX_PER_SEC in MiB/s;
-    any other id answers NotSupported in its own ``nvmlReturn``.
+    SM_UTIL, ANY_TENSOR_UTIL and DRAM_BW_UTIL in percent, PCIE_RX_PER_SEC and
+    PCIE_TX_PER_SEC in MiB/s; any other id answers NotSupported in its own ``nvmlReturn``.
     """
     if metricsGet.version != NVML_GPM_METRICS_GET_VERSION:
         raise NVMLError_ArgumentVersionMismatch()
@@ -1323,6 +1324,8 @@ def nvmlGpmMetricsGet(metricsGet: Any) -> Any:
             total, scale = b.dram_active_seconds - a.dram_active_seconds, 100.0
         elif metric.metricId == NVML_GPM_METRIC_SM_UTIL:
             total, scale = b.sm_active_seconds - a.sm_active_seconds, 100.0
+        elif metric.metricId == NVML_GPM_METRIC_ANY_TENSOR_UTIL:
+            total, scale = b.tensor_active_seconds - a.tensor_active_seconds, 100.0
         elif metric.metricId == NVML_GPM_METRIC_PCIE_RX_PER_SEC:
             total, scale = b.pcie_rx_bytes - a.pcie_rx_bytes, 1.0 / _MIB
         elif metric.metricId == NVML_GPM_METRIC_PCIE_TX_PER_SEC:

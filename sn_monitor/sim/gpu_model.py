@@ -181,6 +181,10 @@ class FailSlowState:
     neighbour_share: float = 0.0
 
 
+#: Share of the SMs' busy time the simulated tensor pipes are busy (GPM ANY_TENSOR_UTIL).
+TENSOR_SHARE = 0.6
+
+
 @dataclass(slots=True)
 class _Counters:
     """Integrals since power-on, for GPM-style "between two samples" metrics."""
@@ -190,6 +194,7 @@ class _Counters:
     dram_active_seconds: float = 0.0
     pcie_rx_bytes: float = 0.0
     pcie_tx_bytes: float = 0.0
+    tensor_active_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +206,7 @@ class GpmSnapshot:
     dram_active_seconds: float
     pcie_rx_bytes: float = 0.0
     pcie_tx_bytes: float = 0.0
+    tensor_active_seconds: float = 0.0
 
 
 class SimulatedGpu:
@@ -301,6 +307,7 @@ class SimulatedGpu:
                 c.dram_active_seconds,
                 c.pcie_rx_bytes,
                 c.pcie_tx_bytes,
+                c.tensor_active_seconds,
             )
 
     # ---------------------------------------------------------------- load
@@ -365,6 +372,9 @@ class SimulatedGpu:
         c.elapsed_seconds += dt_seconds
         c.sm_active_seconds += self.utilization * min(1.0, clock_factor) * dt_seconds
         c.dram_active_seconds += self.dram_utilization * dt_seconds
+        # a training step is mostly matrix multiplies: the tensor pipes busy most of the SMs' time
+        c.tensor_active_seconds += (TENSOR_SHARE * self.utilization * min(1.0, clock_factor)
+                                    * dt_seconds)
         c.pcie_rx_bytes += self.pcie_rx_bytes_per_second * dt_seconds
         c.pcie_tx_bytes += self.pcie_tx_bytes_per_second * dt_seconds
         self._advance_nvlinks(dt_seconds)

@@ -697,3 +697,34 @@ def test_gpus_without_nvlink_have_no_nvlink_data(clock):
     sample = cycle(collector, gpus, clock).gpus[0]
     assert sample.nvlink_transmitted_bytes_total is None
     assert sample.nvlink_received_bytes_total is None
+
+
+def test_gpm_tensor_activity_is_the_average_and_a_refusing_driver_loses_only_it(
+        clock, monkeypatch):
+    gpus = make_gpus(2)
+    for gpu in gpus:
+        gpu.set_load(0.9)
+    collector = node(gpus, clock)
+    assert cycle(collector, gpus, clock).gpus[0].tensor_active_ratio is None  # two samples
+    before = [gpu.gpm_snapshot() for gpu in gpus]
+    read = cycle(collector, gpus, clock).gpus
+    for sample, gpu, first in zip(read, gpus, before, strict=True):
+        after = gpu.gpm_snapshot()
+        expected = ((after.tensor_active_seconds - first.tensor_active_seconds)
+                    / (after.elapsed_seconds - first.elapsed_seconds))
+        assert sample.tensor_active_ratio == pytest.approx(expected)
+        assert 0.0 < expected < 1.0
+    real = fake_nvml.nvmlGpmMetricsGet
+
+    def without_tensor(request):
+        real(request)
+        for metric in request.metrics[: request.numMetrics]:
+            if metric.metricId == fake_nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL:
+                metric.nvmlReturn = fake_nvml.NVML_ERROR_NOT_SUPPORTED
+        return request
+
+    monkeypatch.setattr(fake_nvml, "nvmlGpmMetricsGet", without_tensor)
+    refused = cycle(collector, gpus, clock).gpus[0]
+    assert refused.tensor_active_ratio is None
+    assert refused.memory_bandwidth_utilization_ratio is not None
+    assert refused.pcie_receive_bytes_per_second is not None

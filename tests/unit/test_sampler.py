@@ -80,6 +80,15 @@ def test_different_gpus_or_codes_are_not_twins():
     assert [c.count for c in ledger.counts()] == [1, 1, 1]
 
 
+def test_each_gpus_latest_xid_is_kept_and_a_twin_does_not_change_it():
+    ledger = XidLedger(ManualClock())
+    assert ledger.last() == ()
+    ledger.admit([_xid("nvml", 1, 79), _xid("nvml", 0, 48), _xid("nvml", 1, 13)])
+    ledger.admit([_xid("kmsg", 1, 79)])  # the kernel's twin of the first: not a new error
+    ledger.admit([_xid("kmsg", None, 31)])  # names no GPU: no GPU's latest
+    assert ledger.last() == ((0, 48), (1, 13))
+
+
 def test_kernel_events_are_mapped_to_gpus_by_pci_address():
     event = Event(kind="xid", source="kmsg", time_seconds=0, message="m",
                   pci_bus_id="PCI:0000:2a:00", code=79)

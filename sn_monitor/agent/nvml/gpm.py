@@ -36,6 +36,7 @@ class GpmReading:
     """What one ``nvmlGpmMetricsGet`` between two GPM samples gave; None where nothing."""
 
     dram_bandwidth: float | None = None
+    tensor_active: float | None = None
     pcie_receive: float | None = None
     pcie_transmit: float | None = None
 
@@ -198,18 +199,20 @@ class GpmMetrics:
         """Fill ``reading``; a driver that refuses the PCIe metrics loses them, not DRAM."""
         nvml = self._calls.nvml
         dram = int(nvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
+        tensor = int(nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL)
         rx = int(getattr(nvml, "NVML_GPM_METRIC_PCIE_RX_PER_SEC", _GPM_PCIE_RX_PER_SEC))
         tx = int(getattr(nvml, "NVML_GPM_METRIC_PCIE_TX_PER_SEC", _GPM_PCIE_TX_PER_SEC))
         with_pcie = pcie_from_gpm(device)
         try:
-            results = self._metrics_get(first, second, (dram, rx, tx) if with_pcie else (dram,))
+            results = self._metrics_get(
+                first, second, (dram, tensor, rx, tx) if with_pcie else (dram, tensor))
         except nvml.NVMLError as error:
             if not with_pcie or error_code(error) in FAULTS:
                 self._calls.classify(device, "gpm_metrics", "nvmlGpmMetricsGet", error)
                 return
             # A driver older than the PCIe metric ids may refuse the whole request.
             try:
-                results = self._metrics_get(first, second, (dram,))
+                results = self._metrics_get(first, second, (dram, tensor))
             except nvml.NVMLError:
                 self._calls.classify(device, "gpm_metrics", "nvmlGpmMetricsGet", error)
                 return
@@ -217,9 +220,12 @@ class GpmMetrics:
         code, value = results[0]
         if code == SUCCESS:
             reading.dram_bandwidth = clamp_ratio(value / 100.0)
-        if len(results) < 3:
+        code, value = results[1]
+        if code == SUCCESS:
+            reading.tensor_active = clamp_ratio(value / 100.0)
+        if len(results) < 4:
             return
-        (rx_code, rx_value), (tx_code, tx_value) = results[1], results[2]
+        (rx_code, rx_value), (tx_code, tx_value) = results[2], results[3]
         if rx_code in ABSENT or tx_code in ABSENT:
             absent_code = rx_code if rx_code in ABSENT else tx_code
             self._pcie_absent(device, nvml.NVMLError(absent_code))

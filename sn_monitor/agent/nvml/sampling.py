@@ -98,6 +98,7 @@ class GpuSampler:
             **identity_fields(device, driver_version),
             utilization_ratio=percent(util.gpu) if util is not None else None,
             memory_utilization_ratio=memory_ratio,
+            tensor_active_ratio=gpm.tensor_active,
             memory_bandwidth_utilization_ratio=bandwidth,
             memory_used_bytes=int(memory.used) if memory is not None else None,
             memory_total_bytes=int(memory.total) if memory is not None else None,
