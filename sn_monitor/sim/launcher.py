@@ -214,14 +214,18 @@ def act(state_path: Path, restart: Restart | None = None, what: str = "ranks") -
             generation = int(params.get("generation") or 0)
             call.update((restart or _restart_ranks)(state, nodes, generation, params))
         call["done"] = True
-    if action == "restore":
-        checkpoint = (params.get("checkpoint") or {}).get("path") or "none (from scratch)"
-        done = call.get("summary") or f"{what} on {len(params.get('nodes') or [])} nodes"
-        print(f"restore: generation {params.get('generation')}: {done}, checkpoint {checkpoint}"
-              + (" (already done: same action id)" if duplicate else ""))
-    else:
-        print(f"{action or 'no action'}: nothing to do")
+    print(_outcome(action, params, call, what))
     return 0
+
+
+def _outcome(action: str, params: dict[str, Any], call: dict[str, Any], what: str) -> str:
+    """The line the command driver keeps as the action's outcome."""
+    if action != "restore":
+        return f"{action or 'no action'}: nothing to do"
+    checkpoint = (params.get("checkpoint") or {}).get("path") or "none (from scratch)"
+    done = call.get("summary") or f"{what} on {len(params.get('nodes') or [])} nodes"
+    return (f"restore: generation {params.get('generation')}: {done}, checkpoint {checkpoint}"
+            + (" (already done: same action id)" if call["duplicate"] else ""))
 
 
 def _restart_ranks(state: dict[str, Any], nodes: list[str], generation: int,
