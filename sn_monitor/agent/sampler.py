@@ -260,6 +260,7 @@ class Sampler:
             xid_counts=self._ledger.counts(self._known_gpus),
             event_counts=tuple(sorted(self._event_counts.items())),
             collectors=tuple(statuses),
+            sources=tuple(source for p in parts for source in p.sources),
         )
 
     def _stuck_status(self, worker: CollectorWorker, events: list[Event]) -> CollectorStatus:

@@ -6,7 +6,7 @@ HBM temperature and the GPU-wide NVLink totals and data come from one batched
 ``nvmlDeviceGetFieldValues``; the compute processes on the GPU are read every cycle. The
 driver calls are made in one fixed order (a fault names the first call that failed).
 Imports :mod:`.calls`, :mod:`.device`, :mod:`.errors`, :mod:`.fabric`, :mod:`.gpm`,
-:mod:`.nvlink` and :mod:`.units`.
+:mod:`.nvlink`, :mod:`.process_utilization` and :mod:`.units`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from sn_monitor.agent.nvml.errors import SUCCESS
 from sn_monitor.agent.nvml.fabric import read_fabric
 from sn_monitor.agent.nvml.gpm import GpmMetrics
 from sn_monitor.agent.nvml.nvlink import NvLinks, nvlink_field_ids, nvlink_totals
+from sn_monitor.agent.nvml.process_utilization import ProcessUtilization
 from sn_monitor.agent.nvml.units import (
     field_value,
     integer,
@@ -63,6 +64,7 @@ def identity_fields(device: Device, driver_version: str | None) -> SampleFields:
         "serial": device.serial,
         "vbios_version": device.vbios_version,
         "driver_version": driver_version,
+        "minor_number": device.minor_number,
     }
 
 
@@ -73,6 +75,7 @@ class GpuSampler:
         self._calls = calls
         self._nvlinks = nvlinks
         self._gpm = gpm
+        self._utilization = ProcessUtilization(calls)
         self._reasons_function: str | None = "nvmlDeviceGetCurrentClocksEventReasons"
 
     def read(self, device: Device, driver_version: str | None) -> GpuSample:
@@ -297,22 +300,24 @@ class GpuSampler:
         return integer(generation)
 
     def _processes(self, device: Device) -> tuple[GpuProcess, ...] | None:
-        """The compute processes on the GPU: pid and memory (container ids come later).
+        """The compute processes on the GPU: pid, memory, SM utilisation (who: later).
 
-        :class:`~sn_monitor.agent.collectors.gpu.NvmlCollector` adds the container of
-        each from /proc; NVML knows pids only.
+        :class:`~sn_monitor.agent.collectors.gpu.NvmlCollector` adds who each is from
+        /proc; NVML knows pids only.
         """
         for function in _PROCESS_FUNCTIONS:
             if self._calls.is_missing(function):
                 continue
             found = self._calls.call(device, "processes", function)
             if found is not None:
+                sm = self._utilization.sm_ratios(device) if found else {}
                 return tuple(
                     GpuProcess(
                         pid=int(p.pid),
                         used_memory_bytes=(
                             None if p.usedGpuMemory is None else int(p.usedGpuMemory)
                         ),
+                        sm_utilization_ratio=sm.get(int(p.pid)),
                     )
                     for p in found
                 )

@@ -1,0 +1,111 @@
+"""Which workload is on which GPU: the sources' allocations and the processes, joined.
+
+An allocation names its device as the platform does (see
+:class:`~sn_monitor.agent.workloads.model.DeviceAllocation`): a GPU UUID (``GPU-...``),
+an NVML minor number (``minor:N``, what Slurm's gres and device cgroups know), or a MIG
+device UUID (``MIG-...``). :class:`DeviceIndex` maps each name to a GPU of the cycle's
+snapshot and, for a MIG device, to its instance on that GPU.
+
+A GPU's workloads (:func:`join_workloads`) are:
+
+* every workload a source allocated it (or one of its MIG instances), once however many
+  sources, replicas or resources name it; an allocation whose device has no process
+  still counts: the GPU is held (an idle allocation is what the platform team looks for);
+* on a GPU no source claims, one workload per user of its processes (a plain process:
+  its user and nothing else). Where a source claims the GPU its answer stands: a process
+  knows its pod by UID only, and the pod's name, namespace and container are the
+  source's to give. Each process stays visible on its own (its pid, user, container and
+  pod UID) in the per-process series.
+
+Pure: no I/O, no logging; the caller logs the device names no GPU answers to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from sn_monitor.agent.snapshot import GpuSample, GpuWorkload
+from sn_monitor.agent.workloads.model import DeviceAllocation, Workload
+
+#: Where a device name points: the GPU's position in the snapshot, and its MIG
+#: instance (None: the whole GPU).
+Slot = tuple[int, str | None]
+
+
+def mig_devices(gpu: GpuSample) -> tuple[tuple[str, str], ...]:
+    """The GPU's MIG devices as (MIG device UUID, instance label); () without MIG.
+
+    The one place the join learns a GPU's MIG instances: empty until the snapshot
+    enumerates them (issue 32's MIG part adds them to :class:`GpuSample`); the join
+    itself needs nothing else to attribute a ``MIG-...`` allocation to its instance.
+    """
+    return ()
+
+
+class DeviceIndex:
+    """The cycle's GPUs by every name an allocation may give them."""
+
+    def __init__(self, gpus: Sequence[GpuSample]) -> None:
+        self._slots: dict[str, Slot] = {}
+        for position, gpu in enumerate(gpus):
+            if gpu.uuid:
+                self._slots[gpu.uuid] = (position, None)
+            if gpu.minor_number is not None:
+                self._slots[f"minor:{gpu.minor_number}"] = (position, None)
+            for uuid, instance in mig_devices(gpu):
+                self._slots[uuid] = (position, instance)
+
+    def find(self, device: str) -> Slot | None:
+        """The GPU (and MIG instance) ``device`` names; None if none of this node's."""
+        return self._slots.get(device)
+
+
+def workload_of(workload: Workload, mig_instance: str | None = None) -> GpuWorkload:
+    """A source's workload as the snapshot keeps it, on ``mig_instance`` (None: whole GPU)."""
+    return GpuWorkload(
+        mig_instance=mig_instance,
+        pod=workload.pod,
+        namespace=workload.namespace,
+        container=workload.container,
+        slurm_job=workload.slurm_job,
+        user=workload.user,
+        partition=workload.partition,
+        workload_job=workload.job,
+    )
+
+
+def _order(workload: GpuWorkload) -> tuple[str, ...]:
+    return (
+        workload.mig_instance or "",
+        workload.namespace or "",
+        workload.pod or "",
+        workload.container or "",
+        workload.slurm_job or "",
+        workload.user or "",
+        workload.partition or "",
+        workload.workload_job or "",
+    )
+
+
+def join_workloads(
+    gpus: Sequence[GpuSample], allocations: Iterable[DeviceAllocation]
+) -> tuple[tuple[GpuSample, ...], tuple[str, ...]]:
+    """Each GPU with its workloads, and the allocated device names no GPU answers to."""
+    index = DeviceIndex(gpus)
+    claimed: list[set[GpuWorkload]] = [set() for _ in gpus]
+    unmatched: list[str] = []
+    for allocation in allocations:
+        slot = index.find(allocation.device)
+        if slot is None:
+            unmatched.append(allocation.device)
+            continue
+        position, instance = slot
+        claimed[position].add(workload_of(allocation.workload, instance))
+    out: list[GpuSample] = []
+    for gpu, workloads in zip(gpus, claimed, strict=True):
+        if not workloads:
+            workloads = {GpuWorkload(user=p.user) for p in gpu.processes or () if p.user}
+        out.append(replace(gpu, workloads=tuple(sorted(workloads, key=_order)))
+                   if workloads or gpu.workloads else gpu)
+    return tuple(out), tuple(dict.fromkeys(unmatched))
