@@ -309,6 +309,9 @@ def simulated_node() -> Iterator[tuple[Any, Any]]:
 
     with tempfile.TemporaryDirectory(prefix="sn-docs-node-") as root:
         node = SimulatedNode(Path(root), gpus=8, seed=1)
+        # a training process on GPU 0, for the workload and per-process families
+        node.tree.add_gpu_process(4242, ["/usr/bin/python3", "train.py"])
+        node.gpus[0].set_processes([(4242, 60 * 2**30)])
         clock = ManualClock()
         settings = node.agent_settings(AgentSettings(node="docs-node"))
         sampler = Sampler(settings.node, build_collectors(settings, node.nvml, clock), clock)
