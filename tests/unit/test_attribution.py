@@ -10,7 +10,7 @@ import pytest
 from sn_monitor.agent.collectors.attribution import WorkloadAttribution
 from sn_monitor.agent.collectors.gpu import NvmlCollector
 from sn_monitor.agent.snapshot import GpuProcess, GpuSample, GpuWorkload, SourceStatus
-from sn_monitor.agent.workloads.join import DeviceIndex, join_workloads
+from sn_monitor.agent.workloads.join import DeviceIndex, claimed_workloads, gpu_workloads
 from sn_monitor.agent.workloads.model import DeviceAllocation, SourceUnavailable, Workload
 from sn_monitor.clock import ManualClock
 from sn_monitor.sim import fake_nvml
@@ -51,6 +51,14 @@ def gpu(index: int, *, minor: int | None = None,
                      minor_number=minor, processes=processes)
 
 
+def join(gpus: tuple[GpuSample, ...] | list[GpuSample], allocations: list[DeviceAllocation]
+         ) -> tuple[list[tuple[GpuWorkload, ...]], tuple[str, ...]]:
+    """Each GPU's workloads, and the device names no GPU answers to."""
+    claims, unmatched = claimed_workloads(gpus, allocations)
+    return [gpu_workloads(claimed, g.processes or ())
+            for g, claimed in zip(gpus, claims, strict=True)], unmatched
+
+
 def allocation(device: str, workload: Workload, source: str = "kubelet",
                replica: int | None = None) -> DeviceAllocation:
     return DeviceAllocation(device=device, resource="nvidia.com/gpu", workload=workload,
@@ -59,47 +67,47 @@ def allocation(device: str, workload: Workload, source: str = "kubelet",
 
 def test_allocations_join_gpus_by_uuid_and_minor_number() -> None:
     gpus = (gpu(0, minor=3), gpu(1, minor=0))
-    joined, unmatched = join_workloads(gpus, [
+    joined, unmatched = join(gpus, [
         allocation("GPU-0", TRAINER),
         allocation("minor:0", SLURM, source="slurm"),
         allocation("GPU-9", TRAINER),  # another node's GPU
         allocation("minor:1", SLURM, source="slurm"),  # minor 1 is no GPU here
     ])
-    assert joined[0].workloads == (GpuWorkload(pod="trainer-0", namespace="ml",
+    assert joined[0] == (GpuWorkload(pod="trainer-0", namespace="ml",
                                                container="pytorch", workload_job="llama"),)
     # minor:0 is GPU 1 (NVML's order need not be the device files')
-    assert joined[1].workloads == (GpuWorkload(slurm_job="4711", user="alice", partition="gpu",
+    assert joined[1] == (GpuWorkload(slurm_job="4711", user="alice", partition="gpu",
                                                workload_job="pretrain"),)
     assert unmatched == ("GPU-9", "minor:1")
 
 
 def test_one_workload_per_gpu_however_many_replicas_and_sources_name_it() -> None:
     other = Workload(pod="infer-1", namespace="serving", container="vllm")
-    joined, _ = join_workloads([gpu(0)], [
+    joined, _ = join([gpu(0)], [
         allocation("GPU-0", TRAINER, replica=0),
         allocation("GPU-0", TRAINER, replica=1),
         allocation("GPU-0", other, replica=2),
     ])
-    assert [w.pod for w in joined[0].workloads] == ["trainer-0", "infer-1"]  # by namespace
+    assert [w.pod for w in joined[0]] == ["trainer-0", "infer-1"]  # by namespace
 
 
 def test_an_allocated_gpu_without_processes_still_has_its_workload() -> None:
-    joined, _ = join_workloads([gpu(0, processes=())], [allocation("GPU-0", SLURM, "slurm")])
-    assert joined[0].workloads[0].slurm_job == "4711"
+    joined, _ = join([gpu(0, processes=())], [allocation("GPU-0", SLURM, "slurm")])
+    assert joined[0][0].slurm_job == "4711"
 
 
 def test_a_gpu_no_source_claims_gets_its_processes_users() -> None:
     processes = (GpuProcess(1, user="alice"), GpuProcess(2, user="alice"),
                  GpuProcess(3, user="bob"), GpuProcess(4))  # 4: gone before it was read
-    joined, _ = join_workloads([gpu(0, processes=processes), gpu(1, processes=None)], [])
-    assert joined[0].workloads == (GpuWorkload(user="alice"), GpuWorkload(user="bob"))
-    assert joined[1].workloads == ()
+    joined, _ = join([gpu(0, processes=processes), gpu(1, processes=None)], [])
+    assert joined[0] == (GpuWorkload(user="alice"), GpuWorkload(user="bob"))
+    assert joined[1] == ()
 
 
 def test_where_a_source_claims_the_gpu_its_answer_stands_over_the_processes() -> None:
     processes = (GpuProcess(1, user="root", pod_uid=POD),)
-    joined, _ = join_workloads([gpu(0, processes=processes)], [allocation("GPU-0", TRAINER)])
-    assert [w.pod for w in joined[0].workloads] == ["trainer-0"]
+    joined, _ = join([gpu(0, processes=processes)], [allocation("GPU-0", TRAINER)])
+    assert [w.pod for w in joined[0]] == ["trainer-0"]
 
 
 def test_a_mig_uuid_without_enumerated_instances_matches_no_gpu() -> None:

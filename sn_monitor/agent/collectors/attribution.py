@@ -13,7 +13,7 @@ Once a cycle, after NVML's read, :class:`WorkloadAttribution`:
    ``sn_agent_source_up`` gauge); the sample goes on. A source raises nothing else:
    anything it cannot read is ``SourceUnavailable``. A source answers quickly (the
    kubelet's socket with a timeout): it runs inside the nvml collector's deadline;
-3. joins both to the GPUs (:func:`~sn_monitor.agent.workloads.join.join_workloads`).
+3. joins both to the GPUs (:mod:`sn_monitor.agent.workloads.join`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sn_monitor.agent.snapshot import GpuProcess, GpuSample, SourceStatus
-from sn_monitor.agent.workloads.join import join_workloads
+from sn_monitor.agent.workloads.join import claimed_workloads, gpu_workloads
 from sn_monitor.agent.workloads.model import AllocationSource, DeviceAllocation, SourceUnavailable
 from sn_monitor.agent.workloads.processes import (
     ProcessIdentities,
@@ -91,28 +91,32 @@ class WorkloadAttribution:
     def attribute(
         self, gpus: tuple[GpuSample, ...]
     ) -> tuple[tuple[GpuSample, ...], tuple[SourceStatus, ...]]:
-        """The GPUs with their processes' identities and their workloads; each source's state."""
-        if self._identities is not None:
-            gpus = self._identified(gpus, self._identities)
-        allocations, statuses = self._polling.poll()
-        joined, unmatched = join_workloads(gpus, allocations)
-        self._log_unmatched(unmatched)
-        return joined, statuses
+        """The GPUs with their processes' identities and their workloads; each source's state.
 
-    @staticmethod
-    def _identified(
-        gpus: tuple[GpuSample, ...], identities: ProcessIdentities
-    ) -> tuple[GpuSample, ...]:
-        pids = [p.pid for gpu in gpus for p in gpu.processes or ()]
-        if not pids:
-            identities.identify(())  # forget the processes of the cycles before
-            return gpus
-        known = identities.identify(pids)
-        return tuple(
-            gpu if not gpu.processes else replace(
-                gpu, processes=tuple(_with_identity(p, known[p.pid]) for p in gpu.processes))
-            for gpu in gpus
-        )
+        A GPU whose processes and workloads are what NVML's sample already has is passed
+        on as it is (a new sample of ~50 fields costs more than the rest of the step).
+        """
+        known = self._identify(gpus)
+        allocations, statuses = self._polling.poll()
+        claims, unmatched = claimed_workloads(gpus, allocations)
+        self._log_unmatched(unmatched)
+        out: list[GpuSample] = []
+        for gpu, claimed in zip(gpus, claims, strict=True):
+            processes = gpu.processes
+            if processes and known:
+                processes = tuple(_with_identity(p, known[p.pid]) for p in processes)
+            workloads = gpu_workloads(claimed, processes or ())
+            if processes is gpu.processes and workloads == gpu.workloads:
+                out.append(gpu)
+            else:
+                out.append(replace(gpu, processes=processes, workloads=workloads))
+        return tuple(out), statuses
+
+    def _identify(self, gpus: tuple[GpuSample, ...]) -> dict[int, ProcessIdentity]:
+        """Who each GPU process is; {} without a procfs root."""
+        if self._identities is None:
+            return {}
+        return self._identities.identify(p.pid for gpu in gpus for p in gpu.processes or ())
 
     def _log_unmatched(self, devices: tuple[str, ...]) -> None:
         for device in devices:
@@ -125,5 +129,7 @@ class WorkloadAttribution:
 
 
 def _with_identity(process: GpuProcess, identity: ProcessIdentity) -> GpuProcess:
-    return replace(process, command=identity.command, user=identity.user,
-                   container_id=identity.container_id, pod_uid=identity.pod_uid)
+    return GpuProcess(pid=process.pid, used_memory_bytes=process.used_memory_bytes,
+                      container_id=identity.container_id, pod_uid=identity.pod_uid,
+                      command=identity.command, user=identity.user,
+                      sm_utilization_ratio=process.sm_utilization_ratio)

@@ -6,7 +6,8 @@ an NVML minor number (``minor:N``, what Slurm's gres and device cgroups know), o
 device UUID (``MIG-...``). :class:`DeviceIndex` maps each name to a GPU of the cycle's
 snapshot and, for a MIG device, to its instance on that GPU.
 
-A GPU's workloads (:func:`join_workloads`) are:
+A GPU's workloads (:func:`claimed_workloads`, then :func:`gpu_workloads` with its
+processes) are:
 
 * every workload a source allocated it (or one of its MIG instances), once however many
   sources, replicas or resources name it; an allocation whose device has no process
@@ -23,9 +24,8 @@ Pure: no I/O, no logging; the caller logs the device names no GPU answers to.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 
-from sn_monitor.agent.snapshot import GpuSample, GpuWorkload
+from sn_monitor.agent.snapshot import GpuProcess, GpuSample, GpuWorkload
 from sn_monitor.agent.workloads.model import DeviceAllocation, Workload
 
 #: Where a device name points: the GPU's position in the snapshot, and its MIG
@@ -88,10 +88,13 @@ def _order(workload: GpuWorkload) -> tuple[str, ...]:
     )
 
 
-def join_workloads(
+def claimed_workloads(
     gpus: Sequence[GpuSample], allocations: Iterable[DeviceAllocation]
-) -> tuple[tuple[GpuSample, ...], tuple[str, ...]]:
-    """Each GPU with its workloads, and the allocated device names no GPU answers to."""
+) -> tuple[list[set[GpuWorkload]], tuple[str, ...]]:
+    """What the sources allocated on each GPU, in ``gpus``' order; unmatched device names.
+
+    The second item lists the allocated device names no GPU answers to.
+    """
     index = DeviceIndex(gpus)
     claimed: list[set[GpuWorkload]] = [set() for _ in gpus]
     unmatched: list[str] = []
@@ -102,10 +105,13 @@ def join_workloads(
             continue
         position, instance = slot
         claimed[position].add(workload_of(allocation.workload, instance))
-    out: list[GpuSample] = []
-    for gpu, workloads in zip(gpus, claimed, strict=True):
-        if not workloads:
-            workloads = {GpuWorkload(user=p.user) for p in gpu.processes or () if p.user}
-        out.append(replace(gpu, workloads=tuple(sorted(workloads, key=_order)))
-                   if workloads or gpu.workloads else gpu)
-    return tuple(out), tuple(dict.fromkeys(unmatched))
+    return claimed, tuple(dict.fromkeys(unmatched))
+
+
+def gpu_workloads(
+    claimed: set[GpuWorkload], processes: Iterable[GpuProcess]
+) -> tuple[GpuWorkload, ...]:
+    """A GPU's workloads, sorted: the sources' claims, else its processes' users."""
+    workloads = claimed or {GpuWorkload(user=p.user) for p in processes if p.user}
+    return tuple(sorted(workloads, key=_order))
+

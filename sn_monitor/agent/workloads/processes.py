@@ -69,7 +69,7 @@ class ProcessIdentities:
     """
 
     def __init__(self, procfs: Path, user_name: UserName = passwd_user_name) -> None:
-        self._procfs = Path(procfs)
+        self._root = str(procfs)
         self._user_name = user_name
         self._users: dict[int, str] = {}
         self._known: dict[tuple[int, int], ProcessIdentity] = {}
@@ -124,9 +124,10 @@ class ProcessIdentities:
         return name
 
     def _bytes(self, pid: int, name: str) -> bytes | None:
-        path = self._procfs / str(pid) / name
+        path = f"{self._root}/{pid}/{name}"  # a str, not a Path: read every cycle
         try:
-            return path.read_bytes()
+            with open(path, "rb") as file:
+                return file.read()
         except OSError as exc:  # gone since NVML listed it, or not ours to read
             logger.debug("cannot read %s: %s", path, exc)
             return None
