@@ -3,7 +3,8 @@
 Run with ``python -m bench.agent_bench`` (``make bench``); ``--quick`` for a smoke test.
 
 Everything runs on 127.0.0.1 against a simulated node in a temporary directory (8 H100
-GPUs with 18 NVLinks each behind the fake NVML, 8 InfiniBand ports, 4 netdevs). Shared
+GPUs with 18 NVLinks each behind the fake NVML, each running one training process that
+the agent attributes from /proc, 8 InfiniBand ports, 4 netdevs). Shared
 CI machines are noisy, so every figure is a median (with a tail percentile) and the
 comparisons are ratios measured in the same run, with the two sides interleaved. The
 goals are printed for reference only: nothing here passes or fails on a number. The
@@ -680,6 +681,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sn-bench-") as tmpdir:
         tmp = Path(tmpdir)
         node = SimulatedNode(tmp / "node", gpus=8)
+        for gpu in node.gpus:  # a training job: one process per GPU (attribution on)
+            pid = 4000 + gpu.index
+            node.tree.add_gpu_process(pid, ["/usr/bin/python3", "train.py"])
+            gpu.set_processes([(pid, 60 * 2**30)])
         settings = node.agent_settings(AgentSettings(node="bench"))
         node.step(1.0)
         parts: list[tuple[str, Callable[[], dict[str, Any]]]] = [

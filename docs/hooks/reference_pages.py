@@ -312,6 +312,9 @@ def simulated_node() -> Iterator[tuple[Any, Any]]:
         node = SimulatedNode(Path(root), gpus=8, seed=1)
         node.gpus[7].mig.enable()
         node.gpus[7].mig.create(["3g.40gb", "3g.40gb"])
+        # a training process on GPU 0, for the workload and per-process families
+        node.tree.add_gpu_process(4242, ["/usr/bin/python3", "train.py"])
+        node.gpus[0].set_processes([(4242, 60 * 2**30)])
         clock = ManualClock()
         settings = node.agent_settings(AgentSettings(node="docs-node"))
         sampler = Sampler(settings.node, build_collectors(settings, node.nvml, clock), clock)

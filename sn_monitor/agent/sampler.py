@@ -268,6 +268,7 @@ class Sampler:
             last_xids=self._ledger.last(),
             event_counts=tuple(sorted(self._event_counts.items())),
             collectors=tuple(statuses),
+            sources=tuple(source for p in parts for source in p.sources),
         )
 
     def _stuck_status(self, worker: CollectorWorker, events: list[Event]) -> CollectorStatus:

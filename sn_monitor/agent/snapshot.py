@@ -56,12 +56,41 @@ class GpuProcess:
     the driver cannot tell (MIG without privileges). ``container_id`` and ``pod_uid``
     come from ``/proc/<pid>/cgroup`` (docker, containerd, CRI-O, podman, kubepods paths)
     and are None for a process outside a container, or one gone before it was read.
+    ``command`` (argv[0]'s base name, else ``comm``) and ``user`` (the real uid's name,
+    else the uid) come from ``/proc/<pid>/``; ``sm_utilization_ratio`` is the SM time the
+    process used in NVML's latest sample for it (``nvmlDeviceGetProcessUtilization``),
+    None where the driver has none (not supported, or no kernel since the last cycle).
     """
 
     pid: int
     used_memory_bytes: int | None = None
     container_id: str | None = None
     pod_uid: str | None = None
+    command: str | None = None
+    user: str | None = None
+    sm_utilization_ratio: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuWorkload:
+    """One workload on a GPU, or on one of its MIG instances: whose job is there.
+
+    From the allocation sources (the kubelet, Slurm) or, on a GPU no source claims,
+    from the user of its processes. ``mig_instance`` names the MIG instance (None: the
+    whole GPU); the other fields are the workload's, None where nobody says:
+    ``pod``/``namespace``/``container`` (Kubernetes), ``slurm_job``/``partition``
+    (Slurm), ``user``, ``workload_job`` (the job's name: a Slurm job name, a pod's
+    owning Job or JobSet).
+    """
+
+    mig_instance: str | None = None
+    pod: str | None = None
+    namespace: str | None = None
+    container: str | None = None
+    slurm_job: str | None = None
+    user: str | None = None
+    partition: str | None = None
+    workload_job: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +130,9 @@ class GpuSample:
     serial: str | None = None
     vbios_version: str | None = None
     driver_version: str | None = None
+    #: The NVML minor number: ``/dev/nvidia<minor>``, what Slurm's gres and device
+    #: cgroups name (the index is NVML's order, which need not be the same).
+    minor_number: int | None = None
     lost: bool = False
     utilization_ratio: float | None = None
     memory_utilization_ratio: float | None = None
@@ -161,6 +193,8 @@ class GpuSample:
     mig_mode_pending: bool | None = None
     #: The MIG devices of a MIG-enabled GPU, by GPU and compute instance id.
     mig_instances: tuple[MigInstanceSample, ...] = ()
+    #: Who uses the GPU (and its MIG instances), one entry per workload, sorted.
+    workloads: tuple[GpuWorkload, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +280,14 @@ class ProcessesSample:
 
 
 @dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """Whether one workload-allocation source (``kubelet``, ``slurm``) answered this cycle."""
+
+    name: str
+    up: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Collected:
     """What one collector contributes to a cycle; the sampler merges them."""
 
@@ -255,6 +297,7 @@ class Collected:
     host: HostSample | None = None
     processes: ProcessesSample | None = None
     events: tuple[Event, ...] = ()
+    sources: tuple[SourceStatus, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,3 +345,5 @@ class NodeSnapshot:
     last_xids: tuple[tuple[int, int], ...] = ()
     event_counts: tuple[tuple[str, int], ...] = ()
     collectors: tuple[CollectorStatus, ...] = field(default=())
+    #: The workload-allocation sources the GPU collector asked this cycle.
+    sources: tuple[SourceStatus, ...] = ()

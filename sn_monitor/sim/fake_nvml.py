@@ -275,6 +275,18 @@ class _ProcessInfo:
 
 
 @dataclass(slots=True)
+class _ProcessUtilizationSample:
+    """Like ``c_nvmlProcessUtilizationSample_t``: percent over the sample's period."""
+
+    pid: int
+    timeStamp: int
+    smUtil: int
+    memUtil: int
+    encUtil: int = 0
+    decUtil: int = 0
+
+
+@dataclass(slots=True)
 class _GpmSupport:
     """Like ``c_nvmlGpmSupport_t``."""
 
@@ -782,6 +794,11 @@ def nvmlDeviceGetSerial(handle: Any) -> str:
 
 
 @_nvml_function
+def nvmlDeviceGetMinorNumber(handle: Any) -> int:
+    return _gpu(handle).minor_number
+
+
+@_nvml_function
 def nvmlDeviceGetVbiosVersion(handle: Any) -> str:
     return _gpu(handle).profile.vbios_version
 
@@ -1246,6 +1263,34 @@ def nvmlDeviceGetComputeInstanceId(device: Any) -> int:
         _gpu(device)
         raise NVMLError_NotSupported()
     return instance.compute_instance_id
+
+
+#: Microseconds on the fake's sample clock at simulated time 0 (NVML's are wall-clock
+#: microseconds; a caller's first ``timeStamp`` of 0 gets every sample).
+_SAMPLE_EPOCH_US = 1_000_000
+
+
+@_nvml_function
+def nvmlDeviceGetProcessUtilization(
+    handle: Any, timeStamp: int
+) -> list[_ProcessUtilizationSample]:
+    """One sample per process, at the GPU's simulated time; utilization shared evenly.
+
+    The GPU's SM and memory utilization go to its processes in equal parts. As NVML:
+    NotFound when no sample is newer than ``timeStamp`` (no process, or none since).
+    """
+    gpu = _gpu(handle)
+    now = _SAMPLE_EPOCH_US + round(gpu.elapsed_seconds * 1e6)
+    if not gpu.processes or timeStamp >= now:
+        raise NVMLError_NotFound()
+    n = len(gpu.processes)
+    return [
+        _ProcessUtilizationSample(
+            pid=pid, timeStamp=now, smUtil=round(gpu.utilization * 100 / n),
+            memUtil=round(gpu.memory_utilization * 100 / n),
+        )
+        for pid, _ in gpu.processes
+    ]
 
 
 # ------------------------------------------------------------------ GPM

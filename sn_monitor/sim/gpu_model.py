@@ -236,6 +236,8 @@ class SimulatedGpu:
         self.pci_bus_id = pci_bus_id or f"00000000:{bus:02X}:00.0"
         self.uuid = uuid_text or f"GPU-{uuid.UUID(int=self._rng.getrandbits(128), version=4)}"
         self.serial = serial or f"16523220{self._rng.randrange(10**5):05d}"
+        #: NVML's minor number (``/dev/nvidia<minor>``); the index unless a test says not.
+        self.minor_number = index
         self.load_function: Callable[[float, random.Random], float] = training_load
         self._load_override: float | None = None
         self.power_limit_watts = profile.power_default_limit_watts

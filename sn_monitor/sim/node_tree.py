@@ -272,6 +272,22 @@ class SimulatedNodeTree:
                 self._write_process(pid, name, "D", "/system.slice/stuck.service")
             self._stuck.extend(pids)
 
+    def add_gpu_process(self, pid: int, argv: Sequence[str], *, uid: int = 0,
+                        cgroup: str = "/system.slice/training.service") -> None:
+        """A GPU process's /proc files: ``stat``, ``cgroup``, ``cmdline``, ``status``.
+
+        ``uid`` is its real uid (in ``status``). The fake NVML lists it once a GPU is
+        given it (:meth:`~sn_monitor.sim.gpu_model.SimulatedGpu.set_processes`).
+        """
+        if pid <= 0 or not argv:
+            raise ValueError("a GPU process needs a pid > 0 and an argv")
+        name = argv[0].rsplit("/", 1)[-1][:15]
+        with self._lock:
+            self._write_process(pid, name, "S", cgroup)
+            self._files.write(self.procfs / str(pid) / "cmdline", "".join(f"{a}\0" for a in argv))
+            self._files.write(self.procfs / str(pid) / "status",
+                              f"Name:\t{name}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+
     def clear_stuck_processes(self) -> None:
         """The stuck processes are gone (the mount came back, or the node rebooted)."""
         with self._lock:

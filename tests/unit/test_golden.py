@@ -112,7 +112,8 @@ def test_golden_covers_every_design_family():
         "sn_infiniband_port_link_downed_total", "sn_infiniband_port_state",
         "sn_host_memory_bandwidth_bytes_total", "sn_agent_collector_success",
         "sn_agent_collector_duration_seconds", "sn_agent_collector_stuck",
-        "sn_agent_last_sample_timestamp_seconds",
+        "sn_agent_last_sample_timestamp_seconds", "sn_gpu_workload_info",
+        "sn_gpu_process_memory_bytes", "sn_gpu_process_sm_utilization_ratio",
     ):
         assert f"\n{family}{{" in text or f"\n{family} " in text, family
 

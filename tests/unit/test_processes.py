@@ -1,4 +1,4 @@
-"""Processes from /proc: container ids of GPU processes, and processes stuck in D state."""
+"""Processes from /proc: the parsers of /proc/<pid>/ files, and processes stuck in D state."""
 
 from __future__ import annotations
 
@@ -8,20 +8,17 @@ from pathlib import Path
 import pytest
 
 from sn_monitor.agent.collectors.base import SourceMissing
-from sn_monitor.agent.collectors.gpu import NvmlCollector
-from sn_monitor.agent.collectors.processes import (
+from sn_monitor.agent.collectors.processes import ProcessesCollector, StuckTracker
+from sn_monitor.agent.workloads.procfs import (
     CgroupIdentity,
-    ProcessesCollector,
     ProcStat,
-    StuckTracker,
-    container_of,
     parse_cgroup,
+    parse_cmdline_command,
     parse_proc_stat_line,
+    parse_status_uid,
 )
-from sn_monitor.agent.snapshot import GpuProcess
 from sn_monitor.clock import ManualClock
 from sn_monitor.sim import fake_nvml
-from sn_monitor.sim.gpu_model import make_gpus
 from sn_monitor.sim.node_tree import SimulatedNodeTree
 from tests.conftest import FIXTURES
 
@@ -170,22 +167,28 @@ def test_a_proc_without_processes_is_source_missing(tmp_path: Path, make) -> Non
         collector.collect()
 
 
-def test_container_of_reads_the_cgroup_file_and_tolerates_a_gone_process() -> None:
-    assert container_of(PROC, 4242) == CgroupIdentity(ID, POD)
-    assert container_of(PROC, 4243) == CgroupIdentity(ID2, None)
-    assert container_of(PROC, 1) == CgroupIdentity()
-    assert container_of(PROC, 999999) == CgroupIdentity()
+@pytest.mark.parametrize(
+    ("text", "uid"),
+    [
+        pytest.param("Name:\tpython3\nUid:\t1000\t1000\t1000\t1000\n", 1000, id="user"),
+        pytest.param("Uid:\t0\t1000\t0\t0\n", 0, id="the real uid, not the effective"),
+        pytest.param("Name:\tx\n", None, id="no Uid line"),
+        pytest.param("Uid:\n", None, id="empty Uid line"),
+    ],
+)
+def test_parse_status_uid(text: str, uid: int | None) -> None:
+    assert parse_status_uid(text) == uid
 
 
-def test_the_nvml_collector_attributes_gpu_processes_to_containers() -> None:
-    gpus = make_gpus(2)
-    gpus[0].set_processes([(4242, 60 * 2**30), (999999, 2**20)])
-    fake_nvml.configure(gpus)
-    collector = NvmlCollector(fake_nvml, ManualClock(), procfs=PROC)
-    first, second = collector.collect().gpus
-    assert first.processes == (GpuProcess(4242, 60 * 2**30, ID, POD),
-                               GpuProcess(999999, 2**20, None, None))
-    assert second.processes == ()
-    # Without a procfs root: pids and memory only.
-    bare = NvmlCollector(fake_nvml, ManualClock()).collect().gpus[0]
-    assert bare.processes == (GpuProcess(4242, 60 * 2**30), GpuProcess(999999, 2**20))
+@pytest.mark.parametrize(
+    ("raw", "command"),
+    [
+        pytest.param(b"/usr/bin/python3\0train.py\0", "python3", id="path"),
+        pytest.param(b"torchrun\0--nnodes=2\0", "torchrun", id="bare"),
+        pytest.param(b"", None, id="kernel thread or zombie"),
+        pytest.param(b"\0", None, id="cleared argv"),
+        pytest.param(b"/opt/app/\0", None, id="directory only"),
+    ],
+)
+def test_parse_cmdline_command(raw: bytes, command: str | None) -> None:
+    assert parse_cmdline_command(raw) == command

@@ -8,12 +8,13 @@ logs one line, raises :class:`SourceMissing` so the registry records "no data", 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sn_monitor.agent.collectors.attribution import WorkloadAttribution
 from sn_monitor.agent.collectors.base import CollectorError, SourceMissing
-from sn_monitor.agent.collectors.processes import CgroupIdentity, container_of
 from sn_monitor.agent.nvml import (
     NVLINK_LINK_INTERVAL_SECONDS,
     PCIE_THROUGHPUT_INTERVAL_SECONDS,
@@ -21,7 +22,8 @@ from sn_monitor.agent.nvml import (
     NvmlLibrary,
     NvmlUnavailable,
 )
-from sn_monitor.agent.snapshot import Collected, GpuProcess, GpuSample
+from sn_monitor.agent.snapshot import Collected
+from sn_monitor.agent.workloads.model import AllocationSource
 from sn_monitor.clock import Clock, SystemClock
 
 logger = logging.getLogger(__name__)
@@ -36,8 +38,10 @@ class NvmlCollector:
     :mod:`sn_monitor.sim.fake_nvml`; ``clock`` stamps events and paces init retries.
     ``pcie_throughput_interval`` and ``nvlink_link_interval`` go to the adapter
     (:class:`~sn_monitor.agent.nvml.NvmlLibrary`), which validates them. ``procfs``
-    (the host's /proc) is where each GPU process's container is looked up
-    (``<procfs>/<pid>/cgroup``); None leaves processes without one.
+    (the host's /proc) is where each GPU process's command, user, container and pod are
+    looked up (``<procfs>/<pid>/``); None leaves processes without them. ``sources``
+    say which workload holds which GPU (the kubelet, Slurm), asked once a cycle; see
+    :class:`~sn_monitor.agent.collectors.attribution.WorkloadAttribution`.
     """
 
     name = "nvml"
@@ -51,12 +55,11 @@ class NvmlCollector:
         pcie_throughput_interval: float = PCIE_THROUGHPUT_INTERVAL_SECONDS,
         nvlink_link_interval: float = NVLINK_LINK_INTERVAL_SECONDS,
         procfs: Path | None = None,
+        sources: Sequence[AllocationSource] = (),
     ) -> None:
         self._clock: Clock = clock or SystemClock()
-        self._procfs = None if procfs is None else Path(procfs)
-        #: pid -> its container, for the processes seen last cycle (a process's cgroup
-        #: does not change while it uses the GPU; read once, not every second).
-        self._containers: dict[int, CgroupIdentity] = {}
+        self._attribution = WorkloadAttribution(
+            None if procfs is None else Path(procfs), sources)
         self._library = NvmlLibrary(
             nvml_module,
             self._clock,
@@ -79,46 +82,8 @@ class NvmlCollector:
             collected = self._library.collect()
         except NvmlError as error:
             raise CollectorError(str(error)) from error
-        if self._procfs is None:
-            return collected
-        return replace(collected, gpus=self._with_containers(collected.gpus, self._procfs))
-
-    def _with_containers(
-        self, gpus: tuple[GpuSample, ...], procfs: Path
-    ) -> tuple[GpuSample, ...]:
-        """Each process of a GPU or MIG device with its container and pod (cgroup)."""
-        known, self._containers = self._containers, {}
-        out: list[GpuSample] = []
-        for gpu in gpus:
-            if not gpu.processes and not gpu.mig_instances:
-                out.append(gpu)
-                continue
-            instances = tuple(
-                replace(mig, processes=self._identified(mig.processes, known, procfs))
-                for mig in gpu.mig_instances
-            )
-            out.append(replace(gpu, processes=self._identified(gpu.processes, known, procfs),
-                               mig_instances=instances))
-        return tuple(out)
-
-    def _identified(
-        self,
-        processes: tuple[GpuProcess, ...] | None,
-        known: dict[int, CgroupIdentity],
-        procfs: Path,
-    ) -> tuple[GpuProcess, ...] | None:
-        """``processes`` with their containers: read once a pid (``known``: last cycle's)."""
-        if not processes:
-            return processes
-        out: list[GpuProcess] = []
-        for process in processes:
-            identity = self._containers.get(process.pid) or known.get(process.pid)
-            if identity is None:
-                identity = container_of(procfs, process.pid)
-            self._containers[process.pid] = identity
-            out.append(replace(process, container_id=identity.container_id,
-                               pod_uid=identity.pod_uid))
-        return tuple(out)
+        gpus, sources = self._attribution.attribute(collected.gpus)
+        return replace(collected, gpus=gpus, sources=sources)
 
     def close(self) -> None:
         self._library.close()

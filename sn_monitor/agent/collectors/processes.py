@@ -1,19 +1,13 @@
-"""Processes from /proc: who uses a GPU (their container), and who is stuck in ``D``.
+"""Processes from /proc: who is stuck in ``D``.
 
-Two readers of ``<procfs>/<pid>/``, with pure parsers apart from the reading:
-
-* :func:`parse_cgroup` takes ``/proc/<pid>/cgroup`` to the container and Kubernetes pod
-  of a process (docker, containerd, CRI-O and podman paths, under the systemd and the
-  cgroupfs drivers, cgroup v1 and v2). :func:`container_of` reads it for one pid: the
-  nvml collector attributes each GPU's processes with it. NVML reports pids in the
-  host's PID namespace, so an agent in a container needs the host's /proc (``hostPID``,
-  or the host's /proc mounted and ``paths.procfs`` pointed at it).
-* :class:`ProcessesCollector` scans every ``/proc/<pid>/stat`` for processes in
-  uninterruptible sleep (``D``). A moment in D is normal (disk I/O); a process in D at
-  every scan for ``stuck_after`` seconds without using any CPU time in between is
-  stuck: a hung NFS or Lustre mount, a driver call that never returns, a dying disk.
-  It cannot be killed, and if it is a training rank the job hangs. A process is known
-  by (pid, start time), so a reused pid starts afresh.
+:class:`ProcessesCollector` scans every ``/proc/<pid>/stat`` (parsed by
+:func:`~sn_monitor.agent.workloads.procfs.parse_proc_stat_line`) for processes in
+uninterruptible sleep (``D``). A moment in D is normal (disk I/O); a process in D at
+every scan for ``stuck_after`` seconds without using any CPU time in between is stuck:
+a hung NFS or Lustre mount, a driver call that never returns, a dying disk. It cannot be
+killed, and if it is a training rank the job hangs. A process is known by (pid, start
+time), so a reused pid starts afresh. (Who a GPU process is, its container and user:
+:mod:`sn_monitor.agent.workloads.processes`.)
 
 A scan opens one file per process (~2,000 on a busy node), so it runs every
 ``interval`` seconds (default 10) and the cycles in between serve the last result.
@@ -25,12 +19,12 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from sn_monitor.agent.collectors.base import SourceMissing
 from sn_monitor.agent.snapshot import Collected, ProcessesSample, StuckProcess
+from sn_monitor.agent.workloads.procfs import ProcStat, parse_proc_stat_line
 from sn_monitor.clock import Clock
 
 logger = logging.getLogger(__name__)
@@ -42,98 +36,6 @@ SCAN_INTERVAL_SECONDS = 10.0
 STUCK_AFTER_SECONDS = 120.0
 #: Stuck processes listed in the snapshot (all are counted).
 MAX_STUCK_LISTED = 32
-
-_CONTAINER_ID = re.compile(
-    r"(?:^|/)(?:(?:docker|cri-containerd|crio|libpod)-)?([0-9a-f]{64})(?:\.scope)?(?=/|$)"
-)
-_POD_UID = re.compile(
-    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class CgroupIdentity:
-    """The container and the Kubernetes pod a process runs in; None where none."""
-
-    container_id: str | None = None
-    pod_uid: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ProcStat:
-    """What the D-state scan needs from one ``/proc/<pid>/stat``."""
-
-    pid: int
-    name: str
-    state: str
-    cpu_ticks: int
-    start_ticks: int
-
-
-def parse_cgroup(text: str) -> CgroupIdentity:
-    """``/proc/<pid>/cgroup`` -> the innermost container id and the pod UID, if any.
-
-    Lines are ``hierarchy:controllers:path``; the cgroup v2 line (``0::``) is looked at
-    first, then the others. A container id is a 64-hex path component, bare (cgroupfs
-    driver: ``/docker/<id>``, ``/kubepods/burstable/pod<uid>/<id>``) or as a systemd scope
-    (``docker-<id>.scope``, ``cri-containerd-<id>.scope``, ``crio-<id>.scope``,
-    ``libpod-<id>.scope``); CRI-O's ``crio-conmon-<id>.scope`` is the monitor, not the
-    container. The last one in a path wins (kind: a pod's container inside a docker
-    node). A pod UID is ``pod<uid>`` with dashes, or with underscores under systemd
-    (``kubepods-besteffort-pod<uid>.slice``); it is returned with dashes.
-    """
-    paths: list[str] = []
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        if parts[0] == "0" and parts[1] == "":
-            paths.insert(0, parts[2])
-        else:
-            paths.append(parts[2])
-    for path in paths:
-        containers = _CONTAINER_ID.findall(path)
-        pods = _POD_UID.findall(path)
-        if containers or pods:
-            return CgroupIdentity(
-                container_id=containers[-1] if containers else None,
-                pod_uid=pods[-1].replace("_", "-") if pods else None,
-            )
-    return CgroupIdentity()
-
-
-def parse_proc_stat_line(text: str) -> ProcStat | None:
-    """``/proc/<pid>/stat`` -> pid, name, state, CPU ticks (user + system), start time.
-
-    The name (``comm``) is in parentheses and may itself hold spaces and parentheses,
-    so the fields are taken after the *last* ``)``. None when malformed.
-    """
-    head, sep, tail = text.rpartition(")")
-    pid_text, _, name = head.partition(" (")
-    fields = tail.split()
-    if not sep or len(fields) < 20:
-        return None
-    try:
-        return ProcStat(
-            pid=int(pid_text),
-            name=name,
-            state=fields[0],
-            cpu_ticks=int(fields[11]) + int(fields[12]),
-            start_ticks=int(fields[19]),
-        )
-    except ValueError:
-        return None
-
-
-def container_of(procfs: Path, pid: int) -> CgroupIdentity:
-    """The container of process ``pid`` under ``procfs``; empty if gone or unreadable."""
-    path = procfs / str(pid) / "cgroup"
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:  # gone since NVML listed it, or not ours to read
-        logger.debug("cannot read %s: %s", path, exc)
-        return CgroupIdentity()
-    return parse_cgroup(text)
 
 
 @dataclass(slots=True)

@@ -24,8 +24,8 @@ module passed in: the real ``pynvml`` (:func:`load_pynvml`) or
 * No blocking reads in the cycle (PCIe throughput from GPM, else read seldom), and NVLink
   without ~700 driver calls a cycle (per-link reads only when something may have changed).
 * XID events from an NVML event set, drained without blocking on every collect.
-* The NVLink fabric's registration and the compute processes on each GPU, every cycle:
-  one call each per GPU.
+* The NVLink fabric's registration and the compute processes on each GPU (with their
+  SM utilisation where the driver samples it), every cycle: one call each per GPU.
 * MIG: the mode of each GPU and, while it is on, its MIG devices (UUID, GPU and compute
   instance ids, profile, memory, processes, GPM activity per GPU instance). A mode
   change probes the GPU's absent capabilities again.
@@ -41,6 +41,7 @@ Its modules, each owning one part (a module imports only those listed before it)
 * :mod:`.nvlink`: counting a GPU's NVLinks, their state and counters, the link topology.
 * :mod:`.gpm`: DRAM bandwidth and PCIe throughput (GPM, else the throttled blocking read).
 * :mod:`.fabric`: the NVLink fabric registration.
+* :mod:`.process_utilization`: each compute process's SM utilisation.
 * :mod:`.processes`: the compute processes on a GPU or a MIG device.
 * :mod:`.mig`: the MIG mode, the MIG devices and what each holds.
 * :mod:`.events`: the XID event set, its registrations and its drain.

@@ -23,6 +23,7 @@ class Device:
     pci_bus_id: str = ""
     serial: str | None = None
     vbios_version: str | None = None
+    minor_number: int | None = None
     identified: bool = False
     absent: set[str] = field(default_factory=set)
     static: dict[str, Any] = field(default_factory=dict)
@@ -36,6 +37,8 @@ class Device:
     pcie_read_at: float | None = None
     pcie_throughput: tuple[float | None, float | None] = (None, None)
     events_registered: bool = False
+    #: The newest per-process utilisation sample seen (NVML's microseconds; 0: none yet).
+    process_samples_seen: int = 0
     lost: bool = False
     last_sample: GpuSample | None = None
     #: MIG mode as last read (None: not read yet, or no MIG); a change re-probes.

@@ -13,6 +13,7 @@ from sn_monitor.errors import SnMonitorError
 # NVML return codes (nvml.h); stable ABI values, so they need no lookup in the module.
 NOT_SUPPORTED = 3
 NO_PERMISSION = 4
+NOT_FOUND = 6
 INVALID_ARGUMENT = 2
 NOT_FOUND = 6  # e.g. no MIG device in that slot: an answer, not an error
 DRIVER_NOT_LOADED = 9

@@ -33,7 +33,7 @@ from sn_monitor.agent.nvml.gpm import PCIE_THROUGHPUT_INTERVAL_SECONDS, GpmMetri
 from sn_monitor.agent.nvml.mig import MigDevices
 from sn_monitor.agent.nvml.nvlink import NVLINK_LINK_INTERVAL_SECONDS, NvLinks
 from sn_monitor.agent.nvml.sampling import GpuSampler, identity_fields
-from sn_monitor.agent.nvml.units import text
+from sn_monitor.agent.nvml.units import integer, text
 from sn_monitor.agent.pci import canonical_bus_id
 from sn_monitor.agent.snapshot import Collected, GpuLinks, GpuSample
 from sn_monitor.clock import Clock, SystemClock
@@ -286,15 +286,18 @@ class NvmlLibrary:
             device.serial = text(call(device, "serial", "nvmlDeviceGetSerial"))
         if device.vbios_version is None:
             device.vbios_version = text(call(device, "vbios", "nvmlDeviceGetVbiosVersion"))
-        parts = (
+        if device.minor_number is None:
+            device.minor_number = integer(call(device, "minor", "nvmlDeviceGetMinorNumber"))
+        parts: tuple[tuple[str, str, str | int | None], ...] = (
             ("uuid", "nvmlDeviceGetUUID", device.uuid),
             ("name", "nvmlDeviceGetName", device.name),
             ("pci", "nvmlDeviceGetPciInfo", device.pci_bus_id),
             ("serial", "nvmlDeviceGetSerial", device.serial),
             ("vbios", "nvmlDeviceGetVbiosVersion", device.vbios_version),
+            ("minor", "nvmlDeviceGetMinorNumber", device.minor_number),
         )
         device.identified = all(
-            value or self._calls.known_absent(device, key, function)
+            value not in (None, "") or self._calls.known_absent(device, key, function)
             for key, function, value in parts
         )
 

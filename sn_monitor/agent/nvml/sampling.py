@@ -7,7 +7,8 @@ HBM temperature and the GPU-wide NVLink totals and data come from one batched
 driver calls are made in one fixed order (a fault names the first call that failed),
 the MIG mode first: a mode changed since the last cycle probes every field again (see
 :mod:`.mig`). Imports :mod:`.calls`, :mod:`.device`, :mod:`.errors`, :mod:`.fabric`,
-:mod:`.gpm`, :mod:`.mig`, :mod:`.nvlink`, :mod:`.processes` and :mod:`.units`.
+:mod:`.gpm`, :mod:`.mig`, :mod:`.nvlink`, :mod:`.process_utilization`, :mod:`.processes`
+and :mod:`.units`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sn_monitor.agent.nvml.fabric import read_fabric
 from sn_monitor.agent.nvml.gpm import GpmMetrics
 from sn_monitor.agent.nvml.mig import MigDevices
 from sn_monitor.agent.nvml.nvlink import NvLinks, nvlink_field_ids, nvlink_totals
+from sn_monitor.agent.nvml.process_utilization import ProcessUtilization
 from sn_monitor.agent.nvml.processes import read_processes
 from sn_monitor.agent.nvml.units import (
     field_value,
@@ -59,6 +61,7 @@ def identity_fields(device: Device, driver_version: str | None) -> SampleFields:
         "serial": device.serial,
         "vbios_version": device.vbios_version,
         "driver_version": driver_version,
+        "minor_number": device.minor_number,
     }
 
 
@@ -71,6 +74,7 @@ class GpuSampler:
         self._nvlinks = nvlinks
         self._gpm = gpm
         self._mig = mig
+        self._utilization = ProcessUtilization(calls)
         self._reasons_function: str | None = "nvmlDeviceGetCurrentClocksEventReasons"
 
     def read(self, device: Device, driver_version: str | None) -> GpuSample:
@@ -113,7 +117,7 @@ class GpuSampler:
             fabric_status=fabric.status if fabric is not None else None,
             fabric_clique_id=fabric.clique_id if fabric is not None else None,
             fabric_cluster_uuid=fabric.cluster_uuid if fabric is not None else None,
-            processes=read_processes(self._calls, device),
+            processes=read_processes(self._calls, device, self._utilization),
             nvlink_transmitted_bytes_total=kib_total(fields.get("nvlink_transmitted_kib")),
             nvlink_received_bytes_total=kib_total(fields.get("nvlink_received_kib")),
             mig_mode=mig_mode,

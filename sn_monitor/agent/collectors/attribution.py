@@ -1,0 +1,152 @@
+"""The GPU collector's attribution step: who each GPU process is, whose workload each GPU holds.
+
+Once a cycle, after NVML's read, :class:`WorkloadAttribution`:
+
+1. gives each GPU process its identity from /proc (command, user, container, pod UID;
+   :class:`~sn_monitor.agent.workloads.processes.ProcessIdentities`, cached per (pid,
+   start time));
+2. asks every allocation source (:class:`~sn_monitor.agent.workloads.model.AllocationSource`:
+   the kubelet, Slurm) what it has allocated. Sources fail soft: one that raises
+   :class:`~sn_monitor.agent.workloads.model.SourceUnavailable` is left out of this
+   cycle, logged once when it goes down (again only after it has come back and failed
+   anew), and reported down (:class:`~sn_monitor.agent.snapshot.SourceStatus`, the
+   ``sn_agent_source_up`` gauge); the sample goes on. A source raises nothing else:
+   anything it cannot read is ``SourceUnavailable``. A source answers quickly (the
+   kubelet's socket with a timeout): it runs inside the nvml collector's deadline;
+3. joins both to the GPUs (:mod:`sn_monitor.agent.workloads.join`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from sn_monitor.agent.snapshot import GpuProcess, GpuSample, SourceStatus
+from sn_monitor.agent.workloads.join import claimed_workloads, gpu_workloads
+from sn_monitor.agent.workloads.model import AllocationSource, DeviceAllocation, SourceUnavailable
+from sn_monitor.agent.workloads.processes import (
+    ProcessIdentities,
+    ProcessIdentity,
+    UserName,
+    passwd_user_name,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Allocated device names no GPU answered to, remembered so that each is logged once.
+MAX_UNMATCHED_REMEMBERED = 256
+
+
+class SourcePolling:
+    """Asks each source once a cycle; remembers which are down, to log each outage once."""
+
+    def __init__(self, sources: Sequence[AllocationSource]) -> None:
+        names = [source.name for source in sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"allocation sources need distinct names, got {names}")
+        self._sources = tuple(sources)
+        self._down: set[str] = set()
+
+    def poll(self) -> tuple[list[DeviceAllocation], tuple[SourceStatus, ...]]:
+        """Every allocation of the sources that answered, and each source's up/down."""
+        allocations: list[DeviceAllocation] = []
+        statuses: list[SourceStatus] = []
+        for source in self._sources:
+            try:
+                allocations.extend(source.allocations())
+            except SourceUnavailable as error:
+                if source.name not in self._down:
+                    self._down.add(source.name)
+                    logger.warning("workload source %s is unavailable, GPUs are attributed "
+                                   "without it until it answers: %s", source.name, error.why,
+                                   extra={"source": source.name})
+                statuses.append(SourceStatus(source.name, up=False))
+                continue
+            self._down.discard(source.name)
+            statuses.append(SourceStatus(source.name, up=True))
+        return allocations, tuple(statuses)
+
+
+class WorkloadAttribution:
+    """Processes identified, sources asked, both joined to the cycle's GPUs.
+
+    ``procfs`` is the host's /proc (None: processes keep NVML's pid and memory only);
+    ``sources`` the allocation sources, asked in order; ``user_name`` turns a uid into
+    a name (default: the password database).
+    """
+
+    def __init__(
+        self,
+        procfs: Path | None,
+        sources: Sequence[AllocationSource] = (),
+        *,
+        user_name: UserName = passwd_user_name,
+    ) -> None:
+        self._identities = None if procfs is None else ProcessIdentities(procfs, user_name)
+        self._polling = SourcePolling(sources)
+        self._unmatched: set[str] = set()
+
+    def attribute(
+        self, gpus: tuple[GpuSample, ...]
+    ) -> tuple[tuple[GpuSample, ...], tuple[SourceStatus, ...]]:
+        """The GPUs with their processes' identities and their workloads; each source's state.
+
+        A GPU whose processes and workloads are what NVML's sample already has is passed
+        on as it is (a new sample of ~50 fields costs more than the rest of the step).
+        """
+        known = self._identify(gpus)
+        allocations, statuses = self._polling.poll()
+        claims, unmatched = claimed_workloads(gpus, allocations)
+        self._log_unmatched(unmatched)
+        out: list[GpuSample] = []
+        for gpu, claimed in zip(gpus, claims, strict=True):
+            processes = _identified(gpu.processes, known)
+            instances = tuple(
+                replace(mig, processes=identified)
+                if (identified := _identified(mig.processes, known)) is not mig.processes
+                else mig
+                for mig in gpu.mig_instances)
+            workloads = gpu_workloads(claimed, processes or (), instances)
+            if processes is gpu.processes and workloads == gpu.workloads \
+                    and instances == gpu.mig_instances:
+                out.append(gpu)
+            else:
+                out.append(replace(gpu, processes=processes, workloads=workloads,
+                                   mig_instances=instances))
+        return tuple(out), statuses
+
+    def _identify(self, gpus: tuple[GpuSample, ...]) -> dict[int, ProcessIdentity]:
+        """Who each GPU process is; {} without a procfs root."""
+        if self._identities is None:
+            return {}
+        return self._identities.identify(
+            p.pid for gpu in gpus
+            for processes in (gpu.processes, *(mig.processes for mig in gpu.mig_instances))
+            for p in processes or ())
+
+    def _log_unmatched(self, devices: tuple[str, ...]) -> None:
+        for device in devices:
+            if device in self._unmatched:
+                continue
+            if len(self._unmatched) >= MAX_UNMATCHED_REMEMBERED:
+                self._unmatched.clear()
+            self._unmatched.add(device)
+            logger.debug("allocated device %s is none of this node's GPUs; left out", device)
+
+
+def _identified(processes: tuple[GpuProcess, ...] | None,
+                known: dict[int, ProcessIdentity]) -> tuple[GpuProcess, ...] | None:
+    """``processes`` with who each is; the same tuple when nothing is known."""
+    if not processes or not known:
+        return processes
+    return tuple(_with_identity(p, known[p.pid]) if p.pid in known else p
+                 for p in processes)
+
+
+def _with_identity(process: GpuProcess, identity: ProcessIdentity) -> GpuProcess:
+    return GpuProcess(pid=process.pid, used_memory_bytes=process.used_memory_bytes,
+                      container_id=identity.container_id, pod_uid=identity.pod_uid,
+                      command=identity.command, user=identity.user,
+                      sm_utilization_ratio=process.sm_utilization_ratio)

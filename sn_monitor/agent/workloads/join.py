@@ -1,0 +1,127 @@
+"""Which workload is on which GPU: the sources' allocations and the processes, joined.
+
+An allocation names its device as the platform does (see
+:class:`~sn_monitor.agent.workloads.model.DeviceAllocation`): a GPU UUID (``GPU-...``),
+an NVML minor number (``minor:N``, what Slurm's gres and device cgroups know), or a MIG
+device UUID (``MIG-...``). :class:`DeviceIndex` maps each name to a GPU of the cycle's
+snapshot and, for a MIG device, to its instance on that GPU.
+
+A GPU's workloads (:func:`claimed_workloads`, then :func:`gpu_workloads` with its
+processes) are:
+
+* every workload a source allocated it (or one of its MIG instances), once however many
+  sources, replicas or resources name it; an allocation whose device has no process
+  still counts: the GPU is held (an idle allocation is what the platform team looks for);
+* on a GPU no source claims, one workload per user of its processes (a plain process:
+  its user and nothing else). Where a source claims the GPU its answer stands: a process
+  knows its pod by UID only, and the pod's name, namespace and container are the
+  source's to give. Each process stays visible on its own (its pid, user, container and
+  pod UID) in the per-process series.
+
+Pure: no I/O, no logging; the caller logs the device names no GPU answers to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from sn_monitor.agent.snapshot import GpuProcess, GpuSample, GpuWorkload, MigInstanceSample
+from sn_monitor.agent.workloads.model import DeviceAllocation, Workload
+
+#: Where a device name points: the GPU's position in the snapshot, and its MIG
+#: instance (None: the whole GPU).
+Slot = tuple[int, str | None]
+
+
+def mig_devices(gpu: GpuSample) -> tuple[tuple[str, str], ...]:
+    """The GPU's MIG devices as (MIG device UUID, instance label); () without MIG.
+
+    The instance label is the MIG device's UUID: what the kubelet and
+    ``CUDA_VISIBLE_DEVICES`` name, and the ``mig_uuid`` of the ``sn_mig_*`` families.
+    """
+    return tuple((mig.uuid, mig.uuid) for mig in gpu.mig_instances)
+
+
+class DeviceIndex:
+    """The cycle's GPUs by every name an allocation may give them."""
+
+    def __init__(self, gpus: Sequence[GpuSample]) -> None:
+        self._slots: dict[str, Slot] = {}
+        for position, gpu in enumerate(gpus):
+            if gpu.uuid:
+                self._slots[gpu.uuid] = (position, None)
+            if gpu.minor_number is not None:
+                self._slots[f"minor:{gpu.minor_number}"] = (position, None)
+            for uuid, instance in mig_devices(gpu):
+                self._slots[uuid] = (position, instance)
+
+    def find(self, device: str) -> Slot | None:
+        """The GPU (and MIG instance) ``device`` names; None if none of this node's."""
+        return self._slots.get(device)
+
+
+def workload_of(workload: Workload, mig_instance: str | None = None) -> GpuWorkload:
+    """A source's workload as the snapshot keeps it, on ``mig_instance`` (None: whole GPU)."""
+    return GpuWorkload(
+        mig_instance=mig_instance,
+        pod=workload.pod,
+        namespace=workload.namespace,
+        container=workload.container,
+        slurm_job=workload.slurm_job,
+        user=workload.user,
+        partition=workload.partition,
+        workload_job=workload.job,
+    )
+
+
+def _order(workload: GpuWorkload) -> tuple[str, ...]:
+    return (
+        workload.mig_instance or "",
+        workload.namespace or "",
+        workload.pod or "",
+        workload.container or "",
+        workload.slurm_job or "",
+        workload.user or "",
+        workload.partition or "",
+        workload.workload_job or "",
+    )
+
+
+def claimed_workloads(
+    gpus: Sequence[GpuSample], allocations: Iterable[DeviceAllocation]
+) -> tuple[list[set[GpuWorkload]], tuple[str, ...]]:
+    """What the sources allocated on each GPU, in ``gpus``' order; unmatched device names.
+
+    The second item lists the allocated device names no GPU answers to.
+    """
+    index = DeviceIndex(gpus)
+    claimed: list[set[GpuWorkload]] = [set() for _ in gpus]
+    unmatched: list[str] = []
+    for allocation in allocations:
+        slot = index.find(allocation.device)
+        if slot is None:
+            unmatched.append(allocation.device)
+            continue
+        position, instance = slot
+        claimed[position].add(workload_of(allocation.workload, instance))
+    return claimed, tuple(dict.fromkeys(unmatched))
+
+
+def gpu_workloads(
+    claimed: set[GpuWorkload], processes: Iterable[GpuProcess],
+    instances: Sequence[MigInstanceSample] = (),
+) -> tuple[GpuWorkload, ...]:
+    """A GPU's workloads, sorted: the sources' claims, else its processes' users.
+
+    On a MIG-enabled GPU the users are its MIG devices' (``instances``), each on its
+    instance: the parent's process list is theirs together.
+    """
+    if claimed:
+        return tuple(sorted(claimed, key=_order))
+    if instances:
+        users = {GpuWorkload(mig_instance=mig.uuid, user=p.user)
+                 for mig in instances for p in mig.processes or () if p.user}
+    else:
+        users = {GpuWorkload(user=p.user) for p in processes if p.user}
+    return tuple(sorted(users, key=_order))
+
