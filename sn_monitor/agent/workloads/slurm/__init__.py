@@ -1,0 +1,16 @@
+"""Slurm as an attribution source: which Slurm job a GPU process, or an idle GPU, belongs to.
+
+* :mod:`.processes`: the job of one process, from its ``/proc/<pid>/cgroup`` (cgroup v1
+  and v2 paths of Slurm's cgroup plugins; readable by anyone) and else from its
+  ``/proc/<pid>/environ`` (``SLURM_JOB_ID``, ``SLURM_JOB_USER``, ...; another user's
+  needs root, see ``deploy/systemd/sn-agent.service``);
+* :mod:`.records`: pure parsers of ``scontrol -o`` output (a job's fields, its GRES
+  with device indices per node, Slurm hostlists);
+* :mod:`.scontrol`: the one place the agent runs ``scontrol`` (bounded by a timeout);
+* :mod:`.directory`: a job id to its user, partition and name, cached per job;
+* :mod:`.allocations`: the ``slurm`` :class:`~sn_monitor.agent.workloads.model.AllocationSource`,
+  the GPUs Slurm gave the jobs on this node, busy or idle.
+
+May import: the standard library, ``sn_monitor.agent.workloads.model``,
+``sn_monitor.clock``, ``sn_monitor.program``.
+"""
