@@ -3,7 +3,7 @@
 * :mod:`.processes`: the job of one process, from its ``/proc/<pid>/cgroup`` (cgroup v1
   and v2 paths of Slurm's cgroup plugins; readable by anyone) and else from its
   ``/proc/<pid>/environ`` (``SLURM_JOB_ID``, ``SLURM_JOB_USER``, ...; another user's
-  needs root, see ``deploy/systemd/sn-agent.service``);
+  needs CAP_SYS_PTRACE, see ``deploy/systemd/sn-agent.service``);
 * :mod:`.records`: pure parsers of ``scontrol -o`` output (a job's fields, its GRES
   with device indices per node, Slurm hostlists);
 * :mod:`.scontrol`: the one place the agent runs ``scontrol`` (bounded by a timeout);

@@ -12,7 +12,7 @@ Two pure parsers and one reader of ``<procfs>/<pid>/``:
   ``SLURM_JOB_USER``, ``SLURM_JOB_PARTITION``, ``SLURM_JOB_NAME``, the GPUs). The
   fallback for a Slurm that tracks processes without cgroups (``proctrack/linuxproc``).
   Another user's ``/proc/<pid>/environ`` is mode 0400 behind a ptrace-read check: the
-  agent needs root (see ``deploy/systemd/sn-agent.service``).
+  agent needs root with CAP_SYS_PTRACE (see ``deploy/systemd/sn-agent.service``).
 * :func:`job_of_process` reads both for one pid. A pid gone since NVML listed it, or a
   file the agent may not read, is "unknown" (None or the fields missing), never an
   exception: attribution never costs the sample.
@@ -151,7 +151,7 @@ def _read(path: Path) -> bytes | None:
     try:
         return path.read_bytes()
     except PermissionError as exc:
-        logger.debug("cannot read %s: %s (the agent needs root to read another user's)",
+        logger.debug("cannot read %s: %s (another user's needs CAP_SYS_PTRACE)",
                      path, exc)
     except OSError as exc:  # the process is gone (FileNotFoundError, ProcessLookupError)
         logger.debug("cannot read %s: %s", path, exc)
