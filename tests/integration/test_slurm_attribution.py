@@ -6,8 +6,8 @@ This slurmd tracks processes without cgroups (``proctrack/linuxproc``, ``task/no
 the processes are attributed through their environment (``/proc/<pid>/environ``), the
 fallback; the cgroup paths are covered on fixture text in
 tests/unit/test_slurm_attribution.py. A job id alone (what a cgroup gives) is completed
-through the real ``scontrol show job``, and the allocations, busy and idle, come from
-the real ``scontrol show job -d -o``. Every wait is bounded.
+through the real ``squeue``, and the allocations, busy and idle, come from the real
+``squeue`` and ``scontrol show job -d -o``. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import pytest
 
 from sn_monitor.agent.workloads.model import DeviceAllocation, SourceUnavailable, Workload
 from sn_monitor.agent.workloads.slurm.allocations import SlurmAllocations
+from sn_monitor.agent.workloads.slurm.commands import SlurmCommands
 from sn_monitor.agent.workloads.slurm.directory import JobDirectory
 from sn_monitor.agent.workloads.slurm.processes import (
     ProcessJob,
     job_of_process,
     parse_cgroup_job,
 )
-from sn_monitor.agent.workloads.slurm.scontrol import Scontrol
 from sn_monitor.clock import SystemClock
 from tests.conftest import start_slurm
 from tests.drivers.servers import wait_until
@@ -68,7 +68,7 @@ def pid_in(pidfile: Path) -> int:
 
 
 def source() -> SlurmAllocations:
-    return SlurmAllocations(Scontrol(), SystemClock(), node=NODE, refresh=0)
+    return SlurmAllocations(SlurmCommands(), SystemClock(), node=NODE, refresh=0)
 
 
 def test_a_batch_job_and_an_srun_step_are_attributed_by_pid(slurm: SlurmCluster,
@@ -107,10 +107,10 @@ def test_a_batch_job_and_an_srun_step_are_attributed_by_pid(slurm: SlurmCluster,
         srun.wait(30)
 
 
-def test_a_job_id_alone_is_completed_through_scontrol(slurm: SlurmCluster) -> None:
+def test_a_job_id_alone_is_completed_through_squeue(slurm: SlurmCluster) -> None:
     job = slurm.sbatch("#!/bin/bash\nexec sleep 120\n", "--job-name=from cgroup")
     slurm.wait_job(job, "RUNNING")
-    directory = JobDirectory(Scontrol(), SystemClock())
+    directory = JobDirectory(SlurmCommands(), SystemClock())
     assert directory.complete(ProcessJob(job_id=job, found_in="cgroup", step="0")) == \
         ProcessJob(job_id=job, found_in="cgroup", step="0", user="root", partition="test",
                    name="from cgroup")
@@ -122,14 +122,21 @@ def test_allocated_gpus_without_a_process_show_as_the_jobs(slurm: SlurmCluster) 
     idle = slurm.sbatch("#!/bin/bash\nexec sleep 120\n", "--gres=gpu:2", "--job-name=idle")
     slurm.wait_job(idle, "RUNNING")
     assert source().allocations() == (allocation(0, idle, "idle"), allocation(1, idle, "idle"))
-    other = SlurmAllocations(Scontrol(), SystemClock(), node="n9", refresh=0)
-    assert other.allocations() == ()  # another node's view: none of these
+
+
+def test_a_job_name_that_mimics_slurms_fields_is_only_a_name(slurm: SlurmCluster) -> None:
+    name = "x UserId=evil(7) Nodes=g1 CPU_IDs=0 Mem=0 GRES=gpu:9(IDX:0-1) | z"
+    job = slurm.sbatch("#!/bin/bash\nexec sleep 120\n", "--gres=gpu:1", f"--job-name={name}")
+    slurm.wait_job(job, "RUNNING")
+    assert source().allocations() == (allocation(0, job, name),)
 
 
 def test_a_stopped_slurmctld_makes_the_source_unavailable(slurm: SlurmCluster) -> None:
     slurm.stop_controller()
     with pytest.raises(SourceUnavailable, match="Unable to contact slurm controller"):
-        SlurmAllocations(Scontrol(timeout=30), SystemClock(), node=NODE).allocations()
+        SlurmAllocations(SlurmCommands(timeout=30), SystemClock(), node=NODE).allocations()
+    job = ProcessJob(job_id="1", found_in="cgroup")
+    assert JobDirectory(SlurmCommands(timeout=30), SystemClock()).complete(job) == job
 
 
 def allocation(minor: int, job: str, name: str) -> DeviceAllocation:

@@ -1,8 +1,8 @@
 """Slurm as an attribution source: the job of a process (cgroup, environ), a job's fields
-through scontrol (cached), and the GPUs Slurm allocated on this node.
+through squeue (cached), and the GPUs Slurm allocated on this node.
 
-Pure parsers on fixture text; the readers on a procfs tree under tmp_path; scontrol
-replaced by a runner that answers from a table (no program runs). The real Slurm is in
+Pure parsers on fixture text; the readers on a procfs tree under tmp_path; squeue and
+scontrol replaced by a runner that answers from a table (no program runs). The real Slurm is in
 tests/integration/test_slurm_attribution.py.
 """
 
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from sn_monitor.agent.workloads.model import DeviceAllocation, SourceUnavailable, Workload
-from sn_monitor.agent.workloads.slurm.allocations import SlurmAllocations, allocations_on
+from sn_monitor.agent.workloads.slurm.allocations import SlurmAllocations
+from sn_monitor.agent.workloads.slurm.commands import SlurmCommands
 from sn_monitor.agent.workloads.slurm.directory import JobDirectory
 from sn_monitor.agent.workloads.slurm.processes import (
     ProcessJob,
@@ -26,13 +27,13 @@ from sn_monitor.agent.workloads.slurm.processes import (
     parse_environ,
 )
 from sn_monitor.agent.workloads.slurm.records import (
+    JobRecord,
     expand_hostlist,
     gpu_indices,
-    parse_fields,
+    node_gpus,
     parse_indices,
-    parse_jobs,
+    parse_queue,
 )
-from sn_monitor.agent.workloads.slurm.scontrol import Scontrol
 from sn_monitor.clock import ManualClock
 from sn_monitor.program import Finished, ProgramTimeout
 from tests.conftest import FIXTURES
@@ -187,17 +188,48 @@ def test_a_denied_environ_is_unknown_not_an_error(tmp_path: Path,
                                                       step="0")
 
 
-# ---- scontrol -o records --------------------------------------------------------------------
+# ---- squeue and scontrol -d records --------------------------------------------------------
 
 
-def test_fields_keep_spaces_in_values_and_repeated_keys() -> None:
-    fields = parse_fields("JobId=1 JobName=my job UserId=a(1) TRES=cpu=1,node=1 "
-                          "Nodes=g1 GRES=gpu:1(IDX:0)   Nodes=g2 GRES=gpu:1(IDX:1) "
-                          "AllocNode:Sid=h:1 Command=/x.sh --lr=0.1")
-    assert fields == [("JobId", "1"), ("JobName", "my job"), ("UserId", "a(1)"),
-                      ("TRES", "cpu=1,node=1"), ("Nodes", "g1"), ("GRES", "gpu:1(IDX:0)"),
-                      ("Nodes", "g2"), ("GRES", "gpu:1(IDX:1)"), ("AllocNode:Sid", "h:1"),
-                      ("Command", "/x.sh --lr=0.1")]
+QUEUE_G1 = "1|alice|gpu|RUNNING|my job\n2|bob|debug|RUNNING|bash\n"
+
+
+def detail(job_id: str) -> str:
+    """The fixture's ``scontrol show job -d -o <id>`` line of that job."""
+    return next(line for line in SHOW_JOBS.splitlines() if line.startswith(f"JobId={job_id} "))
+
+
+def test_queue_records_take_the_name_last_whatever_it_holds() -> None:
+    assert parse_queue("7|alice|gpu|RUNNING|a | b|c\n8|(null)||PENDING|\n") == [
+        JobRecord("7", "alice", "gpu", "RUNNING", "a | b|c"),
+        JobRecord("8", None, None, "PENDING", None)]
+
+
+def test_queue_lines_that_are_no_record_or_a_repeated_id_are_left_out() -> None:
+    # a job name with a line break whose second line looks like a record of job 7
+    text = "7|alice|gpu|RUNNING|first line\n7|root|prod|RUNNING|x\nnot|a record\n" \
+           "9|bob|gpu|RUNNING|ok\n"
+    assert parse_queue(text) == [JobRecord("9", "bob", "gpu", "RUNNING", "ok")]
+
+
+def test_a_jobs_gpus_on_a_node() -> None:
+    alice = JobRecord("1", "alice", "gpu", "RUNNING", "my job")
+    bob = JobRecord("2", "bob", "debug", "RUNNING", "bash")
+    assert node_gpus(detail("1"), alice, "g1") == (0,)
+    assert node_gpus(detail("1"), alice, "g2") == ()
+    assert node_gpus(detail("2"), bob, "g2") == (1, 3)
+    assert node_gpus(detail("2"), bob, "g3") == (7,)
+
+
+def test_a_job_name_or_command_that_mimics_slurms_fields_takes_no_gpus() -> None:
+    carol = JobRecord("5", "carol", "gpu", "RUNNING", "x UserId=evil(7) Nodes=g1 GRES=gpu:9(IDX:5)")
+    assert node_gpus(detail("5"), carol, "g4") == (0,)
+    assert node_gpus(detail("5"), carol, "g1") == ()  # neither the name's nor the Command's
+    # a line that is not the job squeue listed (another name, user or id): nothing
+    assert node_gpus(detail("5"), JobRecord("5", "evil", "gpu", "RUNNING", "x"), "g4") == ()
+    assert node_gpus(detail("1"), JobRecord("1", "mallory", "gpu", "RUNNING", "my job"),
+                     "g1") == ()
+    assert node_gpus("", JobRecord("1", "alice", "gpu", "RUNNING", "my job"), "g1") == ()
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -233,18 +265,6 @@ def test_hostlists(expression: str, expected: list[str]) -> None:
     assert expand_hostlist(expression) == expected
 
 
-def test_show_job_detail_records() -> None:
-    records = {r.job_id: r for r in parse_jobs(SHOW_JOBS)}
-    assert set(records) == {"1", "2", "3", "4"}
-    assert (records["1"].user, records["1"].partition, records["1"].name,
-            records["1"].state) == ("alice", "gpu", "my job", "RUNNING")
-    assert records["1"].gpus == {"g1": (0,)}
-    assert records["2"].gpus == {"g1": (1, 3), "g2": (1, 3), "g3": (7,)}
-    assert records["4"].gpus == {}
-    assert not records["4"].holds_devices
-    assert not records["3"].holds_devices
-
-
 # ---- the allocation source -----------------------------------------------------------------
 
 
@@ -254,25 +274,17 @@ def alloc(minor: int, job: str, user: str, partition: str, name: str) -> DeviceA
                                               job=name))
 
 
-def test_allocations_on_a_node_are_its_gpus_held_by_running_jobs() -> None:
-    records = parse_jobs(SHOW_JOBS)
-    assert allocations_on(records, "g1") == (
-        alloc(0, "1", "alice", "gpu", "my job"), alloc(1, "2", "bob", "debug", "bash"),
-        alloc(3, "2", "bob", "debug", "bash"))
-    assert allocations_on(records, "g3") == (alloc(7, "2", "bob", "debug", "bash"),)
-    assert allocations_on(records, "g9") == ()
-
-
 class ScriptedRunner:
-    """Answers ``scontrol`` from a table; counts the calls; a missing answer is an error."""
+    """Answers Slurm's commands from a table; counts the calls; an unknown one is an error."""
 
     def __init__(self, answers: dict[str, Finished | Exception]) -> None:
         self.answers = answers
-        self.calls: list[list[str]] = []
+        self.calls: list[str] = []
 
     def __call__(self, argv: Sequence[str], *, timeout: float) -> Finished:
-        self.calls.append(list(argv))
-        answer = self.answers[" ".join(argv[1:])]
+        command = " ".join(argv)
+        self.calls.append(command)
+        answer = self.answers[command]
         if isinstance(answer, Exception):
             raise answer
         return answer
@@ -282,32 +294,54 @@ def ok(stdout: str) -> Finished:
     return Finished(0, stdout, "")
 
 
-def test_the_source_serves_one_load_for_refresh_seconds() -> None:
-    runner = ScriptedRunner({"show job -d -o": ok(SHOW_JOBS)})
+QUEUE_ON_G1 = ("squeue --noheader --all --nodelist=g1 "
+               "--states=RUNNING,SUSPENDED,CONFIGURING,COMPLETING --format=%A|%u|%P|%T|%j")
+
+
+def g1_answers() -> dict[str, Finished | Exception]:
+    return {QUEUE_ON_G1: ok(QUEUE_G1),
+            "scontrol show job -d -o 1": ok(detail("1") + "\n"),
+            "scontrol show job -d -o 2": ok(detail("2") + "\n")}
+
+
+def test_the_source_lists_the_nodes_jobs_and_their_gpus_once_per_refresh() -> None:
+    runner = ScriptedRunner(g1_answers())
     clock = ManualClock()
-    source = SlurmAllocations(Scontrol(run=runner), clock, node="g3", refresh=30)
+    source = SlurmAllocations(SlurmCommands(run=runner), clock, node="g1", refresh=30)
     assert source.name == "slurm"
-    assert source.allocations() == (alloc(7, "2", "bob", "debug", "bash"),)
+    assert source.allocations() == (
+        alloc(0, "1", "alice", "gpu", "my job"), alloc(1, "2", "bob", "debug", "bash"),
+        alloc(3, "2", "bob", "debug", "bash"))
     clock.advance(29)
     source.allocations()
-    assert len(runner.calls) == 1
-    runner.answers["show job -d -o"] = ok("")
+    assert len(runner.calls) == 3
+    runner.answers[QUEUE_ON_G1] = ok("")
     clock.advance(1)
     assert source.allocations() == ()
-    assert runner.calls == [["scontrol", "show", "job", "-d", "-o"]] * 2
+    assert runner.calls[3:] == [QUEUE_ON_G1]  # no job on the node: no scontrol
+
+
+def test_a_job_gone_between_squeue_and_scontrol_has_no_gpus() -> None:
+    answers = g1_answers()
+    answers["scontrol show job -d -o 2"] = Finished(
+        1, "", "slurm_load_jobs error: Invalid job id specified")
+    source = SlurmAllocations(SlurmCommands(run=ScriptedRunner(answers)), ManualClock(),
+                              node="g1")
+    assert source.allocations() == (alloc(0, "1", "alice", "gpu", "my job"),)
 
 
 @pytest.mark.parametrize(("answer", "why"), [
     (ProgramTimeout("slow"), "ran past 5s"),
-    (FileNotFoundError(2, "No such file or directory"), "cannot run scontrol"),
-    (Finished(1, "", "scontrol: error: Unable to contact slurm controller (connect failure)"),
-     "exited 1: scontrol: error: Unable to contact slurm controller"),
+    (FileNotFoundError(2, "No such file or directory"), "cannot run squeue"),
+    (Finished(1, "", "squeue: error: Unable to contact slurm controller (connect failure)"),
+     "exited 1: squeue: error: Unable to contact slurm controller"),
+    (Finished(1, "", "squeue: error: Invalid node name g1"), "Invalid node name g1"),
 ])
 def test_a_slurmctld_that_cannot_answer_is_source_unavailable_until_the_next_refresh(
         answer: Exception | Finished, why: str) -> None:
-    runner = ScriptedRunner({"show job -d -o": answer})
+    runner = ScriptedRunner({QUEUE_ON_G1: answer})
     clock = ManualClock()
-    source = SlurmAllocations(Scontrol(run=runner), clock, node="g1", refresh=30)
+    source = SlurmAllocations(SlurmCommands(run=runner), clock, node="g1", refresh=30)
     with pytest.raises(SourceUnavailable, match=why) as raised:
         source.allocations()
     assert raised.value.source == "slurm"
@@ -315,27 +349,27 @@ def test_a_slurmctld_that_cannot_answer_is_source_unavailable_until_the_next_ref
     with pytest.raises(SourceUnavailable, match=why):
         source.allocations()
     assert len(runner.calls) == 1  # not asked again within refresh
-    runner.answers["show job -d -o"] = ok(SHOW_JOBS)
+    runner.answers.update(g1_answers())
     clock.advance(20)
     assert len(source.allocations()) == 3
 
 
 def test_the_node_defaults_to_the_short_host_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("socket.gethostname", lambda: "gpu07.cluster.example")
-    source = SlurmAllocations(Scontrol(run=ScriptedRunner({})), ManualClock())
+    source = SlurmAllocations(SlurmCommands(run=ScriptedRunner({})), ManualClock())
     assert source.node == "gpu07"
 
 
 # ---- a job id to its fields ------------------------------------------------------------------
 
 
-JOB_1 = SHOW_JOBS.splitlines()[0]
+SQUEUE_1 = "squeue --noheader --all --states=all --jobs=1 --format=%A|%u|%P|%T|%j"
 
 
 def test_a_job_is_looked_up_once_per_ttl() -> None:
-    runner = ScriptedRunner({"show job -o 1": ok(JOB_1 + "\n")})
+    runner = ScriptedRunner({SQUEUE_1: ok("1|alice|gpu|RUNNING|my job\n")})
     clock = ManualClock()
-    directory = JobDirectory(Scontrol(run=runner), clock, ttl=300)
+    directory = JobDirectory(SlurmCommands(run=runner), clock, ttl=300)
     job = ProcessJob(job_id="1", found_in="cgroup", step="0")
     completed = directory.complete(job)
     assert completed == ProcessJob(job_id="1", found_in="cgroup", step="0", user="alice",
@@ -349,29 +383,30 @@ def test_a_job_is_looked_up_once_per_ttl() -> None:
 
 
 def test_a_process_that_said_everything_costs_no_lookup() -> None:
-    directory = JobDirectory(Scontrol(run=ScriptedRunner({})), ManualClock())
+    directory = JobDirectory(SlurmCommands(run=ScriptedRunner({})), ManualClock())
     job = ProcessJob(job_id="1", found_in="environ", user="a", partition="p", name="n")
     assert directory.complete(job) is job
 
 
 def test_a_failing_lookup_keeps_the_job_id_and_is_retried_later() -> None:
-    runner = ScriptedRunner({"show job -o 1": ProgramTimeout("slow")})
+    runner = ScriptedRunner({SQUEUE_1: ProgramTimeout("slow")})
     clock = ManualClock()
-    directory = JobDirectory(Scontrol(run=runner), clock, retry_after=30)
+    directory = JobDirectory(SlurmCommands(run=runner), clock, retry_after=30)
     job = ProcessJob(job_id="1", found_in="cgroup")
     assert directory.complete(job) == job
     clock.advance(29)
     assert directory.complete(job) == job
     assert len(runner.calls) == 1
-    runner.answers["show job -o 1"] = ok(JOB_1)
+    runner.answers[SQUEUE_1] = ok("1|alice|gpu|RUNNING|my job\n")
     clock.advance(1)
     assert directory.complete(job).user == "alice"
 
 
 def test_a_job_slurm_forgot_is_none_not_a_failure() -> None:
-    runner = ScriptedRunner({"show job -o 9": Finished(
-        1, "", "slurm_load_jobs error: Invalid job id specified")})
-    directory = JobDirectory(Scontrol(run=runner), ManualClock())
+    runner = ScriptedRunner({
+        "squeue --noheader --all --states=all --jobs=9 --format=%A|%u|%P|%T|%j":
+            Finished(1, "", "slurm_load_jobs error: Invalid job id specified")})
+    directory = JobDirectory(SlurmCommands(run=runner), ManualClock())
     assert directory.lookup("9") is None
     assert directory.lookup("not-a-number") is None
     assert len(runner.calls) == 1

@@ -4,9 +4,10 @@
   and v2 paths of Slurm's cgroup plugins; readable by anyone) and else from its
   ``/proc/<pid>/environ`` (``SLURM_JOB_ID``, ``SLURM_JOB_USER``, ...; another user's
   needs CAP_SYS_PTRACE, see ``deploy/systemd/sn-agent.service``);
-* :mod:`.records`: pure parsers of ``scontrol -o`` output (a job's fields, its GRES
-  with device indices per node, Slurm hostlists);
-* :mod:`.scontrol`: the one place the agent runs ``scontrol`` (bounded by a timeout);
+* :mod:`.records`: pure parsers of ``squeue`` (a job's user, partition, name) and
+  ``scontrol show job -d -o`` (its GPUs' GRES indices per node), and Slurm hostlists;
+* :mod:`.commands`: the one place the agent runs ``squeue`` and ``scontrol`` (each
+  bounded by a timeout);
 * :mod:`.directory`: a job id to its user, partition and name, cached per job;
 * :mod:`.allocations`: the ``slurm`` :class:`~sn_monitor.agent.workloads.model.AllocationSource`,
   the GPUs Slurm gave the jobs on this node, busy or idle.

@@ -1,8 +1,8 @@
 """The ``slurm`` allocation source: the GPUs Slurm gave the jobs on this node, busy or idle.
 
-From ``scontrol show job -d -o``: for each job in a state that holds its allocation
-(running, suspended, configuring, completing), the node groups (``Nodes=<hostlist>``)
-that name this node, and their ``GRES=gpu:N(IDX:...)``.
+A refresh lists the jobs holding an allocation on this node (``squeue --nodelist``) and,
+for each, its GPUs here (``scontrol show job -d -o <id>``: ``GRES=gpu:N(IDX:...)`` of the
+node group naming this node; see :mod:`.records` for why both).
 
 **IDX to device.** ``IDX`` is a GPU's position among the node's GPUs in gres.conf (0 for
 the first ``File=``), also what ``SLURM_JOB_GPUS`` / ``SLURM_STEP_GPUS`` hold. gres.conf
@@ -15,11 +15,10 @@ device files (a GPU left out after a failure) shifts the positions after the gap
 node's allocations are off by the gap, and the process attribution (cgroup, environ),
 which does not depend on the order, is the one to trust there.
 
-Each refresh loads every job from slurmctld, so it runs at most every ``refresh`` seconds
-(default 30) and the calls in between return the last answer: a thousand agents make
-about 33 ``scontrol`` calls a second. A failed refresh raises :class:`SourceUnavailable`,
-and so does every call until ``refresh`` seconds have passed (a slurmctld that does not
-answer is not asked at every sample).
+A refresh costs 1 + (jobs on the node) commands, so it runs at most every ``refresh``
+seconds (default 30) and the calls in between return the last answer. A failed refresh
+raises :class:`SourceUnavailable`, and so does every call until ``refresh`` seconds have
+passed (a slurmctld that does not answer is not asked at every sample).
 """
 
 from __future__ import annotations
@@ -27,25 +26,25 @@ from __future__ import annotations
 import socket
 
 from sn_monitor.agent.workloads.model import DeviceAllocation, SourceUnavailable, Workload
-from sn_monitor.agent.workloads.slurm.records import JobRecord, parse_jobs
-from sn_monitor.agent.workloads.slurm.scontrol import SOURCE, Scontrol
+from sn_monitor.agent.workloads.slurm.commands import SOURCE, SlurmCommands
+from sn_monitor.agent.workloads.slurm.records import JobRecord, node_gpus, parse_queue
 from sn_monitor.clock import Clock
 
-#: Seconds between two loads of Slurm's jobs; the calls in between return the last answer.
+#: Seconds between two refreshes; the calls in between return the last answer.
 DEFAULT_REFRESH_SECONDS = 30.0
 #: The resource name Slurm's GPUs go by (``TRES=gres/gpu=2``).
 RESOURCE = "gres/gpu"
 
 
-def allocations_on(records: list[JobRecord], node: str) -> tuple[DeviceAllocation, ...]:
-    """The GPUs of ``node`` held by jobs, as ``minor:N`` devices, by minor number."""
-    held = sorted(((index, record) for record in records if record.holds_devices
-                   for index in record.gpus.get(node, ())), key=lambda pair: pair[0])
+def allocations_of(held: list[tuple[JobRecord, tuple[int, ...]]]) -> tuple[DeviceAllocation, ...]:
+    """Jobs and their GPUs' GRES indices -> allocations of ``minor:N``, by minor number."""
+    pairs = sorted(((index, job) for job, indices in held for index in indices),
+                   key=lambda pair: pair[0])
     return tuple(
         DeviceAllocation(device=f"minor:{index}", resource=RESOURCE, source=SOURCE,
-                         workload=Workload(slurm_job=record.job_id, user=record.user,
-                                           partition=record.partition, job=record.name))
-        for index, record in held)
+                         workload=Workload(slurm_job=job.job_id, user=job.user,
+                                           partition=job.partition, job=job.name))
+        for index, job in pairs)
 
 
 class SlurmAllocations:
@@ -58,12 +57,12 @@ class SlurmAllocations:
 
     name = SOURCE
 
-    def __init__(self, scontrol: Scontrol, clock: Clock, *, node: str | None = None,
+    def __init__(self, commands: SlurmCommands, clock: Clock, *, node: str | None = None,
                  refresh: float = DEFAULT_REFRESH_SECONDS) -> None:
         if refresh < 0:
             raise ValueError("refresh must be >= 0")
         self.node = node or socket.gethostname().split(".")[0]
-        self._scontrol = scontrol
+        self._commands = commands
         self._clock = clock
         self._refresh = float(refresh)
         self._loaded_at: float | None = None
@@ -79,10 +78,13 @@ class SlurmAllocations:
             return self._last
         self._loaded_at = now
         try:
-            text = self._scontrol.show_jobs_detail()
+            held = [(job, node_gpus(self._commands.job_detail(job.job_id).strip(), job,
+                                    self.node))
+                    for job in parse_queue(self._commands.jobs_on(self.node))
+                    if job.holds_devices]
         except SourceUnavailable as exc:
             self._failure = exc
             raise
         self._failure = None
-        self._last = allocations_on(parse_jobs(text), self.node)
+        self._last = allocations_of(held)
         return self._last

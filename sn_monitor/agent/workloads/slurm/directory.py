@@ -2,10 +2,11 @@
 
 The cgroup names a process's job but not its owner; when the process's environment
 cannot say either (another user's, without the privilege to read it), the agent asks
-``scontrol show job -o <id>``. A job's user, partition and name do not change while it
+``squeue --jobs=<id>``. A job's user, partition and name do not change while it
 runs, so an answer is kept for ``ttl`` seconds; a failure (slurmctld down or slow) is
-kept for ``retry_after`` seconds, so that an outage costs one ``scontrol`` per job per
-``retry_after``, not one per sample. Failures are logged once per outage and never
+kept for ``retry_after`` seconds, so that an outage costs one ``squeue`` per job per
+``retry_after``, not one per sample; a job Slurm does not know is asked about again
+after ``retry_after`` too. Failures are logged once per outage and never
 raised: the process keeps its job id, without the fields Slurm could not give.
 """
 
@@ -15,9 +16,9 @@ import logging
 from dataclasses import dataclass, replace
 
 from sn_monitor.agent.workloads.model import SourceUnavailable
+from sn_monitor.agent.workloads.slurm.commands import SlurmCommands
 from sn_monitor.agent.workloads.slurm.processes import ProcessJob
-from sn_monitor.agent.workloads.slurm.records import JobRecord, parse_jobs
-from sn_monitor.agent.workloads.slurm.scontrol import Scontrol
+from sn_monitor.agent.workloads.slurm.records import JobRecord, parse_queue
 from sn_monitor.clock import Clock
 
 logger = logging.getLogger(__name__)
@@ -37,13 +38,14 @@ class _Entry:
 
 
 class JobDirectory:
-    """Job id -> :class:`JobRecord` through ``scontrol``, cached on ``clock``'s monotonic time."""
+    """Job id -> :class:`JobRecord` through ``squeue``, cached on ``clock``'s monotonic time."""
 
-    def __init__(self, scontrol: Scontrol, clock: Clock, *, ttl: float = DEFAULT_TTL_SECONDS,
+    def __init__(self, commands: SlurmCommands, clock: Clock, *,
+                 ttl: float = DEFAULT_TTL_SECONDS,
                  retry_after: float = DEFAULT_RETRY_SECONDS) -> None:
         if ttl <= 0 or retry_after <= 0:
             raise ValueError("ttl and retry_after must be > 0")
-        self._scontrol = scontrol
+        self._commands = commands
         self._clock = clock
         self._ttl = float(ttl)
         self._retry_after = float(retry_after)
@@ -59,7 +61,7 @@ class JobDirectory:
         if entry is not None and now < entry.until:
             return entry.record
         try:
-            text = self._scontrol.show_job(job_id)
+            text = self._commands.job(job_id)
         except SourceUnavailable as exc:
             if not self._failing:
                 logger.warning("cannot ask Slurm about job %s (%s): its user and partition "
@@ -71,7 +73,7 @@ class JobDirectory:
         if self._failing:
             logger.info("Slurm answers again")
             self._failing = False
-        records = parse_jobs(text or "")
+        records = parse_queue(text)
         record = next((r for r in records if r.job_id == job_id), None)
         self._remember(job_id, _Entry(record, now + (self._ttl if record else self._retry_after)))
         return record

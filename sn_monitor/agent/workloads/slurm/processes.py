@@ -88,19 +88,20 @@ def parse_cgroup_job(text: str) -> SlurmStep | None:
 
     Lines are ``hierarchy:controllers:path``; the v2 line (``0::``) is looked at first.
     """
-    lines = [line.split(":", 2) for line in text.splitlines()]
-    paths = [parts[2] for parts in lines if len(parts) == 3]
-    paths.sort(key=lambda path: path != _v2_path(lines))
+    paths: list[str] = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            paths.insert(0, parts[2])
+        else:
+            paths.append(parts[2])
     for path in paths:
         found = _SLURM_CGROUP.search(path)
         if found is not None:
             return SlurmStep(found.group(1), found.group(2))
     return None
-
-
-def _v2_path(lines: list[list[str]]) -> str | None:
-    return next((parts[2] for parts in lines
-                 if len(parts) == 3 and parts[0] == "0" and parts[1] == ""), None)
 
 
 def parse_environ(data: bytes) -> SlurmEnviron | None:

@@ -1,44 +1,53 @@
-"""Pure parsers of ``scontrol show job -o`` (``-d``): a job's fields and its GPUs per node.
+"""Pure parsers of what ``squeue`` and ``scontrol show job -d -o`` print.
 
-``-o`` prints one job per line as ``Key=Value`` words. Values may hold spaces
-(``JobName=my job``, ``Command=...``): a value runs to the next word that starts a key.
-``-d`` adds, per group of nodes, ``Nodes=<hostlist> CPU_IDs=... Mem=...
-GRES=gpu:2(IDX:0-1)``; ``IDX`` is the position of each GPU among the node's GPUs as
-gres.conf lists them (see :mod:`.allocations` for how that becomes a device).
+Job names are user text and may hold anything Slurm prints as a field (``JobName=x
+UserId=root(0) Nodes=g1 GRES=gpu:8(IDX:0-7)``), so nothing is read out of ``scontrol``'s
+``Key=Value`` words where a name could stand in for it:
+
+* a job's id, user, partition, state and name come from ``squeue`` with
+  :data:`QUEUE_FORMAT`, the name last: everything after the fourth ``|`` (ids, user
+  and partition names, states hold no ``|``);
+* a job's GPUs on a node come from ``scontrol show job -d -o <id>``, whose line must
+  start with the id, the name and the user ``squeue`` gave (``JobId=<id> JobName=<name>
+  UserId=<user>(<uid>) GroupId=``); after them, the ``-d`` node
+  groups (``Nodes=<hostlist> CPU_IDs=... Mem=... GRES=gpu:2(IDX:0-1)``) stand between
+  ``JOB_GRES=`` and ``MinCPUsNode=``, before any other user text (``Command=``,
+  ``WorkDir=``, ``Comment=``). ``IDX`` is a GPU's position among the node's GPUs in
+  gres.conf (see :mod:`.allocations` for the device it means).
+
+A job whose name holds a line break gets no GPUs here (both tools print it as is).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-#: A key starts a word: ``JobId=``, ``AllocNode:Sid=``, ``CPUs/Task=``.
-_KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
+#: ``squeue --format``: job id (the raw id, not an array's ``<id>_<task>``), user,
+#: partition, state (long form), name.
+QUEUE_FORMAT = "%A|%u|%P|%T|%j"
+#: Job states in which a job holds its nodes' GPUs.
+HOLDING_STATES = ("RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING")
+
+#: What follows the user's name: ``UserId=alice(1000) GroupId=``.
+_UID_GROUP = re.compile(r"\d+\) GroupId=")
+#: One ``-d`` node group.
+_NODE_GROUP = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=\S* Mem=\S* GRES=(\S*)")
 #: One GRES of a node group: ``gpu:2(IDX:0-1)``, ``gpu:a100:2(IDX:0,2)``.
 _GRES = re.compile(r"([A-Za-z0-9_]+)(?::[^(,]*)?\(IDX:([0-9,\-]*)\)")
-#: ``UserId=alice(1000)``.
-_USER = re.compile(r"^(.*?)\(\d+\)$")
 #: One bracket group of a hostlist: ``n[1-3,5]``.
 _BRACKET = re.compile(r"\[([^\]]*)\]")
-
-#: Job states in which a job holds its nodes' GPUs.
-HOLDING_STATES = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING"})
 
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
-    """What the agent uses of one ``scontrol show job`` record; None where Slurm has none.
-
-    ``gpus``: per node name, the GRES indices of the ``gpu`` GRES the job holds there
-    (from ``-d``; empty without it).
-    """
+    """A job as ``squeue`` lists it; None where Slurm has nothing (``(null)``)."""
 
     job_id: str
-    user: str | None = None
-    partition: str | None = None
-    name: str | None = None
-    state: str | None = None
-    gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    user: str | None
+    partition: str | None
+    state: str | None
+    name: str | None
 
     @property
     def holds_devices(self) -> bool:
@@ -46,14 +55,43 @@ class JobRecord:
         return self.state in HOLDING_STATES
 
 
-def parse_fields(line: str) -> list[tuple[str, str]]:
-    """The ``Key=Value`` words of one ``-o`` line, in order (keys may repeat)."""
-    found = list(_KEY.finditer(line))
-    fields = []
-    for i, match in enumerate(found):
-        end = found[i + 1].start() if i + 1 < len(found) else len(line)
-        fields.append((match.group(1), line[match.end():end].strip()))
-    return fields
+def parse_queue(text: str) -> list[JobRecord]:
+    """``squeue --noheader --format=`` :data:`QUEUE_FORMAT` -> its jobs.
+
+    A line that is not such a record (a name's second line) is skipped, and so is every
+    record of a job id listed twice (a name's second line that looks like a record).
+    """
+    records: dict[str, JobRecord] = {}
+    repeated: set[str] = set()
+    for line in text.splitlines():
+        parts = line.split("|", 4)
+        if len(parts) != 5 or not parts[0].isdigit():
+            continue
+        job_id, user, partition, state, name = parts
+        if job_id in records:
+            repeated.add(job_id)
+        records[job_id] = JobRecord(job_id, _known(user), _known(partition), _known(state),
+                                    _known(name))
+    return [record for job_id, record in records.items() if job_id not in repeated]
+
+
+def node_gpus(detail: str, job: JobRecord, node: str) -> tuple[int, ...]:
+    """The GRES indices of ``job``'s GPUs on ``node`` from its ``scontrol -d -o`` line.
+
+    Empty when the line is not that job's (its head differs: see the module).
+    """
+    head = f"JobId={job.job_id} JobName={job.name or ''} UserId={job.user or ''}("
+    if not detail.startswith(head) or not _UID_GROUP.match(detail, len(head)):
+        return ()
+    rest = detail[len(head):]
+    start = rest.find(" JOB_GRES=")
+    end = rest.find(" MinCPUsNode=", start)
+    if start < 0 or end < 0:
+        return ()
+    for nodes, gres in _NODE_GROUP.findall(rest[start:end]):
+        if node in expand_hostlist(nodes):
+            return gpu_indices(gres)
+    return ()
 
 
 def parse_indices(text: str) -> tuple[int, ...]:
@@ -114,38 +152,5 @@ def _expand_one(item: str) -> list[str]:
     return names
 
 
-def parse_job_line(line: str) -> JobRecord | None:
-    """One ``scontrol show job -o [-d]`` line -> its record; None without ``JobId=``."""
-    fields = parse_fields(line)
-    values: dict[str, str] = {}
-    gpus: dict[str, tuple[int, ...]] = {}
-    nodes: list[str] = []
-    for key, value in fields:
-        if key == "Nodes":
-            nodes = expand_hostlist(value)
-        elif key == "GRES" and nodes:
-            for node in nodes:
-                gpus[node] = gpu_indices(value)
-            nodes = []
-        else:
-            values.setdefault(key, value)
-    job_id = values.get("JobId")
-    if not job_id:
-        return None
-    user = values.get("UserId")
-    if user is not None:
-        named = _USER.match(user)
-        user = named.group(1) if named else user
-    return JobRecord(job_id=job_id, user=_known(user), partition=_known(values.get("Partition")),
-                     name=_known(values.get("JobName")), state=_known(values.get("JobState")),
-                     gpus={node: found for node, found in gpus.items() if found})
-
-
-def parse_jobs(text: str) -> list[JobRecord]:
-    """Every record of ``scontrol show job -o [-d]`` output (one per line)."""
-    records = (parse_job_line(line) for line in text.splitlines() if line.strip())
-    return [record for record in records if record is not None]
-
-
-def _known(value: str | None) -> str | None:
-    return None if value in (None, "", "(null)") else value
+def _known(value: str) -> str | None:
+    return None if value in ("", "(null)") else value
