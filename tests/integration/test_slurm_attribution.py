@@ -12,6 +12,7 @@ through the real ``squeue``, and the allocations, busy and idle, come from the r
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,7 @@ pytestmark = pytest.mark.integration
 
 PROC = Path("/proc")
 NODE = "g1"
+NOBODY = 65534
 #: exec: the pid written is the process that runs for the job's life.
 TASK = "echo $$ > {pidfile}; exec sleep 120"
 
@@ -93,10 +95,10 @@ def test_a_batch_job_and_an_srun_step_are_attributed_by_pid(slurm: SlurmCluster,
         # no Slurm cgroup here (proctrack/linuxproc): the environment names the job
         assert parse_cgroup_job((PROC / str(batch_pid) / "cgroup").read_text()) is None
         assert job_of_process(PROC, batch_pid) == ProcessJob(
-            job_id=batch, found_in="environ", user="root", partition="test",
+            job_id=batch, found_in="environ", uid=0, user="root", partition="test",
             name="train batch", gres_gpus=(0,))
         assert job_of_process(PROC, step_pid) == ProcessJob(
-            job_id=step_job, found_in="environ", step="0", user="root", partition="test",
+            job_id=step_job, found_in="environ", uid=0, step="0", user="root", partition="test",
             name="interactive", gres_gpus=(1,))
 
         # each process's GPU is the one Slurm allocated to its job
@@ -115,6 +117,25 @@ def test_a_job_id_alone_is_completed_through_squeue(slurm: SlurmCluster) -> None
         ProcessJob(job_id=job, found_in="cgroup", step="0", user="root", partition="test",
                    name="from cgroup")
     assert directory.lookup("999999") is None  # a job Slurm does not know: no error
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starts a process as another user (needs root)")
+def test_another_users_process_claiming_a_job_by_its_environment_is_not_its(
+        slurm: SlurmCluster, tmp_path: Path) -> None:
+    job = slurm.sbatch("#!/bin/bash\nexec sleep 120\n", "--job-name=roots")
+    slurm.wait_job(job, "RUNNING")
+    forged = subprocess.Popen(["sleep", "120"], user=NOBODY, cwd=tmp_path,
+                              env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": job,
+                                   "SLURM_JOB_USER": "root"})
+    try:
+        comm = PROC / str(forged.pid) / "comm"
+        assert wait_until(lambda: comm.read_text().strip() == "sleep", timeout=30)  # exec'd
+        claim = job_of_process(PROC, forged.pid)
+        assert claim == ProcessJob(job_id=job, found_in="environ", uid=NOBODY, user="root")
+        assert JobDirectory(SlurmCommands(), SystemClock()).complete(claim) is None
+    finally:
+        forged.kill()
+        forged.wait(30)
 
 
 def test_allocated_gpus_without_a_process_show_as_the_jobs(slurm: SlurmCluster) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -38,6 +39,7 @@ from sn_monitor.clock import ManualClock
 from sn_monitor.program import Finished, ProgramTimeout
 from tests.conftest import FIXTURES
 
+UID = os.getuid()  # the owner of the process directories the tests make
 SHOW_JOBS = (FIXTURES / "slurm" / "show_job_detail.txt").read_text()
 V1_LINES = "\n".join(f"{n}:{c}:/slurm/uid_1000/job_4242/step_0/task_1"
                      for n, c in [(12, "devices"), (4, "memory"), (3, "cpuset")])
@@ -131,7 +133,7 @@ def test_a_process_in_a_slurm_cgroup_takes_its_fields_from_its_environ(tmp_path:
                                                  SLURM_JOB_PARTITION="gpu",
                                                  SLURM_JOB_NAME="train", SLURM_STEP_GPUS="1"))
     job = job_of_process(tmp_path, 10)
-    assert job == ProcessJob(job_id="4242", found_in="cgroup", step="0", user="alice",
+    assert job == ProcessJob(job_id="4242", found_in="cgroup", uid=UID, step="0", user="alice",
                              partition="gpu", name="train", gres_gpus=(1,))
     assert job.workload() == Workload(slurm_job="4242", user="alice", partition="gpu",
                                       job="train")
@@ -140,14 +142,14 @@ def test_a_process_in_a_slurm_cgroup_takes_its_fields_from_its_environ(tmp_path:
 def test_the_cgroup_wins_over_an_environ_inherited_from_another_job(tmp_path: Path) -> None:
     make_process(tmp_path, 10, V1_LINES, environ(SLURM_JOB_ID="1", SLURM_JOB_USER="mallory"))
     assert job_of_process(tmp_path, 10) == ProcessJob(job_id="4242", found_in="cgroup",
-                                                      step="0")
+                                                      uid=UID, step="0")
 
 
 def test_without_a_slurm_cgroup_the_environ_names_the_job(tmp_path: Path) -> None:
     make_process(tmp_path, 11, "0::/\n", environ(SLURM_JOB_ID="5", SLURM_JOB_USER="bob",
                                                  SLURM_JOB_PARTITION="debug"))
     assert job_of_process(tmp_path, 11) == ProcessJob(job_id="5", found_in="environ",
-                                                      user="bob", partition="debug")
+                                                      uid=UID, user="bob", partition="debug")
 
 
 @pytest.mark.parametrize(("cgroup", "env"), [
@@ -170,7 +172,7 @@ def test_a_denied_environ_leaves_the_cgroups_job_without_its_fields(tmp_path: Pa
     directory = make_process(tmp_path, 13, V1_LINES, environ(SLURM_JOB_ID="4242"))
     (directory / "environ").chmod(0)
     assert job_of_process(tmp_path, 13) == ProcessJob(job_id="4242", found_in="cgroup",
-                                                      step="0")
+                                                      uid=UID, step="0")
 
 
 def test_a_denied_environ_is_unknown_not_an_error(tmp_path: Path,
@@ -185,13 +187,13 @@ def test_a_denied_environ_is_unknown_not_an_error(tmp_path: Path,
 
     monkeypatch.setattr(Path, "read_bytes", denied)
     assert job_of_process(tmp_path, 13) == ProcessJob(job_id="4242", found_in="cgroup",
-                                                      step="0")
+                                                      uid=UID, step="0")
 
 
 # ---- squeue and scontrol -d records --------------------------------------------------------
 
 
-QUEUE_G1 = "1|alice|gpu|RUNNING|my job\n2|bob|debug|RUNNING|bash\n"
+QUEUE_G1 = "1|1000|alice|gpu|RUNNING|my job\n2|1001|bob|debug|RUNNING|bash\n"
 
 
 def detail(job_id: str) -> str:
@@ -200,21 +202,21 @@ def detail(job_id: str) -> str:
 
 
 def test_queue_records_take_the_name_last_whatever_it_holds() -> None:
-    assert parse_queue("7|alice|gpu|RUNNING|a | b|c\n8|(null)||PENDING|\n") == [
-        JobRecord("7", "alice", "gpu", "RUNNING", "a | b|c"),
-        JobRecord("8", None, None, "PENDING", None)]
+    assert parse_queue("7|1000|alice|gpu|RUNNING|a | b|c\n8|x|(null)||PENDING|\n") == [
+        JobRecord("7", 1000, "alice", "gpu", "RUNNING", "a | b|c"),
+        JobRecord("8", None, None, None, "PENDING", None)]
 
 
 def test_queue_lines_that_are_no_record_or_a_repeated_id_are_left_out() -> None:
     # a job name with a line break whose second line looks like a record of job 7
-    text = "7|alice|gpu|RUNNING|first line\n7|root|prod|RUNNING|x\nnot|a record\n" \
-           "9|bob|gpu|RUNNING|ok\n"
-    assert parse_queue(text) == [JobRecord("9", "bob", "gpu", "RUNNING", "ok")]
+    text = "7|1000|alice|gpu|RUNNING|first line\n7|0|root|prod|RUNNING|x\nnot|a record\n" \
+           "9|1001|bob|gpu|RUNNING|ok\n"
+    assert parse_queue(text) == [JobRecord("9", 1001, "bob", "gpu", "RUNNING", "ok")]
 
 
 def test_a_jobs_gpus_on_a_node() -> None:
-    alice = JobRecord("1", "alice", "gpu", "RUNNING", "my job")
-    bob = JobRecord("2", "bob", "debug", "RUNNING", "bash")
+    alice = JobRecord("1", 1000, "alice", "gpu", "RUNNING", "my job")
+    bob = JobRecord("2", 1001, "bob", "debug", "RUNNING", "bash")
     assert node_gpus(detail("1"), alice, "g1") == (0,)
     assert node_gpus(detail("1"), alice, "g2") == ()
     assert node_gpus(detail("2"), bob, "g2") == (1, 3)
@@ -222,14 +224,15 @@ def test_a_jobs_gpus_on_a_node() -> None:
 
 
 def test_a_job_name_or_command_that_mimics_slurms_fields_takes_no_gpus() -> None:
-    carol = JobRecord("5", "carol", "gpu", "RUNNING", "x UserId=evil(7) Nodes=g1 GRES=gpu:9(IDX:5)")
+    carol = JobRecord("5", 1002, "carol", "gpu", "RUNNING",
+                      "x UserId=evil(7) Nodes=g1 GRES=gpu:9(IDX:5)")
     assert node_gpus(detail("5"), carol, "g4") == (0,)
     assert node_gpus(detail("5"), carol, "g1") == ()  # neither the name's nor the Command's
     # a line that is not the job squeue listed (another name, user or id): nothing
-    assert node_gpus(detail("5"), JobRecord("5", "evil", "gpu", "RUNNING", "x"), "g4") == ()
-    assert node_gpus(detail("1"), JobRecord("1", "mallory", "gpu", "RUNNING", "my job"),
+    assert node_gpus(detail("5"), JobRecord("5", 7, "evil", "gpu", "RUNNING", "x"), "g4") == ()
+    assert node_gpus(detail("1"), JobRecord("1", 1000, "mallory", "gpu", "RUNNING", "my job"),
                      "g1") == ()
-    assert node_gpus("", JobRecord("1", "alice", "gpu", "RUNNING", "my job"), "g1") == ()
+    assert node_gpus("", JobRecord("1", 1000, "alice", "gpu", "RUNNING", "my job"), "g1") == ()
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -295,7 +298,7 @@ def ok(stdout: str) -> Finished:
 
 
 QUEUE_ON_G1 = ("squeue --noheader --all --nodelist=g1 "
-               "--states=RUNNING,SUSPENDED,CONFIGURING,COMPLETING --format=%A|%u|%P|%T|%j")
+               "--states=RUNNING,SUSPENDED,CONFIGURING,COMPLETING --format=%A|%U|%u|%P|%T|%j")
 
 
 def g1_answers() -> dict[str, Finished | Exception]:
@@ -363,11 +366,12 @@ def test_the_node_defaults_to_the_short_host_name(monkeypatch: pytest.MonkeyPatc
 # ---- a job id to its fields ------------------------------------------------------------------
 
 
-SQUEUE_1 = "squeue --noheader --all --states=all --jobs=1 --format=%A|%u|%P|%T|%j"
+ALICE_1 = "1|1000|alice|gpu|RUNNING|my job\n"
+SQUEUE_1 = "squeue --noheader --all --states=all --jobs=1 --format=%A|%U|%u|%P|%T|%j"
 
 
 def test_a_job_is_looked_up_once_per_ttl() -> None:
-    runner = ScriptedRunner({SQUEUE_1: ok("1|alice|gpu|RUNNING|my job\n")})
+    runner = ScriptedRunner({SQUEUE_1: ok(ALICE_1)})
     clock = ManualClock()
     directory = JobDirectory(SlurmCommands(run=runner), clock, ttl=300)
     job = ProcessJob(job_id="1", found_in="cgroup", step="0")
@@ -382,10 +386,30 @@ def test_a_job_is_looked_up_once_per_ttl() -> None:
     assert len(runner.calls) == 2
 
 
-def test_a_process_that_said_everything_costs_no_lookup() -> None:
-    directory = JobDirectory(SlurmCommands(run=ScriptedRunner({})), ManualClock())
-    job = ProcessJob(job_id="1", found_in="environ", user="a", partition="p", name="n")
-    assert directory.complete(job) is job
+def test_slurms_word_wins_over_the_environment() -> None:
+    directory = JobDirectory(SlurmCommands(run=ScriptedRunner({SQUEUE_1: ok(ALICE_1)})),
+                             ManualClock())
+    job = ProcessJob(job_id="1", found_in="environ", uid=1000, user="a", partition="p",
+                     name="n")
+    assert directory.complete(job) == ProcessJob(job_id="1", found_in="environ", uid=1000,
+                                                 user="alice", partition="gpu", name="my job")
+
+
+@pytest.mark.parametrize(("found_in", "uid", "believed"), [
+    ("environ", 1001, False),  # bob's process with SLURM_JOB_ID of alice's job
+    ("environ", 1000, True),  # alice's own
+    ("environ", 0, True),  # root's
+    ("environ", None, True),  # owner unknown (the process is gone): nothing to hold against
+    ("cgroup", 1001, True),  # slurmstepd put it there
+])
+def test_a_job_claimed_by_another_users_environment_is_not_that_jobs(
+        found_in: Literal["cgroup", "environ"], uid: int | None, believed: bool) -> None:
+    directory = JobDirectory(SlurmCommands(run=ScriptedRunner({SQUEUE_1: ok(ALICE_1)})),
+                             ManualClock())
+    completed = directory.complete(ProcessJob(job_id="1", found_in=found_in, uid=uid))
+    assert (completed is not None) == believed
+    if completed is not None:
+        assert completed.user == "alice"
 
 
 def test_a_failing_lookup_keeps_the_job_id_and_is_retried_later() -> None:
@@ -397,14 +421,16 @@ def test_a_failing_lookup_keeps_the_job_id_and_is_retried_later() -> None:
     clock.advance(29)
     assert directory.complete(job) == job
     assert len(runner.calls) == 1
-    runner.answers[SQUEUE_1] = ok("1|alice|gpu|RUNNING|my job\n")
+    runner.answers[SQUEUE_1] = ok(ALICE_1)
     clock.advance(1)
-    assert directory.complete(job).user == "alice"
+    completed = directory.complete(job)
+    assert completed is not None
+    assert completed.user == "alice"
 
 
 def test_a_job_slurm_forgot_is_none_not_a_failure() -> None:
     runner = ScriptedRunner({
-        "squeue --noheader --all --states=all --jobs=9 --format=%A|%u|%P|%T|%j":
+        "squeue --noheader --all --states=all --jobs=9 --format=%A|%U|%u|%P|%T|%j":
             Finished(1, "", "slurm_load_jobs error: Invalid job id specified")})
     directory = JobDirectory(SlurmCommands(run=runner), ManualClock())
     assert directory.lookup("9") is None

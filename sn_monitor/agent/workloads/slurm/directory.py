@@ -1,13 +1,17 @@
 """A Slurm job id -> its user, partition and name, asked of slurmctld once per job.
 
-The cgroup names a process's job but not its owner; when the process's environment
-cannot say either (another user's, without the privilege to read it), the agent asks
-``squeue --jobs=<id>``. A job's user, partition and name do not change while it
-runs, so an answer is kept for ``ttl`` seconds; a failure (slurmctld down or slow) is
+A cgroup names a process's job, not the job's user, partition and name; a process's
+environment names them, but it is whatever the process's owner set. So they are
+Slurm's (``squeue --jobs=<id>``), the environment's only while Slurm cannot answer, and
+a process that claims by its environment alone a job of another user is not that job's:
+a forged ``SLURM_JOB_ID`` cannot put one user's GPU time on another's job (root's
+processes are believed: root owns the node anyway).
+
+A running job's user, partition and name do not change, so an answer is kept for
+``ttl`` seconds. A failure (slurmctld down or slow), and a job Slurm does not know, is
 kept for ``retry_after`` seconds, so that an outage costs one ``squeue`` per job per
-``retry_after``, not one per sample; a job Slurm does not know is asked about again
-after ``retry_after`` too. Failures are logged once per outage and never
-raised: the process keeps its job id, without the fields Slurm could not give.
+``retry_after``, not one per sample. Failures are logged once per outage and never
+raised: the process keeps its job id and what its environment said.
 """
 
 from __future__ import annotations
@@ -78,19 +82,29 @@ class JobDirectory:
         self._remember(job_id, _Entry(record, now + (self._ttl if record else self._retry_after)))
         return record
 
-    def complete(self, job: ProcessJob) -> ProcessJob:
-        """``job`` with the user, partition and name Slurm has where its process did not say."""
-        if job.user and job.partition and job.name:
-            return job
+    def complete(self, job: ProcessJob) -> ProcessJob | None:
+        """``job`` with Slurm's user, partition and name (its own where Slurm has none).
+
+        None when its environment claims another user's job (see the module).
+        """
         record = self.lookup(job.job_id)
         if record is None:
             return job
-        return replace(job, user=job.user or record.user,
-                       partition=job.partition or record.partition,
-                       name=job.name or record.name)
+        if job.found_in == "environ" and _foreign(job.uid, record.uid):
+            logger.debug("a process of uid %s claims job %s of uid %s by its environment: "
+                         "not that job's", job.uid, job.job_id, record.uid)
+            return None
+        return replace(job, user=record.user or job.user,
+                       partition=record.partition or job.partition,
+                       name=record.name or job.name)
 
     def _remember(self, job_id: str, entry: _Entry) -> None:
         self._entries.pop(job_id, None)
         self._entries[job_id] = entry
         while len(self._entries) > MAX_JOBS:
             del self._entries[next(iter(self._entries))]
+
+
+def _foreign(process_uid: int | None, job_uid: int | None) -> bool:
+    """A process that is neither root nor the job's owner (either unknown: believed)."""
+    return None not in (process_uid, job_uid) and process_uid not in (0, job_uid)

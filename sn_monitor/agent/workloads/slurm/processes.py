@@ -67,10 +67,17 @@ class SlurmEnviron:
 
 @dataclass(frozen=True, slots=True)
 class ProcessJob:
-    """The Slurm job of a process and where it was found (``cgroup`` or ``environ``)."""
+    """The Slurm job of a process and where it was found (``cgroup`` or ``environ``).
+
+    ``uid``: the process's owner (of ``/proc/<pid>``), None if unknown. A cgroup is set by
+    slurmstepd; an environment by whoever started the process, who may claim any job:
+    :meth:`~sn_monitor.agent.workloads.slurm.directory.JobDirectory.complete` checks the
+    claim against the job's owner.
+    """
 
     job_id: str
     found_in: Literal["cgroup", "environ"]
+    uid: int | None = None
     step: str | None = None
     user: str | None = None
     partition: str | None = None
@@ -129,10 +136,12 @@ def job_of_process(procfs: Path, pid: int) -> ProcessJob | None:
     """The Slurm job of ``pid`` under ``procfs``; None when not a Slurm process or unknown.
 
     The cgroup names the job when Slurm uses cgroups; the environment adds its user,
-    partition and name (and names the job when the cgroup does not). An environment
-    Slurm did not set, or one the agent may not read, leaves those None: the caller may
-    ask Slurm (:class:`~sn_monitor.agent.workloads.slurm.directory.JobDirectory`).
+    partition and name (and names the job when the cgroup does not). What the
+    environment says is the process owner's word: pass the result through
+    :meth:`~sn_monitor.agent.workloads.slurm.directory.JobDirectory.complete`, which
+    puts Slurm's in its place.
     """
+    uid = _owner(procfs / str(pid))
     text = _read(procfs / str(pid) / "cgroup")
     step = parse_cgroup_job(text.decode("utf-8", errors="replace")) if text else None
     raw = _read(procfs / str(pid) / "environ")
@@ -141,11 +150,20 @@ def job_of_process(procfs: Path, pid: int) -> ProcessJob | None:
         env = None  # an environment inherited from another job: the cgroup is the truth
     if step is None:
         return None if env is None else ProcessJob(
-            job_id=env.job_id, found_in="environ", step=env.step, user=env.user,
+            job_id=env.job_id, found_in="environ", uid=uid, step=env.step, user=env.user,
             partition=env.partition, name=env.name, gres_gpus=env.gres_gpus)
     known = env or SlurmEnviron(step.job_id)
-    return ProcessJob(job_id=step.job_id, found_in="cgroup", step=step.step, user=known.user,
-                      partition=known.partition, name=known.name, gres_gpus=known.gres_gpus)
+    return ProcessJob(job_id=step.job_id, found_in="cgroup", uid=uid, step=step.step,
+                      user=known.user, partition=known.partition, name=known.name,
+                      gres_gpus=known.gres_gpus)
+
+
+def _owner(directory: Path) -> int | None:
+    try:
+        return directory.stat().st_uid
+    except OSError as exc:  # the process is gone
+        logger.debug("cannot stat %s: %s", directory, exc)
+        return None
 
 
 def _read(path: Path) -> bytes | None:

@@ -5,7 +5,7 @@ UserId=root(0) Nodes=g1 GRES=gpu:8(IDX:0-7)``), so nothing is read out of ``scon
 ``Key=Value`` words where a name could stand in for it:
 
 * a job's id, user, partition, state and name come from ``squeue`` with
-  :data:`QUEUE_FORMAT`, the name last: everything after the fourth ``|`` (ids, user
+  :data:`QUEUE_FORMAT`, the name last: everything after the fifth ``|`` (ids, user
   and partition names, states hold no ``|``);
 * a job's GPUs on a node come from ``scontrol show job -d -o <id>``, whose line must
   start with the id, the name and the user ``squeue`` gave (``JobId=<id> JobName=<name>
@@ -23,14 +23,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-#: ``squeue --format``: job id (the raw id, not an array's ``<id>_<task>``), user,
-#: partition, state (long form), name.
-QUEUE_FORMAT = "%A|%u|%P|%T|%j"
+#: ``squeue --format``: job id (the raw id, not an array's ``<id>_<task>``), user id,
+#: user, partition, state (long form), name.
+QUEUE_FORMAT = "%A|%U|%u|%P|%T|%j"
 #: Job states in which a job holds its nodes' GPUs.
 HOLDING_STATES = ("RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING")
 
-#: What follows the user's name: ``UserId=alice(1000) GroupId=``.
-_UID_GROUP = re.compile(r"\d+\) GroupId=")
 #: One ``-d`` node group.
 _NODE_GROUP = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=\S* Mem=\S* GRES=(\S*)")
 #: One GRES of a node group: ``gpu:2(IDX:0-1)``, ``gpu:a100:2(IDX:0,2)``.
@@ -44,6 +42,7 @@ class JobRecord:
     """A job as ``squeue`` lists it; None where Slurm has nothing (``(null)``)."""
 
     job_id: str
+    uid: int | None
     user: str | None
     partition: str | None
     state: str | None
@@ -64,14 +63,14 @@ def parse_queue(text: str) -> list[JobRecord]:
     records: dict[str, JobRecord] = {}
     repeated: set[str] = set()
     for line in text.splitlines():
-        parts = line.split("|", 4)
-        if len(parts) != 5 or not parts[0].isdigit():
+        parts = line.split("|", 5)
+        if len(parts) != 6 or not parts[0].isdigit():
             continue
-        job_id, user, partition, state, name = parts
+        job_id, uid, user, partition, state, name = parts
         if job_id in records:
             repeated.add(job_id)
-        records[job_id] = JobRecord(job_id, _known(user), _known(partition), _known(state),
-                                    _known(name))
+        records[job_id] = JobRecord(job_id, int(uid) if uid.isdigit() else None, _known(user),
+                                    _known(partition), _known(state), _known(name))
     return [record for job_id, record in records.items() if job_id not in repeated]
 
 
@@ -80,8 +79,9 @@ def node_gpus(detail: str, job: JobRecord, node: str) -> tuple[int, ...]:
 
     Empty when the line is not that job's (its head differs: see the module).
     """
-    head = f"JobId={job.job_id} JobName={job.name or ''} UserId={job.user or ''}("
-    if not detail.startswith(head) or not _UID_GROUP.match(detail, len(head)):
+    head = (f"JobId={job.job_id} JobName={job.name or ''} UserId={job.user or ''}"
+            f"({job.uid}) GroupId=")
+    if not detail.startswith(head):
         return ()
     rest = detail[len(head):]
     start = rest.find(" JOB_GRES=")
