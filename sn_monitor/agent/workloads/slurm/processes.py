@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 #: ``<node>_slurmstepd.scope`` (v2); then ``uid_<uid>`` (v1), then the job and its step.
 _SLURM_CGROUP = re.compile(
     r"(?:^|/)(?:slurm(?:_[^/]+)?|(?:[^/]+_)?slurmstepd\.scope)"
-    r"(?:/uid_\d+)?/job_(\d+)(?:/step_([A-Za-z0-9]+))?(?=/|$)")
+    r"(?:/uid_\d+)?/job_(\d+)(?:/step_([^/]+))?(?=/|$)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,8 @@ UserId=root(0) Nodes=g1 GRES=gpu:8(IDX:0-7)``), so nothing is read out of ``scon
   gres.conf (see :mod:`.allocations` for the device it means).
 
 A job whose name holds a line break gets no GPUs here (both tools print it as is).
+The layout is Slurm 22.05's (Debian 12's slurm-wlm, which the integration tests run);
+a Slurm that prints the node groups elsewhere gives no GPUs rather than wrong ones.
 """
 
 from __future__ import annotations
