@@ -20,6 +20,7 @@ pytest.register_assert_rewrite("tests.support")
 
 from tests.drivers.servers import RecordingHTTPServer  # noqa: E402
 from tests.postgres import PostgresServer, find_bindir  # noqa: E402
+from tests.slurm import NODES as SLURM_NODES  # noqa: E402
 from tests.slurm import SlurmCluster, SlurmError, find_slurm, missing_programs  # noqa: E402
 from tests.threads import install as install_thread_guard  # noqa: E402
 
@@ -113,11 +114,20 @@ def postgres_server() -> Iterator[PostgresServer]:
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
     """A real Slurm (munged, slurmctld, three slurmds on loopback: tests/slurm.py), started
-    once per session.
+    once per session (see :func:`start_slurm`)."""
+    cluster = start_slurm()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def start_slurm(nodes: tuple[str, ...] = SLURM_NODES, gpus: int = 0) -> SlurmCluster:
+    """A started :class:`SlurmCluster` (``gpus`` GRES per node: device nodes it makes).
 
     Skipped when Slurm is not installed or cannot start here, unless ``REQUIRE_SLURM=1``
     (which .ci/run sets, after installing ``slurmctld slurmd slurm-client munge``): then
-    it fails.
+    it fails. The caller stops it.
     """
     programs = find_slurm()
     if programs is None:
@@ -126,17 +136,14 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         if os.environ.get("REQUIRE_SLURM") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
-    cluster = SlurmCluster(programs)
+    cluster = SlurmCluster(programs, nodes=nodes, gpus=gpus)
     try:
         cluster.start()
     except SlurmError as err:
         if os.environ.get("REQUIRE_SLURM") == "1":
             raise
         pytest.skip(f"Slurm is installed but cannot start here: {err}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    return cluster
 
 
 @dataclass(frozen=True)

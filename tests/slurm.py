@@ -9,7 +9,11 @@
   directory, ``auth/munge`` through that socket (``AuthInfo=socket=...``),
   ``proctrack/linuxproc``, ``task/none``, no accounting, a short ``MessageTimeout``;
 * one ``slurmd -D -N <name>`` per node name, each on its own port (Debian's slurm-wlm
-  is built with ``--enable-multiple-slurmd``: several nodes share one host).
+  is built with ``--enable-multiple-slurmd``: several nodes share one host);
+* with ``gpus=N``: ``GresTypes=gpu``, ``Gres=gpu:N`` on each node, and a ``gres.conf``
+  with ``AutoDetect=off`` naming N character devices it makes (``mknod``, major 195 as
+  the NVIDIA driver's, minors 0..N-1: slurmd refuses plain files), which needs root;
+  each node then has N CPUs, so that N one-GPU jobs run on it at once.
 
 Clients find it through ``SLURM_CONF`` (:attr:`SlurmCluster.conf`, :meth:`env`).
 ``start()`` waits, bounded in time, for ``scontrol ping`` and for every node to be idle;
@@ -29,6 +33,7 @@ import contextlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -47,7 +52,7 @@ NODES = ("n1", "n2", "n3")
 _PREFIX = "sn-slurm-"
 _OWNER_FILE = "owner.pid"  # the pid of the process that started the cluster
 _PROGRAMS = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "squeue", "scancel",
-             "sinfo")
+             "sinfo", "srun")
 _SEARCH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin", "/sbin"])
 
 
@@ -67,6 +72,7 @@ class SlurmPrograms:
     squeue: str
     scancel: str
     sinfo: str
+    srun: str
 
 
 def find_slurm() -> SlurmPrograms | None:
@@ -132,12 +138,13 @@ class SlurmCluster:
     """
 
     def __init__(self, programs: SlurmPrograms | None = None,
-                 nodes: tuple[str, ...] = NODES) -> None:
+                 nodes: tuple[str, ...] = NODES, gpus: int = 0) -> None:
         found = programs or find_slurm()
         if found is None:
             raise SlurmError(f"Slurm is not installed (missing: {', '.join(missing_programs())})")
         self.programs = found
         self.nodes = nodes
+        self.gpus = gpus
         self.tmpdir: Path | None = None
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self.controller_port = 0
@@ -390,13 +397,33 @@ class SlurmCluster:
             "SlurmdTimeout=60",
             "MinJobAge=600",
         ]
+        gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
+        if self.gpus:
+            lines.append("GresTypes=gpu")
+            self._write_gres_conf()
         for node in self.nodes:
             lines.append(f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 "
-                         f"Port={free_port()} CPUs=1 State=UNKNOWN")
+                         f"Port={free_port()} CPUs={max(1, self.gpus)}{gres} State=UNKNOWN")
         lines.append(f"PartitionName=test Nodes={','.join(self.nodes)} Default=YES "
                      "MaxTime=INFINITE State=UP")
         self.conf.write_text("\n".join(lines) + "\n")
         (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
+
+    def _write_gres_conf(self) -> None:
+        """``gres.conf``: ``AutoDetect=off``, each node's GPUs the device files made here."""
+        devices = self._dir / "dev"
+        devices.mkdir()
+        for minor in range(self.gpus):
+            try:
+                os.mknod(devices / f"nvidia{minor}", 0o666 | stat.S_IFCHR,
+                         os.makedev(195, minor))
+            except PermissionError as err:
+                raise SlurmError(f"cannot make the GPUs' device nodes (needs root): {err}") \
+                    from None
+        files = f"{devices}/nvidia[0-{self.gpus - 1}]"
+        (self._dir / "gres.conf").write_text(
+            "AutoDetect=off\n" + "".join(f"NodeName={node} Name=gpu File={files}\n"
+                                         for node in self.nodes))
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = (self._dir / f"{name}.out").open("ab")

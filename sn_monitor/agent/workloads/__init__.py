@@ -6,6 +6,7 @@ environment (``slurm``). Sources are optional and fail soft: one that cannot be 
 raises :class:`~sn_monitor.agent.workloads.model.SourceUnavailable`, and the collector
 that uses them (``agent/collectors/``) drops that source for the cycle, never the sample.
 
-May import: the standard library, ``sn_monitor.agent.snapshot``, ``sn_monitor.clock``;
+May import: the standard library, ``sn_monitor.agent.snapshot``, ``sn_monitor.clock``,
+``sn_monitor.program`` (a platform's command line tool: Slurm's ``scontrol``);
 optional extras (``grpcio``) only inside the source that needs them.
 """
