@@ -337,6 +337,38 @@ def default_node_name() -> str:
     return os.environ.get("NODE_NAME", "").strip() or socket.gethostname()
 
 
+@dataclass(frozen=True)
+class KubeletAttributionSettings:
+    """The kubelet's pod-resources API as an allocation source (``kubelet`` extra)."""
+
+    enabled: bool = False
+    socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    #: Resource names read as GPUs besides nvidia.com/gpu, nvidia.com/gpu.shared and
+    #: nvidia.com/mig-*; a trailing ``*`` makes a prefix.
+    resources: list[str] = field(default_factory=list)
+    timeout: Duration = setting(default=Duration(2.0), check=positive)
+
+
+@dataclass(frozen=True)
+class SlurmAttributionSettings:
+    """Slurm as an allocation source: the GPUs its jobs hold on this node, idle or not."""
+
+    enabled: bool = False
+    #: This node's name in Slurm (default: the short host name).
+    node: str | None = None
+    #: How often squeue and scontrol are asked (each answer is kept until then).
+    refresh: Duration = setting(default=Duration(30.0), check=positive)
+    timeout: Duration = setting(default=Duration(5.0), check=positive)
+
+
+@dataclass(frozen=True)
+class AttributionSettings:
+    """Whose workload holds each GPU: the platforms' sources, each off unless enabled."""
+
+    kubelet: KubeletAttributionSettings = field(default_factory=KubeletAttributionSettings)
+    slurm: SlurmAttributionSettings = field(default_factory=SlurmAttributionSettings)
+
+
 #: What /metrics serves: ``sn``, the agent's own ``sn_*`` families; ``dcgm``, those and
 #: dcgm-exporter's ``DCGM_FI_*`` families (:mod:`sn_monitor.agent.exposition_dcgm`), for
 #: a node where the agent replaces dcgm-exporter; ``dcgm-only``, dcgm-exporter's alone
@@ -358,6 +390,7 @@ class AgentSettings:
     state_dir: str = "/var/lib/sn-monitor"
     paths: PathSettings = field(default_factory=PathSettings)
     collectors: CollectorSettings = field(default_factory=CollectorSettings)
+    attribution: AttributionSettings = field(default_factory=AttributionSettings)
     guard: GuardSettings = field(default_factory=GuardSettings)
     remediation: RemediationSettings = field(default_factory=RemediationSettings)
     log_format: Literal["text", "json"] = "text"

@@ -69,6 +69,10 @@ class GpuProcess:
     command: str | None = None
     user: str | None = None
     sm_utilization_ratio: float | None = None
+    #: The scheduler's job the process runs in (Slurm), None outside one.
+    slurm_job: str | None = None
+    partition: str | None = None
+    workload_job: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,16 +19,20 @@ from pathlib import Path
 
 import pytest
 
+from sn_monitor.agent.collectors.gpu import NvmlCollector
+from sn_monitor.agent.snapshot import GpuWorkload
 from sn_monitor.agent.workloads.model import DeviceAllocation, SourceUnavailable, Workload
 from sn_monitor.agent.workloads.slurm.allocations import SlurmAllocations
 from sn_monitor.agent.workloads.slurm.commands import SlurmCommands
-from sn_monitor.agent.workloads.slurm.directory import JobDirectory
+from sn_monitor.agent.workloads.slurm.directory import JobDirectory, SlurmProcessJobs
 from sn_monitor.agent.workloads.slurm.processes import (
     ProcessJob,
     job_of_process,
     parse_cgroup_job,
 )
 from sn_monitor.clock import SystemClock
+from sn_monitor.sim import fake_nvml
+from sn_monitor.sim.gpu_model import make_gpus
 from tests.conftest import start_slurm
 from tests.drivers.servers import wait_until
 from tests.slurm import SlurmCluster
@@ -164,3 +168,39 @@ def allocation(minor: int, job: str, name: str) -> DeviceAllocation:
     return DeviceAllocation(device=f"minor:{minor}", resource="gres/gpu", source="slurm",
                             workload=Workload(slurm_job=job, user="root", partition="test",
                                               job=name))
+
+
+def test_the_gpu_collector_shows_each_gpu_s_slurm_job_busy_or_idle(slurm: SlurmCluster,
+                                                                    tmp_path: Path) -> None:
+    """The agent's path: three fake-NVML GPUs (minors 0-2); GPU 0 held by the batch job's
+    process, GPU 1 by nothing but allocated to an idle job; GPU 2 neither. The process's
+    job comes through SlurmProcessJobs (environ, then squeue), the idle GPU's through the
+    slurm allocation source."""
+    pidfile = tmp_path / "batch.pid"
+    batch = slurm.sbatch(f"#!/bin/bash\n{TASK.format(pidfile=pidfile)}\n",
+                         "--gres=gpu:1", "--job-name=busy")
+    slurm.wait_job(batch, "RUNNING")
+    pid = pid_in(pidfile)
+    idle = slurm.sbatch("#!/bin/bash\nexec sleep 120\n", "--gres=gpu:1", "--job-name=idle")
+    slurm.wait_job(idle, "RUNNING")
+    gpus = make_gpus(3)
+    gpus[0].set_processes([(pid, 2**30)])
+    fake_nvml.configure(gpus)
+    try:
+        clock = SystemClock()
+        collector = NvmlCollector(
+            fake_nvml, clock, procfs=PROC, sources=[source()],
+            job_of=SlurmProcessJobs(PROC, JobDirectory(SlurmCommands(), clock)))
+        busy, held, free = collector.collect().gpus
+    finally:
+        fake_nvml.reset()
+    process = busy.processes[0] if busy.processes else None
+    assert process is not None
+    assert (process.pid, process.slurm_job, process.user, process.partition,
+            process.workload_job) == (pid, batch, "root", "test", "busy")
+    assert busy.workloads == (GpuWorkload(slurm_job=batch, user="root", partition="test",
+                                          workload_job="busy"),)
+    assert held.workloads == (GpuWorkload(slurm_job=idle, user="root", partition="test",
+                                          workload_job="idle"),)
+    assert held.processes == ()  # held, and idle: what the platform team looks for
+    assert free.workloads == ()

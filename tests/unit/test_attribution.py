@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
 from sn_monitor.agent.collectors.attribution import WorkloadAttribution
 from sn_monitor.agent.collectors.gpu import NvmlCollector
-from sn_monitor.agent.snapshot import GpuProcess, GpuSample, GpuWorkload, SourceStatus
-from sn_monitor.agent.workloads.join import DeviceIndex, claimed_workloads, gpu_workloads
+from sn_monitor.agent.snapshot import (
+    GpuProcess,
+    GpuSample,
+    GpuWorkload,
+    MigInstanceSample,
+    SourceStatus,
+)
+from sn_monitor.agent.workloads.join import (
+    DeviceIndex,
+    claimed_workloads,
+    gpu_workloads,
+    workload_of,
+)
 from sn_monitor.agent.workloads.model import DeviceAllocation, SourceUnavailable, Workload
 from sn_monitor.clock import ManualClock
 from sn_monitor.sim import fake_nvml
@@ -115,6 +127,25 @@ def test_a_mig_uuid_without_enumerated_instances_matches_no_gpu() -> None:
     assert index.find("GPU-0") == (0, None)
     assert index.find("minor:0") == (0, None)
     assert index.find("MIG-4f5b1a2c-0000-0000-0000-000000000000") is None
+
+
+def test_a_mig_allocation_lands_on_its_instance_and_mig_users_are_per_instance() -> None:
+    instances = (
+        MigInstanceSample(uuid="MIG-a", gpu_instance_id=7, compute_instance_id=0,
+                          processes=(GpuProcess(10, user="bob"),)),
+        MigInstanceSample(uuid="MIG-b", gpu_instance_id=8, compute_instance_id=0,
+                          processes=(GpuProcess(11, user="carol", slurm_job="42"),)))
+    parent = replace(gpu(0), mig_instances=instances,
+                     processes=(GpuProcess(10, user="bob"), GpuProcess(11, user="carol")))
+    assert DeviceIndex([parent]).find("MIG-b") == (0, "MIG-b")
+    (claimed,), unmatched = join([parent], [allocation("MIG-a", TRAINER)])
+    assert unmatched == ()
+    assert claimed == (workload_of(TRAINER, "MIG-a"),)
+    # no source: each MIG device's processes on it, a Slurm job as the process's own
+    claims, _ = claimed_workloads([parent], [])
+    assert gpu_workloads(claims[0], parent.processes or (), instances) == (
+        GpuWorkload(mig_instance="MIG-a", user="bob"),
+        GpuWorkload(mig_instance="MIG-b", user="carol", slurm_job="42"))
 
 
 def test_the_nvml_collector_identifies_processes_and_joins_the_sources() -> None:

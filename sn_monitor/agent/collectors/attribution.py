@@ -27,6 +27,7 @@ from sn_monitor.agent.snapshot import GpuProcess, GpuSample, SourceStatus
 from sn_monitor.agent.workloads.join import claimed_workloads, gpu_workloads
 from sn_monitor.agent.workloads.model import AllocationSource, DeviceAllocation, SourceUnavailable
 from sn_monitor.agent.workloads.processes import (
+    JobOf,
     ProcessIdentities,
     ProcessIdentity,
     UserName,
@@ -83,8 +84,10 @@ class WorkloadAttribution:
         sources: Sequence[AllocationSource] = (),
         *,
         user_name: UserName = passwd_user_name,
+        job_of: JobOf | None = None,
     ) -> None:
-        self._identities = None if procfs is None else ProcessIdentities(procfs, user_name)
+        self._identities = (None if procfs is None
+                            else ProcessIdentities(procfs, user_name, job_of))
         self._polling = SourcePolling(sources)
         self._unmatched: set[str] = set()
 
@@ -146,7 +149,12 @@ def _identified(processes: tuple[GpuProcess, ...] | None,
 
 
 def _with_identity(process: GpuProcess, identity: ProcessIdentity) -> GpuProcess:
+    job = identity.job
     return GpuProcess(pid=process.pid, used_memory_bytes=process.used_memory_bytes,
                       container_id=identity.container_id, pod_uid=identity.pod_uid,
-                      command=identity.command, user=identity.user,
-                      sm_utilization_ratio=process.sm_utilization_ratio)
+                      command=identity.command,
+                      user=(job.user if job is not None and job.user else identity.user),
+                      sm_utilization_ratio=process.sm_utilization_ratio,
+                      slurm_job=job.slurm_job if job is not None else None,
+                      partition=job.partition if job is not None else None,
+                      workload_job=job.job if job is not None else None)

@@ -24,6 +24,7 @@ from sn_monitor.agent.nvml import (
 )
 from sn_monitor.agent.snapshot import Collected
 from sn_monitor.agent.workloads.model import AllocationSource
+from sn_monitor.agent.workloads.processes import JobOf
 from sn_monitor.clock import Clock, SystemClock
 
 logger = logging.getLogger(__name__)
@@ -56,10 +57,11 @@ class NvmlCollector:
         nvlink_link_interval: float = NVLINK_LINK_INTERVAL_SECONDS,
         procfs: Path | None = None,
         sources: Sequence[AllocationSource] = (),
+        job_of: JobOf | None = None,
     ) -> None:
         self._clock: Clock = clock or SystemClock()
         self._attribution = WorkloadAttribution(
-            None if procfs is None else Path(procfs), sources)
+            None if procfs is None else Path(procfs), sources, job_of=job_of)
         self._library = NvmlLibrary(
             nvml_module,
             self._clock,

@@ -111,7 +111,9 @@ def gpu_workloads(
     claimed: set[GpuWorkload], processes: Iterable[GpuProcess],
     instances: Sequence[MigInstanceSample] = (),
 ) -> tuple[GpuWorkload, ...]:
-    """A GPU's workloads, sorted: the sources' claims, else its processes' users.
+    """A GPU's workloads, sorted: the sources' claims, else its processes' own.
+
+    A process's own workload is its Slurm job where it runs in one, else its user.
 
     On a MIG-enabled GPU the users are its MIG devices' (``instances``), each on its
     instance: the parent's process list is theirs together.
@@ -119,9 +121,16 @@ def gpu_workloads(
     if claimed:
         return tuple(sorted(claimed, key=_order))
     if instances:
-        users = {GpuWorkload(mig_instance=mig.uuid, user=p.user)
-                 for mig in instances for p in mig.processes or () if p.user}
+        users = {_own(p, mig.uuid) for mig in instances for p in mig.processes or ()
+                 if p.user or p.slurm_job}
     else:
-        users = {GpuWorkload(user=p.user) for p in processes if p.user}
+        users = {_own(p, None) for p in processes if p.user or p.slurm_job}
     return tuple(sorted(users, key=_order))
+
+
+def _own(process: GpuProcess, mig_instance: str | None) -> GpuWorkload:
+    """A process's own workload: its scheduler job where it runs in one, else its user."""
+    return GpuWorkload(mig_instance=mig_instance, user=process.user,
+                       slurm_job=process.slurm_job, partition=process.partition,
+                       workload_job=process.workload_job)
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sn_monitor.agent.workloads.model import Workload
 from sn_monitor.agent.workloads.procfs import (
     CgroupIdentity,
     ProcStat,
@@ -50,6 +51,11 @@ def passwd_user_name(uid: int) -> str:
         return str(uid)
 
 
+#: The scheduler's job of a pid (Slurm's: :class:`~.slurm.SlurmProcessJobs`), None when
+#: it is in none; read once per (pid, start time) with the rest of the identity.
+JobOf = Callable[[int], Workload | None]
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessIdentity:
     """Who one process is; each field None where /proc did not say (gone, denied)."""
@@ -59,6 +65,8 @@ class ProcessIdentity:
     user: str | None = None
     container_id: str | None = None
     pod_uid: str | None = None
+    #: The scheduler's job the process belongs to (Slurm), None outside one.
+    job: Workload | None = None
 
 
 class ProcessIdentities:
@@ -68,8 +76,10 @@ class ProcessIdentities:
     per uid. :meth:`identify` is called once a cycle with that cycle's pids.
     """
 
-    def __init__(self, procfs: Path, user_name: UserName = passwd_user_name) -> None:
+    def __init__(self, procfs: Path, user_name: UserName = passwd_user_name,
+                 job_of: JobOf | None = None) -> None:
         self._root = str(procfs)
+        self._job_of = job_of
         self._user_name = user_name
         self._users: dict[int, str] = {}
         self._known: dict[tuple[int, int], ProcessIdentity] = {}
@@ -113,6 +123,7 @@ class ProcessIdentities:
             user=None if uid is None else self._user(uid),
             container_id=where.container_id,
             pod_uid=where.pod_uid,
+            job=self._job_of(pid) if self._job_of is not None else None,
         )
 
     def _user(self, uid: int) -> str:

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from pathlib import Path
 
-from sn_monitor.agent.workloads.model import SourceUnavailable
+from sn_monitor.agent.workloads.model import SourceUnavailable, Workload
 from sn_monitor.agent.workloads.slurm.commands import SlurmCommands
-from sn_monitor.agent.workloads.slurm.processes import ProcessJob
+from sn_monitor.agent.workloads.slurm.processes import ProcessJob, job_of_process
 from sn_monitor.agent.workloads.slurm.records import JobRecord, parse_queue
 from sn_monitor.clock import Clock
 
@@ -108,3 +109,23 @@ class JobDirectory:
 def _foreign(process_uid: int | None, job_uid: int | None) -> bool:
     """A process that is neither root nor the job's owner (either unknown: believed)."""
     return None not in (process_uid, job_uid) and process_uid not in (0, job_uid)
+
+
+class SlurmProcessJobs:
+    """The Slurm job of a GPU process, as the agent's process identities ask it.
+
+    Its cgroup, else its environment, names the job (:func:`job_of_process`); Slurm's
+    own answer (:class:`JobDirectory`, cached) gives the user, partition and name, and
+    a claim Slurm does not vouch for is no job. Called once per (pid, start time).
+    """
+
+    def __init__(self, procfs: Path, directory: JobDirectory) -> None:
+        self._procfs = procfs
+        self._directory = directory
+
+    def __call__(self, pid: int) -> Workload | None:
+        job = job_of_process(self._procfs, pid)
+        if job is None:
+            return None
+        done = self._directory.complete(job)
+        return done.workload() if done is not None else None
