@@ -12,7 +12,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY sn_monitor ./sn_monitor
-RUN pip install --no-cache-dir ".[kubernetes]" \
+RUN pip install --no-cache-dir ".[kubernetes,kubelet]" \
     && rm -rf /src \
     && useradd --system --uid 10001 --user-group --no-create-home \
        --home-dir /nonexistent --shell /usr/sbin/nologin sn-monitor
