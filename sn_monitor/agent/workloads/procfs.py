@@ -42,6 +42,23 @@ class ProcStat:
     start_ticks: int
 
 
+def cgroup_paths(text: str) -> list[str]:
+    """``/proc/<pid>/cgroup``'s paths, the cgroup v2 one (``0::``) first.
+
+    Lines are ``hierarchy:controllers:path``; a malformed line is skipped.
+    """
+    paths: list[str] = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            paths.insert(0, parts[2])
+        else:
+            paths.append(parts[2])
+    return paths
+
+
 def parse_cgroup(text: str) -> CgroupIdentity:
     """``/proc/<pid>/cgroup`` -> the innermost container id and the pod UID, if any.
 
@@ -54,16 +71,7 @@ def parse_cgroup(text: str) -> CgroupIdentity:
     node). A pod UID is ``pod<uid>`` with dashes, or with underscores under systemd
     (``kubepods-besteffort-pod<uid>.slice``); it is returned with dashes.
     """
-    paths: list[str] = []
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        if parts[0] == "0" and parts[1] == "":
-            paths.insert(0, parts[2])
-        else:
-            paths.append(parts[2])
-    for path in paths:
+    for path in cgroup_paths(text):
         containers = _CONTAINER_ID.findall(path)
         pods = _POD_UID.findall(path)
         if containers or pods:

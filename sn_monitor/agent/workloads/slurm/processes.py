@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from sn_monitor.agent.workloads.model import Workload
+from sn_monitor.agent.workloads.procfs import cgroup_paths
 from sn_monitor.agent.workloads.slurm.records import parse_indices
 
 logger = logging.getLogger(__name__)
@@ -95,16 +96,7 @@ def parse_cgroup_job(text: str) -> SlurmStep | None:
 
     Lines are ``hierarchy:controllers:path``; the v2 line (``0::``) is looked at first.
     """
-    paths: list[str] = []
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        if parts[0] == "0" and parts[1] == "":
-            paths.insert(0, parts[2])
-        else:
-            paths.append(parts[2])
-    for path in paths:
+    for path in cgroup_paths(text):
         found = _SLURM_CGROUP.search(path)
         if found is not None:
             return SlurmStep(found.group(1), found.group(2))
