@@ -111,6 +111,32 @@ MAX_COUNTER_NAME = 64
 """Longest InfiniBand counter name."""
 
 
+MAX_WORKLOADS = 16
+"""Workloads one GPU may report (its own and its MIG instances')."""
+WorkloadText = Annotated[str, msgspec.Meta(max_length=128)]
+
+
+class GpuWorkloadReport(msgspec.Struct, frozen=True, omit_defaults=True,
+                        forbid_unknown_fields=True, gc=False):
+    """One workload on a GPU, or on one of its MIG instances (the agent's attribution).
+
+    ``mig_instance``: the MIG device's UUID (None: the whole GPU); the rest are the
+    workload's, None where no source says: ``pod``/``namespace``/``container``
+    (Kubernetes), ``slurm_job``/``partition`` (Slurm), ``user``, ``workload_job`` (a
+    Slurm job name, a pod's owning Job). The controller keys workloads by them
+    (:mod:`sn_monitor.controller.workloads`).
+    """
+
+    mig_instance: WorkloadText | None = None
+    pod: WorkloadText | None = None
+    namespace: WorkloadText | None = None
+    container: WorkloadText | None = None
+    slurm_job: WorkloadText | None = None
+    user: WorkloadText | None = None
+    partition: WorkloadText | None = None
+    workload_job: WorkloadText | None = None
+
+
 class GpuReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
                 gc=False):
     """One GPU's latest values. Rules name them ``gpu_<field>`` (``gpu_temperature_celsius``).
@@ -164,6 +190,12 @@ class GpuReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_
     fabric_status: Int64 | None = None
     #: Compute processes using the GPU now (absent where NVML cannot list them).
     processes: Counter | None = None
+    #: Energy the GPU used since the driver loaded (NVML's total energy consumption).
+    energy_joules_total: Annotated[float, msgspec.Meta(ge=0.0, le=MEASURE_MAX)] | None = None
+    #: Whose workloads hold the GPU (empty for a GPU nobody holds: left off the wire).
+    #: A controller from before attribution refuses a report that carries some:
+    #: controllers are upgraded before agents.
+    workloads: Annotated[list[GpuWorkloadReport], msgspec.Meta(max_length=MAX_WORKLOADS)] = []
 
 
 class HostReport(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,

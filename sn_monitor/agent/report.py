@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from sn_monitor import __version__
 from sn_monitor.agent.snapshot import (
     GpuSample,
+    GpuWorkload,
     IbPortSample,
     NetDeviceSample,
     NodeSnapshot,
@@ -31,11 +32,13 @@ from sn_monitor.model import (
     MAX_GPUS,
     MAX_LABELS,
     MAX_PORTS,
+    MAX_WORKLOADS,
     MEASURE_MAX,
     CommandResult,
     Event,
     EventRecord,
     GpuReport,
+    GpuWorkloadReport,
     HostReport,
     IbPortReport,
     NetReport,
@@ -81,6 +84,7 @@ _MAX_REASON = 64
 _MAX_REASONS = 32
 _MAX_BUS_ID = 32
 _MAX_DEVICE = 64
+_MAX_WORKLOAD_TEXT = 128
 
 
 def is_reported_ib_counter(stem: str) -> bool:
@@ -158,7 +162,27 @@ def gpu_report(sample: GpuSample, *, guard_throttled: bool = False) -> GpuReport
         fabric_state=sample.fabric_state,
         fabric_status=sample.fabric_status,
         processes=None if sample.processes is None else len(sample.processes),
+        energy_joules_total=_energy(sample.energy_joules_total),
+        workloads=[workload_report(w) for w in sample.workloads[:MAX_WORKLOADS]],
     )
+
+
+def _energy(value: float | None) -> float | None:
+    """An energy counter as the wire takes it: finite, 0 to MEASURE_MAX, else left out."""
+    return None if value is None or not 0.0 <= value <= MEASURE_MAX else value
+
+
+def _text(value: str | None) -> str | None:
+    return None if value is None else value[:_MAX_WORKLOAD_TEXT]
+
+
+def workload_report(workload: GpuWorkload) -> GpuWorkloadReport:
+    """One workload on a GPU, its names cut to the wire's bound."""
+    return GpuWorkloadReport(
+        mig_instance=_text(workload.mig_instance), pod=_text(workload.pod),
+        namespace=_text(workload.namespace), container=_text(workload.container),
+        slurm_job=_text(workload.slurm_job), user=_text(workload.user),
+        partition=_text(workload.partition), workload_job=_text(workload.workload_job))
 
 
 def host_report(processes: ProcessesSample | None) -> HostReport | None:

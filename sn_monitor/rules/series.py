@@ -98,7 +98,7 @@ def event_subject(gpu: int | None, device: str | None) -> Subject:
 Values = list[tuple[Subject, float]]
 Accessor = Callable[[Report], Values]
 
-_NOT_VALUES = {"index", "uuid", "lost", "throttle_reasons"}
+_NOT_VALUES = {"index", "uuid", "lost", "throttle_reasons", "workloads"}
 GPU_FIELDS: Final = frozenset(
     f.name for f in msgspec.structs.fields(GpuReport) if f.name not in _NOT_VALUES
 )
@@ -487,12 +487,19 @@ _UNITS = (("_celsius", "°C"), ("_watts", "W"), ("_bytes", "B"), ("_hertz", "Hz"
           ("_ratio", ""), ("_total", ""))
 
 
+#: What a trimmed report's GPUs carry whatever the metrics kept: whose workloads hold
+#: each GPU and its energy counter (the controller's workload accounting reads them).
+ACCOUNTED_GPU_FIELDS: Final = frozenset({"workloads", "energy_joules_total"})
+
+
 class Trim:
     """Cut a report down to the values of some metrics (what the controller's rules read).
 
     An agent that evaluates its node-local rules itself sends the controller only what
     the rules left there need (a peers rule's utilization): a GPU keeps its index, its
-    ``lost`` flag and the fields those metrics read (both parts of a derived one); a
+    ``lost`` flag, its workloads and energy counter (what the controller's workload
+    accounting reads besides metrics, :mod:`sn_monitor.controller.workloads`) and the
+    fields those metrics read (both parts of a derived one); a
     port or interface keeps its name and the counters or fields read, and is left out
     when none is; the host part likewise. Everything else in the report (labels, events,
     command results) stays.
@@ -518,7 +525,7 @@ class Trim:
         if "sm_clock_hertz" in gpu:
             gpu.add("throttle_reasons")  # what a clock below its max means
         self.metrics = tuple(sorted(set(metrics)))
-        self._gpu = tuple(sorted(gpu))
+        self._gpu = tuple(sorted(gpu | ACCOUNTED_GPU_FIELDS)) if gpu else ()
         self._ib_state = "state" in ib
         self._ib_rate = "rate_bytes_per_second" in ib
         self._ib = frozenset(ib - {"state", "rate_bytes_per_second"})

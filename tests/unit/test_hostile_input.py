@@ -39,10 +39,12 @@ from sn_monitor.model import (
     MAX_GPUS,
     MAX_LABELS,
     MAX_PORTS,
+    MAX_WORKLOADS,
     MEASURE_MAX,
     CommandResult,
     EventRecord,
     GpuReport,
+    GpuWorkloadReport,
     IbPortReport,
     NetReport,
     Report,
@@ -66,7 +68,8 @@ def valid_doc(node: str = "gpu-1", sequence: int = 1, sample_time: float = T0) -
                   "power_watts": 300.0, "utilization_ratio": 0.5,
                   "ecc_uncorrected_errors_total": 0, "pcie_link_width": 16,
                   "pcie_link_width_max": 16, "throttle_reasons": ["sw_power_cap"],
-                  "row_remap_pending": False}],
+                  "row_remap_pending": False, "energy_joules_total": 1.5e6,
+                  "workloads": [{"pod": "train-0", "namespace": "ml", "container": "main"}]}],
         "infiniband": [{"device": "mlx5_0", "port": 1, "state": 4,
                         "counters": {"symbol_errors": 0}}],
         "network": [{"device": "eth0", "carrier_up": True, "carrier_changes_total": 1}],
@@ -365,6 +368,16 @@ REFUSED = [
     ("empty instance", _with(["instance"], ""), 422, "$.instance"),
     ("unknown field", _with(["gpus", 0, "fan_rpm"], 1), 422, "unknown field `fan_rpm`"),
     ("wrong type", _with(["gpus", 0, "lost"], "yes"), 422, "$.gpus[0].lost"),
+    ("workload name not a string", _with(["gpus", 0, "workloads", 0, "pod"], 7), 422,
+     "Expected `str | null`, got `int` - at `$.gpus[0].workloads[0].pod`"),
+    ("workload name of 129", _with(["gpus", 0, "workloads", 0, "slurm_job"], "1" * 129), 422,
+     "$.gpus[0].workloads[0].slurm_job"),
+    ("unknown workload field", _with(["gpus", 0, "workloads", 0, "job"], "x"), 422,
+     "unknown field `job` - at `$.gpus[0].workloads[0]`"),
+    ("too many workloads", _with(["gpus", 0, "workloads"], [{"user": "u"}] * (MAX_WORKLOADS + 1)),
+     422, f"length <= {MAX_WORKLOADS} - at `$.gpus[0].workloads`"),
+    ("negative energy", _with(["gpus", 0, "energy_joules_total"], -1.0), 422,
+     "$.gpus[0].energy_joules_total"),
 ]
 
 
@@ -389,6 +402,8 @@ ACCEPTED_AT_THE_LIMITS = [
     ("1000 events", _with(["events"], [{"id": i, "kind": "guard", "source": "agent",
                                         "time_seconds": T0} for i in range(MAX_EVENTS)])),
     ("largest counter", _with(["gpus", 0, "ecc_uncorrected_errors_total"], INT64_MAX)),
+    ("16 workloads", _with(["gpus", 0, "workloads"], [{"user": f"u{i}", "pod": "p" * 128}
+                                                      for i in range(MAX_WORKLOADS)])),
     ("label with control characters", _with(["labels"], {"rack": "r\u0000\u202e1"})),
     ("empty label key", _with(["labels"], {"": "x"})),
 ]
@@ -404,7 +419,8 @@ def test_a_report_at_the_limits_is_accepted(api: Api, body: bytes) -> None:
 def test_every_number_on_the_wire_is_bounded() -> None:
     """Integers fit SQLite and float(); measured values cannot overflow arithmetic."""
     timestamps = {"sample_time_seconds", "time_seconds"}
-    for struct in (Report, GpuReport, IbPortReport, NetReport, EventRecord, CommandResult):
+    for struct in (Report, GpuReport, GpuWorkloadReport, IbPortReport, NetReport, EventRecord,
+                   CommandResult):
         for field in msgspec.inspect.type_info(struct).fields:
             for kind in _kinds(field.type):
                 where = (struct.__name__, field.name)

@@ -15,6 +15,7 @@ from sn_monitor.agent.report import (
 from sn_monitor.agent.snapshot import (
     GpuProcess,
     GpuSample,
+    GpuWorkload,
     IbPortSample,
     NetDeviceSample,
     NodeSnapshot,
@@ -22,7 +23,14 @@ from sn_monitor.agent.snapshot import (
     ProcessesSample,
     StuckProcess,
 )
-from sn_monitor.model import CommandResult, Event, HostReport, Report
+from sn_monitor.model import (
+    MAX_WORKLOADS,
+    CommandResult,
+    Event,
+    GpuWorkloadReport,
+    HostReport,
+    Report,
+)
 
 
 def gpu(index: int = 0, **fields) -> GpuSample:
@@ -198,3 +206,30 @@ def test_stuck_processes_go_out_as_a_host_value():
                         guard_throttled=set())
     assert bare.host is None
     assert b"host" not in msgspec.json.encode(bare)
+
+
+def test_workloads_and_the_energy_counter_reach_the_controller():
+    held = (GpuWorkload(pod="train-0", namespace="ml", container="main"),
+            GpuWorkload(mig_instance="MIG-1", slurm_job="42", user="ada", partition="gpu",
+                        workload_job="x" * 300))
+    snapshot = NodeSnapshot(node="n1", timestamp_seconds=1.0,
+                            gpus=(gpu(0, energy_joules_total=1.5e6, workloads=held), gpu(1)))
+    report = build_report(snapshot, instance="i", sequence=1, labels={}, interval=1.0,
+                          events=[], command_results=[], guard_throttled=set())
+    decoded = msgspec.json.decode(msgspec.json.encode(report), type=Report)
+    assert decoded == report
+    first, idle = decoded.gpus
+    assert first.energy_joules_total == 1.5e6
+    assert first.workloads[0] == GpuWorkloadReport(pod="train-0", namespace="ml",
+                                                   container="main")
+    assert first.workloads[1].workload_job == "x" * 128  # cut to the wire's bound
+    assert idle.workloads == []
+    # nobody's GPU: nothing on the wire (a controller from before attribution reads it)
+    assert b"workloads" not in msgspec.json.encode(idle)
+
+
+def test_a_gpu_reports_at_most_the_wires_workloads_and_a_sane_energy():
+    many = tuple(GpuWorkload(user=f"u{i}") for i in range(MAX_WORKLOADS + 3))
+    assert len(gpu_report(gpu(workloads=many)).workloads) == MAX_WORKLOADS
+    assert gpu_report(gpu(energy_joules_total=-1.0)).energy_joules_total is None
+    assert gpu_report(gpu(energy_joules_total=float("nan"))).energy_joules_total is None
