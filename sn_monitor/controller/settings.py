@@ -27,6 +27,7 @@ from sn_monitor.controller.jobs.settings import JobSettings
 from sn_monitor.controller.k8s.settings import JobWatchSettings
 from sn_monitor.controller.remediation.ladder import LadderSettings
 from sn_monitor.controller.security.tls import TlsSettings
+from sn_monitor.controller.workloads.accounting import WorkloadSettings
 from sn_monitor.rules.spec import NO_RULES, load_rule_set
 from sn_monitor.rules.xid_catalog import check_catalog_file
 
@@ -95,6 +96,8 @@ class ControllerSettings:
     remediation: LadderSettings = field(default_factory=LadderSettings)
     #: The bottleneck finder: a slow job, and the node and link that hold it back.
     fail_slow: FailSlowSettings = field(default_factory=FailSlowSettings)
+    #: The workloads' accounting: when a GPU a workload holds counts as idle.
+    workloads: WorkloadSettings = field(default_factory=WorkloadSettings)
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     store: StoreSettings = field(default_factory=StoreSettings)

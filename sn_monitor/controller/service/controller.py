@@ -57,6 +57,7 @@ from sn_monitor.controller.storage.store import Store
 from sn_monitor.controller.storage.writer import PendingReply, StoreWriter
 from sn_monitor.controller.supervision.stall import StallWatch
 from sn_monitor.controller.telemetry.metrics import ControllerMetrics, ControllerState
+from sn_monitor.controller.workloads.accounting import WORKLOAD_METRICS, WorkloadAccounting
 from sn_monitor.model import ReportReply
 from sn_monitor.rules.engine import RuleEngine
 from sn_monitor.rules.spec import CONFIG_SOURCE, Rule
@@ -111,8 +112,10 @@ class Controller:
         self.progress: Clock = self.stalls if self.stalls is not None else clock
         #: NVIDIA's Xid catalogue: the XID rules' codes, the ladder's first rung.
         self.xids = load_catalog(Path(settings.xid_catalog) if settings.xid_catalog else None)
-        self.engine = RuleEngine(rules, self.progress, catalog=self.xids,
-                                 keep=FABRIC_METRICS if settings.fail_slow.enabled else ())
+        self.engine = RuleEngine(rules, self.progress, catalog=self.xids, keep=(
+            *(FABRIC_METRICS if settings.fail_slow.enabled else ()), *WORKLOAD_METRICS))
+        #: Whose workloads hold the GPUs, and what each gets of them.
+        self.workloads = WorkloadAccounting(self.progress, settings.workloads)
         self._rules = EngineLock(self.engine)
         self.registry = NodeRegistry(self.progress)
         self.fleet = FleetState(self.registry, partial(heals_by_reading, self.engine))
@@ -197,7 +200,7 @@ class Controller:
             telemetry=self.telemetry, clock=clock, job_labels=self.job_labels,
             labels_of=self._labels_of,
             repair_result=lambda node, result: self.store_health.attempt(
-                self.remediation.on_result, node, result))
+                self.remediation.on_result, node, result), workloads=self.workloads)
         drivers.queue.on_result = lambda node, result: self.writer.call(
             partial(self.intake.command_result, node, result))
 

@@ -36,6 +36,7 @@ from sn_monitor.controller.storage.health import StoreHealth
 from sn_monitor.controller.storage.store import Store, StoreError
 from sn_monitor.controller.storage.writer import PendingReply, StoreWriter
 from sn_monitor.controller.telemetry.metrics import ControllerMetrics
+from sn_monitor.controller.workloads.accounting import WorkloadAccounting
 from sn_monitor.model import CommandResult, EventRecord, Report, ReportReply
 from sn_monitor.rules.alerts import WebhookRejected, decode_webhook
 from sn_monitor.rules.base import Now
@@ -51,7 +52,8 @@ class ReportIntake:
                  commands: AgentCommandQueue, writer: StoreWriter, store: Store,
                  store_health: StoreHealth, telemetry: ControllerMetrics, clock: Clock,
                  job_labels: JobLabels, labels_of: Callable[[str], dict[str, str] | None],
-                 repair_result: Callable[[str, CommandResult], object]) -> None:
+                 repair_result: Callable[[str, CommandResult], object],
+                 workloads: WorkloadAccounting) -> None:
         """The collaborators, passed in.
 
         ``repair_result``: the remediation ladder reads an agent's command result.
@@ -71,6 +73,7 @@ class ReportIntake:
         self._job_labels = job_labels
         self._labels_of = labels_of
         self._repair_result = repair_result
+        self._workloads = workloads
         #: Each agent's address and metrics port (Prometheus service discovery).
         self.peers: dict[str, tuple[str, int]] = {}
 
@@ -107,6 +110,8 @@ class ReportIntake:
         topology_wanted = False
         if accepted.applied:
             topology_wanted = self._fabric.take_report(report)
+            if report.gpus:  # a trimmed report without them leaves the last ones standing
+                self._workloads.take(report.node, report.gpus)
             self._job_labels.label(accepted.view)
             with self._rules.held() as engine:
                 findings = engine.observe(view, Now(view.received_monotonic, now))

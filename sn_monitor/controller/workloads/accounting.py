@@ -1,0 +1,243 @@
+"""Each GPU's holders and activity from the reports, summed per workload across the fleet.
+
+**The workload's key.** A Kubernetes workload is its pod: ``(namespace, pod)``; a Slurm
+workload its job id (``slurm_job``); any other its user (the processes' user, on a GPU
+no allocation source claims). An attribution with none of these is not accounted. The
+other names (container, partition, job name) describe a workload, they do not key it.
+
+**Held and idle.** A GPU counts for every workload that holds it (its own or one of its
+MIG instances: a GPU shared by two workloads counts for both). A held GPU is idle when
+its utilization stayed below ``idle_below`` since its holders took it or since it was
+last busy, for ``idle_after`` or more; one whose utilization is unknown (a MIG parent)
+is never idle. Times are the injected clock's (monotonic), taken at ingest.
+
+**Energy.** The difference of a GPU's energy counter between two reports goes to the
+workloads that held it during that interval (those of the earlier report), split evenly
+between them; a counter that went back (a driver reload) counts from 0, never negative.
+A workload's energy is a counter: it only grows while the workload is listed.
+
+**Forgetting.** A GPU not reported for ``stale_after`` (its node silent, or the GPU
+gone) counts for nobody; a workload that has held no GPU for ``forget_after`` leaves
+the list (and its energy with it).
+
+Ingest is the hot path (thousands of reports a second): :meth:`WorkloadAccounting.take`
+does a few comparisons per GPU and builds nothing for a GPU nobody holds;
+:meth:`WorkloadAccounting.usage` does the summing, at a scrape or an API call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from sn_monitor.clock import Clock
+from sn_monitor.config import Duration, fraction, positive, setting
+from sn_monitor.model import GpuReport, GpuWorkloadReport
+
+#: The metrics the accounting reads besides the GPUs' workloads and energy (which trimmed
+#: reports always carry): agents that evaluate rules keep sending them.
+WORKLOAD_METRICS: tuple[str, ...] = ("gpu_utilization_ratio", "gpu_memory_used_bytes")
+
+
+@dataclass(frozen=True)
+class WorkloadSettings:
+    """How workloads are judged (the controller's ``workloads:`` setting)."""
+
+    #: A held GPU below this utilization (0-1) is not working.
+    idle_below: float = setting(default=0.05, check=fraction)
+    #: ... and idle once it has not worked for this long.
+    idle_after: Duration = setting(default=Duration(600.0), check=positive)
+    #: A GPU not reported for this long counts for nobody.
+    stale_after: Duration = setting(default=Duration(300.0), check=positive)
+    #: A workload that held no GPU for this long leaves the list.
+    forget_after: Duration = setting(default=Duration(900.0), check=positive)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class WorkloadKey:
+    """Who a workload is (module docstring): the names not part of the key are empty."""
+
+    namespace: str = ""
+    pod: str = ""
+    slurm_job: str = ""
+    user: str = ""
+
+    @property
+    def kind(self) -> str:
+        """``kubernetes``, ``slurm`` or ``user``."""
+        return "kubernetes" if self.pod else "slurm" if self.slurm_job else "user"
+
+
+def workload_key(workload: GpuWorkloadReport) -> WorkloadKey | None:
+    """The key of one attribution; None when it names no pod, job or user."""
+    if workload.pod:
+        return WorkloadKey(namespace=workload.namespace or "", pod=workload.pod)
+    if workload.slurm_job:
+        return WorkloadKey(slurm_job=workload.slurm_job)
+    if workload.user:
+        return WorkloadKey(user=workload.user)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class HeldGpu:
+    """One GPU a workload holds: where, and since when it has been idle (None: working)."""
+
+    node: str
+    gpu: int
+    idle_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadUsage:
+    """One workload across the fleet, now."""
+
+    key: WorkloadKey
+    gpus: tuple[HeldGpu, ...]
+    idle_gpus: int
+    #: Mean utilization of its GPUs that report one (None: none does).
+    sm_utilization_ratio: float | None
+    memory_used_bytes: int
+    energy_joules_total: float
+    #: The descriptive names its GPUs' reports gave last (``workload_job``, ``partition``).
+    job: str = ""
+    partition: str = ""
+
+
+class _Gpu:
+    """One GPU's latest holders and activity."""
+
+    __slots__ = ("active_since", "attributions", "energy", "holders", "memory_used", "seen",
+                 "utilization")
+
+    def __init__(self) -> None:
+        self.holders: tuple[WorkloadKey, ...] = ()
+        self.attributions: Sequence[GpuWorkloadReport] = ()
+        self.energy: float | None = None
+        self.utilization: float | None = None
+        self.memory_used: int | None = None
+        #: Since when the GPU has been below ``idle_below`` for its current holders.
+        self.active_since = 0.0
+        self.seen = 0.0
+
+
+@dataclass
+class _Tally:
+    gpus: list[HeldGpu] = field(default_factory=list)
+    idle: int = 0
+    utilizations: list[float] = field(default_factory=list)
+    memory: int = 0
+    job: str = ""
+    partition: str = ""
+
+
+def _holders(workloads: Iterable[GpuWorkloadReport]) -> tuple[WorkloadKey, ...]:
+    keys = {key for w in workloads if (key := workload_key(w)) is not None}
+    return tuple(sorted(keys))
+
+
+class WorkloadAccounting:
+    """The GPUs' holders and activity, taken at ingest; per-workload usage on demand."""
+
+    def __init__(self, clock: Clock, settings: WorkloadSettings | None = None) -> None:
+        self._clock = clock
+        self.settings = settings if settings is not None else WorkloadSettings()
+        self._lock = threading.Lock()
+        self._gpus: dict[tuple[str, int], _Gpu] = {}
+        self._energy: dict[WorkloadKey, float] = {}
+        #: When each workload last held a GPU.
+        self._last_held: dict[WorkloadKey, float] = {}
+
+    def take(self, node: str, gpus: Sequence[GpuReport]) -> None:
+        """A report's GPUs (a trimmed report without GPUs is no news: not called)."""
+        now = self._clock.monotonic()
+        with self._lock:
+            for report in gpus:
+                self._take_gpu(node, report, now)
+
+    def _take_gpu(self, node: str, report: GpuReport, now: float) -> None:
+        key = (node, report.index)
+        gpu = self._gpus.get(key)
+        if gpu is None:
+            gpu = self._gpus[key] = _Gpu()
+        energy = report.energy_joules_total
+        if gpu.holders and energy is not None and gpu.energy is not None:
+            used = energy - gpu.energy if energy >= gpu.energy else energy  # reset: from 0
+            share = used / len(gpu.holders)
+            for holder in gpu.holders:
+                self._energy[holder] = self._energy.get(holder, 0.0) + share
+        gpu.energy = energy
+        gpu.seen = now
+        if not report.workloads and not gpu.holders:
+            return  # nobody's GPU, before and now
+        holders = _holders(report.workloads)
+        utilization = report.utilization_ratio
+        if (holders != gpu.holders or utilization is None
+                or utilization >= self.settings.idle_below):
+            gpu.active_since = now
+        gpu.holders = holders
+        gpu.attributions = report.workloads
+        gpu.utilization = utilization
+        gpu.memory_used = report.memory_used_bytes
+        for holder in holders:
+            self._last_held[holder] = now
+
+    def usage(self) -> list[WorkloadUsage]:
+        """Every workload listed now, by key (module docstring)."""
+        now = self._clock.monotonic()
+        settings = self.settings
+        with self._lock:
+            tallies = self._tally(now)
+            for holder, last in list(self._last_held.items()):
+                if holder not in tallies and now - last >= settings.forget_after:
+                    del self._last_held[holder]
+                    self._energy.pop(holder, None)
+            listed = sorted(set(self._last_held) | set(tallies))
+            energy = dict(self._energy)
+        return [_usage(key, tallies.get(key, _Tally()), energy.get(key, 0.0))
+                for key in listed]
+
+    def _tally(self, now: float) -> dict[WorkloadKey, _Tally]:
+        """The GPUs reported lately, by the workloads that hold them."""
+        settings = self.settings
+        tallies: dict[WorkloadKey, _Tally] = {}
+        gone = []
+        for (node, index), gpu in self._gpus.items():
+            if now - gpu.seen >= settings.forget_after:
+                gone.append((node, index))  # a node removed, or a GPU that left it
+            if not gpu.holders or now - gpu.seen >= settings.stale_after:
+                continue
+            quiet = now - gpu.active_since
+            idle = quiet >= settings.idle_after
+            held = HeldGpu(node, index, quiet if idle else None)
+            for holder in gpu.holders:
+                tally = tallies.setdefault(holder, _Tally())
+                tally.gpus.append(held)
+                tally.idle += idle
+                if gpu.utilization is not None:
+                    tally.utilizations.append(gpu.utilization)
+                tally.memory += gpu.memory_used or 0
+                _describe(tally, holder, gpu.attributions)
+        for key in gone:
+            del self._gpus[key]
+        return tallies
+
+
+def _describe(tally: _Tally, holder: WorkloadKey, attributions: Iterable[GpuWorkloadReport]
+              ) -> None:
+    """Keep the job name and partition an attribution of ``holder`` gives."""
+    for attribution in attributions:
+        if workload_key(attribution) == holder:
+            tally.job = attribution.workload_job or tally.job
+            tally.partition = attribution.partition or tally.partition
+
+
+def _usage(key: WorkloadKey, tally: _Tally, energy: float) -> WorkloadUsage:
+    utilizations = tally.utilizations
+    return WorkloadUsage(
+        key=key, gpus=tuple(sorted(tally.gpus, key=lambda g: (g.node, g.gpu))),
+        idle_gpus=tally.idle,
+        sm_utilization_ratio=sum(utilizations) / len(utilizations) if utilizations else None,
+        memory_used_bytes=tally.memory, energy_joules_total=energy, job=tally.job,
+        partition=tally.partition)
