@@ -57,7 +57,11 @@ from sn_monitor.controller.storage.store import Store
 from sn_monitor.controller.storage.writer import PendingReply, StoreWriter
 from sn_monitor.controller.supervision.stall import StallWatch
 from sn_monitor.controller.telemetry.metrics import ControllerMetrics, ControllerState
-from sn_monitor.controller.workloads.accounting import WORKLOAD_METRICS, WorkloadAccounting
+from sn_monitor.controller.workloads.accounting import (
+    WORKLOAD_METRICS,
+    WorkloadAccounting,
+    workload_document,
+)
 from sn_monitor.model import ReportReply
 from sn_monitor.rules.engine import RuleEngine
 from sn_monitor.rules.spec import CONFIG_SOURCE, Rule
@@ -221,7 +225,7 @@ class Controller:
             fleet=self.fleet, registry=self.registry, store=self.store,
             store_health=self.store_health, runner=self.runner, policy=self.policy,
             writer=self.writer, pipeline=self.pipeline, stalls=self.stalls, jobs=self.jobs,
-            fabric=self.fabric, clock=self.clock)
+            fabric=self.fabric, workloads=self.workloads, clock=self.clock)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -419,6 +423,9 @@ class Controller:
 
     def service_discovery(self) -> list[dict[str, Any]]:
         return self.queries.service_discovery()
+
+    def list_workloads(self) -> list[dict[str, Any]]:
+        return [workload_document(usage) for usage in self.workloads.usage()]
 
     def breaker_state(self) -> dict[str, Any]:
         return self.queries.breaker_state()

@@ -2,7 +2,8 @@
 
 The telemetry formats a :class:`~sn_monitor.controller.telemetry.metrics.ControllerState`
 (nothing is kept in the global registry); this gathers one from the fleet state, the
-store, the runner, the policy, the writer, the pipeline, the jobs and the fabric.
+store, the runner, the policy, the writer, the pipeline, the jobs, the fabric and the
+workloads.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sn_monitor.controller.storage.store import Store
 from sn_monitor.controller.storage.writer import StoreWriter
 from sn_monitor.controller.supervision.stall import StallWatch
 from sn_monitor.controller.telemetry.metrics import ControllerState
+from sn_monitor.controller.workloads.accounting import WorkloadAccounting
 
 
 class MetricsSnapshot:
@@ -30,7 +32,8 @@ class MetricsSnapshot:
     def __init__(self, *, fleet: FleetState, registry: NodeRegistry, store: Store,
                  store_health: StoreHealth, runner: ActionRunner, policy: SafetyPolicy,
                  writer: StoreWriter, pipeline: IncidentPipeline, stalls: StallWatch | None,
-                 jobs: JobOrchestrator, fabric: FabricWatch, clock: Clock) -> None:
+                 jobs: JobOrchestrator, fabric: FabricWatch, workloads: WorkloadAccounting,
+                 clock: Clock) -> None:
         self._fleet = fleet
         self._registry = registry
         self._store = store
@@ -42,6 +45,7 @@ class MetricsSnapshot:
         self._stalls = stalls
         self._jobs = jobs
         self._fabric = fabric
+        self._workloads = workloads
         self._clock = clock
 
     def take(self, *, workers: Mapping[str, bool], sweeps: int,
@@ -63,5 +67,6 @@ class MetricsSnapshot:
             ingest_lag=self._stalls.ingest_lag() if self._stalls is not None else None,
             jobs=self._jobs.metrics(),
             rules=rules,
+            workloads=tuple(self._workloads.usage()),
             **self._fabric.paces(self._clock.time()),
         )

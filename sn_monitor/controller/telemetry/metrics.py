@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 from sn_monitor import __version__
 from sn_monitor.controller.audit import ACTION_STATES
 from sn_monitor.controller.jobs.views import JobMetrics
+from sn_monitor.controller.workloads.accounting import WorkloadUsage
 from sn_monitor.model import ActionName, EventKind
 
 #: The one family written by hand (node_state_exposition).
@@ -73,6 +74,8 @@ class ControllerState:
     #: How many rules each source gave (a rules path as configured, ``packaged``, or
     #: ``config`` for ``rules: []``).
     rules: Mapping[str, int] = field(default_factory=dict)
+    #: Every workload the agents attribute GPUs to (:mod:`sn_monitor.controller.workloads`).
+    workloads: tuple[WorkloadUsage, ...] = ()
 
 
 class ControllerStateCollector(Collector):
@@ -144,6 +147,7 @@ class ControllerStateCollector(Collector):
         if state.jobs is not None:
             yield from _job_families(state.jobs)
         yield from _pace_families(state)
+        yield from _workload_families(state.workloads)
         yield GaugeMetricFamily("sn_controller_store_up",
                                 "1 while the store takes writes (0: the controller refuses "
                                 "to act without an audit record).",
@@ -180,6 +184,39 @@ def _pace_families(state: ControllerState) -> Iterator[Metric]:
     for job, node, link, kind in sorted(set(state.fail_slow)):
         named.add_metric([job, node, link, kind], 1.0)
     yield named
+
+
+#: A workload's labels: its key (sn_monitor.controller.workloads.accounting), the names
+#: outside it empty.
+WORKLOAD_LABELS: Final = ("namespace", "pod", "slurm_job", "user")
+
+
+def _workload_families(workloads: tuple[WorkloadUsage, ...]) -> Iterator[Metric]:
+    """Per workload: GPUs held and idle, activity, memory, energy."""
+    labels = list(WORKLOAD_LABELS)
+    gpus = GaugeMetricFamily("sn_workload_gpus", "GPUs the workload holds (a GPU shared by "
+                             "several workloads counts for each).", labels=labels)
+    idle = GaugeMetricFamily(
+        "sn_workload_idle_gpus", "GPUs the workload holds that have stayed below the idle "
+        "utilization (workloads.idle_below) for workloads.idle_after.", labels=labels)
+    utilization = GaugeMetricFamily(
+        "sn_workload_sm_utilization_ratio", "Mean utilization of the workload's GPUs (absent "
+        "where none reports one: MIG).", labels=labels)
+    memory = GaugeMetricFamily("sn_workload_memory_used_bytes",
+                               "Memory used on the workload's GPUs.", labels=labels)
+    energy = CounterMetricFamily(
+        "sn_workload_energy_joules", "Energy the workload's GPUs used while it held them "
+        "(shared GPUs split evenly).", labels=labels)
+    for usage in workloads:
+        key = usage.key
+        values = [key.namespace, key.pod, key.slurm_job, key.user]
+        gpus.add_metric(values, float(len(usage.gpus)))
+        idle.add_metric(values, float(usage.idle_gpus))
+        if usage.sm_utilization_ratio is not None:
+            utilization.add_metric(values, usage.sm_utilization_ratio)
+        memory.add_metric(values, float(usage.memory_used_bytes))
+        energy.add_metric(values, usage.energy_joules_total)
+    yield from (gpus, idle, utilization, memory, energy)
 
 
 RECOVERY_BUCKETS = (5.0, 10.0, 20.0, 30.0, 40.0, 60.0, 120.0, 300.0, 600.0, 1800.0)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sn_monitor.clock import Clock
 from sn_monitor.config import Duration, fraction, positive, setting
@@ -241,3 +242,18 @@ def _usage(key: WorkloadKey, tally: _Tally, energy: float) -> WorkloadUsage:
         sm_utilization_ratio=sum(utilizations) / len(utilizations) if utilizations else None,
         memory_used_bytes=tally.memory, energy_joules_total=energy, job=tally.job,
         partition=tally.partition)
+
+
+def workload_document(usage: WorkloadUsage) -> dict[str, Any]:
+    """One workload as ``GET /api/v1/workloads`` lists it."""
+    key = usage.key
+    return {
+        "kind": key.kind, "namespace": key.namespace, "pod": key.pod,
+        "slurm_job": key.slurm_job, "user": key.user, "job": usage.job,
+        "partition": usage.partition, "gpus": len(usage.gpus), "idle_gpus": usage.idle_gpus,
+        "sm_utilization_ratio": usage.sm_utilization_ratio,
+        "memory_used_bytes": usage.memory_used_bytes,
+        "energy_joules_total": usage.energy_joules_total,
+        "held": [{"node": g.node, "gpu": g.gpu, "idle": g.idle_seconds is not None,
+                  "idle_seconds": g.idle_seconds} for g in usage.gpus],
+    }

@@ -21,6 +21,7 @@ from sn_monitor.controller.api.routes import (
     probes,
     recoveries,
     ui,
+    workloads,
 )
 from sn_monitor.controller.api.routes.endpoint import Endpoint
 
@@ -28,5 +29,5 @@ from sn_monitor.controller.api.routes.endpoint import Endpoint
 ENDPOINTS: tuple[Endpoint, ...] = (
     *intake.ENDPOINTS, *nodes.ENDPOINTS, *incidents.ENDPOINTS, *actions.ENDPOINTS,
     *jobs.ENDPOINTS, *recoveries.ENDPOINTS, *breaker.ENDPOINTS, *fleet.ENDPOINTS,
-    *ui.ENDPOINTS, *probes.ENDPOINTS,
+    *workloads.ENDPOINTS, *ui.ENDPOINTS, *probes.ENDPOINTS,
 )
