@@ -23,6 +23,7 @@ from sn_monitor.model import (
     EdgeFinding,
     EdgeRules,
     GpuReport,
+    GpuWorkloadReport,
     HostReport,
     IbPortReport,
     Report,
@@ -429,3 +430,15 @@ def test_a_later_report_without_rules_is_judged_on_all_of_them():
     view.report = Report(node="n1", instance="a", sequence=2, sample_time_seconds=clock.time(),
                          gpus=[gpu(0, 60, power=650)], takes_rules=True)
     assert keys(engine.observe(view)) == [("only-rack-b", "gpu=0", "firing")]
+
+
+def test_a_trimmed_gpu_carries_its_workloads_and_energy_for_the_controllers_accounting():
+    held = [GpuWorkloadReport(slurm_job="4242", user="ada")]
+    full = Report(node="n1", instance="a", sequence=1, sample_time_seconds=1.0, gpus=[
+        GpuReport(index=0, utilization_ratio=0.5, temperature_celsius=60.0,
+                  energy_joules_total=1e6, workloads=held)])
+    (kept,) = Trim(["gpu_utilization_ratio"])(full).gpus
+    assert kept == GpuReport(index=0, utilization_ratio=0.5, energy_joules_total=1e6,
+                             workloads=held)
+    assert Trim(["gpu_energy_joules_total"])(full).gpus[0].energy_joules_total == 1e6
+    assert Trim(())(full).gpus == []  # a bare report: the controller keeps the last ones
