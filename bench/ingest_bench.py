@@ -21,7 +21,8 @@ of ``--nodes`` reports, divided by the number of reports:
 - ``rules``: ``RuleEngine.observe`` alone, on views whose report changes every round;
 - ``trimmed``: ``Controller.ingest`` of the reports an agent sends once it evaluates the
   controller's node-local rules itself (``sn_monitor/rules/edge.py``): no values but the
-  ones peers rules read, every fifth report, and no findings (a healthy fleet).
+  ones peers rules, the link rates and the workloads' accounting read, every fifth
+  report, and no findings (a healthy fleet).
 
 The figure of a repetition is the median of its rounds; the result is the median of the
 repetitions. Nothing fails on a figure; the exit status is 1 when the measurement
@@ -72,8 +73,9 @@ def _bodies(nodes: int) -> list[list[bytes]]:
 def _trimmed_bodies(nodes: int, rules: list[Any]) -> tuple[list[list[bytes]], list[list[bytes]]]:
     """Per variant, per node: trimmed bodies with the values the controller reads, and without.
 
-    The edge rules are the controller's own: its rules', and the link rates' values
-    (``FABRIC_METRICS``) that its topology and bottleneck finder read.
+    The edge rules are the controller's own: its rules', the link rates' values
+    (``FABRIC_METRICS``) that its topology and bottleneck finder read, and the workloads'
+    accounting's (``WORKLOAD_METRICS``).
     """
     from sn_monitor.rules.edge import EdgeCatalog
     from sn_monitor.rules.series import Trim
@@ -85,7 +87,8 @@ def _trimmed_bodies(nodes: int, rules: list[Any]) -> tuple[list[list[bytes]], li
     except ImportError:  # --compare with a checkout from before the link rates
         edge = EdgeCatalog(rules).for_node(NodeView(name="x"))
     else:
-        edge = EdgeCatalog(rules, FABRIC_METRICS).for_node(NodeView(name="x"))
+        edge = EdgeCatalog(rules, (*FABRIC_METRICS, *_workload_metrics())).for_node(
+            NodeView(name="x"))
     encoder = msgspec.json.Encoder()
     out: tuple[list[list[bytes]], list[list[bytes]]] = ([], [])
     for trim, sink in ((Trim(edge.keep), out[0]), (Trim(()), out[1])):
@@ -100,6 +103,15 @@ def _trimmed_bodies(nodes: int, rules: list[Any]) -> tuple[list[list[bytes]], li
                 per_node.append(head + b'"sequence":%d,"sample_time_seconds":%r' + tail)
             sink.append(per_node)
     return out
+
+
+def _workload_metrics() -> tuple[str, ...]:
+    """What the workloads' accounting keeps in trimmed reports (none before it)."""
+    try:
+        from sn_monitor.controller.workloads.accounting import WORKLOAD_METRICS
+    except ImportError:  # --compare with a checkout from before the accounting
+        return ()
+    return WORKLOAD_METRICS
 
 
 def _moved_parts() -> tuple[Any, Any, Any]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sn_monitor.clock import Clock
 from sn_monitor.config import Duration, fraction, positive, setting
@@ -55,9 +55,11 @@ class WorkloadSettings:
     forget_after: Duration = setting(default=Duration(900.0), check=positive)
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class WorkloadKey:
-    """Who a workload is (module docstring): the names not part of the key are empty."""
+class WorkloadKey(NamedTuple):
+    """Who a workload is (module docstring): the names not part of the key are empty.
+
+    A named tuple: ingest hashes one per held GPU per report.
+    """
 
     namespace: str = ""
     pod: str = ""
@@ -81,8 +83,7 @@ def workload_key(workload: GpuWorkloadReport) -> WorkloadKey | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class HeldGpu:
+class HeldGpu(NamedTuple):
     """One GPU a workload holds: where, and since when it has been idle (None: working)."""
 
     node: str
@@ -109,12 +110,14 @@ class WorkloadUsage:
 class _Gpu:
     """One GPU's latest holders and activity."""
 
-    __slots__ = ("active_since", "attributions", "energy", "holders", "memory_used", "seen",
-                 "utilization")
+    __slots__ = ("active_since", "attributions", "energy", "holders", "memory_used", "names",
+                 "seen", "utilization")
 
     def __init__(self) -> None:
         self.holders: tuple[WorkloadKey, ...] = ()
         self.attributions: Sequence[GpuWorkloadReport] = ()
+        #: Each holder's job name and partition, as the attributions give them.
+        self.names: dict[WorkloadKey, tuple[str, str]] = {}
         self.energy: float | None = None
         self.utilization: float | None = None
         self.memory_used: int | None = None
@@ -133,9 +136,16 @@ class _Tally:
     partition: str = ""
 
 
-def _holders(workloads: Iterable[GpuWorkloadReport]) -> tuple[WorkloadKey, ...]:
-    keys = {key for w in workloads if (key := workload_key(w)) is not None}
-    return tuple(sorted(keys))
+def _holders(workloads: Iterable[GpuWorkloadReport]
+             ) -> tuple[tuple[WorkloadKey, ...], dict[WorkloadKey, tuple[str, str]]]:
+    """The workloads' keys, sorted, and each one's job name and partition."""
+    names: dict[WorkloadKey, tuple[str, str]] = {}
+    for workload in workloads:
+        key = workload_key(workload)
+        if key is not None:
+            job, partition = names.get(key, ("", ""))
+            names[key] = (workload.workload_job or job, workload.partition or partition)
+    return tuple(sorted(names)), names
 
 
 class WorkloadAccounting:
@@ -145,93 +155,133 @@ class WorkloadAccounting:
         self._clock = clock
         self.settings = settings if settings is not None else WorkloadSettings()
         self._lock = threading.Lock()
-        self._gpus: dict[tuple[str, int], _Gpu] = {}
+        #: Each node's GPUs as its latest report with GPUs gave them.
+        self._latest: dict[str, Sequence[GpuReport]] = {}
+        #: The held GPUs of each node that has some, by index.
+        self._held: dict[str, dict[int, _Gpu]] = {}
         self._energy: dict[WorkloadKey, float] = {}
         #: When each workload last held a GPU.
         self._last_held: dict[WorkloadKey, float] = {}
 
     def take(self, node: str, gpus: Sequence[GpuReport]) -> None:
-        """A report's GPUs (a trimmed report without GPUs is no news: not called)."""
+        """A report's GPUs (a trimmed report without GPUs is no news: not called).
+
+        A node none of whose GPUs is held, before or now, costs a look at each GPU's
+        workloads: its GPUs are kept as they came (for the energy a GPU taken later had).
+        """
         now = self._clock.monotonic()
         with self._lock:
+            before = self._latest.get(node)
+            self._latest[node] = gpus
+            held = self._held.get(node)
+            if held is None:
+                if not any(gpu.workloads for gpu in gpus):
+                    return
+                held = self._held[node] = {}
             for report in gpus:
-                self._take_gpu(node, report, now)
+                self._take_gpu(held, report, before, now)
+            if not held:
+                del self._held[node]
 
-    def _take_gpu(self, node: str, report: GpuReport, now: float) -> None:
-        key = (node, report.index)
-        gpu = self._gpus.get(key)
+    def _take_gpu(self, held: dict[int, _Gpu], report: GpuReport,
+                  before: Sequence[GpuReport] | None, now: float) -> None:
+        gpu = held.get(report.index)
         if gpu is None:
-            gpu = self._gpus[key] = _Gpu()
+            if not report.workloads:
+                return  # nobody's GPU, before and now
+            gpu = held[report.index] = _Gpu()
+            gpu.energy = _energy_of(before, report.index)
         energy = report.energy_joules_total
         if gpu.holders and energy is not None and gpu.energy is not None:
             used = energy - gpu.energy if energy >= gpu.energy else energy  # reset: from 0
             share = used / len(gpu.holders)
             for holder in gpu.holders:
                 self._energy[holder] = self._energy.get(holder, 0.0) + share
+        taken = False
+        if report.workloads != gpu.attributions:  # else (most reports): the same holders
+            holders, gpu.names = _holders(report.workloads)
+            if not holders:
+                del held[report.index]  # given back: its energy no longer counts for anyone
+                return
+            taken = holders != gpu.holders
+            gpu.holders, gpu.attributions = holders, report.workloads
+        utilization = report.utilization_ratio
+        if taken or utilization is None or utilization >= self.settings.idle_below:
+            gpu.active_since = now
         gpu.energy = energy
         gpu.seen = now
-        if not report.workloads and not gpu.holders:
-            return  # nobody's GPU, before and now
-        holders = _holders(report.workloads)
-        utilization = report.utilization_ratio
-        if (holders != gpu.holders or utilization is None
-                or utilization >= self.settings.idle_below):
-            gpu.active_since = now
-        gpu.holders = holders
-        gpu.attributions = report.workloads
         gpu.utilization = utilization
         gpu.memory_used = report.memory_used_bytes
-        for holder in holders:
+        for holder in gpu.holders:
             self._last_held[holder] = now
 
     def usage(self) -> list[WorkloadUsage]:
-        """Every workload listed now, by key (module docstring)."""
+        """Every workload listed now, by key (module docstring).
+
+        Under the lock (which ingest takes) only each node's held GPUs are listed; their
+        fields are read after it, while ingest may be setting them: a GPU may be summed
+        with one report's utilization and the next one's holders (a report's worth of
+        skew), never with a value no report had.
+        """
         now = self._clock.monotonic()
         settings = self.settings
         with self._lock:
-            tallies = self._tally(now)
+            nodes = [(node, list(held.items())) for node, held in self._held.items()]
             for holder, last in list(self._last_held.items()):
-                if holder not in tallies and now - last >= settings.forget_after:
+                if now - last >= settings.forget_after:
                     del self._last_held[holder]
                     self._energy.pop(holder, None)
-            listed = sorted(set(self._last_held) | set(tallies))
+            listed = list(self._last_held)
             energy = dict(self._energy)
-        return [_usage(key, tallies.get(key, _Tally()), energy.get(key, 0.0))
-                for key in listed]
-
-    def _tally(self, now: float) -> dict[WorkloadKey, _Tally]:
-        """The GPUs reported lately, by the workloads that hold them."""
-        settings = self.settings
         tallies: dict[WorkloadKey, _Tally] = {}
-        gone = []
-        for (node, index), gpu in self._gpus.items():
-            if now - gpu.seen >= settings.forget_after:
-                gone.append((node, index))  # a node removed, or a GPU that left it
-            if not gpu.holders or now - gpu.seen >= settings.stale_after:
-                continue
-            quiet = now - gpu.active_since
-            idle = quiet >= settings.idle_after
-            held = HeldGpu(node, index, quiet if idle else None)
-            for holder in gpu.holders:
-                tally = tallies.setdefault(holder, _Tally())
-                tally.gpus.append(held)
-                tally.idle += idle
-                if gpu.utilization is not None:
-                    tally.utilizations.append(gpu.utilization)
-                tally.memory += gpu.memory_used or 0
-                _describe(tally, holder, gpu.attributions)
-        for key in gone:
-            del self._gpus[key]
-        return tallies
+        gone: list[tuple[str, int]] = []
+        for node, held in nodes:
+            for index, gpu in held:
+                if now - gpu.seen >= settings.forget_after:
+                    gone.append((node, index))  # a node removed, or a GPU that left it
+                elif now - gpu.seen < settings.stale_after:
+                    self._count(tallies, node, index, gpu, now)
+        if gone:
+            self._forget(gone, now)
+        return [_usage(key, tallies.get(key, _Tally()), energy.get(key, 0.0))
+                for key in sorted(set(listed) | set(tallies))]
+
+    def _forget(self, gone: list[tuple[str, int]], now: float) -> None:
+        """Drop these GPUs, unless a report came for one since."""
+        with self._lock:
+            for node, index in gone:
+                held = self._held.get(node, {})
+                gpu = held.get(index)
+                if gpu is not None and now - gpu.seen >= self.settings.forget_after:
+                    del held[index]
+                if not held:
+                    self._held.pop(node, None)
+
+    def _count(self, tallies: dict[WorkloadKey, _Tally], node: str, index: int, gpu: _Gpu,
+               now: float) -> None:
+        """One held GPU, counted for each of its holders."""
+        holders, names = gpu.holders, gpu.names
+        utilization, memory = gpu.utilization, gpu.memory_used or 0
+        quiet = now - gpu.active_since
+        idle = quiet >= self.settings.idle_after
+        held = HeldGpu(node, index, quiet if idle else None)
+        for holder in holders:
+            tally = tallies.setdefault(holder, _Tally())
+            tally.gpus.append(held)
+            tally.idle += idle
+            if utilization is not None:
+                tally.utilizations.append(utilization)
+            tally.memory += memory
+            job, partition = names.get(holder, ("", ""))
+            tally.job, tally.partition = job or tally.job, partition or tally.partition
 
 
-def _describe(tally: _Tally, holder: WorkloadKey, attributions: Iterable[GpuWorkloadReport]
-              ) -> None:
-    """Keep the job name and partition an attribution of ``holder`` gives."""
-    for attribution in attributions:
-        if workload_key(attribution) == holder:
-            tally.job = attribution.workload_job or tally.job
-            tally.partition = attribution.partition or tally.partition
+def _energy_of(gpus: Sequence[GpuReport] | None, index: int) -> float | None:
+    """GPU ``index``'s energy counter in ``gpus`` (None: not there, or not reported)."""
+    for gpu in gpus or ():
+        if gpu.index == index:
+            return gpu.energy_joules_total
+    return None
 
 
 def _usage(key: WorkloadKey, tally: _Tally, energy: float) -> WorkloadUsage:
