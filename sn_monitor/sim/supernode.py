@@ -46,6 +46,7 @@ from sn_monitor.rules.spec import packaged_rules, rule_documents
 from sn_monitor.sim import launcher
 from sn_monitor.sim.fleet import node_name
 from sn_monitor.sim.pace import PaceBook
+from sn_monitor.sim.slurm_jobs import demo_jobs, write_commands
 
 JOB = "demo"
 #: The shortest heartbeat timeout of the scaled rules (wall seconds).
@@ -165,10 +166,12 @@ def scaled_rules(sources: Sequence[Path], speed: float) -> list[dict[str, Any]]:
 class Child:
     """One child process in its own session, its output in a log file."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
+    def __init__(self, name: str, argv: list[str], log_path: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self.argv = argv
         self.log_path = log_path
+        self.env = env
         self.popen: subprocess.Popen[bytes] | None = None
         self.frozen = False
 
@@ -176,7 +179,7 @@ class Child:
         with self.log_path.open("ab") as log:
             self.popen = subprocess.Popen(
                 self.argv, cwd=self.log_path.parent, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True)
+                stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
 
     @property
     def running(self) -> bool:
@@ -214,6 +217,8 @@ class Supernode:
         self.labels = {name: node_labels(i) for i, name in enumerate(self.names)}
         self.job_nodes = self.names[:options.nodes - options.spares]
         self.spares = self.names[options.nodes - options.spares:]
+        #: The Slurm jobs holding the nodes' GPUs, as the agents' ``squeue`` tells them.
+        self.slurm_jobs = demo_jobs(self.job_nodes, self.spares, options.gpus)
         self.job_root = self.root / "job"
         self.launcher_state = self.job_root / "launcher.json"
         self.job_root.mkdir(parents=True, exist_ok=True)
@@ -274,6 +279,8 @@ class Supernode:
             },
             "routes": {"evict": ["command"], "cordon": ["command"],
                        "uncordon": ["command"]},
+            # a workload's GPUs idle after 10 simulated minutes, as in production
+            "workloads": {"idle_after": f"{600.0 / opts.speed:g}s"},
             "recovery": {"checkpoint_wait": "5s", "scan_interval": "1s",
                          "evict_timeout": "30s", "restore_timeout": "90s",
                          "save_interval": "2s"},
@@ -302,17 +309,21 @@ class Supernode:
         ports = free_ports("127.0.0.1", self.port, opts.nodes)
         agent_configs = self.root / "agents"
         agent_configs.mkdir(exist_ok=True)
+        slurm_bin = write_commands(self.slurm_jobs, self.root / "slurm" / "bin")
+        env = {**os.environ, "PATH": f"{slurm_bin}{os.pathsep}{os.environ.get('PATH', '')}"}
         for name, port in zip(self.names, ports, strict=True):
             self.agent_urls[name] = f"http://127.0.0.1:{port}"
             agent_config = agent_configs / f"{name}.yaml"
-            agent_config.write_text(yaml.safe_dump({"labels": self.labels[name]}))
+            agent_config.write_text(yaml.safe_dump({
+                "labels": self.labels[name],
+                "attribution": {"slurm": {"enabled": True, "node": name, "refresh": "2s"}}}))
             self.agents[name] = Child(name, [
                 sys.executable, "-m", "sn_monitor.cli", "agent", "--simulate", str(opts.gpus),
                 "--config", str(agent_config),
                 "--controller", self.url, "--node", name, "--listen", f"127.0.0.1:{port}",
                 "--state-dir", str(self.root / "agents" / name),
                 "--sim-speed", f"{opts.speed:g}", "--log-format", "json",
-                "--log-level", "warning"], logs / f"{name}.log")
+                "--log-level", "warning"], logs / f"{name}.log", env)
         self._wait(lambda: self._healthy(self.url, self.controller), timeout,
                    "the controller to answer /healthz")
         for agent in self.agents.values():
@@ -320,6 +331,7 @@ class Supernode:
         progress(f"{opts.nodes} simulated agents starting on ports "
                  f"{ports[0]}-{ports[-1]}")
         self._wait(self._all_reporting, timeout, "every agent to report")
+        self._idle_slurm_gpus()
         progress(f"starting job {JOB!r} on {len(self.job_nodes)} nodes "
                  f"({len(self.spares)} spares)")
         self._run_launcher(
@@ -352,6 +364,13 @@ class Supernode:
             self._wait(steady, STEADY_WAIT_SECONDS, "every agent reporting steadily")
         except SupernodeError:
             progress("the agents report unevenly (a busy machine): starting anyway")
+
+    def _idle_slurm_gpus(self) -> None:
+        """Hold the GPUs of the idle Slurm jobs at 0 utilization."""
+        for job in self.slurm_jobs:
+            for node, indices in job.gpus.items():
+                for index in indices if job.idle else ():
+                    self._post_fault(node, {"fault": "load", "gpu": index, "utilization": 0.0})
 
     def _run_launcher(self, *args: str) -> None:
         done = subprocess.run([*self._launcher_command(), *args], capture_output=True,

@@ -32,10 +32,11 @@ GRAFANA = ROOT / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
 SCHEMAS = FIXTURES / "grafana-schema"
 RULES_DIR = ROOT / "rules" / "prometheus"
-UIDS = {"sn-overview", "sn-node", "sn-gpu-health", "sn-jobs", "sn-controller"}
+UIDS = {"sn-overview", "sn-node", "sn-gpu-health", "sn-jobs", "sn-controller", "sn-workloads"}
 
 #: What each variable becomes when a query is sent to Prometheus by hand.
 SUBSTITUTE = {"supernode": ".*", "node": ".*", "gpu": ".*", "job": ".*",
+              "slurm_job": ".*", "pod": ".*",
               "__rate_interval": "1m", "__interval": "30s", "__range": "5m"}
 
 
@@ -141,7 +142,7 @@ def test_panels_have_unit_and_datasource_variable(path: Path):
     assert (source["type"], source["query"]) == ("datasource", "prometheus")
     used = set(re.findall(r"\$\{?(\w+)", text)) - {"datasource"}
     assert {u for u in used if not u.startswith("__")} <= set(variables), used
-    for name in ("supernode", "node", "gpu", "job"):
+    for name in ("supernode", "node", "gpu", "job", "slurm_job", "pod"):
         if name in variables:
             assert variables[name]["type"] == "query"
             assert variables[name]["query"].startswith("label_values(")
@@ -258,7 +259,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def test_variables_have_values(prometheus: str):
     for name, match in (("supernode", 'up{job="sn-agent"}'), ("node", "sn_gpu_info"),
-                        ("gpu", "sn_gpu_info"), ("job", "sn_job_state")):
+                        ("gpu", "sn_gpu_info"), ("job", "sn_job_state"),
+                        ("slurm_job", "sn_workload_gpus")):
         url = f"{prometheus}/label/{name}/values?{urllib.parse.urlencode({'match[]': match})}"
         assert _get(url)["data"], name
 
@@ -279,3 +281,19 @@ def test_every_panel_query_returns_data(prometheus: str):
         time.sleep(2)
     assert empty == {}, "\n".join(f"{uid} / {title}: {expr}"
                                   for (uid, title), expr in empty.items())
+
+
+def test_the_idle_slurm_job_alone_holds_idle_gpus(prometheus: str):
+    """The demo's notebook (Slurm job 1002) leaves its GPUs idle; the training job does not.
+
+    Idle shows once the notebook's GPUs have stayed quiet for ``workloads.idle_after``
+    (10 simulated minutes); every workload's energy grows from the start.
+    """
+    deadline = time.monotonic() + 120
+    idle: list[dict[str, Any]] = []
+    while not idle and time.monotonic() < deadline:
+        idle = _query(prometheus, "sn_workload_idle_gpus > 0")
+        time.sleep(1)
+    assert {(s["metric"]["slurm_job"], s["value"][1]) for s in idle} == {("1002", "4")}
+    energy = _query(prometheus, "sn_workload_energy_joules_total > 0")
+    assert {s["metric"]["slurm_job"] for s in energy} == {"1001", "1002"}
