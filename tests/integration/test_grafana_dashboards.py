@@ -142,7 +142,7 @@ def test_panels_have_unit_and_datasource_variable(path: Path):
     assert (source["type"], source["query"]) == ("datasource", "prometheus")
     used = set(re.findall(r"\$\{?(\w+)", text)) - {"datasource"}
     assert {u for u in used if not u.startswith("__")} <= set(variables), used
-    for name in ("supernode", "node", "gpu", "job", "slurm_job", "pod"):
+    for name in ("supernode", "node", "gpu", "job", "slurm_job"):
         if name in variables:
             assert variables[name]["type"] == "query"
             assert variables[name]["query"].startswith("label_values(")

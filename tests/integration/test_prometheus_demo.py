@@ -97,7 +97,8 @@ def test_every_dashboard_variable_has_values_and_the_nodes_sit_in_racks(demo):
     listed: dict[tuple[str, str], list[str]] = {}
     variables = list(_variables())
     assert {name for name, _ in variables} == {
-        "sn-gpu-health.json", "sn-jobs.json", "sn-node.json", "sn-overview.json"}
+        "sn-gpu-health.json", "sn-jobs.json", "sn-node.json", "sn-overview.json",
+        "sn-workloads.json"}
     for dashboard, variable in variables:
         query = variable["definition"] or variable["query"]
         for name, value in chosen.items():
@@ -112,6 +113,8 @@ def test_every_dashboard_variable_has_values_and_the_nodes_sit_in_racks(demo):
     assert listed[("sn-node.json", "node")] == supernode.names
     assert listed[("sn-node.json", "gpu")] == [str(g) for g in range(GPUS)]
     assert listed[("sn-jobs.json", "job")] == [JOB]
+    assert listed[("sn-workloads.json", "slurm_job")] == [
+        job.job_id for job in supernode.slurm_jobs]
     topology = supernode.get("/api/v1/topology")
     assert [(s["name"], [(r["name"], r["nodes"]) for r in s["racks"]])
             for s in topology["supernodes"]] == [
