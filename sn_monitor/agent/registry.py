@@ -7,6 +7,7 @@ one is switched on or off by name in the config file.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -18,10 +19,11 @@ from sn_monitor.agent.collectors.infiniband import InfinibandCollector
 from sn_monitor.agent.collectors.kmsg import KmsgCollector
 from sn_monitor.agent.collectors.net import NetCollector
 from sn_monitor.agent.collectors.processes import ProcessesCollector
-from sn_monitor.agent.settings import AgentSettings, AttributionSettings
+from sn_monitor.agent.settings import AgentSettings
 from sn_monitor.agent.workloads.kubelet import KubeletSource
 from sn_monitor.agent.workloads.model import AllocationSource
 from sn_monitor.agent.workloads.processes import JobOf
+from sn_monitor.agent.workloads.refreshed import RefreshedSource
 from sn_monitor.agent.workloads.slurm.allocations import SlurmAllocations
 from sn_monitor.agent.workloads.slurm.commands import SlurmCommands
 from sn_monitor.agent.workloads.slurm.directory import JobDirectory, SlurmProcessJobs
@@ -32,33 +34,45 @@ NvmlModule = ModuleType | Any
 
 Factory = Callable[[AgentSettings, NvmlModule, Clock], Collector]
 
-def allocation_sources(settings: AttributionSettings, clock: Clock) -> list[AllocationSource]:
-    """The attribution sources the config file enables, in a fixed order."""
+@dataclass(frozen=True)
+class Attribution:
+    """What the nvml collector attributes GPUs with: allocation sources, a process's job."""
+
+    sources: list[AllocationSource]
+    job_of: JobOf | None
+
+
+def attribution(settings: AgentSettings, clock: Clock) -> Attribution:
+    """The attribution sources the config file enables, in a fixed order.
+
+    Slurm's source is asked on its own thread every ``refresh`` seconds (its commands
+    cost more than a sample may spend) and tells the process lookup's job directory
+    every job it lists.
+    """
+    chosen = settings.attribution
     sources: list[AllocationSource] = []
-    if settings.kubelet.enabled:
+    if chosen.kubelet.enabled:
         sources.append(KubeletSource(
-            Path(settings.kubelet.socket), resources=tuple(settings.kubelet.resources),
-            timeout_seconds=float(settings.kubelet.timeout)))
-    if settings.slurm.enabled:
-        sources.append(SlurmAllocations(
-            SlurmCommands(timeout=float(settings.slurm.timeout)), clock,
-            node=settings.slurm.node, refresh=float(settings.slurm.refresh)))
-    return sources
+            Path(chosen.kubelet.socket), resources=tuple(chosen.kubelet.resources),
+            timeout_seconds=float(chosen.kubelet.timeout)))
+    if not chosen.slurm.enabled:
+        return Attribution(sources, None)
+    commands = SlurmCommands(timeout=float(chosen.slurm.timeout))
+    directory = JobDirectory(commands, clock)
+    sources.append(RefreshedSource(
+        SlurmAllocations(commands, node=chosen.slurm.node, directory=directory),
+        float(chosen.slurm.refresh)))
+    return Attribution(sources, SlurmProcessJobs(Path(settings.paths.procfs), directory))
 
 
-def process_jobs(settings: AgentSettings, clock: Clock) -> JobOf | None:
-    """Which scheduler's job a GPU process runs in (Slurm's, when enabled)."""
-    slurm = settings.attribution.slurm
-    if not slurm.enabled:
-        return None
-    return SlurmProcessJobs(Path(settings.paths.procfs), JobDirectory(
-        SlurmCommands(timeout=float(slurm.timeout)), clock))
+def _nvml_collector(settings: AgentSettings, nvml: NvmlModule, clock: Clock) -> Collector:
+    chosen = attribution(settings, clock)
+    return NvmlCollector(nvml, clock, procfs=Path(settings.paths.procfs),
+                         sources=chosen.sources, job_of=chosen.job_of)
 
 
 COLLECTORS: dict[str, Factory] = {
-    "nvml": lambda s, nvml, clock: NvmlCollector(
-        nvml, clock, procfs=Path(s.paths.procfs),
-        sources=allocation_sources(s.attribution, clock), job_of=process_jobs(s, clock)),
+    "nvml": _nvml_collector,
     "net": lambda s, nvml, clock: NetCollector(
         Path(s.paths.procfs), Path(s.paths.sysfs),
         include=s.collectors.net.include, exclude=s.collectors.net.exclude,

@@ -19,12 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from sn_monitor.agent.collectors.gpu import NvmlCollector
+from sn_monitor.agent.registry import COLLECTORS
+from sn_monitor.agent.settings import (
+    AgentSettings,
+    AttributionSettings,
+    PathSettings,
+    SlurmAttributionSettings,
+)
 from sn_monitor.agent.snapshot import GpuWorkload
 from sn_monitor.agent.workloads.model import DeviceAllocation, SourceUnavailable, Workload
 from sn_monitor.agent.workloads.slurm.allocations import SlurmAllocations
 from sn_monitor.agent.workloads.slurm.commands import SlurmCommands
-from sn_monitor.agent.workloads.slurm.directory import JobDirectory, SlurmProcessJobs
+from sn_monitor.agent.workloads.slurm.directory import JobDirectory
 from sn_monitor.agent.workloads.slurm.processes import (
     ProcessJob,
     job_of_process,
@@ -74,7 +80,7 @@ def pid_in(pidfile: Path) -> int:
 
 
 def source() -> SlurmAllocations:
-    return SlurmAllocations(SlurmCommands(), SystemClock(), node=NODE, refresh=0)
+    return SlurmAllocations(SlurmCommands(), node=NODE)
 
 
 def test_a_batch_job_and_an_srun_step_are_attributed_by_pid(slurm: SlurmCluster,
@@ -159,7 +165,7 @@ def test_a_job_name_that_mimics_slurms_fields_is_only_a_name(slurm: SlurmCluster
 def test_a_stopped_slurmctld_makes_the_source_unavailable(slurm: SlurmCluster) -> None:
     slurm.stop_controller()
     with pytest.raises(SourceUnavailable, match="Unable to contact slurm controller"):
-        SlurmAllocations(SlurmCommands(timeout=30), SystemClock(), node=NODE).allocations()
+        SlurmAllocations(SlurmCommands(timeout=30), node=NODE).allocations()
     job = ProcessJob(job_id="1", found_in="cgroup")
     assert JobDirectory(SlurmCommands(timeout=30), SystemClock()).complete(job) == job
 
@@ -175,7 +181,7 @@ def test_the_gpu_collector_shows_each_gpu_s_slurm_job_busy_or_idle(slurm: SlurmC
     """The agent's path: three fake-NVML GPUs (minors 0-2); GPU 0 held by the batch job's
     process, GPU 1 by nothing but allocated to an idle job; GPU 2 neither. The process's
     job comes through SlurmProcessJobs (environ, then squeue), the idle GPU's through the
-    slurm allocation source."""
+    slurm allocation source (asked on its own thread), wired as the agent's registry does."""
     pidfile = tmp_path / "batch.pid"
     batch = slurm.sbatch(f"#!/bin/bash\n{TASK.format(pidfile=pidfile)}\n",
                          "--gres=gpu:1", "--job-name=busy")
@@ -187,11 +193,15 @@ def test_the_gpu_collector_shows_each_gpu_s_slurm_job_busy_or_idle(slurm: SlurmC
     gpus[0].set_processes([(pid, 2**30)])
     fake_nvml.configure(gpus)
     try:
-        clock = SystemClock()
-        collector = NvmlCollector(
-            fake_nvml, clock, procfs=PROC, sources=[source()],
-            job_of=SlurmProcessJobs(PROC, JobDirectory(SlurmCommands(), clock)))
-        busy, held, free = collector.collect().gpus
+        settings = AgentSettings(
+            node=NODE, paths=PathSettings(procfs=str(PROC)),
+            attribution=AttributionSettings(slurm=SlurmAttributionSettings(
+                enabled=True, node=NODE)))
+        collector = COLLECTORS["nvml"](settings, fake_nvml, SystemClock())
+        try:
+            busy, held, free = collector.collect().gpus
+        finally:
+            collector.close()
     finally:
         fake_nvml.reset()
     process = busy.processes[0] if busy.processes else None

@@ -16,6 +16,7 @@ from typing import Literal
 import pytest
 
 from sn_monitor.agent.workloads.model import DeviceAllocation, SourceUnavailable, Workload
+from sn_monitor.agent.workloads.refreshed import RefreshedSource
 from sn_monitor.agent.workloads.slurm.allocations import SlurmAllocations
 from sn_monitor.agent.workloads.slurm.commands import SlurmCommands
 from sn_monitor.agent.workloads.slurm.directory import JobDirectory
@@ -307,29 +308,37 @@ def g1_answers() -> dict[str, Finished | Exception]:
             "scontrol show job -d -o 2": ok(detail("2") + "\n")}
 
 
-def test_the_source_lists_the_nodes_jobs_and_their_gpus_once_per_refresh() -> None:
+def test_the_source_lists_the_nodes_jobs_and_their_gpus_at_each_ask() -> None:
     runner = ScriptedRunner(g1_answers())
-    clock = ManualClock()
-    source = SlurmAllocations(SlurmCommands(run=runner), clock, node="g1", refresh=30)
+    source = SlurmAllocations(SlurmCommands(run=runner), node="g1")
     assert source.name == "slurm"
     assert source.allocations() == (
         alloc(0, "1", "alice", "gpu", "my job"), alloc(1, "2", "bob", "debug", "bash"),
         alloc(3, "2", "bob", "debug", "bash"))
-    clock.advance(29)
-    source.allocations()
     assert len(runner.calls) == 3
     runner.answers[QUEUE_ON_G1] = ok("")
-    clock.advance(1)
     assert source.allocations() == ()
     assert runner.calls[3:] == [QUEUE_ON_G1]  # no job on the node: no scontrol
+
+
+def test_each_listing_tells_the_directory_the_nodes_jobs() -> None:
+    """A process of a job the source has listed is completed without a squeue of its own."""
+    runner = ScriptedRunner(g1_answers())
+    clock = ManualClock()
+    directory = JobDirectory(SlurmCommands(run=runner), clock)
+    SlurmAllocations(SlurmCommands(run=runner), node="g1", directory=directory).allocations()
+    asked = len(runner.calls)
+    record = directory.lookup("2")
+    assert record is not None
+    assert (record.user, record.partition) == ("bob", "debug")
+    assert len(runner.calls) == asked
 
 
 def test_a_job_gone_between_squeue_and_scontrol_has_no_gpus() -> None:
     answers = g1_answers()
     answers["scontrol show job -d -o 2"] = Finished(
         1, "", "slurm_load_jobs error: Invalid job id specified")
-    source = SlurmAllocations(SlurmCommands(run=ScriptedRunner(answers)), ManualClock(),
-                              node="g1")
+    source = SlurmAllocations(SlurmCommands(run=ScriptedRunner(answers)), node="g1")
     assert source.allocations() == (alloc(0, "1", "alice", "gpu", "my job"),)
 
 
@@ -343,23 +352,23 @@ def test_a_job_gone_between_squeue_and_scontrol_has_no_gpus() -> None:
 def test_a_slurmctld_that_cannot_answer_is_source_unavailable_until_the_next_refresh(
         answer: Exception | Finished, why: str) -> None:
     runner = ScriptedRunner({QUEUE_ON_G1: answer})
-    clock = ManualClock()
-    source = SlurmAllocations(SlurmCommands(run=runner), clock, node="g1", refresh=30)
+    source = RefreshedSource(SlurmAllocations(SlurmCommands(run=runner), node="g1"), 30,
+                             threaded=False)
+    source.refresh()
     with pytest.raises(SourceUnavailable, match=why) as raised:
         source.allocations()
     assert raised.value.source == "slurm"
-    clock.advance(10)
     with pytest.raises(SourceUnavailable, match=why):
         source.allocations()
-    assert len(runner.calls) == 1  # not asked again within refresh
+    assert len(runner.calls) == 1  # the sample reads the last answer; it asks nothing
     runner.answers.update(g1_answers())
-    clock.advance(20)
+    source.refresh()
     assert len(source.allocations()) == 3
 
 
 def test_the_node_defaults_to_the_short_host_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("socket.gethostname", lambda: "gpu07.cluster.example")
-    source = SlurmAllocations(SlurmCommands(run=ScriptedRunner({})), ManualClock())
+    source = SlurmAllocations(SlurmCommands(run=ScriptedRunner({})))
     assert source.node == "gpu07"
 
 

@@ -12,7 +12,9 @@ Once a cycle, after NVML's read, :class:`WorkloadAttribution`:
    anew), and reported down (:class:`~sn_monitor.agent.snapshot.SourceStatus`, the
    ``sn_agent_source_up`` gauge); the sample goes on. A source raises nothing else:
    anything it cannot read is ``SourceUnavailable``. A source answers quickly (the
-   kubelet's socket with a timeout): it runs inside the nvml collector's deadline;
+   kubelet's socket with a timeout), or is asked on a thread of its own and answers
+   from its last refresh (Slurm: :class:`~sn_monitor.agent.workloads.refreshed.RefreshedSource`):
+   it runs inside the nvml collector's deadline;
 3. joins both to the GPUs (:mod:`sn_monitor.agent.workloads.join`).
 """
 
@@ -69,6 +71,15 @@ class SourcePolling:
             statuses.append(SourceStatus(source.name, up=True))
         return allocations, tuple(statuses)
 
+    def close(self) -> None:
+        """Close every source; one failing to close does not keep the others open."""
+        for source in self._sources:
+            try:
+                source.close()
+            except Exception:
+                logger.exception("closing workload source %s failed", source.name,
+                                 extra={"source": source.name})
+
 
 class WorkloadAttribution:
     """Processes identified, sources asked, both joined to the cycle's GPUs.
@@ -119,6 +130,10 @@ class WorkloadAttribution:
                 out.append(replace(gpu, processes=processes, workloads=workloads,
                                    mig_instances=instances))
         return tuple(out), statuses
+
+    def close(self) -> None:
+        """Release the sources (threads, channels)."""
+        self._polling.close()
 
     def _identify(self, gpus: tuple[GpuSample, ...]) -> dict[int, ProcessIdentity]:
         """Who each GPU process is; {} without a procfs root."""

@@ -88,6 +88,7 @@ class NvmlCollector:
         return replace(collected, gpus=gpus, sources=sources)
 
     def close(self) -> None:
+        self._attribution.close()
         self._library.close()
 
     def _init(self) -> None:

@@ -62,3 +62,7 @@ class AllocationSource(Protocol):
     def allocations(self) -> tuple[DeviceAllocation, ...]:
         """Every allocation the platform records now; :class:`SourceUnavailable` if none."""
         ...
+
+    def close(self) -> None:
+        """Release what the source holds (a channel, a thread)."""
+        ...

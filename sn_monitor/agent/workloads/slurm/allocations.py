@@ -15,22 +15,24 @@ device files (a GPU left out after a failure) shifts the positions after the gap
 node's allocations are off by the gap, and the process attribution (cgroup, environ),
 which does not depend on the order, is the one to trust there.
 
-A refresh costs 1 + (jobs on the node) commands, so it runs at most every ``refresh``
-seconds (default 30) and the calls in between return the last answer. A failed refresh
-raises :class:`SourceUnavailable`, and so does every call until ``refresh`` seconds have
-passed (a slurmctld that does not answer is not asked at every sample).
+A refresh costs 1 + (jobs on the node) commands (40-150 ms, up to the commands' timeout
+when slurmctld is slow), so the agent asks this source on a thread of its own every
+``refresh`` seconds (:class:`~sn_monitor.agent.workloads.refreshed.RefreshedSource`),
+never on the sampling thread. Each refresh also hands the node's jobs (user, partition,
+name) to the :class:`~sn_monitor.agent.workloads.slurm.directory.JobDirectory`, so that
+a GPU process of a job already running here is completed without a command of its own.
 """
 
 from __future__ import annotations
 
 import socket
 
-from sn_monitor.agent.workloads.model import DeviceAllocation, SourceUnavailable, Workload
+from sn_monitor.agent.workloads.model import DeviceAllocation, Workload
 from sn_monitor.agent.workloads.slurm.commands import SOURCE, SlurmCommands
+from sn_monitor.agent.workloads.slurm.directory import JobDirectory
 from sn_monitor.agent.workloads.slurm.records import JobRecord, node_gpus, parse_queue
-from sn_monitor.clock import Clock
 
-#: Seconds between two refreshes; the calls in between return the last answer.
+#: Seconds between two refreshes (the agent's default ``attribution.slurm.refresh``).
 DEFAULT_REFRESH_SECONDS = 30.0
 #: The resource name Slurm's GPUs go by (``TRES=gres/gpu=2``).
 RESOURCE = "gres/gpu"
@@ -51,40 +53,26 @@ class SlurmAllocations:
     """The ``slurm`` :class:`~sn_monitor.agent.workloads.model.AllocationSource`.
 
     ``node``: this node's name in Slurm (default: the host name up to its first dot, as
-    slurmd names itself); ``refresh``: seconds an answer is served, on ``clock``'s
-    monotonic time.
+    slurmd names itself); ``directory``: told the user, partition and name of every job
+    each refresh lists. Every call asks Slurm: pace it with a ``RefreshedSource``.
     """
 
     name = SOURCE
 
-    def __init__(self, commands: SlurmCommands, clock: Clock, *, node: str | None = None,
-                 refresh: float = DEFAULT_REFRESH_SECONDS) -> None:
-        if refresh < 0:
-            raise ValueError("refresh must be >= 0")
+    def __init__(self, commands: SlurmCommands, *, node: str | None = None,
+                 directory: JobDirectory | None = None) -> None:
         self.node = node or socket.gethostname().split(".")[0]
         self._commands = commands
-        self._clock = clock
-        self._refresh = float(refresh)
-        self._loaded_at: float | None = None
-        self._last: tuple[DeviceAllocation, ...] = ()
-        self._failure: SourceUnavailable | None = None
+        self._directory = directory
 
     def allocations(self) -> tuple[DeviceAllocation, ...]:
         """Every GPU of this node Slurm gave a job; :class:`SourceUnavailable` if none."""
-        now = self._clock.monotonic()
-        if self._loaded_at is not None and now - self._loaded_at < self._refresh:
-            if self._failure is not None:
-                raise self._failure
-            return self._last
-        self._loaded_at = now
-        try:
-            held = [(job, node_gpus(self._commands.job_detail(job.job_id).strip(), job,
-                                    self.node))
-                    for job in parse_queue(self._commands.jobs_on(self.node))
-                    if job.holds_devices]
-        except SourceUnavailable as exc:
-            self._failure = exc
-            raise
-        self._failure = None
-        self._last = allocations_of(held)
-        return self._last
+        jobs = parse_queue(self._commands.jobs_on(self.node))
+        if self._directory is not None:
+            self._directory.learn(jobs)
+        return allocations_of([
+            (job, node_gpus(self._commands.job_detail(job.job_id).strip(), job, self.node))
+            for job in jobs if job.holds_devices])
+
+    def close(self) -> None:
+        """Nothing held between calls (each command is its own process)."""

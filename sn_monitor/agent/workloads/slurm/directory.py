@@ -7,7 +7,9 @@ a process that claims by its environment alone a job of another user is not that
 a forged ``SLURM_JOB_ID`` cannot put one user's GPU time on another's job (root's
 processes are believed: root owns the node anyway).
 
-A running job's user, partition and name do not change, so an answer is kept for
+The ``slurm`` allocation source's refresh hands over every job running on the node
+(:meth:`JobDirectory.learn`), so a lookup asks Slurm only for a job that started since
+the last refresh. A running job's user, partition and name do not change, so an answer is kept for
 ``ttl`` seconds. A failure (slurmctld down or slow), and a job Slurm does not know, is
 kept for ``retry_after`` seconds, so that an outage costs one ``squeue`` per job per
 ``retry_after``, not one per sample. Failures are logged once per outage and never
@@ -17,6 +19,8 @@ raised: the process keeps its job id and what its environment said.
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -43,7 +47,10 @@ class _Entry:
 
 
 class JobDirectory:
-    """Job id -> :class:`JobRecord` through ``squeue``, cached on ``clock``'s monotonic time."""
+    """Job id -> :class:`JobRecord` through ``squeue``, cached on ``clock``'s monotonic time.
+
+    Safe to share between the sampling thread (lookups) and the Slurm source's (learning).
+    """
 
     def __init__(self, commands: SlurmCommands, clock: Clock, *,
                  ttl: float = DEFAULT_TTL_SECONDS,
@@ -55,14 +62,22 @@ class JobDirectory:
         self._ttl = float(ttl)
         self._retry_after = float(retry_after)
         self._entries: dict[str, _Entry] = {}
+        self._lock = threading.Lock()
         self._failing = False
+
+    def learn(self, records: Iterable[JobRecord]) -> None:
+        """Keep ``records`` (Slurm's own answer, from a listing of the node's jobs)."""
+        until = self._clock.monotonic() + self._ttl
+        for record in records:
+            self._remember(record.job_id, _Entry(record, until))
 
     def lookup(self, job_id: str) -> JobRecord | None:
         """The job's record; None when Slurm does not know it or cannot answer now."""
         if not job_id.isdigit():
             return None
         now = self._clock.monotonic()
-        entry = self._entries.get(job_id)
+        with self._lock:
+            entry = self._entries.get(job_id)
         if entry is not None and now < entry.until:
             return entry.record
         try:
@@ -100,10 +115,11 @@ class JobDirectory:
                        name=record.name or job.name)
 
     def _remember(self, job_id: str, entry: _Entry) -> None:
-        self._entries.pop(job_id, None)
-        self._entries[job_id] = entry
-        while len(self._entries) > MAX_JOBS:
-            del self._entries[next(iter(self._entries))]
+        with self._lock:
+            self._entries.pop(job_id, None)
+            self._entries[job_id] = entry
+            while len(self._entries) > MAX_JOBS:
+                del self._entries[next(iter(self._entries))]
 
 
 def _foreign(process_uid: int | None, job_uid: int | None) -> bool:
