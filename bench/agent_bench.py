@@ -17,6 +17,7 @@ so), which is not a failure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import math
 import os
@@ -28,12 +29,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import requests
+import yaml
 
 from bench.common import (
     add_output_args,
@@ -52,19 +54,35 @@ from sn_monitor.agent.daemon import Agent
 from sn_monitor.agent.exposition import TextRenderer
 from sn_monitor.agent.registry import COLLECTORS, build_collectors
 from sn_monitor.agent.sampler import Sampler
-from sn_monitor.agent.settings import AgentSettings, CollectorSettings
+from sn_monitor.agent.settings import (
+    AgentSettings,
+    AttributionSettings,
+    CollectorSettings,
+    KubeletAttributionSettings,
+    SlurmAttributionSettings,
+)
 from sn_monitor.clock import SystemClock
 from sn_monitor.sim.node import SimulatedNode
+from sn_monitor.sim.slurm_jobs import SimJob, write_commands
+from tests.support.kubelet import FakeKubelet, pod, serving
 
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 HOST_SIDE = ("net", "infiniband", "host", "kmsg")
 NET_IB = ("net", "infiniband")
-#: The three collector sets timed in part 1, interleaved cycle by cycle.
+#: The collector sets timed in part 1, interleaved cycle by cycle. ``all`` attributes GPU
+#: processes from /proc only; ``all+attribution`` also asks both platform sources, the
+#: kubelet's pod-resources API (a real gRPC server in this process) at every sample and
+#: Slurm's squeue/scontrol (the simulator's) on the source's own thread.
 SETS: dict[str, tuple[str, ...]] = {
     "all": tuple(COLLECTORS),
+    "all+attribution": tuple(COLLECTORS),
     "host-side": HOST_SIDE,
     "net+ib": NET_IB,
 }
+#: The Slurm job the bench's GPU processes run in (cgroup v2 path, as slurmd makes it).
+BENCH_JOB = SimJob(job_id="1001", name="train", user="alice", uid=1000, partition="gpu",
+                   gpus={"bench": tuple(range(8))})
+JOB_CGROUP = "/system.slice/slurmstepd.scope/job_1001/step_0/user/task_0"
 #: Issue 16's goals: an 8-GPU sample, a scrape of a fresh sample, the agent process's
 #: memory, and the CPU per fresh scrape against node_exporter's on the same tree.
 GOALS = {"sample_cpu_ms": 3.0, "scrape_ms": 5.0, "rss_mb": 40.0, "scrape_ratio": 1.0,
@@ -126,11 +144,50 @@ def only(settings: AgentSettings, names: Sequence[str]) -> AgentSettings:
 # ---------------------------------------------------------------- 1. sample CPU
 
 
+class AttributionPlatforms:
+    """Both platforms a node's attribution asks, for the bench's agents.
+
+    Slurm: :data:`BENCH_JOB` on every GPU, as the simulator's ``squeue``/``scontrol``
+    (put first on this process's ``PATH``, which the agent subprocess inherits); the
+    kubelet: a real pod-resources gRPC server with a pod holding the last two GPUs.
+    """
+
+    def __init__(self, tmp: Path, uuids: Sequence[str]) -> None:
+        self.tmp = tmp
+        self.kubelet_socket = tmp / "kubelet.sock"
+        bin_dir = write_commands([BENCH_JOB], tmp / "slurm-bin")
+        os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+        self.kubelet = FakeKubelet(self.kubelet_socket, [pod(
+            "notebook-0", "research", {"jupyter": {"nvidia.com/gpu": list(uuids[-2:])}})])
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        with serving(self.kubelet):
+            yield
+
+    def agent_config(self) -> Path:
+        """An agent.yaml with both sources on."""
+        path = self.tmp / "agent-attribution.yaml"
+        path.write_text(yaml.safe_dump({"attribution": {
+            "kubelet": {"enabled": True, "socket": str(self.kubelet_socket)},
+            "slurm": {"enabled": True, "node": "bench"}}}))
+        return path
+
+
+def with_attribution(settings: AgentSettings, kubelet_socket: Path) -> AgentSettings:
+    """``settings`` with both platform sources on (Slurm's commands found on ``PATH``)."""
+    return replace(settings, attribution=AttributionSettings(
+        kubelet=KubeletAttributionSettings(enabled=True, socket=str(kubelet_socket)),
+        slurm=SlurmAttributionSettings(enabled=True, node="bench")))
+
+
 def bench_sample(node: SimulatedNode, settings: AgentSettings, warmup: int,
-                 cycles: int) -> dict[str, Any]:
+                 cycles: int, attributed: AgentSettings) -> dict[str, Any]:
     clock = SystemClock()
     samplers = {
-        label: Sampler("bench", build_collectors(only(settings, names), node.nvml, clock), clock)
+        label: Sampler("bench", build_collectors(
+            only(attributed if label == "all+attribution" else settings, names),
+            node.nvml, clock), clock)
         for label, names in SETS.items()
     }
     cpu_ns: dict[str, list[int]] = {label: [] for label in samplers}
@@ -184,6 +241,9 @@ def bench_sample(node: SimulatedNode, settings: AgentSettings, warmup: int,
     }
     # Ratio within each cycle (same moment, same noise), then the median of the ratios.
     all_cpu, host_cpu = cpu_ns["all"], cpu_ns["host-side"]
+    result["attribution_over_all"] = statistics.median(
+        a / b for a, b in zip(cpu_ns["all+attribution"], all_cpu, strict=True) if b
+    ) if all_cpu else math.nan
     result["host_side_share_of_all"] = statistics.median(
         h / a for h, a in zip(host_cpu, all_cpu, strict=True) if a
     ) if all_cpu else math.nan
@@ -447,15 +507,17 @@ def bench_side_by_side(tree_root: Path, seconds: int, tmp: Path) -> dict[str, An
 # ---------------------------------------------------------------- 3. RSS
 
 
-def agent_command(port: int, duration: float) -> list[str]:
+def agent_command(port: int, duration: float, config: Path | None = None) -> list[str]:
     return [*sn_monitor_command(), "agent", "--simulate", "8", "--listen", f"127.0.0.1:{port}",
-            "--duration", str(duration), "--log-level", "warning"]
+            "--duration", str(duration), "--log-level", "warning",
+            *(("--config", str(config), "--node", "bench") if config else ())]
 
 
-def bench_rss(run_seconds: int, tmp: Path) -> dict[str, Any]:
+def bench_rss(run_seconds: int, tmp: Path, config: Path | None = None) -> dict[str, Any]:
+    """The agent process's memory; ``config`` (attribution on) as its config file."""
     port = free_port()
-    command = agent_command(port, 30.0)
-    log_path = tmp / "agent.log"
+    command = agent_command(port, 30.0, config)
+    log_path = tmp / ("agent-attribution.log" if config else "agent.log")
     result: dict[str, Any] = {"command": " ".join(command), "run_seconds": run_seconds}
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
@@ -514,12 +576,34 @@ def bench_rss(run_seconds: int, tmp: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------- report
 
 
+def _render_rss(rss: dict[str, Any] | None, title: str) -> list[str]:
+    out: list[str] = []
+    if not rss or set(rss) == {"error"}:
+        return out
+    out.append("")
+    out.append(f"{title} ({rss['command']})     goal <= {GOALS['rss_mb']:g} MB")
+    if "error" in rss:
+        out.append(f"   ERROR: {rss['error']}")
+    else:
+        out.append(f"   healthy after {fmt(rss['healthy_after_s'])} s; VmRSS after start "
+                   f"{fmt(rss['rss_mb_after_start'], 1)} MB, median over {rss['run_seconds']} "
+                   f"s {fmt(rss['rss_mb_median'], 1)} MB, end {fmt(rss['rss_mb_end'], 1)} MB, "
+                   f"VmHWM {fmt(rss['hwm_mb'], 1)} MB; threads {rss['threads']}")
+        out.append(f"   scrapes once a second: {rss['scrapes_ok']} ok, median "
+                   f"{fmt(rss['scrape_wall_ms']['median'])} ms; CPU "
+                   f"{fmt(rss['cpu_percent_of_one_core'], 1)} % of one core "
+                   f"(sampling incl. simulator step, + scrapes)")
+        out.append(f"   SIGTERM: exit code {rss['sigterm_exit_code']} after "
+                   f"{fmt(rss['sigterm_stop_s'])} s (limit 20 s)")
+    return out
+
+
 def render(results: dict[str, Any]) -> str:
     out: list[str] = []
     meta = results["meta"]
     out.append(f"sn-monitor {meta['version']} agent bench  ({meta['mode']}; python "
                f"{meta['python']}; {meta['cpus']} CPUs; load1 at start {meta['load1']})")
-    for part in ("sample", "profile", "scrape", "rss"):
+    for part in ("sample", "profile", "scrape", "rss", "rss_attribution"):
         if set(results.get(part, {})) == {"error"}:  # it raised: nothing else to show
             out.append(f"{part}: ERROR {results[part]['error']}")
     sample = results.get("sample")
@@ -535,6 +619,7 @@ def render(results: dict[str, Any]) -> str:
                    f"{GOALS['sample_cpu_ms']:g} ms CPU")
         out.append(f"   {'collector set':<44} {'cpu med':>8} {'cpu p90':>8} {'wall med':>9}")
         names = {"all": "all collectors (nvml on fake NVML + host-side)",
+                 "all+attribution": "all, attribution on (kubelet + Slurm)",
                  "host-side": "host-side (net+infiniband+host+kmsg)",
                  "net+ib": "net+infiniband only"}
         for label, data in sample["sets"].items():
@@ -542,6 +627,8 @@ def render(results: dict[str, Any]) -> str:
                        f"{fmt(data['cpu_ms']['p90']):>8} {fmt(data['wall_ms']['median']):>9}  ms")
         out.append(f"   host-side / all (median of per-cycle ratios): "
                    f"{fmt(sample['host_side_share_of_all'], 3)}")
+        out.append(f"   attribution on / all (median of per-cycle ratios): "
+                   f"{fmt(sample['attribution_over_all'], 3)}")
         out.append("   per collector, CollectorStatus.duration_seconds (SystemClock, wall) in "
                    "the 'all' set:")
         for name, data in sample["per_collector_wall_ms"].items():
@@ -593,23 +680,9 @@ def render(results: dict[str, Any]) -> str:
         if "cpu_ms_per_scrape_from_proc_stat" in ne:
             out.append(f"   node_exporter CPU per scrape (/proc stat, 10 ms ticks): "
                        f"{fmt(ne['cpu_ms_per_scrape_from_proc_stat'])} ms")
-    rss = results.get("rss")
-    if rss and set(rss) != {"error"}:
-        out.append("")
-        out.append(f"3. agent process ({rss['command']})     goal <= {GOALS['rss_mb']:g} MB")
-        if "error" in rss:
-            out.append(f"   ERROR: {rss['error']}")
-        else:
-            out.append(f"   healthy after {fmt(rss['healthy_after_s'])} s; VmRSS after start "
-                       f"{fmt(rss['rss_mb_after_start'], 1)} MB, median over {rss['run_seconds']} "
-                       f"s {fmt(rss['rss_mb_median'], 1)} MB, end {fmt(rss['rss_mb_end'], 1)} MB, "
-                       f"VmHWM {fmt(rss['hwm_mb'], 1)} MB; threads {rss['threads']}")
-            out.append(f"   scrapes once a second: {rss['scrapes_ok']} ok, median "
-                       f"{fmt(rss['scrape_wall_ms']['median'])} ms; CPU "
-                       f"{fmt(rss['cpu_percent_of_one_core'], 1)} % of one core "
-                       f"(sampling incl. simulator step, + scrapes)")
-            out.append(f"   SIGTERM: exit code {rss['sigterm_exit_code']} after "
-                       f"{fmt(rss['sigterm_stop_s'])} s (limit 20 s)")
+    for part, title in (("rss", "3. agent process"),
+                        ("rss_attribution", "3b. agent process, attribution on")):
+        out.extend(_render_rss(results.get(part), title))
     ratios = results.get("ratios")
     if ratios:
         out.append("")
@@ -639,7 +712,8 @@ def render(results: dict[str, Any]) -> str:
 def problems(results: dict[str, Any]) -> list[str]:
     """What could not be measured (see :func:`bench.common.finish`); a missed goal is not."""
     out = [f"{part}: {results[part]['error']}"
-           for part in ("sample", "profile", "scrape", "rss", "side_by_side")
+           for part in ("sample", "profile", "scrape", "rss", "rss_attribution",
+                        "side_by_side")
            if "error" in results.get(part, {})]
     for label, data in results.get("sample", {}).get("sets", {}).items():
         if not data["cpu_ms"]["n"]:
@@ -650,9 +724,10 @@ def problems(results: dict[str, Any]) -> list[str]:
                    f"({scrape['sn-monitor']['non_200']} were not)")
     if "error" in scrape.get("node_exporter", {}):  # installed, but it did not answer
         out.append(f"scrape: node_exporter: {scrape['node_exporter']['error']}")
-    rss = results.get("rss", {})
-    if "error" not in rss and "scrapes_ok" in rss and not rss["scrapes_ok"]:
-        out.append("rss: no scrape of the agent process answered 200")
+    for part in ("rss", "rss_attribution"):
+        rss = results.get(part, {})
+        if "error" not in rss and "scrapes_ok" in rss and not rss["scrapes_ok"]:
+            out.append(f"{part}: no scrape of the agent process answered 200")
     return out
 
 
@@ -678,19 +753,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             "goals": GOALS,
         }
     }
-    with tempfile.TemporaryDirectory(prefix="sn-bench-") as tmpdir:
+    with tempfile.TemporaryDirectory(prefix="sn-bench-") as tmpdir, \
+            contextlib.ExitStack() as stack:
         tmp = Path(tmpdir)
         node = SimulatedNode(tmp / "node", gpus=8)
-        for gpu in node.gpus:  # a training job: one process per GPU (attribution on)
+        for gpu in node.gpus:  # a Slurm training job: one process per GPU
             pid = 4000 + gpu.index
-            node.tree.add_gpu_process(pid, ["/usr/bin/python3", "train.py"])
+            node.tree.add_gpu_process(pid, ["/usr/bin/python3", "train.py"],
+                                      uid=BENCH_JOB.uid, cgroup=JOB_CGROUP)
             gpu.set_processes([(pid, 60 * 2**30)])
         settings = node.agent_settings(AgentSettings(node="bench"))
+        attribution = AttributionPlatforms(tmp, [gpu.uuid for gpu in node.gpus])
+        stack.enter_context(attribution.serving())
+        attributed = with_attribution(settings, attribution.kubelet_socket)
         node.step(1.0)
         parts: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-            ("sample", lambda: bench_sample(node, settings, warmup, cycles)),
+            ("sample", lambda: bench_sample(node, settings, warmup, cycles, attributed)),
             ("scrape", lambda: bench_scrapes(node, settings, min(20, warmup), scrapes, tmp)),
             ("rss", lambda: bench_rss(rss_s, tmp)),
+            ("rss_attribution", lambda: bench_rss(rss_s, tmp, attribution.agent_config())),
             ("side_by_side", lambda: bench_side_by_side(node.root, side_s, tmp)),
         ]
         if not args.no_profile:

@@ -45,16 +45,16 @@ class Attribution:
 def attribution(settings: AgentSettings, clock: Clock) -> Attribution:
     """The attribution sources the config file enables, in a fixed order.
 
-    Slurm's source is asked on its own thread every ``refresh`` seconds (its commands
-    cost more than a sample may spend) and tells the process lookup's job directory
-    every job it lists.
+    Each is asked on a thread of its own every ``refresh`` seconds (a kubelet's answer or
+    Slurm's commands cost more than a sample may spend); Slurm's also tells the process
+    lookup's job directory every job it lists.
     """
     chosen = settings.attribution
     sources: list[AllocationSource] = []
     if chosen.kubelet.enabled:
-        sources.append(KubeletSource(
+        sources.append(RefreshedSource(KubeletSource(
             Path(chosen.kubelet.socket), resources=tuple(chosen.kubelet.resources),
-            timeout_seconds=float(chosen.kubelet.timeout)))
+            timeout_seconds=float(chosen.kubelet.timeout)), float(chosen.kubelet.refresh)))
     if not chosen.slurm.enabled:
         return Attribution(sources, None)
     commands = SlurmCommands(timeout=float(chosen.slurm.timeout))

@@ -346,6 +346,8 @@ class KubeletAttributionSettings:
     #: Resource names read as GPUs besides nvidia.com/gpu, nvidia.com/gpu.shared and
     #: nvidia.com/mig-*; a trailing ``*`` makes a prefix.
     resources: list[str] = field(default_factory=list)
+    #: How often the kubelet is asked, on a thread of its own (each answer kept until then).
+    refresh: Duration = setting(default=Duration(10.0), check=positive)
     timeout: Duration = setting(default=Duration(2.0), check=positive)
 
 

@@ -50,7 +50,8 @@ def agent(tmp_path: Path) -> Iterator[tuple[str, FakeKubelet]]:
     socket = tmp_path / "kubelet.sock"
     kubelet = FakeKubelet(socket).start()
     config = tmp_path / "agent.yaml"
-    config.write_text(f"attribution:\n  kubelet:\n    enabled: true\n    socket: {socket}\n")
+    config.write_text(f"attribution:\n  kubelet:\n    enabled: true\n    socket: {socket}\n"
+                      "    refresh: 1s\n")
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "sn_monitor.cli", "agent", "--simulate", "2",

@@ -42,6 +42,8 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
         self.pods = list(pods)
         self.stalled = False
         self.unreadable = False
+        #: A status ``List`` fails with instead of answering (None: it answers).
+        self.refusing: grpc.StatusCode | None = None
         self._released = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
         self._server: grpc.Server | None = None
@@ -50,6 +52,8 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
              context: grpc.ServicerContext) -> api_pb2.ListPodResourcesResponse:
         if self.stalled:
             self._released.wait(STALL_BOUND_SECONDS)
+        if self.refusing is not None:
+            context.abort(self.refusing, "pod resources are not for you")
         return api_pb2.ListPodResourcesResponse(pod_resources=self.pods)
 
     def start(self) -> FakeKubelet:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from sn_monitor.agent.workloads.model import DeviceAllocation, Workload
 
 if TYPE_CHECKING:
-    from sn_monitor.agent.workloads.kubelet.v1.api_pb2 import ListPodResourcesResponse
+    from sn_monitor.agent.workloads.kubelet.message import ListPodResourcesResponse
 
 SOURCE = "kubelet"
 #: What the NVIDIA device plugin advertises: whole GPUs, time-sliced GPUs under their

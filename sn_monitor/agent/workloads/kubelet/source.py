@@ -3,11 +3,10 @@
 Each call asks the kubelet's pod-resources ``List`` over its unix socket and keeps the
 GPU resources (:data:`~sn_monitor.agent.workloads.kubelet.answer.GPU_RESOURCES` and those
 configured). Invariants: nothing here raises but
-:class:`~sn_monitor.agent.workloads.model.SourceUnavailable`; the channel is opened at the
-first call (so ``grpc`` is imported only then), kept while calls succeed and dropped after
-any failure, so a call after a failed one starts afresh on whatever socket is at the path
-now (a kubelet that restarted between two good calls is reached again by gRPC's own
-reconnection on the kept channel).
+:class:`~sn_monitor.agent.workloads.model.SourceUnavailable`; the channel is made at the
+first call (so the ``kubelet`` extra, ``h2``, is imported only then), and
+each call connects anew to whatever socket is at the path now (a kubelet that restarted
+between two calls is simply reached again).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from sn_monitor.agent.workloads.model import DeviceAllocation, SourceUnavailable
 
 if TYPE_CHECKING:
     from sn_monitor.agent.workloads.kubelet.channel import PodResourcesChannel
-    from sn_monitor.agent.workloads.kubelet.v1.api_pb2 import ListPodResourcesResponse
+    from sn_monitor.agent.workloads.kubelet.message import ListPodResourcesResponse
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_TIMEOUT_SECONDS = 2.0
@@ -98,7 +97,8 @@ class KubeletSource:
         try:
             from sn_monitor.agent.workloads.kubelet.channel import PodResourcesChannel
         except ImportError as err:
-            raise SourceUnavailable(SOURCE, f"the kubelet extra is not installed ({err.name} "
+            package = (err.name or "a package").partition(".")[0]
+            raise SourceUnavailable(SOURCE, f"the kubelet extra is not installed ({package} "
                                             f"is missing): {EXTRA_HINT}") from err
         return PodResourcesChannel(self.socket)
 
