@@ -16,6 +16,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -236,8 +237,22 @@ def demo_prometheus_config(listen: str, rules_dir: Path) -> dict[str, Any]:
     return config
 
 
+@dataclass(frozen=True)
+class DemoStack:
+    """The running demo's controller and the Prometheus scraping it (their base URLs)."""
+
+    controller: str
+    prometheus: str
+
+
 @pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def prometheus(demo_stack: DemoStack) -> str:
+    """The Prometheus HTTP API of :func:`demo_stack`."""
+    return demo_stack.prometheus
+
+
+@pytest.fixture(scope="module")
+def demo_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoStack]:
     binary = require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("grafana")
     listen = f"127.0.0.1:{free_port()}"
@@ -269,7 +284,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 ready = [m for m in ready if not _query(api, m)]
             time.sleep(1)
         assert not ready, f"no {ready} after 90 s: {(tmp / 'demo.log').read_text()[-3000:]}"
-        yield api
+        yield DemoStack(controller=f"http://{listen}", prometheus=api)
     finally:
         prom.terminate()
         demo.terminate()
@@ -317,6 +332,23 @@ def test_the_idle_slurm_job_alone_holds_idle_gpus(prometheus: str):
     assert {(s["metric"]["slurm_job"], s["value"][1]) for s in idle} == {("1002", "4")}
     energy = _query(prometheus, "sn_workload_energy_joules_total > 0")
     assert {s["metric"]["slurm_job"] for s in energy} == {"1001", "1002"}
+
+
+def test_the_api_lists_each_job_s_idle_gpus_and_energy(demo_stack: DemoStack):
+    """GET /api/v1/workloads, the controller's own accounting behind those series."""
+    deadline = time.monotonic() + 300  # a bound for a loaded machine, not a margin
+    by_job: dict[str, dict[str, Any]] = {}
+    while time.monotonic() < deadline:
+        listed = _get(f"{demo_stack.controller}/api/v1/workloads")["workloads"]
+        by_job = {w["slurm_job"]: w for w in listed if w.get("slurm_job")}
+        if by_job.get("1002", {}).get("idle_gpus"):
+            break
+        time.sleep(1)
+    assert set(by_job) == {"1001", "1002"}
+    assert (by_job["1002"]["gpus"], by_job["1002"]["idle_gpus"]) == (4, 4)
+    assert by_job["1001"]["idle_gpus"] == 0
+    assert by_job["1001"]["gpus"] > 0
+    assert all(w["energy_joules_total"] > 0 for w in by_job.values())
 
 
 def test_the_idle_gpu_alert_fires_for_the_idle_job_alone(prometheus: str):

@@ -2,8 +2,8 @@
 virtual environments outside it, without the kubernetes extra and with it, and every
 command run from a directory that is not the checkout (``tests/install/smoke.py``; with
 the extra, the checks it changes: the commands, the shipped configs, the Kubernetes
-driver). The kubelet extra goes with the kubernetes one: the kubelet source's generated
-code loads with what it installs, and without it the source names the extra.
+driver). The kubelet extra goes with the kubernetes one: the kubelet source's HTTP/2 client
+loads with what it installs, and without it the source names the extra.
 
 Tests talk only to loopback, so the installs are offline: the dependencies come from
 ``WHEELHOUSE``, a folder of their wheels that ``make test`` fills first (``make
@@ -82,7 +82,7 @@ def test_every_command_runs_from_a_wheel_install(wheel: Path, wheelhouse: Path,
     assert len(steps) == (3 if kubernetes else 6), steps
     why = kubelet_source_says(env_dir, tmp_path)
     assert why.startswith("cannot reach the kubelet" if kubernetes
-                          else "the kubelet extra is not installed (grpc is missing)"), why
+                          else "the kubelet extra is not installed (h2 is missing)"), why
 
 
 #: The kubelet source asked once, in an installed package, on a socket nobody listens on.
