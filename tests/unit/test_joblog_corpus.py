@@ -31,6 +31,13 @@ MIN_PER_CATEGORY = 12
 # Fewer real lines were findable for these; the corpus README says what was searched.
 SHORT_CATEGORIES = {"ecc-error": 9}
 MIN_BENIGN = 80
+# What a keyword matcher keys on; the benign lines are there to trip it.
+NAIVE_FAILURE_WORDS = re.compile(
+    r"error|fail|timeout|timed out|kill|\bnan\b|warn|abort|exception|\boom\b|out of memory"
+    r"|overflow|sigterm|signal|cannot|unable|closed|disable|deadlock|fatal|exit|\[E|loss.scale"
+    r"|destroy|stopped",
+    re.IGNORECASE,
+)
 
 CORPUS_FILES = sorted(CORPUS.glob("*.yaml"))
 
@@ -142,6 +149,12 @@ def test_every_category_has_enough_real_lines() -> None:
     }
     assert not short, short
     assert counts[None] >= MIN_BENIGN
+
+
+def test_enough_benign_lines_would_trip_a_keyword_matcher() -> None:
+    benign = [entry["text"] for entry in all_entries() if entry["category"] is None]
+    tripping = [text for text in benign if NAIVE_FAILURE_WORDS.search(text)]
+    assert len(tripping) >= MIN_BENIGN, f"{len(tripping)} of {len(benign)} benign lines"
 
 
 def test_the_readme_names_every_file() -> None:
