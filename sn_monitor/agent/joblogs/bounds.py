@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from sn_monitor.agent.joblogs.lines import LogLine
 from sn_monitor.clock import Clock
 
+#: The most one read call asks for: bounds the bytes held at once per file or unit.
+CHUNK_BYTES = 256 << 10
+
 
 @dataclass(frozen=True, slots=True)
 class FollowLimits:

@@ -23,7 +23,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from sn_monitor.agent.joblogs.bounds import FollowLimits, TokenBucket
+from sn_monitor.agent.joblogs.bounds import CHUNK_BYTES, FollowLimits, TokenBucket
 from sn_monitor.agent.joblogs.journal import journal_lines, parse_journal_entry
 from sn_monitor.agent.joblogs.lines import LineContext, LogLine
 from sn_monitor.agent.joblogs.stats import SourceCounters
@@ -122,20 +122,24 @@ class JournalUnit:
 
     def _read(self, process: subprocess.Popen[bytes], allowed: int,
               emit: Callable[[LogLine], None]) -> int:
+        """Read what journalctl wrote, up to ``allowed`` bytes; the bytes read."""
         assert process.stdout is not None
-        try:
-            data = os.read(process.stdout.fileno(), allowed)
-        except BlockingIOError:
-            return 0
-        if not data:  # journalctl ended
-            code = process.wait()
-            log.warning("journalctl for %s exited (%s); starting it again in %.0f s",
-                        self.unit, code, RESTART_SECONDS)
-            self._end(process)
-            return 0
-        self._counters.bytes += len(data)
-        self._feed(data, emit)
-        return len(data)
+        done = 0
+        while done < allowed:
+            try:
+                data = os.read(process.stdout.fileno(), min(CHUNK_BYTES, allowed - done))
+            except BlockingIOError:
+                break
+            if not data:  # journalctl ended
+                code = process.wait()
+                log.warning("journalctl for %s exited (%s); starting it again in %.0f s",
+                            self.unit, code, RESTART_SECONDS)
+                self._end(process)
+                break
+            done += len(data)
+            self._feed(data, emit)
+        self._counters.bytes += done
+        return done
 
     def _feed(self, data: bytes, emit: Callable[[LogLine], None]) -> None:
         lines = (self._pending + data).split(b"\n")

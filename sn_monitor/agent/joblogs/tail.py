@@ -21,6 +21,7 @@ import logging
 import os
 from collections.abc import Callable
 
+from sn_monitor.agent.joblogs.bounds import CHUNK_BYTES
 from sn_monitor.agent.joblogs.framing import Decoder
 from sn_monitor.agent.joblogs.lines import LogLine
 from sn_monitor.agent.joblogs.stats import SourceCounters
@@ -29,8 +30,6 @@ log = logging.getLogger(__name__)
 
 #: A file's identity across renames: (st_dev, st_ino).
 Identity = tuple[int, int]
-#: The most one read call asks for: bounds the bytes held at once per file.
-CHUNK_BYTES = 256 << 10
 
 
 class FileTail:
