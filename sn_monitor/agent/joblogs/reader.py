@@ -74,6 +74,11 @@ class JobLogReader:
         self.close()
         return True
 
+    @property
+    def native_thread_id(self) -> int | None:
+        """The thread's id in the kernel (``/proc/self/task/<id>``), once started."""
+        return self._thread.native_id
+
     def take(self, limit: int) -> list[LogLine]:
         """Up to ``limit`` queued lines, oldest first, without waiting (any thread)."""
         return self._queue.take(limit)
