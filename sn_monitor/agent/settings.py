@@ -383,6 +383,22 @@ def _not_empty(value: str) -> None:
         raise ValueError("must not be empty")
 
 
+def _units(value: list[str]) -> None:
+    for index, unit in enumerate(value):
+        if not unit.strip() or "/" in unit:
+            raise ValueError(f"[{index}]: {unit!r} is not a systemd unit name")
+
+
+#: The longest line a job log may have kept whole (the queue holds at most ``queue_lines``
+#: of them).
+MAX_LINE_BYTES = 1 << 20
+
+
+def _line_bytes(value: int) -> None:
+    if not 64 <= value <= MAX_LINE_BYTES:
+        raise ValueError(f"must be from 64 to {MAX_LINE_BYTES} bytes, got {value}")
+
+
 @dataclass(frozen=True)
 class JobLogFileSettings:
     """A job's log files: their ``glob``, their ``job``, what their paths say.
@@ -410,7 +426,7 @@ class ContainerLogSettings:
 class JournaldLogSettings:
     """systemd units whose journal is read (``journalctl --follow``, a name on PATH or a path)."""
 
-    units: list[str] = field(default_factory=list)
+    units: list[str] = setting(default_factory=list, check=_units)
     journalctl: str = setting(default="journalctl", check=_not_empty)
 
 
@@ -432,7 +448,7 @@ class JobLogSettings:
     journald: JournaldLogSettings = field(default_factory=JournaldLogSettings)
     max_bytes_per_second: int = setting(default=1 << 20, check=positive)
     stream_bytes_per_second: int = setting(default=256 << 10, check=positive)
-    max_line_bytes: int = setting(default=4096, check=positive)
+    max_line_bytes: int = setting(default=4096, check=_line_bytes)
     queue_lines: int = setting(default=8192, check=at_least_one)
     max_open_files: int = setting(default=256, check=at_least_one)
     poll_interval: Duration = setting(default=Duration(0.25), check=positive)

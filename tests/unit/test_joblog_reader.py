@@ -88,7 +88,8 @@ job_logs:
     ("job_logs: {files: [{job: x}]}", "missing required key 'glob'"),
     ("job_logs: {files: [{glob: x, rank_pattern: '('}]}", "invalid regular expression"),
     ("job_logs: {files: [{glob: x, rank_pattern: 'r(\\d+)'}]}", "names none of the groups"),
-    ("job_logs: {max_line_bytes: 0}", "must be greater than 0"),
+    ("job_logs: {max_line_bytes: 0}", "must be from 64 to 1048576 bytes"),
+    ("job_logs: {journald: {units: ['']}}", "is not a systemd unit name"),
     ("job_logs: {queue_line: 5}", "did you mean queue_lines"),
 ])
 def test_bad_job_log_settings_say_where(text: str, message: str) -> None:

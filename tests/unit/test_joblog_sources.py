@@ -6,6 +6,8 @@ import os
 import re
 from pathlib import Path
 
+import pytest
+
 from sn_monitor.agent.joblogs.framing import PlainDecoder
 from sn_monitor.agent.joblogs.lines import LineContext
 from sn_monitor.agent.joblogs.paths import TORCHRUN_PATTERN, path_context
@@ -250,3 +252,23 @@ def test_a_fifo_or_directory_matched_by_the_glob_is_not_opened(tmp_path: Path) -
     files = Files([str(tmp_path / "*.log")])
     assert files.poll() == []
     assert files.set.open_count == 0
+
+
+def test_a_file_that_cannot_be_opened_is_warned_of_once_and_tried_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "train.log"
+    append(log, "a\n")
+    real_open = os.open
+
+    def refuse(path: str, flags: int, *args: int) -> int:
+        if path == str(log):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, flags, *args)
+    monkeypatch.setattr(os, "open", refuse)
+    files = Files([str(log)], follow=limits(from_start=True))
+    files.poll()
+    files.later()
+    monkeypatch.setattr(os, "open", real_open)
+    assert files.later() == ["a"]  # readable now: read from its start, it was not there before
+    warned = [r.levelname for r in caplog.records if "cannot open log" in r.getMessage()]
+    assert warned.count("WARNING") == 1

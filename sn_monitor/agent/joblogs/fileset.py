@@ -94,6 +94,8 @@ class FileSet:
         self._closed: OrderedDict[Identity, int] = OrderedDict()
         #: Paths that are not this source's files (no decoder): not opened again.
         self._ignored: set[str] = set()
+        #: Paths that could not be opened (the warning is logged once for each).
+        self._unopened: set[str] = set()
         self._scanned_at: float | None = None
         self._refusal_logged = False
 
@@ -187,7 +189,11 @@ class FileSet:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError as err:
             self._open_files.release()
-            log.warning("cannot open log file %s: %s", path, err)
+            level = logging.DEBUG if path in self._unopened else logging.WARNING
+            log.log(level, "cannot open log file %s: %s; trying again at each rescan", path, err)
+            if len(self._unopened) >= REMEMBERED_OFFSETS:
+                self._unopened.clear()
+            self._unopened.add(path)
             return
         size = os.fstat(fd).st_size
         offset = self._closed.pop(identity, None)
