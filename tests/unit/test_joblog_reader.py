@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,10 +12,11 @@ import pytest
 
 from sn_monitor.agent.joblogs.bounds import LineQueue, TokenBucket
 from sn_monitor.agent.joblogs.build import build_reader, cursor_path, limits_of
+from sn_monitor.agent.joblogs.fileset import OpenFiles
 from sn_monitor.agent.joblogs.journalctl import RESTART_SECONDS, JournalUnit
 from sn_monitor.agent.joblogs.lines import LineContext, LogLine
-from sn_monitor.agent.joblogs.reader import THREAD_NAME
-from sn_monitor.agent.joblogs.stats import SourceCounters
+from sn_monitor.agent.joblogs.reader import THREAD_NAME, JobLogReader
+from sn_monitor.agent.joblogs.stats import JobLogCounters, SourceCounters
 from sn_monitor.agent.settings import (
     AgentSettings,
     JobLogSettings,
@@ -242,3 +244,34 @@ def test_a_missing_journalctl_is_retried_not_fatal(
 def test_each_stream_bursts_at_most_a_second_of_its_rate() -> None:
     follow = limits_of(JobLogSettings(stream_bytes_per_second=1000, max_line_bytes=4096))
     assert (follow.bytes_per_second, follow.burst_bytes) == (1000, 4096)
+
+
+class _FailsOnce:
+    """A source whose first poll raises (a bug), then yields one line a poll."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+        self.closed = False
+
+    def poll(self, shared: TokenBucket, emit: Callable[[LogLine], None]) -> None:
+        self.polls += 1
+        if self.polls == 1:
+            raise RuntimeError("a bug in one poll")
+        emit(_line(f"poll {self.polls}"))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_thread_outlives_a_failed_poll_and_closes_its_sources(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = SystemClock()
+    source = _FailsOnce()
+    reader = JobLogReader([source], 10, TokenBucket(100, 100, clock), OpenFiles(1),
+                          JobLogCounters(), poll_interval=0.01)
+    reader.start()
+    got = wait_for(lambda: reader.take(10), "a line after the failed poll")
+    assert got[0].text == "poll 2"
+    assert reader.stop(timeout=5.0)
+    assert source.closed
+    assert [r.levelname for r in caplog.records if "failed" in r.getMessage()] == ["ERROR"]
