@@ -41,6 +41,7 @@ PARTS: dict[str, str] = {
     "failslow_bench": "failslow.json",
     "topology_bench": "topology.json",
     "body_shape_bench": "body_shape.json",
+    "joblog_bench": "joblog.json",
     "torch_recovery_bench": "torch_recovery.json",
 }
 #: After a part's timeout: SIGTERM (it stops what it started), then this long, then SIGKILL.

@@ -371,6 +371,93 @@ class AttributionSettings:
     slurm: SlurmAttributionSettings = field(default_factory=SlurmAttributionSettings)
 
 
+def _rank_pattern(value: str | None) -> None:
+    """A regular expression naming at least one of the groups a log path may give."""
+    _regex(value)
+    if value is not None and not {"rank", "local_rank", "node", "stream"} & set(
+            re.compile(value).groupindex):
+        raise ValueError(f"{value!r} names none of the groups (?P<rank>...), "
+                         "(?P<local_rank>...), (?P<node>...), (?P<stream>...)")
+
+
+def _not_empty(value: str) -> None:
+    if not value.strip():
+        raise ValueError("must not be empty")
+
+
+def _units(value: list[str]) -> None:
+    for index, unit in enumerate(value):
+        if not unit.strip() or "/" in unit:
+            raise ValueError(f"[{index}]: {unit!r} is not a systemd unit name")
+
+
+#: The longest line a job log may have kept whole (the queue holds at most ``queue_lines``
+#: of them).
+MAX_LINE_BYTES = 1 << 20
+
+
+def _line_bytes(value: int) -> None:
+    if not 64 <= value <= MAX_LINE_BYTES:
+        raise ValueError(f"must be from 64 to {MAX_LINE_BYTES} bytes, got {value}")
+
+
+@dataclass(frozen=True)
+class JobLogFileSettings:
+    """A job's log files: their ``glob``, their ``job``, what their paths say.
+
+    ``glob`` is expanded again every ``rescan_interval``; ``rank_pattern`` is a regular
+    expression searched in each path whose named groups ``rank``, ``local_rank``,
+    ``node``, ``stream`` say where a line came from (default: torchrun's ``--log-dir``
+    layout, ``attempt_N/<local rank>/stdout.log``).
+    """
+
+    glob: str = setting(check=_not_empty)
+    job: str | None = None
+    rank_pattern: str | None = setting(default=None, check=_rank_pattern)
+
+
+@dataclass(frozen=True)
+class ContainerLogSettings:
+    """Container logs in the CRI format: ``dir``'s ``<pod>_<namespace>_<container>-<id>.log``."""
+
+    enabled: bool = False
+    dir: str = "/var/log/containers"
+
+
+@dataclass(frozen=True)
+class JournaldLogSettings:
+    """systemd units whose journal is read (``journalctl --follow``, a name on PATH or a path)."""
+
+    units: list[str] = setting(default_factory=list, check=_units)
+    journalctl: str = setting(default="journalctl", check=_not_empty)
+
+
+@dataclass(frozen=True)
+class JobLogSettings:
+    """The job's own logs, read on the agent (:mod:`sn_monitor.agent.joblogs`); off by default.
+
+    ``max_bytes_per_second`` bounds all reading together, ``stream_bytes_per_second`` each
+    file or unit: over it, a file's oldest unread bytes are skipped (counted as dropped).
+    ``max_line_bytes`` bounds a line (longer ones are cut), ``queue_lines`` the lines
+    waiting for their consumer (full: the oldest is dropped), ``max_open_files`` the files
+    open at once. ``from_start``: read the files and units already there from their start
+    (default: from their end).
+    """
+
+    enabled: bool = False
+    files: list[JobLogFileSettings] = field(default_factory=list)
+    containers: ContainerLogSettings = field(default_factory=ContainerLogSettings)
+    journald: JournaldLogSettings = field(default_factory=JournaldLogSettings)
+    max_bytes_per_second: int = setting(default=1 << 20, check=positive)
+    stream_bytes_per_second: int = setting(default=256 << 10, check=positive)
+    max_line_bytes: int = setting(default=4096, check=_line_bytes)
+    queue_lines: int = setting(default=8192, check=at_least_one)
+    max_open_files: int = setting(default=256, check=at_least_one)
+    poll_interval: Duration = setting(default=Duration(0.25), check=positive)
+    rescan_interval: Duration = setting(default=Duration(1.0), check=positive)
+    from_start: bool = False
+
+
 #: What /metrics serves: ``sn``, the agent's own ``sn_*`` families; ``dcgm``, those and
 #: dcgm-exporter's ``DCGM_FI_*`` families (:mod:`sn_monitor.agent.exposition_dcgm`), for
 #: a node where the agent replaces dcgm-exporter; ``dcgm-only``, dcgm-exporter's alone
@@ -395,6 +482,7 @@ class AgentSettings:
     attribution: AttributionSettings = field(default_factory=AttributionSettings)
     guard: GuardSettings = field(default_factory=GuardSettings)
     remediation: RemediationSettings = field(default_factory=RemediationSettings)
+    job_logs: JobLogSettings = field(default_factory=JobLogSettings)
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -46,6 +46,7 @@ PARTS: dict[str, set[str]] = {
     "failslow_bench": {"meta", "summary", "per_kind", "faults", "false_positives", "failures"},
     "topology_bench": {"meta", "document", "reports", "failures"},
     "body_shape_bench": {"meta", "shapes", "failures"},
+    "joblog_bench": {"meta", "phases", "runs", "goal", "failures"},
 }
 
 
