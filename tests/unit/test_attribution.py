@@ -18,8 +18,9 @@ from sn_monitor.agent.snapshot import (
     SourceStatus,
 )
 from sn_monitor.agent.workloads.join import (
-    DeviceIndex,
+    AllocationIndex,
     claimed_workloads,
+    device_names,
     gpu_workloads,
     workload_of,
 )
@@ -123,10 +124,13 @@ def test_where_a_source_claims_the_gpu_its_answer_stands_over_the_processes() ->
 
 
 def test_a_mig_uuid_without_enumerated_instances_matches_no_gpu() -> None:
-    index = DeviceIndex([gpu(0, minor=0)])
-    assert index.find("GPU-0") == (0, None)
-    assert index.find("minor:0") == (0, None)
-    assert index.find("MIG-4f5b1a2c-0000-0000-0000-000000000000") is None
+    mig = "MIG-4f5b1a2c-0000-0000-0000-000000000000"
+    index = AllocationIndex([allocation("GPU-0", TRAINER), allocation("minor:0", SLURM, "slurm"),
+                             allocation(mig, TRAINER)])
+    plain = gpu(0, minor=0)
+    assert index.claims(device_names(plain.uuid, plain.minor_number, ())) == {
+        workload_of(TRAINER), workload_of(SLURM)}
+    assert index.unmatched() == (mig,)
 
 
 def test_a_mig_allocation_lands_on_its_instance_and_mig_users_are_per_instance() -> None:
@@ -137,7 +141,9 @@ def test_a_mig_allocation_lands_on_its_instance_and_mig_users_are_per_instance()
                           processes=(GpuProcess(11, user="carol", slurm_job="42"),)))
     parent = replace(gpu(0), mig_instances=instances,
                      processes=(GpuProcess(10, user="bob"), GpuProcess(11, user="carol")))
-    assert DeviceIndex([parent]).find("MIG-b") == (0, "MIG-b")
+    assert AllocationIndex([allocation("MIG-b", TRAINER)]).claims(
+        device_names(parent.uuid, parent.minor_number, instances)) == {
+        workload_of(TRAINER, "MIG-b")}
     (claimed,), unmatched = join([parent], [allocation("MIG-a", TRAINER)])
     assert unmatched == ()
     assert claimed == (workload_of(TRAINER, "MIG-a"),)

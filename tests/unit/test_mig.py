@@ -17,7 +17,7 @@ import pytest
 from sn_monitor.agent.collectors.gpu import NvmlCollector
 from sn_monitor.agent.exporter import SnapshotCollector
 from sn_monitor.agent.exposition import TextRenderer
-from sn_monitor.agent.nvml.mig import mig_profile
+from sn_monitor.agent.nvml.mig import MODE_INTERVAL_SECONDS, mig_profile
 from sn_monitor.agent.snapshot import Collected, GpuSample, NodeSnapshot
 from sn_monitor.clock import ManualClock
 from sn_monitor.sim import fake_nvml
@@ -170,6 +170,10 @@ def test_a_mig_mode_change_probes_the_gpu_again(clock, caplog):
 
     gpu.mig.enable()
     gpu.mig.create(["3g.40gb", "3g.40gb"])
+    modes = fake_nvml.call_count("nvmlDeviceGetMigMode")
+    assert cycle(nvml, [gpu], clock).gpus[0].mig_mode is False  # read every 10 s, not now
+    assert fake_nvml.call_count("nvmlDeviceGetMigMode") == modes
+    clock.advance(MODE_INTERVAL_SECONDS)
     with caplog.at_level(logging.INFO):
         enabled = [cycle(nvml, [gpu], clock).gpus[0] for _ in range(2)]
     assert [s.utilization_ratio for s in enabled] == [None, None]
@@ -177,6 +181,7 @@ def test_a_mig_mode_change_probes_the_gpu_again(clock, caplog):
     assert "MIG mode enabled" in caplog.text
 
     gpu.mig.disable()
+    clock.advance(MODE_INTERVAL_SECONDS)
     asked = fake_nvml.call_count("nvmlDeviceGetUtilizationRates")
     after = cycle(nvml, [gpu], clock).gpus[0]
     assert fake_nvml.call_count("nvmlDeviceGetUtilizationRates") == asked + 1  # re-probed

@@ -64,9 +64,14 @@ def test_a_reused_pid_never_gets_the_previous_owners_identity(tmp_path: Path) ->
 
 def test_only_the_latest_cycles_processes_stay_cached(tmp_path: Path) -> None:
     write_process(tmp_path, 5, start=10, argv=("a",))
+    write_process(tmp_path, 6, start=10, argv=("c",))
     identities = ProcessIdentities(tmp_path, names)
     assert identities.identify([5])[5].command == "a"
-    identities.identify([])  # pid 5 left the GPU
+    assert identities.identify([6])[6].command == "c"  # another GPU, the same cycle
+    identities.end_cycle()
+    (tmp_path / "6" / "cmdline").write_bytes(b"d\0")
+    assert identities.identify([6])[6].command == "c"  # asked last cycle: kept
+    identities.end_cycle()  # pid 5 left the GPU
     (tmp_path / "5" / "cmdline").write_bytes(b"b\0")
     assert identities.identify([5])[5].command == "b"
 

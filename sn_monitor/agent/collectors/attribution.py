@@ -1,6 +1,7 @@
 """The GPU collector's attribution step: who each GPU process is, whose workload each GPU holds.
 
-Once a cycle, after NVML's read, :class:`WorkloadAttribution`:
+Once a cycle, as NVML's read builds each GPU's sample (:class:`CycleAttribution`, the
+adapter's :class:`~sn_monitor.agent.nvml.sampling.SampleCompletion`), :class:`WorkloadAttribution`:
 
 1. gives each GPU process its identity from /proc (command, user, container, pod UID;
    :class:`~sn_monitor.agent.workloads.processes.ProcessIdentities`, cached per (pid,
@@ -21,12 +22,13 @@ Once a cycle, after NVML's read, :class:`WorkloadAttribution`:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from sn_monitor.agent.snapshot import GpuProcess, GpuSample, SourceStatus
-from sn_monitor.agent.workloads.join import claimed_workloads, gpu_workloads
+from sn_monitor.agent.nvml.sampling import Completed
+from sn_monitor.agent.snapshot import GpuProcess, MigInstanceSample, SourceStatus
+from sn_monitor.agent.workloads.join import AllocationIndex, device_names, gpu_workloads
 from sn_monitor.agent.workloads.model import AllocationSource, DeviceAllocation, SourceUnavailable
 from sn_monitor.agent.workloads.processes import (
     JobOf,
@@ -82,11 +84,13 @@ class SourcePolling:
 
 
 class WorkloadAttribution:
-    """Processes identified, sources asked, both joined to the cycle's GPUs.
+    """Processes identified, sources asked, both joined to each GPU as NVML's read builds it.
 
     ``procfs`` is the host's /proc (None: processes keep NVML's pid and memory only);
     ``sources`` the allocation sources, asked in order; ``user_name`` turns a uid into
-    a name (default: the password database).
+    a name (default: the password database). A cycle is :meth:`begin`, then its
+    :meth:`CycleAttribution.complete` for each GPU (the nvml adapter calls it), then its
+    :meth:`CycleAttribution.finish`.
     """
 
     def __init__(
@@ -102,47 +106,15 @@ class WorkloadAttribution:
         self._polling = SourcePolling(sources)
         self._unmatched: set[str] = set()
 
-    def attribute(
-        self, gpus: tuple[GpuSample, ...]
-    ) -> tuple[tuple[GpuSample, ...], tuple[SourceStatus, ...]]:
-        """The GPUs with their processes' identities and their workloads; each source's state.
-
-        A GPU whose processes and workloads are what NVML's sample already has is passed
-        on as it is (a new sample of ~50 fields costs more than the rest of the step).
-        """
-        known = self._identify(gpus)
+    def begin(self) -> CycleAttribution:
+        """A cycle's attribution: the sources asked once, their answers indexed."""
         allocations, statuses = self._polling.poll()
-        claims, unmatched = claimed_workloads(gpus, allocations)
-        self._log_unmatched(unmatched)
-        out: list[GpuSample] = []
-        for gpu, claimed in zip(gpus, claims, strict=True):
-            processes = _identified(gpu.processes, known)
-            instances = tuple(
-                replace(mig, processes=identified)
-                if (identified := _identified(mig.processes, known)) is not mig.processes
-                else mig
-                for mig in gpu.mig_instances)
-            workloads = gpu_workloads(claimed, processes or (), instances)
-            if processes is gpu.processes and workloads == gpu.workloads \
-                    and instances == gpu.mig_instances:
-                out.append(gpu)
-            else:
-                out.append(replace(gpu, processes=processes, workloads=workloads,
-                                   mig_instances=instances))
-        return tuple(out), statuses
+        return CycleAttribution(self._identities, AllocationIndex(allocations), statuses,
+                                self._log_unmatched)
 
     def close(self) -> None:
         """Release the sources (threads, channels)."""
         self._polling.close()
-
-    def _identify(self, gpus: tuple[GpuSample, ...]) -> dict[int, ProcessIdentity]:
-        """Who each GPU process is; {} without a procfs root."""
-        if self._identities is None:
-            return {}
-        return self._identities.identify(
-            p.pid for gpu in gpus
-            for processes in (gpu.processes, *(mig.processes for mig in gpu.mig_instances))
-            for p in processes or ())
 
     def _log_unmatched(self, devices: tuple[str, ...]) -> None:
         for device in devices:
@@ -152,6 +124,48 @@ class WorkloadAttribution:
                 self._unmatched.clear()
             self._unmatched.add(device)
             logger.debug("allocated device %s is none of this node's GPUs; left out", device)
+
+
+class CycleAttribution:
+    """One cycle's attribution, GPU by GPU (a :class:`SampleCompletion`)."""
+
+    def __init__(self, identities: ProcessIdentities | None, index: AllocationIndex,
+                 statuses: tuple[SourceStatus, ...],
+                 log_unmatched: Callable[[tuple[str, ...]], None]) -> None:
+        self._identities = identities
+        self._index = index
+        self._statuses = statuses
+        self._log_unmatched = log_unmatched
+
+    def __call__(self, uuid: str, minor_number: int | None,
+                 processes: tuple[GpuProcess, ...] | None,
+                 mig_instances: tuple[MigInstanceSample, ...]) -> Completed:
+        """The GPU's processes with who each is, its workloads, its MIG instances' too."""
+        known = self._identify(processes, mig_instances)
+        processes = _identified(processes, known)
+        instances = tuple(
+            replace(mig, processes=identified)
+            if (identified := _identified(mig.processes, known)) is not mig.processes
+            else mig
+            for mig in mig_instances)
+        claimed = self._index.claims(device_names(uuid, minor_number, instances))
+        return processes, gpu_workloads(claimed, processes or (), instances), instances
+
+    def finish(self) -> tuple[SourceStatus, ...]:
+        """Each source's state; the allocated devices no GPU took are logged (once each)."""
+        if self._identities is not None:
+            self._identities.end_cycle()
+        self._log_unmatched(self._index.unmatched())
+        return self._statuses
+
+    def _identify(self, processes: tuple[GpuProcess, ...] | None,
+                  instances: tuple[MigInstanceSample, ...]) -> dict[int, ProcessIdentity]:
+        """Who each of a GPU's processes is; {} without a procfs root."""
+        if self._identities is None:
+            return {}
+        return self._identities.identify(
+            p.pid for group in (processes, *(mig.processes for mig in instances))
+            for p in group or ())
 
 
 def _identified(processes: tuple[GpuProcess, ...] | None,

@@ -80,12 +80,12 @@ class NvmlCollector:
     def collect(self) -> Collected:
         if not self._library.initialized:
             self._init()
+        cycle = self._attribution.begin()
         try:
-            collected = self._library.collect()
+            collected = self._library.collect(cycle)
         except NvmlError as error:
             raise CollectorError(str(error)) from error
-        gpus, sources = self._attribution.attribute(collected.gpus)
-        return replace(collected, gpus=gpus, sources=sources)
+        return replace(collected, sources=cycle.finish())
 
     def close(self) -> None:
         self._attribution.close()

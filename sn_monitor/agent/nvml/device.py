@@ -43,6 +43,9 @@ class Device:
     last_sample: GpuSample | None = None
     #: MIG mode as last read (None: not read yet, or no MIG); a change re-probes.
     mig_mode: bool | None = None
+    #: The pending MIG mode as last read, and when the mode was read (the clock's).
+    mig_mode_pending: bool | None = None
+    mig_mode_read_at: float | None = None
     #: The MIG devices under this GPU by slot (``nvmlDeviceGetMigDeviceHandleByIndex``),
     #: each a :class:`Device` of its own (its handle, what it lacks, its static values).
     mig_devices: dict[int, Device] = field(default_factory=dict)
@@ -57,8 +60,12 @@ class Device:
         self.nvlink_settled = False
 
     def forget_mig_devices(self) -> None:
-        """The next cycle asks for every MIG device handle again (a loss, a mode change)."""
+        """The next cycle asks for every MIG device handle, and the mode, again.
+
+        After a loss, or a mode change.
+        """
         self.mig_devices.clear()
+        self.mig_mode_read_at = None
 
 
 def handle_key(handle: Any) -> object:

@@ -32,7 +32,7 @@ from sn_monitor.agent.nvml.events import XidEvents
 from sn_monitor.agent.nvml.gpm import PCIE_THROUGHPUT_INTERVAL_SECONDS, GpmMetrics
 from sn_monitor.agent.nvml.mig import MigDevices
 from sn_monitor.agent.nvml.nvlink import NVLINK_LINK_INTERVAL_SECONDS, NvLinks
-from sn_monitor.agent.nvml.sampling import GpuSampler, identity_fields
+from sn_monitor.agent.nvml.sampling import GpuSampler, SampleCompletion, identity_fields
 from sn_monitor.agent.nvml.units import integer, text
 from sn_monitor.agent.pci import canonical_bus_id
 from sn_monitor.agent.snapshot import Collected, GpuLinks, GpuSample
@@ -78,7 +78,7 @@ class NvmlLibrary:
         self._nvlinks = NvLinks(self._calls, self._clock, float(nvlink_link_interval))
         self._gpm = GpmMetrics(self._calls, self._clock, float(pcie_throughput_interval))
         self._sampler = GpuSampler(
-            self._calls, self._nvlinks, self._gpm, MigDevices(self._calls, self._gpm)
+            self._calls, self._nvlinks, self._gpm, MigDevices(self._calls, self._gpm, self._clock)
         )
         self._events = XidEvents(self._calls, self._clock)
         self._lock = threading.RLock()
@@ -159,8 +159,12 @@ class NvmlLibrary:
 
     # ---------------------------------------------------------------- requests
 
-    def collect(self) -> Collected:
-        """Sample every GPU once and drain the XID events queued since the last call."""
+    def collect(self, complete: SampleCompletion | None = None) -> Collected:
+        """Sample every GPU once and drain the XID events queued since the last call.
+
+        ``complete`` completes each GPU's processes and workloads as its sample is built
+        (see :class:`~sn_monitor.agent.nvml.sampling.SampleCompletion`).
+        """
         with self._lock:
             if not self._initialized:
                 raise NvmlError("NVML is not initialized")
@@ -169,7 +173,7 @@ class NvmlLibrary:
             gpus: list[GpuSample] = []
             events: list[Event] = []
             for device in self._devices:
-                sample, event = self._sample_device(device)
+                sample, event = self._sample_device(device, complete)
                 gpus.append(sample)
                 if event is not None:
                     events.append(event)
@@ -301,12 +305,13 @@ class NvmlLibrary:
             for key, function, value in parts
         )
 
-    def _sample_device(self, device: Device) -> tuple[GpuSample, Event | None]:
+    def _sample_device(self, device: Device,
+                       complete: SampleCompletion | None) -> tuple[GpuSample, Event | None]:
         try:
             self._acquire(device)
             if device.handle is None:
                 raise DeviceFault("nvmlDeviceGetHandleByIndex", NvmlError("no handle"))
-            sample = self._sampler.read(device, self._driver_version)
+            sample = self._sampler.read(device, self._driver_version, complete)
         except DeviceFault as fault:
             return self._lost_sample(device, fault)
         device.lost = False

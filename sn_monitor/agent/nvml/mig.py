@@ -3,7 +3,9 @@
 NVML's semantics, as the adapter reads them:
 
 * ``nvmlDeviceGetMigMode`` gives the current and the pending mode; NotSupported (a GPU
-  without MIG) is an absent capability like any other, never asked again.
+  without MIG) is an absent capability like any other, never asked again. The mode
+  changes only when a GPU reset applies a pending change (and an operator sets that), so
+  it is read at most every ``mode_interval`` seconds (10 by default), not every cycle.
 * With the mode on, ``nvmlDeviceGetMaxMigDeviceCount`` slots are asked with
   ``nvmlDeviceGetMigDeviceHandleByIndex``: NotFound is an empty slot (skipped, no log
   line), each other handle a MIG device, read as a :class:`Device` of its own (its UUID,
@@ -29,11 +31,14 @@ from sn_monitor.agent.nvml.errors import NOT_FOUND, error_code
 from sn_monitor.agent.nvml.gpm import GpmMetrics
 from sn_monitor.agent.nvml.processes import read_processes
 from sn_monitor.agent.snapshot import MigInstanceSample
+from sn_monitor.clock import Clock
 
 logger = logging.getLogger(__package__)  # the adapter's one logger (see .calls)
 
 _HANDLE_FUNCTION = "nvmlDeviceGetMigDeviceHandleByIndex"
 _ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
+#: Seconds between two reads of a GPU's MIG mode.
+MODE_INTERVAL_SECONDS = 10.0
 
 
 def mig_profile(name: str | None) -> str | None:
@@ -46,9 +51,12 @@ def mig_profile(name: str | None) -> str | None:
 class MigDevices:
     """Reads a GPU's MIG mode and MIG devices through ``calls``; activity through ``gpm``."""
 
-    def __init__(self, calls: DriverCalls, gpm: GpmMetrics) -> None:
+    def __init__(self, calls: DriverCalls, gpm: GpmMetrics, clock: Clock,
+                 mode_interval: float = MODE_INTERVAL_SECONDS) -> None:
         self._calls = calls
         self._gpm = gpm
+        self._clock = clock
+        self._mode_interval = mode_interval
 
     def mode(self, device: Device) -> tuple[bool | None, bool | None]:
         """The current and pending MIG mode; None, None on a GPU without MIG.
@@ -57,13 +65,18 @@ class MigDevices:
         them all again this cycle. A transient error leaves the mode unknown this cycle
         and the last one remembered.
         """
+        now = self._clock.monotonic()
+        read_at = device.mig_mode_read_at
+        if read_at is not None and now - read_at < self._mode_interval:
+            return device.mig_mode, device.mig_mode_pending
         value = self._calls.call(device, "mig_mode", "nvmlDeviceGetMigMode")
         if value is None:
             return None, None
+        device.mig_mode_read_at = now
         current, pending = int(value[0]) == _ENABLED, int(value[1]) == _ENABLED
         if device.mig_mode is not None and current != device.mig_mode:
             self._mode_changed(device, current)
-        device.mig_mode = current
+        device.mig_mode, device.mig_mode_pending = current, pending
         return current, pending
 
     def instances(self, device: Device) -> tuple[MigInstanceSample, ...]:

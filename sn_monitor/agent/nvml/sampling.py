@@ -13,7 +13,7 @@ and :mod:`.units`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from sn_monitor.agent.nvml.calls import DriverCalls
 from sn_monitor.agent.nvml.device import Device
@@ -33,7 +33,27 @@ from sn_monitor.agent.nvml.units import (
     percent,
     real,
 )
-from sn_monitor.agent.snapshot import GpuSample
+from sn_monitor.agent.snapshot import GpuProcess, GpuSample, GpuWorkload, MigInstanceSample
+
+#: A GPU's processes, workloads and MIG instances, as a :class:`SampleCompletion` gives them.
+Completed = tuple[tuple[GpuProcess, ...] | None, tuple[GpuWorkload, ...],
+                  tuple[MigInstanceSample, ...]]
+
+
+class SampleCompletion(Protocol):
+    """What completes a GPU's processes and workloads as its sample is built.
+
+    Injected from above the adapter (the collector's attribution: who each process is,
+    whose workloads hold the GPU), so that a GPU's sample is built once, with them:
+    rebuilding a finished sample of ~60 fields for three of them cost more than the
+    attribution itself. Given the GPU's UUID, minor number, NVML's processes and its MIG
+    instances; answers the three completed.
+    """
+
+    def __call__(self, uuid: str, minor_number: int | None,
+                 processes: tuple[GpuProcess, ...] | None,
+                 mig_instances: tuple[MigInstanceSample, ...]) -> Completed:
+        ...
 
 # Clocks-event ("throttle") reason bits, identical under both NVML function names.
 THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
@@ -77,8 +97,12 @@ class GpuSampler:
         self._utilization = ProcessUtilization(calls)
         self._reasons_function: str | None = "nvmlDeviceGetCurrentClocksEventReasons"
 
-    def read(self, device: Device, driver_version: str | None) -> GpuSample:
-        """One full read; raises :class:`DeviceFault` on the first fault."""
+    def read(self, device: Device, driver_version: str | None,
+             complete: SampleCompletion | None = None) -> GpuSample:
+        """One full read, completed by ``complete``.
+
+        Raises :class:`DeviceFault` on the first fault.
+        """
         call = self._calls.call
         mig_mode, mig_pending = self._mig.mode(device)
         if device.nvlink_count is None:
@@ -98,6 +122,12 @@ class GpuSampler:
         reasons = self._throttle_reasons(device)
         remapped = call(device, "remapped_rows", "nvmlDeviceGetRemappedRows")
         fabric = read_fabric(self._calls, device)
+        processes = read_processes(self._calls, device, self._utilization)
+        instances = self._mig.instances(device)
+        workloads: tuple[GpuWorkload, ...] = ()
+        if complete is not None:
+            processes, workloads, instances = complete(device.uuid, device.minor_number,
+                                                       processes, instances)
         return GpuSample(
             **identity_fields(device, driver_version),
             utilization_ratio=percent(util.gpu) if util is not None else None,
@@ -117,12 +147,13 @@ class GpuSampler:
             fabric_status=fabric.status if fabric is not None else None,
             fabric_clique_id=fabric.clique_id if fabric is not None else None,
             fabric_cluster_uuid=fabric.cluster_uuid if fabric is not None else None,
-            processes=read_processes(self._calls, device, self._utilization),
+            processes=processes,
+            workloads=workloads,
             nvlink_transmitted_bytes_total=kib_total(fields.get("nvlink_transmitted_kib")),
             nvlink_received_bytes_total=kib_total(fields.get("nvlink_received_kib")),
             mig_mode=mig_mode,
             mig_mode_pending=mig_pending,
-            mig_instances=self._mig.instances(device),
+            mig_instances=instances,
         )
 
     # ------------------------------------------------------------ field groups

@@ -3,8 +3,10 @@
 An allocation names its device as the platform does (see
 :class:`~sn_monitor.agent.workloads.model.DeviceAllocation`): a GPU UUID (``GPU-...``),
 an NVML minor number (``minor:N``, what Slurm's gres and device cgroups know), or a MIG
-device UUID (``MIG-...``). :class:`DeviceIndex` maps each name to a GPU of the cycle's
-snapshot and, for a MIG device, to its instance on that GPU.
+device UUID (``MIG-...``). :class:`AllocationIndex` holds the cycle's allocations by
+those names, and each GPU, as it is read, takes those of its own names
+(:func:`device_names`: its UUID, its minor number, its MIG devices' UUIDs), so that a GPU
+is completed once, as NVML's read builds it.
 
 A GPU's workloads (:func:`claimed_workloads`, then :func:`gpu_workloads` with its
 processes) are:
@@ -28,10 +30,6 @@ from collections.abc import Iterable, Sequence
 from sn_monitor.agent.snapshot import GpuProcess, GpuSample, GpuWorkload, MigInstanceSample
 from sn_monitor.agent.workloads.model import DeviceAllocation, Workload
 
-#: Where a device name points: the GPU's position in the snapshot, and its MIG
-#: instance (None: the whole GPU).
-Slot = tuple[int, str | None]
-
 
 def mig_devices(gpu: GpuSample) -> tuple[tuple[str, str], ...]:
     """The GPU's MIG devices as (MIG device UUID, instance label); () without MIG.
@@ -42,22 +40,40 @@ def mig_devices(gpu: GpuSample) -> tuple[tuple[str, str], ...]:
     return tuple((mig.uuid, mig.uuid) for mig in gpu.mig_instances)
 
 
-class DeviceIndex:
-    """The cycle's GPUs by every name an allocation may give them."""
+def device_names(uuid: str, minor_number: int | None,
+                 instances: Sequence[MigInstanceSample]) -> tuple[tuple[str, str | None], ...]:
+    """Every name an allocation may give a GPU, each with its MIG instance (None: whole)."""
+    names: list[tuple[str, str | None]] = []
+    if uuid:
+        names.append((uuid, None))
+    if minor_number is not None:
+        names.append((f"minor:{minor_number}", None))
+    names.extend((mig.uuid, mig.uuid) for mig in instances)
+    return tuple(names)
 
-    def __init__(self, gpus: Sequence[GpuSample]) -> None:
-        self._slots: dict[str, Slot] = {}
-        for position, gpu in enumerate(gpus):
-            if gpu.uuid:
-                self._slots[gpu.uuid] = (position, None)
-            if gpu.minor_number is not None:
-                self._slots[f"minor:{gpu.minor_number}"] = (position, None)
-            for uuid, instance in mig_devices(gpu):
-                self._slots[uuid] = (position, instance)
 
-    def find(self, device: str) -> Slot | None:
-        """The GPU (and MIG instance) ``device`` names; None if none of this node's."""
-        return self._slots.get(device)
+class AllocationIndex:
+    """The cycle's allocations by the device name each gives; which names a GPU took."""
+
+    def __init__(self, allocations: Iterable[DeviceAllocation]) -> None:
+        self._by_device: dict[str, list[DeviceAllocation]] = {}
+        for allocation in allocations:
+            self._by_device.setdefault(allocation.device, []).append(allocation)
+        self._matched: set[str] = set()
+
+    def claims(self, names: Iterable[tuple[str, str | None]]) -> set[GpuWorkload]:
+        """The workloads allocated a GPU known by ``names`` (see :func:`device_names`)."""
+        found: set[GpuWorkload] = set()
+        for name, instance in names:
+            held = self._by_device.get(name)
+            if held:
+                self._matched.add(name)
+                found.update(workload_of(a.workload, instance) for a in held)
+        return found
+
+    def unmatched(self) -> tuple[str, ...]:
+        """The allocated device names no GPU has taken so far, in the sources' order."""
+        return tuple(name for name in self._by_device if name not in self._matched)
 
 
 def workload_of(workload: Workload, mig_instance: str | None = None) -> GpuWorkload:
@@ -94,17 +110,10 @@ def claimed_workloads(
 
     The second item lists the allocated device names no GPU answers to.
     """
-    index = DeviceIndex(gpus)
-    claimed: list[set[GpuWorkload]] = [set() for _ in gpus]
-    unmatched: list[str] = []
-    for allocation in allocations:
-        slot = index.find(allocation.device)
-        if slot is None:
-            unmatched.append(allocation.device)
-            continue
-        position, instance = slot
-        claimed[position].add(workload_of(allocation.workload, instance))
-    return claimed, tuple(dict.fromkeys(unmatched))
+    index = AllocationIndex(allocations)
+    claimed = [index.claims(device_names(gpu.uuid, gpu.minor_number, gpu.mig_instances))
+               for gpu in gpus]
+    return claimed, index.unmatched()
 
 
 def gpu_workloads(

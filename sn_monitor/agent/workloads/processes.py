@@ -73,7 +73,8 @@ class ProcessIdentities:
     """Each GPU process's identity, read from ``procfs`` once per (pid, start time).
 
     ``user_name`` turns a uid into a name (default: the password database), asked once
-    per uid. :meth:`identify` is called once a cycle with that cycle's pids.
+    per uid. :meth:`identify` is called during a cycle (once per GPU, or once for all),
+    and :meth:`end_cycle` at its end forgets every process the cycle did not ask about.
     """
 
     def __init__(self, procfs: Path, user_name: UserName = passwd_user_name,
@@ -83,10 +84,10 @@ class ProcessIdentities:
         self._user_name = user_name
         self._users: dict[int, str] = {}
         self._known: dict[tuple[int, int], ProcessIdentity] = {}
+        self._asked: dict[tuple[int, int], ProcessIdentity] = {}
 
     def identify(self, pids: Iterable[int]) -> dict[int, ProcessIdentity]:
-        """The identity of each pid; only these stay cached for the next cycle."""
-        known, self._known = self._known, {}
+        """The identity of each pid (its start time read anew: a reused pid is another)."""
         out: dict[int, ProcessIdentity] = {}
         for pid in pids:
             if pid in out:
@@ -96,11 +97,15 @@ class ProcessIdentities:
                 out[pid] = ProcessIdentity(pid)
                 continue
             key = (pid, stat.start_ticks)
-            identity = known.get(key) or self._read(pid, stat)
+            identity = self._asked.get(key) or self._known.get(key) or self._read(pid, stat)
             if identity is not None:
-                self._known[key] = identity
+                self._asked[key] = identity
             out[pid] = identity or ProcessIdentity(pid)
         return out
+
+    def end_cycle(self) -> None:
+        """Keep for the next cycle only the processes this one asked about."""
+        self._known, self._asked = self._asked, {}
 
     def _stat(self, pid: int) -> ProcStat | None:
         text = self._text(pid, "stat")
