@@ -54,17 +54,23 @@ _KEPT_NAME = re.compile(r"[a-z][a-z0-9-]*")
 _PINNED = re.compile(r"<[a-z][a-z0-9-]*=[^<>\s]+>")
 _SIGNAL_NAMES = ("HUP|INT|QUIT|ILL|TRAP|ABRT|BUS|FPE|KILL|USR1|SEGV|USR2|PIPE|ALRM|TERM|"
                  "CHLD|CONT|STOP|TSTP|TTIN|TTOU|XCPU|XFSZ|SYS")
-#: The masks, in the order they apply: each replaces what it matches with its name.
+#: The masks, in the order they apply: each replaces what it matches with its name. Each
+#: pattern starts with a character class and checks the character before it with a
+#: lookbehind *after* that first character, so that the regex engine can skip to candidate
+#: characters (a third faster than leading lookbehinds, with the same matches).
 MASKS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("<TIME>", re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
-                          r"|(?<![\w:])\d\d:\d\d:\d\d(?:[.,]\d+)?(?![\w:])")),
-    ("<UUID>", re.compile(r"\b[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")),
-    ("<IP>", re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?(?![\w.])"
+    ("<TIME>", re.compile(r"\d(?:\d{3}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+                          r"|(?<![\w:]\d)\d:\d\d:\d\d(?:[.,]\d+)?(?![\w:]))")),
+    ("<UUID>", re.compile(r"[0-9a-fA-F](?<!\w[0-9a-fA-F])[0-9a-fA-F]{7}(?:-[0-9a-fA-F]{4}){3}"
+                          r"-[0-9a-fA-F]{12}\b")),
+    ("<IP>", re.compile(r"\d(?<![\w.]\d)\d{0,2}(?:\.\d{1,3}){3}(?::\d{1,5})?(?![\w.])"
                         r"|\[[0-9a-fA-F:]*:[0-9a-fA-F:]*\](?::\d{1,5})?")),
-    ("<PATH>", re.compile(r"(?<![\w./~])(?:/[\w.@+%~-]+){2,}/?")),
-    ("<HEX>", re.compile(r"\b0x[0-9a-fA-F]+\b|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b")),
-    ("<NUM>", re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
-                         r"(?:[KMGT]i?B|[mun]?s|%)?(?![\w])(?!\.\d)")),
+    ("<PATH>", re.compile(r"/(?<![\w./~]/)[\w.@+%~-]+(?:/[\w.@+%~-]+)+/?")),
+    ("<HEX>", re.compile(r"0(?<!\w0)x[0-9a-fA-F]+\b"
+                         r"|[0-9a-f](?<!\w[0-9a-f])(?:(?<=\d)|(?=[a-f]*\d))"
+                         r"(?:(?<=[a-f])|(?=\d*[a-f]))[0-9a-f]{7,}\b")),
+    ("<NUM>", re.compile(r"[-+\d](?<![\w.][-+\d])(?:(?<=\d)|\d)\d*(?:\.\d+)?(?:[eE][-+]?\d+)?"
+                         r"(?:[KMGT]i?B|[mun]?s|%)?(?!\w)(?!\.\d)")),
 )
 
 
@@ -89,11 +95,14 @@ class KeptParameter:
     ``pattern`` is a regex with exactly one group, which must only be able to match a small
     closed set of values (a signal number of one or two digits, a loss scale kept only when it is
     ``1``): every value is a template of its own, so an open set would make one per line.
-    Scope flags inside the pattern, ``(?i:...)``.
+    Scope flags inside the pattern, ``(?i:...)``. ``hints``: lower-case words one of which
+    a line must hold (compared lower-cased) for the pattern to be tried at all, a cheap test
+    that spares most lines the regex; empty, the pattern is tried on every line.
     """
 
     name: str
     pattern: str
+    hints: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not _KEPT_NAME.fullmatch(self.name):
@@ -105,18 +114,22 @@ class KeptParameter:
         if groups != 1:
             raise ValueError(f"kept parameter {self.name}: the pattern needs exactly one group "
                              f"(the value), it has {groups}")
+        if any(not hint or hint != hint.lower() for hint in self.hints):
+            raise ValueError(f"kept parameter {self.name}: hints are non-empty lower-case words")
 
 
 #: Exit codes, signals (numbers and names), errno values, a loss scale reduced to 1 (or 0)
 #: and non-finite values (a ``nan`` loss must not merge with a number).
 DEFAULT_KEPT: tuple[KeptParameter, ...] = (
     KeptParameter("exitcode", r"(?i:\b(?:exit ?code|exit status|return ?code|exited with "
-                              r"(?:code|status))[\s:=]{0,6}(-?\d{1,3}))(?![\d.])"),
-    KeptParameter("signal", r"(?i:\bsignal[\s:=]{1,6}(\d{1,2}))(?!\d)"),
-    KeptParameter("signal", rf"\b(SIG(?:{_SIGNAL_NAMES}))\b"),
-    KeptParameter("errno", r"(?i:\berrno[\s:=]{0,6}(\d{1,3}))(?!\d)"),
-    KeptParameter("loss-scale", r"(?i:loss scale\b[^\n]{0,60}?\bto ([01](?:\.0+)?))(?![\d.])"),
-    KeptParameter("value", r"(?i:(?<![\w.])(nan|[-+]?inf(?:inity)?)(?![\w.]))"),
+                              r"(?:code|status))[\s:=]{0,6}(-?\d{1,3}))(?![\d.])",
+                  ("exit", "return")),
+    KeptParameter("signal", r"(?i:\bsignal[\s:=]{1,6}(\d{1,2}))(?!\d)", ("signal",)),
+    KeptParameter("signal", rf"\b(SIG(?:{_SIGNAL_NAMES}))\b", ("sig",)),
+    KeptParameter("errno", r"(?i:\berrno[\s:=]{0,6}(\d{1,3}))(?!\d)", ("errno",)),
+    KeptParameter("loss-scale", r"(?i:loss scale\b[^\n]{0,60}?\bto ([01](?:\.0+)?))(?![\d.])",
+                  ("loss scale",)),
+    KeptParameter("value", r"(?i:(?<![\w.])(nan|[-+]?inf(?:inity)?)(?![\w.]))", ("nan", "inf")),
 )
 
 
@@ -199,7 +212,8 @@ class LineMasker:
     """Line -> tokens: kept parameters pinned, the other variable parts masked, bounded."""
 
     def __init__(self, settings: TemplateSettings) -> None:
-        self._kept = [(kept.name, re.compile(kept.pattern)) for kept in settings.kept]
+        self._kept = [(kept.name, re.compile(kept.pattern), kept.hints)
+                      for kept in settings.kept]
         self._max_chars = settings.max_line_chars
         self._max_tokens = settings.max_tokens
 
@@ -218,7 +232,10 @@ class LineMasker:
     def _pinned_spans(self, text: str) -> list[tuple[int, int, str]]:
         """The kept parameters' values in ``text``: (start, end, pinned token), in order."""
         spans: list[tuple[int, int, str]] = []
-        for name, pattern in self._kept:
+        lower = text.lower()
+        for name, pattern, hints in self._kept:
+            if hints and not any(hint in lower for hint in hints):
+                continue
             for match in pattern.finditer(text):
                 start, stop = match.span(1)
                 if start >= 0:

@@ -346,3 +346,19 @@ def test_a_kept_parameter_needs_one_group() -> None:
         KeptParameter("exitcode", r"exit code \d+")
     with pytest.raises(ValueError, match="name"):
         KeptParameter("Exit Code", r"exit code (\d+)")
+    with pytest.raises(ValueError, match="hints"):
+        KeptParameter("exitcode", r"exit code (\d+)", ("Exit",))
+
+
+def test_a_kept_parameter_of_ones_own_is_pinned_and_its_hint_gates_it() -> None:
+    settings = TemplateSettings(warmup_lines=0, warmup_seconds=0, kept=(
+        KeptParameter("health", r"\bhealth (ok|degraded|failed)\b", ("health",)),))
+    job = JobTemplates(settings, ManualClock())
+    for state in ("ok", "ok", "degraded", "failed"):
+        job.observe(f"link mlx5_0 port 1 health {state} after 3 checks")
+    assert [s.template for s in job.summaries()] == [
+        "link mlx5_0 port <NUM> health <health=ok> after <NUM> checks",
+        "link mlx5_0 port <NUM> health <health=degraded> after <NUM> checks",
+        "link mlx5_0 port <NUM> health <health=failed> after <NUM> checks"]
+    masker = LineMasker(settings)
+    assert masker.tokens("exitcode: -9") == ["exitcode:", "<NUM>"]  # only its own kept
