@@ -284,16 +284,19 @@ class _Node:
 
 
 def _similarity(template: Sequence[str], tokens: Sequence[str]) -> tuple[float, int]:
-    """Drain's similarity (equal tokens / length) and wildcard count; -1 if pinned differ."""
+    """Drain's similarity (equal tokens / length), wildcards; -1 where a pinned token differs.
+
+    A ``<*>`` does not take a pinned token either: the kept value is the line's meaning.
+    """
     equal = wildcards = 0
     for mine, theirs in zip(template, tokens, strict=True):
         if mine == theirs:
             equal += mine != WILDCARD
             wildcards += mine == WILDCARD
+        elif is_pinned(theirs) or is_pinned(mine):
+            return -1.0, 0
         elif mine == WILDCARD:
             wildcards += 1
-        elif is_pinned(mine) or is_pinned(theirs):
-            return -1.0, 0
     return equal / len(tokens), wildcards
 
 
@@ -312,6 +315,24 @@ class TemplateTree:
     def __iter__(self) -> Iterator[_Template]:
         """Least recently seen first."""
         return iter(self._templates.values())
+
+    def node_count(self) -> int:
+        """The tree's nodes: at most ``max_templates`` x (``leading_tokens`` + 1)."""
+        count, stack = 0, list(self._roots.values())
+        while stack:
+            node = stack.pop()
+            count += 1
+            stack.extend(node.children.values())
+        return count
+
+    def children_counts(self) -> list[int]:
+        """How many children each node has (each at most ``max_children``)."""
+        counts, stack = [], list(self._roots.values())
+        while stack:
+            node = stack.pop()
+            counts.append(len(node.children))
+            stack.extend(node.children.values())
+        return counts
 
     def match(self, tokens: Sequence[str]) -> _Template | None:
         """The most similar template at or over the threshold, without learning anything."""
@@ -410,6 +431,8 @@ class JobTemplates:
         if not tokens:
             return ()
         when = self._clock.time() if at is None else at
+        if not math.isfinite(when):
+            raise ValueError(f"a line's time must be a finite number, got {when}")
         self.first_at = when if self.first_at is None else min(self.first_at, when)
         self.latest_at = when if self.latest_at is None else max(self.latest_at, when)
         if not self.warm and self.lines >= self.settings.warmup_lines \

@@ -110,6 +110,15 @@ def test_lines_whose_meaning_is_in_a_kept_parameter_are_not_merged(lines: list[s
     assert all(WILDCARD not in t for t in templates), templates
 
 
+def test_a_wildcard_does_not_take_a_kept_value() -> None:
+    job = JobTemplates(QUIET, ManualClock())
+    for word_ in ("alpha", "beta", "SIGKILL"):
+        job.observe(f"rank 3 worker stopped by {word_} after the barrier")
+    assert [s.template for s in job.summaries()] == [
+        "rank <NUM> worker stopped by <*> after the barrier",
+        "rank <NUM> worker stopped by <signal=SIGKILL> after the barrier"]
+
+
 def test_a_value_outside_the_kept_set_is_a_number_like_any_other() -> None:
     job = JobTemplates(QUIET, ManualClock())
     job.observe("Skipping step, attempted loss scale: 8192, reducing to 4096")
@@ -293,6 +302,11 @@ def test_a_file_that_is_not_a_state_is_rejected(tmp_path: Path, data: bytes, wor
         JobTemplates.load(path, QUIET)
 
 
+def test_a_time_that_is_not_finite_is_refused() -> None:
+    with pytest.raises(ValueError, match="finite"):
+        JobTemplates(QUIET, ManualClock()).observe("a line", at=float("nan"))
+
+
 def test_a_missing_state_file_is_a_state_error(tmp_path: Path) -> None:
     with pytest.raises(TemplateStateError, match="cannot read"):
         JobTemplates.load(tmp_path / "absent.json")
@@ -315,23 +329,16 @@ def test_eviction_prunes_the_tree() -> None:
     job = JobTemplates(TemplateSettings(max_templates=3), ManualClock())
     for i in range(200):
         job.observe(" ".join([word(i) + "x"] * (1 + i % 9)))
-    nodes = 0
-    stack = list(job.tree._roots.values())
-    while stack:
-        node = stack.pop()
-        nodes += 1
-        stack.extend(node.children.values())
     assert len(job.tree) == 3
-    assert nodes <= 3 * (1 + job.settings.leading_tokens)
+    assert job.tree.node_count() <= 3 * (1 + job.settings.leading_tokens)
 
 
 def test_a_node_holds_at_most_max_children() -> None:
     job = JobTemplates(TemplateSettings(max_children=4), ManualClock())
     for i in range(50):
         job.observe(f"{word(i)}z said hello")
-    (root,) = job.tree._roots.values()
-    assert len(root.children) == 4
-    assert WILDCARD in root.children
+    assert max(job.tree.children_counts()) == 4
+    assert job.template_of(f"{word(49)}z said hello") == "<*> said hello"
 
 
 def test_a_line_is_cut_to_its_bounds() -> None:
