@@ -81,10 +81,11 @@ def test_progress_lines_make_one_template_and_other_messages_their_own() -> None
         job.observe(f" iteration {step * 10:>6}/ 5000 | consumed samples: {step * 640} | "
                     f"lm loss: {2.5 - step / 100:.6E} | loss scale: 65536.0 | "
                     f"grad norm: {1 + step / 7:.3f} | number of skipped iterations: 0")
-    job.observe("NCCL INFO Using network IB")
+    job.observe("node-1:4242:4243 [0] NCCL INFO Using network IB")
+    job.observe("node-1:4242:4243 [0] NCCL INFO Connected all rings")
     job.observe("saving checkpoint at iteration 500 to /ckpt/run-1")
     summaries = job.summaries()
-    assert len(summaries) == 3
+    assert len(summaries) == 4, [s.template for s in summaries]
     assert summaries[0].count == 49
     assert "<value=" not in summaries[0].template
 
