@@ -38,11 +38,19 @@ import os
 import re
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
 from sn_monitor.clock import Clock, SystemClock
+from sn_monitor.config import (
+    Duration,
+    at_least_one,
+    fraction,
+    non_negative,
+    positive,
+    setting,
+)
 from sn_monitor.errors import SnMonitorError
 
 WILDCARD = "<*>"
@@ -102,7 +110,7 @@ class KeptParameter:
 
     name: str
     pattern: str
-    hints: tuple[str, ...] = ()
+    hints: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not _KEPT_NAME.fullmatch(self.name):
@@ -123,14 +131,24 @@ class KeptParameter:
 DEFAULT_KEPT: tuple[KeptParameter, ...] = (
     KeptParameter("exitcode", r"(?i:\b(?:exit ?code|exit status|return ?code|exited with "
                               r"(?:code|status))[\s:=]{0,6}(-?\d{1,3}))(?![\d.])",
-                  ("exit", "return")),
-    KeptParameter("signal", r"(?i:\bsignal[\s:=]{1,6}(\d{1,2}))(?!\d)", ("signal",)),
-    KeptParameter("signal", rf"\b(SIG(?:{_SIGNAL_NAMES}))\b", ("sig",)),
-    KeptParameter("errno", r"(?i:\berrno[\s:=]{0,6}(\d{1,3}))(?!\d)", ("errno",)),
+                  ["exit", "return"]),
+    KeptParameter("signal", r"(?i:\bsignal[\s:=]{1,6}(\d{1,2}))(?!\d)", ["signal"]),
+    KeptParameter("signal", rf"\b(SIG(?:{_SIGNAL_NAMES}))\b", ["sig"]),
+    KeptParameter("errno", r"(?i:\berrno[\s:=]{0,6}(\d{1,3}))(?!\d)", ["errno"]),
     KeptParameter("loss-scale", r"(?i:loss scale\b[^\n]{0,60}?\bto ([01](?:\.0+)?))(?![\d.])",
-                  ("loss scale",)),
-    KeptParameter("value", r"(?i:(?<![\w.])(nan|[-+]?inf(?:inity)?)(?![\w.]))", ("nan", "inf")),
+                  ["loss scale"]),
+    KeptParameter("value", r"(?i:(?<![\w.])(nan|[-+]?inf(?:inity)?)(?![\w.]))", ["nan", "inf"]),
 )
+
+
+def _at_least_two(value: int) -> None:
+    if value < 2:
+        raise ValueError(f"must be at least 2 (one child is <*>), got {value}")
+
+
+def _above_one(value: float) -> None:
+    if value <= 1:
+        raise ValueError(f"must be above 1 (a burst is faster than usual), got {value}")
 
 
 @dataclass(frozen=True)
@@ -140,35 +158,33 @@ class TemplateSettings:
     ``similarity`` is 0.6 rather than Drain's usual 0.5: an NCCL line's header
     (``host:pid:tid [rank] NCCL INFO``) is four equal tokens, and two different messages of
     three words after it (``Connected all rings``, ``Using network IB``) must not merge.
+    Bound from YAML with :func:`sn_monitor.config.bind` (durations as ``2m``); ``kept``
+    replaces :data:`DEFAULT_KEPT` whole.
     """
 
-    similarity: float = 0.6
-    leading_tokens: int = 2
-    max_children: int = 100
-    max_templates: int = 1000
-    max_tokens: int = 64
-    max_line_chars: int = 4096
-    warmup_lines: int = 200
-    warmup_seconds: float = 120.0
-    burst_window_seconds: float = 60.0
-    burst_buckets: int = 12
-    burst_factor: float = 5.0
-    burst_min_count: int = 20
-    kept: tuple[KeptParameter, ...] = DEFAULT_KEPT
+    similarity: float = setting(default=0.6, check=fraction)
+    leading_tokens: int = setting(default=2, check=at_least_one)
+    max_children: int = setting(default=100, check=_at_least_two)
+    max_templates: int = setting(default=1000, check=at_least_one)
+    max_tokens: int = setting(default=64, check=at_least_one)
+    max_line_chars: int = setting(default=4096, check=at_least_one)
+    warmup_lines: int = setting(default=200, check=non_negative)
+    warmup_seconds: Duration = setting(default=Duration(120.0), check=non_negative)
+    burst_window_seconds: Duration = setting(default=Duration(60.0), check=positive)
+    burst_buckets: int = setting(default=12, check=at_least_one)
+    burst_factor: float = setting(default=5.0, check=_above_one)
+    burst_min_count: int = setting(default=20, check=at_least_one)
+    kept: list[KeptParameter] = setting(default_factory=lambda: list(DEFAULT_KEPT))
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.similarity <= 1.0:
-            raise ValueError(f"similarity must be in (0, 1], got {self.similarity}")
-        for name in ("leading_tokens", "max_templates", "max_tokens", "max_line_chars",
-                     "burst_buckets", "burst_min_count"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_children < 2:
-            raise ValueError(f"max_children must be at least 2, got {self.max_children}")
-        if self.warmup_lines < 0 or self.warmup_seconds < 0:
-            raise ValueError("the warm-up cannot be negative")
-        if self.burst_window_seconds <= 0 or self.burst_factor <= 1.0:
-            raise ValueError("a burst needs a positive window and a factor above 1")
+        """The same checks as the config loader's, for settings built in code."""
+        for each in fields(self):
+            check = each.metadata.get("check")
+            if check is not None:
+                try:
+                    check(getattr(self, each.name))
+                except ValueError as err:
+                    raise ValueError(f"{each.name}: {err}") from None
 
     @property
     def bucket_seconds(self) -> float:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sn_monitor.clock import ManualClock
+from sn_monitor.config import ConfigError, bind, parse_yaml
 from sn_monitor.joblog.templates import (
     WILDCARD,
     JobTemplates,
@@ -355,12 +356,12 @@ def test_a_kept_parameter_needs_one_group() -> None:
     with pytest.raises(ValueError, match="name"):
         KeptParameter("Exit Code", r"exit code (\d+)")
     with pytest.raises(ValueError, match="hints"):
-        KeptParameter("exitcode", r"exit code (\d+)", ("Exit",))
+        KeptParameter("exitcode", r"exit code (\d+)", ["Exit"])
 
 
 def test_a_kept_parameter_of_ones_own_is_pinned_and_its_hint_gates_it() -> None:
-    settings = TemplateSettings(warmup_lines=0, warmup_seconds=0, kept=(
-        KeptParameter("health", r"\bhealth (ok|degraded|failed)\b", ("health",)),))
+    settings = TemplateSettings(warmup_lines=0, warmup_seconds=0, kept=[
+        KeptParameter("health", r"\bhealth (ok|degraded|failed)\b", ["health"])])
     job = JobTemplates(settings, ManualClock())
     for state in ("ok", "ok", "degraded", "failed"):
         job.observe(f"link mlx5_0 port 1 health {state} after 3 checks")
@@ -370,3 +371,29 @@ def test_a_kept_parameter_of_ones_own_is_pinned_and_its_hint_gates_it() -> None:
         "link mlx5_0 port <NUM> health <health=failed> after <NUM> checks"]
     masker = LineMasker(settings)
     assert masker.tokens("exitcode: -9") == ["exitcode:", "<NUM>"]  # only its own kept
+
+
+def test_settings_bind_from_yaml_with_durations_and_kept_parameters() -> None:
+    doc = parse_yaml("similarity: 0.7\nwarmup_seconds: 2m\nkept:\n"
+                     "  - {name: health, pattern: 'health (ok|bad)', hints: [health]}\n",
+                     "templates.yaml")
+    settings = bind(TemplateSettings, doc)
+    assert (settings.similarity, settings.warmup_seconds) == (0.7, 120.0)
+    assert [k.name for k in settings.kept] == ["health"]
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("burst_factor: 1\n", "templates.yaml:1: burst_factor: must be above 1"),
+    ("max_children: 1\n", "templates.yaml:1: max_children: must be at least 2"),
+    ("similarity: 0\n", "templates.yaml:1: similarity: must be a fraction"),
+    ("kept:\n  - {name: x, pattern: 'no group'}\n", "templates.yaml:2: kept[0]:"),
+])
+def test_bad_settings_name_the_key_and_line(text: str, where: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        bind(TemplateSettings, parse_yaml(text, "templates.yaml"))
+    assert str(caught.value).startswith(where), str(caught.value)
+
+
+def test_settings_built_in_code_are_checked_too() -> None:
+    with pytest.raises(ValueError, match="max_templates: must be at least 1"):
+        TemplateSettings(max_templates=0)
