@@ -75,7 +75,7 @@ MASKS: tuple[tuple[str, re.Pattern[str]], ...] = (
                         r"|\[[0-9a-fA-F:]*:[0-9a-fA-F:]*\](?::\d{1,5})?")),
     ("<PATH>", re.compile(r"/(?<![\w./~]/)[\w.@+%~-]+(?:/[\w.@+%~-]+)+/?")),
     ("<HEX>", re.compile(r"0(?<!\w0)x[0-9a-fA-F]+\b"
-                         r"|[0-9a-f](?<!\w[0-9a-f])(?:(?<=\d)|(?=[a-f]*\d))"
+                         r"|[0-9a-f](?<![\w.][0-9a-f])(?:(?<=\d)|(?=[a-f]*\d))"
                          r"(?:(?<=[a-f])|(?=\d*[a-f]))[0-9a-f]{7,}\b")),
     ("<NUM>", re.compile(r"[-+\d](?<![\w.][-+\d])(?:(?<=\d)|\d)\d*(?:\.\d+)?(?:[eE][-+]?\d+)?"
                          r"(?:[KMGT]i?B|[mun]?s|%)?(?!\w)(?!\.\d)")),
@@ -105,12 +105,16 @@ class KeptParameter:
     ``1``): every value is a template of its own, so an open set would make one per line.
     Scope flags inside the pattern, ``(?i:...)``. ``hints``: lower-case words one of which
     a line must hold (compared lower-cased) for the pattern to be tried at all, a cheap test
-    that spares most lines the regex; empty, the pattern is tried on every line.
+    that spares most lines the regex; empty, the pattern is tried on every line. ``label``:
+    when set, the pinned token is ``<name=label>`` whatever the value, for a class of values
+    that mean one thing (a loss scale fallen below 1, however far). Blanks in a value become
+    ``_`` (``<signal=Segmentation_fault>``).
     """
 
     name: str
     pattern: str
     hints: list[str] = field(default_factory=list)
+    label: str = ""
 
     def __post_init__(self) -> None:
         if not _KEPT_NAME.fullmatch(self.name):
@@ -124,10 +128,14 @@ class KeptParameter:
                              f"(the value), it has {groups}")
         if any(not hint or hint != hint.lower() for hint in self.hints):
             raise ValueError(f"kept parameter {self.name}: hints are non-empty lower-case words")
+        if self.label and not _KEPT_NAME.fullmatch(self.label):
+            raise ValueError(f"kept parameter {self.name}: label {self.label!r}: lower-case "
+                             "letters, digits, -")
 
 
-#: Exit codes, signals (numbers and names), errno values, a loss scale reduced to 1 (or 0)
-#: and non-finite values (a ``nan`` loss must not merge with a number).
+#: Exit codes, signals (numbers, names, the C library's descriptions), errno values, a
+#: loss scale reduced to 1 or 0 or below 1, and non-finite values (a ``nan`` loss must not
+#: merge with a number).
 DEFAULT_KEPT: tuple[KeptParameter, ...] = (
     KeptParameter("exitcode", r"(?i:\b(?:exit ?code|exit status|return ?code|exited with "
                               r"(?:code|status))[\s:=]{0,6}(-?\d{1,3}))(?![\d.])",
@@ -135,8 +143,17 @@ DEFAULT_KEPT: tuple[KeptParameter, ...] = (
     KeptParameter("signal", r"(?i:\bsignal[\s:=]{1,6}(\d{1,2}))(?!\d)", ["signal"]),
     KeptParameter("signal", rf"\b(SIG(?:{_SIGNAL_NAMES}))\b", ["sig"]),
     KeptParameter("errno", r"(?i:\berrno[\s:=]{0,6}(\d{1,3}))(?!\d)", ["errno"]),
-    KeptParameter("loss-scale", r"(?i:loss scale\b[^\n]{0,60}?\bto ([01](?:\.0+)?))(?![\d.])",
-                  ["loss scale"]),
+    KeptParameter("signal", r"(?i:\breceived (\d{1,2}) death signal)", ["death signal"]),
+    KeptParameter("signal", r"(?i:\bby signal: (killed|terminated|segmentation fault|bus error|"
+                            r"aborted|floating point exception|illegal instruction|hangup|"
+                            r"interrupt|trace/breakpoint trap))", ["by signal"]),
+    KeptParameter("loss-scale", r"(?i:\b(?:reducing|reduced|decreasing|lowering)(?: the)?"
+                                r"(?: dynamic)?(?: loss scale)?(?: from \S+)? to "
+                                r"([01](?:\.0+)?))(?![\d.e])", ["loss scale"]),
+    KeptParameter("loss-scale", r"(?i:\b(?:reducing|reduced|decreasing|lowering)(?: the)?"
+                                r"(?: dynamic)?(?: loss scale)?(?: from \S+)? to "
+                                r"(0\.\d+|\d(?:\.\d+)?e-\d+))(?![\d.])", ["loss scale"],
+                  label="below-1"),
     KeptParameter("value", r"(?i:(?<![\w.])(nan|[-+]?inf(?:inity)?)(?![\w.]))", ["nan", "inf"]),
 )
 
@@ -233,7 +250,7 @@ class LineMasker:
     """Line -> tokens: kept parameters pinned, the other variable parts masked, bounded."""
 
     def __init__(self, settings: TemplateSettings) -> None:
-        self._kept = [(kept.name, re.compile(kept.pattern), kept.hints)
+        self._kept = [(kept.name, re.compile(kept.pattern), kept.hints, kept.label)
                       for kept in settings.kept]
         self._max_chars = settings.max_line_chars
         self._max_tokens = settings.max_tokens
@@ -254,13 +271,14 @@ class LineMasker:
         """The kept parameters' values in ``text``: (start, end, pinned token), in order."""
         spans: list[tuple[int, int, str]] = []
         lower = text.lower()
-        for name, pattern, hints in self._kept:
+        for name, pattern, hints, label in self._kept:
             if hints and not any(hint in lower for hint in hints):
                 continue
             for match in pattern.finditer(text):
                 start, stop = match.span(1)
                 if start >= 0:
-                    spans.append((start, stop, f"<{name}={match.group(1)}>"))
+                    value = label or "_".join(match.group(1).split())
+                    spans.append((start, stop, f"<{name}={value}>"))
         spans.sort()
         kept: list[tuple[int, int, str]] = []
         for span in spans:

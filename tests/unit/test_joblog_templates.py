@@ -60,6 +60,16 @@ def distinct_line(i: int) -> str:
     ("Tried to allocate 2.00 GiB; 79.35GiB total; took 12ms; 45% used",
      "Tried to allocate <NUM> GiB; <NUM> total; took <NUM>; <NUM> used"),
     ("NCCL version 2.18.1+cuda12.1", "NCCL version 2.18.1+cuda12.1"),
+    ("DataLoader worker (pid 25902) is killed by signal: Segmentation fault",
+     "DataLoader worker (pid <NUM>) is killed by signal: <signal=Segmentation_fault>"),
+    ("api.py:719] Received 15 death signal, shutting down workers",
+     "api.py:<NUM>] Received <signal=15> death signal, shutting down workers"),
+    ("loss scaler 0 reducing loss scale to 8.165126103939127e-202",
+     "loss scaler <NUM> reducing loss scale to <loss-scale=below-1>"),
+    ("Attempted loss scale: 2, but hysteresis is 2. Reducing hysteresis to 1",
+     "Attempted loss scale: <NUM>, but hysteresis is <NUM>. Reducing hysteresis to <NUM>"),
+    ("{'grad_norm': nan, 'learning_rate': 1.4999999999999999e-05}",
+     "{'grad_norm': <value=nan>, 'learning_rate': <NUM>}"),
 ])
 def test_masking_keeps_the_words_and_pins_the_kept_values(line: str, tokens: str) -> None:
     assert " ".join(LineMasker(TemplateSettings()).tokens(line)) == tokens
@@ -100,6 +110,10 @@ def test_progress_lines_make_one_template_and_other_messages_their_own() -> None
      "Skipping step, attempted loss scale: 4096, reducing to 2048"],
     ["step 10 | lm loss: nan | grad norm: 3.2 | lr: 1e-4",
      "step 10 | lm loss: 2.31 | grad norm: 3.2 | lr: 1e-4"],
+    ["DataLoader worker (pid 1817) is killed by signal: Killed.",
+     "DataLoader worker (pid 1817) is killed by signal: Bus error."],
+    ["Gradient overflow. Skipping step, loss scaler 0 reducing loss scale to 32768.0",
+     "Gradient overflow. Skipping step, loss scaler 0 reducing loss scale to 8.1e-202"],
     ["connect() failed: errno 111 to host 10.1.1.1",
      "connect() failed: errno 110 to host 10.1.1.1"],
 ])
