@@ -11,7 +11,8 @@ the published algorithm (docs/jobs/log-templates.md says why not Drain3).
 Kept parameters: where a line's meaning is in a value (``exitcode: -9`` against
 ``exitcode: 1``, ``signal 9`` against ``signal 15``, a loss scale reduced *to 1*, a
 ``nan`` loss), a :class:`KeptParameter` (a regex with one group that can only match a small
-closed set of values) writes the value as a pinned token ``<name=value>``. A pinned token
+closed set of values, or a class of values under one label) writes the value as a pinned
+token ``<name=value>``. A pinned token
 is never masked, never becomes ``<*>``, and a template matches a line only if their
 pinned tokens are equal, so such lines never merge.
 
@@ -565,6 +566,11 @@ class JobTemplates:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a crash
+        finally:
+            os.close(directory)
 
     @classmethod
     def load(cls, path: Path, settings: TemplateSettings | None = None,
