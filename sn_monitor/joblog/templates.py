@@ -134,6 +134,9 @@ class KeptParameter:
                              "letters, digits, -")
 
 
+#: The words one of which a loss scale's reduction holds (most lines that say "loss scale"
+#: are progress lines, which reduce nothing).
+_SCALED_DOWN = ("reduc", "decreas", "lowering")
 #: Exit codes, signals (numbers, names, the C library's descriptions), errno values, a
 #: loss scale reduced to 1 or 0 or below 1, and non-finite values (a ``nan`` loss must not
 #: merge with a number).
@@ -150,10 +153,10 @@ DEFAULT_KEPT: tuple[KeptParameter, ...] = (
                             r"interrupt|trace/breakpoint trap))", ["by signal"]),
     KeptParameter("loss-scale", r"(?i:\b(?:reducing|reduced|decreasing|lowering)(?: the)?"
                                 r"(?: dynamic)?(?: loss scale)?(?: from \S+)? to "
-                                r"([01](?:\.0+)?))(?![\d.e])", ["loss scale"]),
+                                r"([01](?:\.0+)?))(?![\d.e])", list(_SCALED_DOWN)),
     KeptParameter("loss-scale", r"(?i:\b(?:reducing|reduced|decreasing|lowering)(?: the)?"
                                 r"(?: dynamic)?(?: loss scale)?(?: from \S+)? to "
-                                r"(0\.\d+|\d(?:\.\d+)?e-\d+))(?![\d.])", ["loss scale"],
+                                r"(0\.\d+|\d(?:\.\d+)?e-\d+))(?![\d.])", list(_SCALED_DOWN),
                   label="below-1"),
     KeptParameter("value", r"(?i:(?<![\w.])(nan|[-+]?inf(?:inity)?)(?![\w.]))", ["nan", "inf"]),
 )
