@@ -22,8 +22,8 @@ from sn_monitor.config import ConfigError, bind, load_yaml
 def add_parser(commands: Commands) -> None:
     """``check-config FILE...``."""
     check = commands.add_parser("check-config", help="validate config files (agent, controller, "
-                                "rule, job, scenario, token, fleet, XID catalogue); exit 2 on "
-                                "any error",
+                                "rule, job, scenario, token, fleet, XID catalogue, job-log "
+                                "signatures); exit 2 on any error",
                                 description=_check_config_description(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     check.add_argument("files", nargs="+", type=Path, metavar="FILE",
@@ -60,6 +60,7 @@ def _check_config_description() -> str:
         "The kind of each file is told from its content, in this order:\n"
         "  scenario file     a mapping with kind: Scenario\n"
         "  XID catalogue     kind: XidCatalog, or an entries: list without a kind\n"
+        "  log signatures    kind: JobLogSignatures, or a signatures: list without a kind\n"
         "  job file          kind: DistributedJob\n"
         "  token file        a list whose items have token, token_file or role\n"
         "  rule file         any other list (of rules)\n"
@@ -90,6 +91,7 @@ def check_file(path: Path, notes: list[str] | None = None) -> str:
     """
     from sn_monitor.controller.security.auth import check_token_file
     from sn_monitor.controller.settings import ControllerSettings, check_rules
+    from sn_monitor.joblog.catalogue import is_signatures_document, parse_catalogue
     from sn_monitor.rules.spec import load_rules
     from sn_monitor.rules.xid_catalog import is_catalog_document, parse_catalog
 
@@ -104,6 +106,10 @@ def check_file(path: Path, notes: list[str] | None = None) -> str:
             "entries" in doc.data and "kind" not in doc.data)):
         parse_catalog(doc)
         return "xid catalog"
+    if isinstance(doc.data, dict) and (is_signatures_document(doc.data) or (
+            "signatures" in doc.data and "kind" not in doc.data)):
+        parse_catalogue(doc)
+        return "job-log signatures"
     if isinstance(doc.data, dict) and doc.data.get("kind") == "DistributedJob":
         from sn_monitor.controller.jobs.spec import parse_job
 
