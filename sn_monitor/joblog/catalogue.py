@@ -5,8 +5,8 @@ an operator's edited copy loads the same way. Both load through the one config l
 so a bad file names file, key path and line (a regex that does not compile, a check on a
 parameter no pattern captures, a category outside the fixed list), with no traceback.
 
-A signature is a *line* signature (regexes searched in one line, behind a cheap
-prefilter) or a *block* signature (judged on the fields of a block read over several
+A signature is a *line* signature (regexes searched in one line that holds one of its
+literal keywords) or a *block* signature (judged on the fields of a block read over several
 lines: a Python traceback, torchrun's "Root Cause" block). Its ``checks`` read the
 parameters the regexes capture (an exit code, a signal, a loss scale), so that a rule
 says "exit code -9", not "the word exitcode".
@@ -101,7 +101,8 @@ class Signature:
     why: str
     #: None for a line signature.
     block: Block | None = None
-    prefilter: str = ""
+    #: Literal strings, one of which every line the signature matches contains.
+    keywords: tuple[str, ...] = ()
     patterns: tuple[re.Pattern[str], ...] = ()
     checks: tuple[Check, ...] = ()
 
@@ -172,7 +173,7 @@ class _SignatureFile:
     root_candidate: bool = True
     why: str = setting(default="", check=optional(_one_line))
     block: Block | None = None
-    prefilter: str | None = None
+    keywords: list[str] = field(default_factory=list)
     patterns: list[str] = field(default_factory=list)
     checks: list[_CheckFile] = field(default_factory=list)
 
@@ -216,17 +217,20 @@ def _signature(doc: Document, key: tuple[str | int, ...], item: _SignatureFile) 
     if item.block is None:
         if not item.patterns:
             raise _error(doc, key, "a line signature needs patterns (or name a block)")
-        if not item.prefilter:
-            raise _error(doc, key, "a line signature needs a prefilter: a regex every line "
-                                   "it matches contains")
-        _compile(doc, (*key, "prefilter"), item.prefilter)
+        if not item.keywords:
+            raise _error(doc, key, "a line signature needs keywords: literal strings, one of "
+                                   "which every line it matches contains")
+        for index, keyword in enumerate(item.keywords):
+            if not keyword.strip():
+                raise _error(doc, (*key, "keywords", index), "an empty keyword matches "
+                                                             "every line")
         patterns = tuple(_compile(doc, (*key, "patterns", i), text)
                          for i, text in enumerate(item.patterns))
         offered = frozenset(name for p in patterns for name in p.groupindex)
     else:
-        if item.patterns or item.prefilter:
+        if item.patterns or item.keywords:
             raise _error(doc, key, f"a {item.block} block signature has no patterns or "
-                                   "prefilter: it is judged on the block's fields")
+                                   "keywords: it is judged on the block's fields")
         patterns = ()
         offered = BLOCK_FIELDS[item.block]
     checks = []
@@ -241,7 +245,7 @@ def _signature(doc: Document, key: tuple[str | int, ...], item: _SignatureFile) 
                             at_least=check.at_least, at_most=check.at_most))
     return Signature(name=item.name, category=item.category, severity=item.severity,
                      root_candidate=item.root_candidate, why=item.why.strip(),
-                     block=item.block, prefilter=item.prefilter or "", patterns=patterns,
+                     block=item.block, keywords=tuple(item.keywords), patterns=patterns,
                      checks=tuple(checks))
 
 

@@ -1,9 +1,10 @@
 """Line recognition: the catalogue's signatures turned into findings, fast.
 
-A :class:`Recognizer` compiles the catalogue once: every line signature's prefilter
-joined into one case-insensitive regex, searched over a whole chunk of text at C speed,
+A :class:`Recognizer` compiles the catalogue once: every line signature's keywords
+(literal strings) joined into one regex, searched over a whole chunk of text at C speed,
 so that a benign line (the great majority) costs a share of one search and no Python.
-Only a line the prefilter hits is split out and tried against the signatures, in order.
+Only a line the prefilter hits is split out and tried against the signatures (those
+whose keywords it holds), in order.
 
 A :class:`LogStream` reads one file (or one stream) in chunks of whole lines and keeps
 the state of the blocks that span lines: a Python traceback (its exception line is the
@@ -29,6 +30,7 @@ from sn_monitor.joblog.blocks import (
 from sn_monitor.joblog.catalogue import Block, Catalogue, Signature, load_catalogue
 from sn_monitor.joblog.context import Origin, line_node, line_rank, line_time, split_prefix
 from sn_monitor.joblog.model import Finding
+from sn_monitor.joblog.prefilter import Prefilter
 
 #: The most blocks one stream keeps open at once (one per interleaved rank, in practice).
 MAX_OPEN_BLOCKS: Final = 64
@@ -42,17 +44,20 @@ class Recognizer:
 
     def __init__(self, catalogue: Catalogue | None = None) -> None:
         self.catalogue = catalogue if catalogue is not None else load_catalogue()
-        self._lines = tuple((s, re.compile(s.prefilter, re.IGNORECASE))
-                            for s in self.catalogue.lines())
-        marks = [re.escape(TRACEBACK_MARK), re.escape(ROOT_CAUSE_MARK)]
-        self.prefilter = re.compile("|".join([*(f"(?:{s.prefilter})" for s, _ in self._lines),
-                                              *marks]), re.IGNORECASE)
+        self._lines = self.catalogue.lines()
+        self.prefilter = Prefilter([*(word for s in self._lines for word in s.keywords),
+                                    TRACEBACK_MARK, ROOT_CAUSE_MARK])
+        self._words = tuple(sorted({w for s in self._lines for w in s.keywords}))
+        self._signatures_of: dict[str, tuple[int, ...]] = {
+            word: tuple(i for i, s in enumerate(self._lines) if word in s.keywords)
+            for word in self._words}
 
     def match(self, line: str) -> tuple[Signature, dict[str, str]] | None:
         """The first line signature that matches ``line``, with the params it read."""
-        for signature, prefilter in self._lines:
-            if prefilter.search(line) is None:
-                continue
+        candidates = {i for word in self._words if word in line
+                      for i in self._signatures_of[word]}
+        for index in sorted(candidates):
+            signature = self._lines[index]
             params = signature.match_line(line)
             if params is not None:
                 return signature, params
@@ -94,19 +99,19 @@ class LogStream:
         """The findings in ``text``: whole lines (a last line without a newline is whole)."""
         found: list[Finding] = []
         self.prefixed_ranks.update(int(r) for r in set(_PREFIX_RANKS.findall(text)))
-        prefilter = self._recognizer.prefilter
+        scan = self._recognizer.prefilter.scan(text)
         pos, end = 0, len(text)
         while pos < end:
             if self._open:
                 pos = self._one_line(text, pos, found)
                 continue
-            hit = prefilter.search(text, pos)
-            if hit is None:
+            hit = scan.next_hit(pos)
+            if hit < 0:
                 self.lines += text.count("\n", pos, end) + (not text.endswith("\n"))
                 break
-            start = text.rfind("\n", pos, hit.start()) + 1 or pos
+            start = text.rfind("\n", pos, hit) + 1 or pos
             self.lines += text.count("\n", pos, start)
-            pos = self._one_line(text, start, found)
+            pos = self._one_line(text, start, found, keyword=True)
         return found
 
     def close(self) -> list[Finding]:
@@ -114,16 +119,17 @@ class LogStream:
         self._open.clear()
         return []
 
-    def _one_line(self, text: str, start: int, found: list[Finding]) -> int:
-        """Read the line at ``start``; return where the next begins."""
+    def _one_line(self, text: str, start: int, found: list[Finding],
+                  keyword: bool = False) -> int:
+        """Read the line at ``start`` (``keyword``: known to hold one); return the next's start."""
         stop = text.find("\n", start)
         stop = len(text) if stop < 0 else stop
         raw = text[start:stop].rstrip("\r")
         self.lines += 1
-        self._take(raw, self.lines, found)
+        self._take(raw, self.lines, found, keyword)
         return stop + 1
 
-    def _take(self, raw: str, number: int, found: list[Finding]) -> None:
+    def _take(self, raw: str, number: int, found: list[Finding], keyword: bool) -> None:
         """One line: into its open block, or against the signatures (and maybe open one)."""
         _, body = split_prefix(raw)
         key = raw[:len(raw) - len(body)]
@@ -135,7 +141,7 @@ class LogStream:
             recognised = self._line(raw, number, found)
             self._advance(key, body, number, raw, found, explained=recognised)
             return
-        if self._recognizer.prefilter.search(raw) is None:
+        if not (keyword or self._recognizer.prefilter.holds(raw)):
             return
         if TRACEBACK_MARK in body:
             self._begin(key, TracebackReader(), number, raw)

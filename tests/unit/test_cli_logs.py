@@ -113,7 +113,7 @@ def test_check_config_checks_a_signature_catalogue(tmp_path: Path) -> None:
     assert ok.returncode == 0
     assert ok.stdout.strip() == f"{packaged}: ok (job-log signatures)"
     bad = tmp_path / "sig.yaml"
-    bad.write_text(packaged.read_text().replace("    prefilter: 'ECC'\n", "", 1))
+    bad.write_text(packaged.read_text().replace("    keywords: ['ECC']\n", "", 1))
     result = sn_monitor("check-config", str(bad))
     assert result.returncode == 2
-    assert "signatures[0]: a line signature needs a prefilter" in result.stderr
+    assert "signatures[0]: a line signature needs keywords" in result.stderr

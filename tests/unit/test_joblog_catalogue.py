@@ -23,7 +23,7 @@ signatures:
     category: process-killed
     severity: critical
     root_candidate: true
-    prefilter: 'exitcode'
+    keywords: [exitcode]
     patterns:
       - 'exitcode: (?P<exitcode>-?\\d+)'
     checks:
@@ -53,10 +53,10 @@ def test_a_small_catalogue_loads_with_its_checks(tmp_path: Path) -> None:
      "signatures[0].patterns[0]", "not a regular expression"),
     ("{param: exitcode, in: [-9]}", "{param: code, in: [-9]}", 12,
      "signatures[0].checks[0].param", "no pattern captures 'code'"),
-    ("    prefilter: 'exitcode'\n", "", 4, "signatures[0]", "needs a prefilter"),
+    ("    keywords: [exitcode]\n", "", 4, "signatures[0]", "needs keywords"),
     ("severity: critical", "severity: fatal", 6, "signatures[0].severity", "must be one of"),
     ("name: killed", "name: Killed_It", 4, "signatures[0].name", "kebab-case"),
-    ("    prefilter: 'exitcode'\n", "    block: traceback\n", 4, "signatures[0]",
+    ("    keywords: [exitcode]\n", "    block: traceback\n", 4, "signatures[0]",
      "has no patterns"),
 ])
 def test_a_bad_entry_names_file_key_and_line(tmp_path: Path, old: str, new: str, line: int,
