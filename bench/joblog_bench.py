@@ -32,7 +32,7 @@ BENIGN = [
 ]
 KEYWORD_NOT_FAILURE = [
     "{'loss': 0.2051, 'grad_norm': nan, 'learning_rate': 9.774074342405685e-06, 'epoch': 0.53}",
-    "gpu2:46654:46654 [0] NCCL WARN NET/IB : Could not find the device, falling back",
+    "gpu2:46654:46654 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:12.12.12.102<0>",
     "[2024-09-11 17:52:18,030] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! "
     "Rank 0 Skipping step. Attempted loss scale: 4294967296, reducing to 2147483648",
 ]

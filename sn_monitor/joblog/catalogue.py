@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import re
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,19 @@ class Check:
         return True
 
 
+def _with_signal(params: dict[str, str]) -> dict[str, str]:
+    """A signal read by name also gets its number (``signal``), one read by number its name."""
+    name, number = params.get("signal_name"), params.get("signal")
+    try:
+        if name is not None and number is None:
+            params["signal"] = str(int(signal.Signals[name]))
+        elif number is not None and name is None:
+            params["signal_name"] = signal.Signals(int(number)).name
+    except (KeyError, ValueError):
+        pass  # a signal this platform does not know: the text stays as read
+    return params
+
+
 def _as_value(raw: str | float) -> str | float:
     """``"-9"`` -> ``-9.0``; text that is not a number stays text."""
     if isinstance(raw, float):
@@ -112,7 +126,7 @@ class Signature:
             found = pattern.search(line)
             if found is None:
                 continue
-            params = {k: v for k, v in found.groupdict().items() if v is not None}
+            params = _with_signal({k: v for k, v in found.groupdict().items() if v is not None})
             return params if self.holds(params) else None
         return None
 

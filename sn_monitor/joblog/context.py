@@ -61,12 +61,25 @@ def origin_of(path: str) -> Origin:
 
 
 def split_prefix(line: str) -> tuple[int | None, str]:
-    """``[rank3]: text`` -> ``(3, "text")``; a line with no rank prefix -> ``(None, line)``."""
-    found = _PREFIX.match(line)
-    if found is None:
-        return None, line
-    rank = found["rank"] or found["task"]
-    return int(rank), line[found.end():]
+    """``[rank3]: text`` -> ``(3, "text")``; a line with no rank prefix -> ``(None, line)``.
+
+    Prefixes nest (``[default2]:[rank2]: ...``, torchrun's ``--tee`` around the rank's
+    own); up to three are split off, and a ``[rankN]`` (the global rank) wins over the
+    others (a local rank, an srun task).
+    """
+    rank: int | None = None
+    global_rank: int | None = None
+    rest = line
+    for _ in range(3):
+        found = _PREFIX.match(rest)
+        if found is None:
+            break
+        if found["rank"] is not None and found.group(0).startswith("[rank"):
+            global_rank = int(found["rank"])
+        if rank is None:
+            rank = int(found["rank"] or found["task"])
+        rest = rest[found.end():]
+    return (global_rank if global_rank is not None else rank), rest
 
 
 def line_rank(line: str, fallback: int | None) -> int | None:

@@ -16,6 +16,7 @@ file do not mix; open blocks and their lengths are bounded.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
@@ -138,8 +139,7 @@ class LogStream:
             if isinstance(block[0], RootCauseReader) or body[:1] in (" ", "\t"):
                 self._advance(key, body, number, raw, found)
                 return
-            recognised = self._line(raw, number, found)
-            self._advance(key, body, number, raw, found, explained=recognised)
+            self._advance(key, body, number, raw, found, explained=self._line(raw, number, found))
             return
         if not (keyword or self._recognizer.prefilter.holds(raw)):
             return
@@ -156,25 +156,38 @@ class LogStream:
         self._open[key] = (reader, number, raw)
 
     def _advance(self, key: str, body: str, number: int, raw: str, found: list[Finding],
-                 explained: bool = False) -> None:
+                 explained: Finding | None = None) -> None:
+        """One line into an open block.
+
+        A traceback whose exception line a line signature explained lends that finding its
+        last frame instead of adding one of its own.
+        """
         reader, first, _ = self._open[key]
         status = reader.take(body)
         if status == "more":
             return
         del self._open[key]
-        if status == "done" and not explained:
-            finding = self._block_finding(reader, first, number, raw)
-            if finding is not None:
-                found.append(finding)
+        if status != "done":
+            return
+        if explained is not None:
+            if isinstance(reader, TracebackReader) and reader.frame:
+                context = {"frame": reader.frame, "function": reader.function}
+                found[found.index(explained)] = dataclasses.replace(
+                    explained, params=MappingProxyType({**explained.params, **context}))
+            return
+        finding = self._block_finding(reader, first, number, raw)
+        if finding is not None:
+            found.append(finding)
 
-    def _line(self, raw: str, number: int, found: list[Finding]) -> bool:
-        """Try the line signatures on one line; whether one matched."""
+    def _line(self, raw: str, number: int, found: list[Finding]) -> Finding | None:
+        """Try the line signatures on one line; the finding, when one matched."""
         matched = self._recognizer.match(raw)
         if matched is None:
-            return False
+            return None
         signature, params = matched
-        found.append(self._finding(signature, params, number, raw))
-        return True
+        finding = self._finding(signature, params, number, raw)
+        found.append(finding)
+        return finding
 
     def _block_finding(self, reader: Reader, first: int, number: int,
                        raw: str) -> Finding | None:

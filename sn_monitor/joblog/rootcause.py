@@ -9,7 +9,9 @@ in the controller, of many agents), plus the faults seen on nodes by other means
 2. Else the earliest *root candidate* (a line that points at the rank that printed it:
    a CUDA error, an OOM, a NaN loss, a traceback, a SIGKILL named by torchrun). Ordered
    by time when every candidate has a time stamp; else by severity, then by position in
-   its own file (ranks start together), then rank.
+   its own file (ranks start together), then rank. A rank's first failure says what
+   happened to it: a candidate that follows a cascade line of the same rank in the same
+   file (an abort after its collective timed out) is a consequence, not a candidate.
 3. Else only the cascade is left (timeouts, closed connections): the job hung or a rank
    vanished without a word. The suspect is the rank with no failure of its own while
    the others time out (a rank that hangs prints nothing), else the rank whose
@@ -40,7 +42,7 @@ def order(findings: Iterable[Finding], faults: Iterable[NodeFault] = (),
           participants: Iterable[Participant] = ()) -> RootCause | None:
     """The root cause of a job's failure, or None when nothing failed."""
     failures = [f for f in findings if f.severity != "info"]
-    candidates = [f for f in failures if f.root_candidate]
+    candidates = _own_first(failures)
     first = _earliest(candidates)
     fault = _earliest_fault(list(faults))
     if fault is not None and not (first is not None and _before(first, fault)):
@@ -55,6 +57,17 @@ def order(findings: Iterable[Finding], faults: Iterable[NodeFault] = (),
     return (_silent(failures, list(participants)) or _behind(failures)
             or _from(_earliest(failures) or failures[0],
                      "only the cascade was seen: its earliest line"))
+
+
+def _own_first(failures: Sequence[Finding]) -> list[Finding]:
+    """The root candidates not preceded, in their file, by a cascade line of their rank."""
+    first_cascade: dict[tuple[str, int], int] = {}
+    for f in failures:
+        if not f.root_candidate and f.rank is not None and f.severity in ("critical", "error"):
+            key = (f.file, f.rank)
+            first_cascade[key] = min(first_cascade.get(key, f.line), f.line)
+    return [f for f in failures if f.root_candidate
+            and (f.rank is None or f.line < first_cascade.get((f.file, f.rank), f.line + 1))]
 
 
 def _from(finding: Finding, reason: str, category: str | None = None) -> RootCause:

@@ -42,17 +42,17 @@ FAILURES = [
      GH + "tatsu-lab/stanford_alpaca/issues/207"),
     ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
      "NCCLUtils.hpp:268, remote process exited or there was a network error, NCCL version 2.21.5",
-     "network-error", False, GH + "NVIDIA/nccl/issues/2076"),
+     "nccl-error", False, GH + "NVIDIA/nccl/issues/2076"),
     ("socketProgressOpt: Call to recv from 172.16.0.4<33759> failed : Connection reset by peer",
      "network-error", False, GH + "NVIDIA/nccl/issues/2076"),
     ("a100-st-p4d24xlarge-22:183006:183220 [1] misc/socket.cc:518 NCCL WARN Net : Call to recv "
      "from 10.200.84.247<58355> failed : Broken pipe", "network-error", False,
      GH + "NVIDIA/nccl/issues/795"),
     ("[rank3]: NET/OFI Request 0x7f14cc5b60c0 completed with error. RC: 113. Error: 2 "
-     "(UNDELIVERABLE). Completed length: 0", "network-error", False,
+     "(UNDELIVERABLE). Completed length: 0", "network-error", True,
      GH + "NVIDIA/nccl/issues/1928"),
     ("NET/IB : Got completion from peer 11.214.147.122<39138> with error 12, opcode 0, len 0, "
-     "vendor err 129", "network-error", False, GH + "tatsu-lab/stanford_alpaca/issues/207"),
+     "vendor err 129", "network-error", True, GH + "tatsu-lab/stanford_alpaca/issues/207"),
     ("RuntimeError: NCCL error in: /opt/pytorch/pytorch/torch/csrc/distributed/c10d/"
      "ProcessGroupNCCL.cpp:1275, unhandled system error (run with NCCL_DEBUG=INFO for details), "
      "NCCL version 2.18.1", "nccl-error", True, GH + "NVIDIA/nccl/issues/1016"),
@@ -65,7 +65,7 @@ FAILURES = [
     ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error "
      "[192.168.70.92]:25266: Connection reset by peer", "network-error", False,
      GH + "RVC-Project/Retrieval-based-Voice-Conversion-WebUI/issues/1882"),
-    ("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError", "rendezvous-error", True,
+    ("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError", "rendezvous-error", False,
      GH + "ymcui/Chinese-LLaMA-Alpaca-2/issues/274"),
     ('    "message": "RendezvousConnectionError: The connection to the C10d store has failed. '
      'See inner exception for details.",', "rendezvous-error", False,
@@ -128,6 +128,15 @@ FAILURES = [
      "dataloader-error", True, GH + "pytorch/pytorch/issues/8976"),
     ("RuntimeError: DataLoader worker (pid(s) 1224) exited unexpectedly", "dataloader-error",
      True, GH + "zylo117/Yet-Another-EfficientDet-Pytorch/issues/586"),
+    ("WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 812914 closing "
+     "signal SIGTERM", "process-killed", False, GH + "hpcaitech/ColossalAI/issues/3514"),
+    ("CUDA kernel errors might be asynchronously reported at some other API call, so the "
+     "stacktrace below might be incorrect.", "cuda-error", True, GH + "evo-design/evo/issues/136"),
+    ("W0409 07:28:49.530000 1359 torch/distributed/elastic/agent/server/api.py:719] Received 15 "
+     "death signal, shutting down workers", "process-killed", True,
+     GH + "pytorch/pytorch/issues/147064"),
+    ("RuntimeError: Application timeout caused pair closure", "nccl-timeout", False,
+     "gloo, after its collective timeout (tests/fixtures/joblogs/torchrun/hang)"),
     ("[Mon Dec  7 02:10:11 2026] Out of memory: Killed process 31631 (python3) total-vm:"
      "123456kB, anon-rss:1234kB", "host-oom", True, "kernel OOM killer (mm/oom_kill.c)"),
 ]
@@ -153,11 +162,6 @@ BENIGN = [
      GH + "NVIDIA/nccl/issues/207"),
     ("xxx-xxx-xxx-xxx:172719:172719 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so), "
      "using internal implementation", GH + "NVIDIA/nccl/issues/875"),
-    ("WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 812914 closing "
-     "signal SIGTERM", GH + "hpcaitech/ColossalAI/issues/3514"),
-    ("CUDA kernel errors might be asynchronously reported at some other API call, so the "
-     "stacktrace below might be incorrect.", GH + "evo-design/evo/issues/136"),
-    ("For debugging consider passing CUDA_LAUNCH_BLOCKING=1", GH + "evo-design/evo/issues/136"),
     ("2024-04-10 04:59:03 | INFO | logs | Total loss at epoch 5, step at 58400, "
      "loss=31.05100440979004",
      GH + "RVC-Project/Retrieval-based-Voice-Conversion-WebUI/issues/1882"),
@@ -191,8 +195,15 @@ def test_a_benign_line_yields_no_finding(line: str, source: str) -> None:
 def test_rules_read_parameters_not_words() -> None:
     """The loss scale, the exit code, the signal and the collective's progress are read."""
     scale = "[deepscale] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {}, reducing to {}"
-    assert _one(scale.format(2, 1)) == []
+    assert _one(scale.format(65536, 32768)) == []
+    assert _one(scale.format(8, 4)) == []
     assert [f.params["scale"] for f in _one(scale.format(1, 1))] == ["1"]
+    signal = _one("*** Signal 15 (SIGTERM) (0x8bb63000c9049) received by PID 823809")
+    assert [(f.category, f.root_candidate, f.params["signal_name"]) for f in signal] == [
+        ("process-killed", False, "SIGTERM")]
+    by_name = _one("torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated "
+                   "with signal SIGKILL")
+    assert [(f.category, f.params["signal"]) for f in by_name] == [("process-killed", "9")]
     agent = "failed (exitcode: {}) local_rank: 3 (pid: 99) of binary: python"
     assert [(f.category, f.root_candidate) for f in _one(agent.format(-9))] == [
         ("process-killed", True)]
@@ -313,10 +324,13 @@ def test_chunks_cut_anywhere_between_lines_give_the_same_findings() -> None:
 
 
 def test_a_runaway_traceback_is_given_up() -> None:
-    lines = ["Traceback (most recent call last):",
-             *['  File "a.py", line 1, in f'] * (MAX_BLOCK_LINES + 1),
-             "ValueError: never reached"]
-    assert recognise_lines(RECOGNIZER, "f.log", lines, year=2026) == []
+    """StopIteration: an exception only the traceback block recognises (no line signature)."""
+    frames = ['  File "a.py", line 1, in f'] * (MAX_BLOCK_LINES - 2)
+    short = ["Traceback (most recent call last):", *frames, "StopIteration: reached"]
+    assert [f.params["exception"] for f in recognise_lines(RECOGNIZER, "f.log", short,
+                                                            year=2026)] == ["StopIteration"]
+    runaway = ["Traceback (most recent call last):", *frames, *frames[:3], "StopIteration: no"]
+    assert recognise_lines(RECOGNIZER, "f.log", runaway, year=2026) == []
 
 
 def test_the_rank_and_node_come_from_the_path_or_the_line() -> None:
