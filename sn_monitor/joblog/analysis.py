@@ -10,6 +10,7 @@ it, in name order) is read in chunks of whole lines through one
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Final
 
 from sn_monitor.errors import SnMonitorError
 from sn_monitor.joblog.context import Origin, origin_of
+from sn_monitor.joblog.errorfile import parse_error_file
 from sn_monitor.joblog.model import Finding, Participant, RootCause
 from sn_monitor.joblog.recognition import Recognizer
 from sn_monitor.joblog.rootcause import order
@@ -82,6 +84,10 @@ def analyze(paths: Sequence[Path], recognizer: Recognizer | None = None) -> Anal
 def _one_file(recognizer: Recognizer,
               path: Path) -> tuple[list[Finding], list[Participant], int]:
     origin = origin_of(str(path))
+    if path.suffix == ".json":
+        found = _error_file(recognizer, path, origin)
+        if found is not None:
+            return found, [], 1
     try:
         year = datetime.datetime.fromtimestamp(path.stat().st_mtime, tz=datetime.UTC).year
         stream = recognizer.stream(str(path), origin, year=year)
@@ -91,6 +97,26 @@ def _one_file(recognizer: Recognizer,
     found.extend(stream.close())
     return found, _participants(origin, str(path), stream.prefixed_ranks, stream.lines), \
         stream.lines
+
+
+def _error_file(recognizer: Recognizer, path: Path, origin: Origin) -> list[Finding] | None:
+    """A torch elastic error file's findings, dated by the file; None if it is not one.
+
+    Its traceback is read as the rank's log would be; every finding is on the file's one
+    line, with the file's time where the line has none.
+    """
+    try:
+        if path.stat().st_size > MAX_LINE_BYTES:
+            return None
+        error = parse_error_file(path.read_text(encoding="utf-8", errors="replace"))
+    except OSError as err:
+        raise LogsError(f"{path}: cannot read: {err.strerror or err}") from None
+    if error is None:
+        return None
+    year = datetime.datetime.fromtimestamp(error.timestamp or 0, tz=datetime.UTC).year
+    found = recognizer.scan(str(path), error.py_callstack or error.message, origin, year=year)
+    return [dataclasses.replace(f, line=1, timestamp=f.timestamp or error.timestamp)
+            for f in found]
 
 
 def _participants(origin: Origin, file: str, prefixed: set[int],
