@@ -18,10 +18,13 @@ import argparse
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sn_monitor.cli.exit_status import refuse
 from sn_monitor.cli.options import Commands
+
+if TYPE_CHECKING:  # the command imports the analysis when it runs, not when --help builds
+    from sn_monitor.joblog.analysis import Analysis
 
 #: Lines of the root rank printed under the root cause (the rest: ``--json``).
 _RANK_LINES = 12
@@ -70,7 +73,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     return 1 if result.root_cause is not None else 0
 
 
-def as_json(result: Any) -> dict[str, Any]:
+def as_json(result: Analysis) -> dict[str, Any]:
     """The ``--json`` object: exactly the keys of the contract."""
     cause = result.root_cause
     return {
@@ -83,7 +86,7 @@ def as_json(result: Any) -> dict[str, Any]:
     }
 
 
-def as_text(result: Any) -> str:
+def as_text(result: Analysis) -> str:
     """The report for a person: what was read, the categories, the root cause, its lines."""
     out = [f"{result.files} file(s), {result.lines:,} line(s) read; "
            f"{len(result.findings)} finding(s)"]

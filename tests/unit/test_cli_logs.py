@@ -4,14 +4,12 @@ report, the exit statuses; and ``check-config`` on a signature catalogue."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.support.entry_point import sn_monitor
 
 CLOSED = ("[rank{r}]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
           "Connection closed by peer [127.0.0.1]:10895")
@@ -31,14 +29,6 @@ Root Cause (first observed failure):
   traceback : Signal 9 (SIGKILL) received by PID 12
 ============================================================
 """
-
-
-def sn_monitor(*argv: str) -> subprocess.CompletedProcess[str]:
-    """The installed ``sn-monitor`` script (the module where no script is installed)."""
-    script = shutil.which("sn-monitor", path=str(Path(sys.executable).parent))
-    command = [script] if script else [sys.executable, "-m", "sn_monitor.cli"]
-    return subprocess.run([*command, *argv], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, check=False)
 
 
 @pytest.fixture
