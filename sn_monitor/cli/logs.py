@@ -8,8 +8,9 @@ mixed. Prints the categories found and the first failing rank with its lines, or
     {"findings": [{"file", "line", "category", "root_candidate", "rank", "node", "text"}],
      "root_cause": {"file", "line", "rank", "node", "category"} | null}
 
-Exit 0 when no failure was found, 1 when one was (a root cause), 2 on a usage error, a
-path that cannot be read or a bad ``--signatures`` file.
+Exit 0 when the analysis ran, whatever it found (a report, not a health check: read
+``root_cause``), 2 on a usage error, a path that cannot be read or a bad ``--signatures``
+file.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ def add_parser(commands: Commands) -> None:
                     "failure lines with the signature catalogue (NCCL and gloo timeouts, "
                     "CUDA errors and OOM, NaN loss, killed ranks, segfaults, tracebacks, "
                     "...), takes each line's rank and node from the file's path or the "
-                    "line, and names the first failing rank and why. Exit 0: no failure "
-                    "found; 1: a failure found; 2: a path or --signatures file that "
-                    "cannot be used.")
+                    "line, and names the first failing rank and why. Exit 0: analysed "
+                    "(whatever was found); 2: a path or --signatures file that cannot be "
+                    "used.")
     analyze.add_argument("paths", nargs="+", type=Path, metavar="FILE|DIR",
                          help="log files, or directories of them (torchrun --log-dir)")
     analyze.add_argument("--json", action="store_true",
@@ -56,7 +57,7 @@ def add_parser(commands: Commands) -> None:
 
 
 def run_analyze(args: argparse.Namespace) -> int:
-    """Analyse the paths; print the report; exit 1 when a failure was found."""
+    """Analyse the paths; print the report; 0 once analysed, 2 when it cannot be."""
     from sn_monitor.joblog.analysis import LogsError, analyze
     from sn_monitor.joblog.catalogue import SignatureError, load_catalogue
     from sn_monitor.joblog.recognition import Recognizer
@@ -70,7 +71,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         print(json.dumps(as_json(result), indent=2))
     else:
         print(as_text(result))
-    return 1 if result.root_cause is not None else 0
+    return 0
 
 
 def as_json(result: Analysis) -> dict[str, Any]:
