@@ -35,6 +35,8 @@ from sn_monitor.joblog.prefilter import Prefilter
 
 #: The most blocks one stream keeps open at once (one per interleaved rank, in practice).
 MAX_OPEN_BLOCKS: Final = 64
+#: The longest text a finding keeps of its line: a longer line keeps its head and its tail.
+MAX_TEXT: Final = 4096
 
 Reader = TracebackReader | RootCauseReader
 _PREFIX_RANKS = re.compile(r"^\[(?:rank|default)(\d+)\]:", re.MULTILINE)
@@ -219,9 +221,17 @@ class LogStream:
                        severity=signature.severity, root_candidate=signature.root_candidate,
                        rank=line_rank(raw, fallback),
                        node=line_node(raw, params.get("host") or self.origin.node),
-                       text=raw, signature=signature.name,
+                       text=_bounded(raw), signature=signature.name,
                        params=MappingProxyType(dict(params)),
                        timestamp=line_time(raw, self.year))
+
+
+def _bounded(line: str) -> str:
+    """``line``, or its head and tail around `` … `` when it is longer than MAX_TEXT."""
+    if len(line) <= MAX_TEXT:
+        return line
+    half = MAX_TEXT // 2
+    return f"{line[:half]} … {line[-half:]}"
 
 
 def recognise_lines(recognizer: Recognizer, file: str, lines: Iterable[str], *,

@@ -341,3 +341,12 @@ def test_the_rank_and_node_come_from_the_path_or_the_line() -> None:
     assert by_group.rank == 1
     [by_prefix] = RECOGNIZER.scan("rank_5.log", f"[rank7]: {line}", Origin(rank=5), year=2026)
     assert by_prefix.rank == 7
+
+
+def test_a_finding_keeps_the_head_and_tail_of_an_endless_line() -> None:
+    line = "x" * 100_000 + " RuntimeError: CUDA error: an illegal memory access was encountered"
+    [found] = _one(line)
+    assert found.category == "cuda-error"
+    assert len(found.text) < 5000
+    assert found.text.startswith("xxxx")
+    assert found.text.endswith("an illegal memory access was encountered")
