@@ -23,6 +23,7 @@ from sn_monitor.cli import (
     demo,
     fleet,
     goodput,
+    logs,
     simulate,
     slurm_health,
     topology,
@@ -40,7 +41,7 @@ DESCRIPTION = (
 
 #: The commands, in the order ``sn-monitor --help`` lists them.
 COMMANDS = (agent, controller, demo, simulate, breaker, topology, goodput, fleet, verify,
-            slurm_health, check_config, version)
+            slurm_health, logs, check_config, version)
 
 
 def build_parser() -> argparse.ArgumentParser:

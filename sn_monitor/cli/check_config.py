@@ -16,14 +16,14 @@ from typing import Any
 from sn_monitor.agent.settings import agent_settings_from
 from sn_monitor.cli.exit_status import EXIT_CONFIG
 from sn_monitor.cli.options import Commands
-from sn_monitor.config import ConfigError, bind, load_yaml
+from sn_monitor.config import ConfigError, Document, bind, load_yaml
 
 
 def add_parser(commands: Commands) -> None:
     """``check-config FILE...``."""
     check = commands.add_parser("check-config", help="validate config files (agent, controller, "
-                                "rule, job, scenario, token, fleet, XID catalogue); exit 2 on "
-                                "any error",
+                                "rule, job, scenario, token, fleet, XID catalogue, job-log "
+                                "signatures); exit 2 on any error",
                                 description=_check_config_description(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     check.add_argument("files", nargs="+", type=Path, metavar="FILE",
@@ -60,6 +60,7 @@ def _check_config_description() -> str:
         "The kind of each file is told from its content, in this order:\n"
         "  scenario file     a mapping with kind: Scenario\n"
         "  XID catalogue     kind: XidCatalog, or an entries: list without a kind\n"
+        "  log signatures    kind: JobLogSignatures, or a signatures: list without a kind\n"
         "  job file          kind: DistributedJob\n"
         "  token file        a list whose items have token, token_file or role\n"
         "  rule file         any other list (of rules)\n"
@@ -91,7 +92,6 @@ def check_file(path: Path, notes: list[str] | None = None) -> str:
     from sn_monitor.controller.security.auth import check_token_file
     from sn_monitor.controller.settings import ControllerSettings, check_rules
     from sn_monitor.rules.spec import load_rules
-    from sn_monitor.rules.xid_catalog import is_catalog_document, parse_catalog
 
     notes = notes if notes is not None else []
     doc = load_yaml(path)
@@ -100,10 +100,9 @@ def check_file(path: Path, notes: list[str] | None = None) -> str:
 
         parse_scenario(doc)
         return "scenario file"
-    if isinstance(doc.data, dict) and (is_catalog_document(doc.data) or (
-            "entries" in doc.data and "kind" not in doc.data)):
-        parse_catalog(doc)
-        return "xid catalog"
+    catalogue = _check_catalogue(doc)
+    if catalogue is not None:
+        return catalogue
     if isinstance(doc.data, dict) and doc.data.get("kind") == "DistributedJob":
         from sn_monitor.controller.jobs.spec import parse_job
 
@@ -127,6 +126,27 @@ def check_file(path: Path, notes: list[str] | None = None) -> str:
         return "controller config"
     agent_settings_from(doc)
     return "agent config"
+
+
+def _check_catalogue(doc: Document) -> str | None:
+    """An XID catalogue or a job-log signature catalogue: checked, its kind returned.
+
+    Told by ``kind``, or by its list (``entries:``, ``signatures:``) where the kind was
+    left out (so that the error says the kind is missing); None for any other file.
+    """
+    from sn_monitor.joblog.catalogue import is_signatures_document, parse_catalogue
+    from sn_monitor.rules.xid_catalog import is_catalog_document, parse_catalog
+
+    data = doc.data
+    if not isinstance(data, dict):
+        return None
+    if is_catalog_document(data) or ("entries" in data and "kind" not in data):
+        parse_catalog(doc)
+        return "xid catalog"
+    if is_signatures_document(data) or ("signatures" in data and "kind" not in data):
+        parse_catalogue(doc)
+        return "job-log signatures"
+    return None
 
 
 def _is_controller_config(data: dict[Any, Any]) -> bool:

@@ -134,19 +134,20 @@ def check_help(sn: Installed) -> None:
         raise SmokeFailure(f"version printed {version!r}")
     sn.ok("--help")
     for command in ("agent", "controller", "demo", "simulate", "goodput", "fleet",
-                    "check-config", "version"):
+                    "logs", "check-config", "version"):
         sn.ok(command, "--help")
 
 
 def shipped_files(sn: Installed, deploy: Path) -> list[Path]:
-    """deploy/'s config and job files, and the rules and scenarios inside the package."""
+    """deploy/'s config and job files; the rules, scenarios and log signatures in the package."""
     package = Path(subprocess.run(
         [str(sn.python), "-c", "import sn_monitor, pathlib; "
                                "print(pathlib.Path(sn_monitor.__file__).parent)"],
         cwd=sn.work, env=sn.env, capture_output=True, text=True, check=True,
         timeout=60).stdout.strip())
     packaged = sorted((package / "rules").glob("*.yaml")) + sorted(
-        (package / "sim" / "scenarios").glob("*.yaml"))
+        (package / "sim" / "scenarios").glob("*.yaml")) + sorted(
+        (package / "joblog").glob("*.yaml"))
     if not packaged or not (package / "rules" / "default.yaml").is_file():
         raise SmokeFailure(f"the packaged rules or scenarios are missing under {package}")
     # Every file under deploy/, as a user points check-config there: sn-monitor's own

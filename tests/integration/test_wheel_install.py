@@ -30,6 +30,7 @@ pytestmark = pytest.mark.integration
 #: the scenarios, the typing marker, the demo's training loop, the topology page and the
 #: kubelet's API definition.
 PACKAGE_DATA = ("sn_monitor/rules/default.yaml", "sn_monitor/rules/xid_catalog.yaml",
+                "sn_monitor/joblog/signatures.yaml",
                 "sn_monitor/sim/scenarios/default.yaml",
                 "sn_monitor/sim/scenarios/thermal.yaml", "sn_monitor/py.typed",
                 "sn_monitor/sim/train.py", "sn_monitor/sim/launcher.py",

@@ -1,0 +1,95 @@
+"""Blocks that span lines: a Python traceback and torchrun's "Root Cause" block.
+
+Each reader takes the lines that follow its opening line (with the stream's line prefix
+removed) one at a time and says when the block is complete, with the fields it read, or
+that the text was not such a block after all. Every reader is bounded: a block longer
+than :data:`MAX_BLOCK_LINES` lines is given up.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+#: The line that opens a traceback block and the one that opens a root-cause block.
+TRACEBACK_MARK: Final = "Traceback (most recent call last):"
+ROOT_CAUSE_MARK: Final = "Root Cause (first observed failure):"
+
+#: The most lines one block may hold before it is given up (a runaway traceback).
+MAX_BLOCK_LINES: Final = 400
+
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+)(?:, in (?P<function>.+))?')
+_EXCEPTION = re.compile(r"^(?P<qualified>(?:[A-Za-z_]\w*\.)*(?P<exception>[A-Z]\w*))"
+                        r"(?::\s?(?P<message>.*))?$")
+_FIELD = re.compile(r"^\s*(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?"
+                    r"(?P<value>.*)$")
+_RANK_VALUE = re.compile(r"^\s*(?P<rank>-?\d+)(?:\s*\(local_rank:\s*(?P<local_rank>\d+)\))?")
+_EXIT_VALUE = re.compile(r"^\s*(?P<exitcode>-?\d+)(?:\s*\(pid:\s*(?P<pid>\d+)\))?")
+
+Status = Literal["more", "done", "not-a-block"]
+
+
+@dataclass
+class TracebackReader:
+    """A Python traceback: frames, then the exception line that ends it."""
+
+    lines: int = 0
+    frame: str = ""
+    function: str = ""
+    fields: dict[str, str] = field(default_factory=dict)
+
+    def take(self, body: str) -> Status:
+        """One more line; ``done`` on the exception line (its fields in :attr:`fields`)."""
+        self.lines += 1
+        if self.lines > MAX_BLOCK_LINES:
+            return "not-a-block"
+        if body[:1] in (" ", "\t"):
+            frame = _FRAME.match(body)
+            if frame is not None:
+                self.frame = body.strip()
+                self.function = (frame["function"] or "").strip()
+            return "more"
+        found = _EXCEPTION.match(body.rstrip())
+        if found is None:
+            return "not-a-block"
+        self.fields = {"exception": found["exception"], "qualified": found["qualified"],
+                       "message": (found["message"] or "").strip(), "frame": self.frame,
+                       "function": self.function}
+        return "done"
+
+
+@dataclass
+class RootCauseReader:
+    """torchrun's ``Root Cause (first observed failure):`` block, up to its ``====`` rule."""
+
+    lines: int = 0
+    fields: dict[str, str] = field(default_factory=dict)
+    #: The exitcode line's number within the block and its text: the finding's line.
+    exit_line: int = 0
+    exit_text: str = ""
+
+    def take(self, body: str) -> Status:
+        """One more line; ``done`` at the closing rule when an exit code was read."""
+        self.lines += 1
+        stripped = body.strip()
+        if self.lines > 24 or stripped.startswith(("===", "---")) or (
+                not stripped and self.fields):
+            return "done" if "exitcode" in self.fields else "not-a-block"
+        found = _FIELD.match(body)
+        if found is None:
+            return "more"
+        key, value = found["key"], found["value"].strip()
+        if key == "rank":
+            self._read(_RANK_VALUE, value)
+        elif key == "exitcode":
+            self._read(_EXIT_VALUE, value)
+            self.exit_line, self.exit_text = self.lines, body
+        else:
+            self.fields[key] = value
+        return "more"
+
+    def _read(self, pattern: re.Pattern[str], value: str) -> None:
+        found = pattern.match(value)
+        if found is not None:
+            self.fields.update({k: v for k, v in found.groupdict().items() if v is not None})
