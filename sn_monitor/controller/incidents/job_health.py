@@ -1,7 +1,10 @@
 """The training jobs' health as incidents: hangs, fail-slow, stalled restores, topology.
 
 A job that stops making progress is a hang incident naming who stopped first, and its
-recovery; the incident closes once the job runs again. A restore that makes no progress
+recovery; the incident closes once the job runs again. When the job's failure is its own
+(the triage's root cause is an application category: a bug, a NaN loss, an OOM), the
+hang suspects no node: no node is evicted for it. The triage's root causes become job
+incidents (:mod:`.job_failures`). A restore that makes no progress
 onto a node with a critical incident open takes that node into the recovery. Every few
 seconds the jobs' paces go to the fail-slow watch, whose bottlenecks are incidents too;
 the topology shows the jobs on the fabric with their paces.
@@ -21,9 +24,11 @@ from sn_monitor.controller.fabric.view import JobOnFabric
 from sn_monitor.controller.failslow.fabric_watch import FabricWatch
 from sn_monitor.controller.failslow.watch import JobPace
 from sn_monitor.controller.incidents.fleet_state import FleetState
+from sn_monitor.controller.incidents.job_failures import JobFailureIncidents
 from sn_monitor.controller.incidents.pipeline import IncidentPipeline
 from sn_monitor.controller.ingest.decode import NodeRegistry
 from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
+from sn_monitor.controller.jobs.triage import JobTriage
 from sn_monitor.controller.jobs.views import HangFinding
 from sn_monitor.controller.storage.health import StoreHealth
 from sn_monitor.controller.storage.store import Store
@@ -39,8 +44,10 @@ class JobHealthWatch:
     def __init__(self, *, jobs: JobOrchestrator, pipeline: IncidentPipeline, fleet: FleetState,
                  fabric: FabricWatch, engine: RuleEngine, registry: NodeRegistry,
                  writer: StoreWriter, store: Store, store_health: StoreHealth,
-                 clock: Clock) -> None:
+                 clock: Clock, triage: JobTriage) -> None:
         self._jobs = jobs
+        self._triage = triage
+        self._failures = JobFailureIncidents(triage, pipeline, jobs, clock)
         self._pipeline = pipeline
         self._fleet = fleet
         self._fabric = fabric
@@ -60,6 +67,7 @@ class JobHealthWatch:
         """The jobs' schedules move on; a job that stopped making progress hangs."""
         for hang in self._store_health.attempt(self._jobs.tick) or ():
             self._job_hung(hang)
+        self._failures.tick()
 
     # ------------------------------------------------------------------ hangs
 
@@ -73,7 +81,12 @@ class JobHealthWatch:
         suspects: restarting in place on a node whose InfiniBand port is down only hangs
         again.
         """
-        if not hang.nodes:
+        cause = self._triage.root_cause(hang.job)
+        if cause is not None and cause.application:
+            hang = replace(hang, nodes=(), message=(
+                f"{hang.message}; {cause.summary()} (the job's own failure: no node "
+                "suspected, none evicted)"))
+        elif not hang.nodes:
             suspects = self._critical_members(hang.job)
             if suspects:
                 hang = replace(hang, nodes=suspects, message=(
@@ -169,7 +182,9 @@ class JobHealthWatch:
         states = {name: self._fleet.state_of(name) for name in views}
         jobs = [JobOnFabric(name=j.name, state=j.state, nodes=j.nodes,
                             ranks=self._jobs.ranks_by_node(j.name),
-                            step_time_seconds=j.recent_step_seconds or j.median_step_seconds)
+                            step_time_seconds=j.recent_step_seconds or j.median_step_seconds,
+                            root_cause=None if (cause := self._triage.root_cause(j.name)) is None
+                            else cause.to_dict())
                 for j in self._jobs.jobs()]
         return self._fabric.topology(now=now, views=views, states=states, incidents=incidents,
                                      jobs=jobs, job=job)
