@@ -79,13 +79,14 @@ class JobHealthWatch:
         When its ranks cannot tell (every one stopped together, as a collective that waits
         on one broken link does), the job's nodes with a critical incident open are the
         suspects: restarting in place on a node whose InfiniBand port is down only hangs
-        again.
+        again. When the triage says the job failed of its own (an application category),
+        no node is: it restarts in place, and no node is evicted for its bug.
         """
         cause = self._triage.root_cause(hang.job)
-        if cause is not None and cause.application:
-            hang = replace(hang, nodes=(), message=(
-                f"{hang.message}; {cause.summary()} (the job's own failure: no node "
-                "suspected, none evicted)"))
+        own = (f"; {cause.summary()} (the job's own failure: no node suspected)"
+               if cause is not None and cause.application else "")
+        if own:
+            hang = replace(hang, nodes=(), message=hang.message + own)
         elif not hang.nodes:
             suspects = self._critical_members(hang.job)
             if suspects:
@@ -99,7 +100,7 @@ class JobHealthWatch:
             status="firing", severity="critical", actions=("alert",), dry_run=False,
             value=hang.stalled_seconds,
             message=(f"job {hang.job} hung at step {hang.step}: {who}, "
-                     f"{hang.stalled_seconds:.0f} s without progress"),
+                     f"{hang.stalled_seconds:.0f} s without progress{own}"),
             observed_wall=hang.stopped_at, detected_wall=self._clock.time())
         self._pipeline.note_fired(finding)
         self._writer.call(partial(self._record_hang, finding, hang))

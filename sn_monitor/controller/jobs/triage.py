@@ -4,7 +4,8 @@ Agents send what they recognise in a job's log as ``job_log`` events (a
 :class:`sn_monitor.joblog.model.Finding` on the wire); faults on nodes come as events too
 (an XID, a GPU lost or fallen off the bus, a link down). The triage keeps, per job, the
 findings of its current failure, an *episode* (from its first finding until ``quiet``
-seconds pass without one), and per node its recent faults. ``settle`` seconds after an
+seconds pass without one), and the recent faults of the nodes it ran on when they
+happened (its recovery may have replaced the node since). ``settle`` seconds after an
 episode's first finding (time for the cascade to come in from every agent, in any order)
 :func:`sn_monitor.joblog.rootcause.order` names the root cause from:
 
@@ -24,7 +25,7 @@ suspects no node either. The XIDs NVIDIA's catalogue puts down to the
 application (13, 43: ``RESTART_APP``, ``IGNORE``) are no node faults here.
 
 Bounded: :data:`MAX_FINDINGS` per episode (then root candidates only), :data:`MAX_FAULTS`
-per node, findings only for jobs the controller knows. In memory: a restart forgets it.
+per job, findings and faults only for jobs the controller knows. In memory: a restart forgets it.
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ class JobTriage:
         self._lookback = lookback
         self._lock = threading.Lock()
         self._episodes: dict[str, _Episode] = {}
+        #: By job: the faults on the nodes it ran on when they happened (a recovery may
+        #: have replaced the node since).
         self._faults: dict[str, deque[NodeFault]] = {}
         self._seen: dict[str, tuple[str, int]] = {}  # node -> (agent instance, highest id)
 
@@ -157,8 +160,7 @@ class JobTriage:
             else:
                 fault = self._fault(node, event)
                 if fault is not None:
-                    with self._lock:
-                        self._faults.setdefault(node, deque(maxlen=MAX_FAULTS)).append(fault)
+                    self._take_fault(fault)
 
     def due(self) -> list[JobRootCause]:
         """Root causes decided now: each episode's once, ``settle`` seconds after it began.
@@ -211,6 +213,12 @@ class JobTriage:
                     finding.root_candidate and len(ep.findings) < 2 * MAX_FINDINGS):
                 ep.findings.append(finding)
 
+    def _take_fault(self, fault: NodeFault) -> None:
+        jobs = self._jobs.jobs_of_node(fault.node)
+        with self._lock:
+            for job in jobs:
+                self._faults.setdefault(job, deque(maxlen=MAX_FAULTS)).append(fault)
+
     def _job_of(self, node: str, named: str | None) -> str | None:
         """The finding's job: the one it names, if known; else the one on its node."""
         if named is not None:
@@ -238,26 +246,23 @@ class JobTriage:
     # ------------------------------------------------------------------ decision
 
     def _decide(self, job: str, ep: _Episode) -> JobRootCause | None:
-        status = self._jobs.job(job)
         ranks = self._jobs.ranks_by_node(job)
         with self._lock:
             findings = list(ep.findings)
-            nodes = {f.node for f in findings if f.node} | set(
-                status.nodes if status is not None else ()) | set(ranks)
-            faults = self._faults_around(nodes, findings)
+            faults = self._faults_around(self._faults.get(job, ()), findings)
         participants = [Participant(rank=rank, file="", node=node)
                         for node, node_ranks in ranks.items() for rank in node_ranks]
         cause = order(findings, faults, participants)
         return None if cause is None else _told(job, cause, len(findings))
 
-    def _faults_around(self, nodes: Iterable[str], findings: Sequence[Finding]
+    def _faults_around(self, faults: Iterable[NodeFault], findings: Sequence[Finding]
                        ) -> list[NodeFault]:
-        """The nodes' faults from ``lookback`` before the first finding to the last one."""
+        """The faults from ``lookback`` before the first finding to the last one."""
         times = [f.timestamp for f in findings if f.timestamp is not None]
         if not times:
             return []
         since, until = min(times) - self._lookback, max(times)
-        return [fault for node in nodes for fault in self._faults.get(node, ())
+        return [fault for fault in faults
                 if fault.timestamp is not None and since <= fault.timestamp <= until]
 
 
