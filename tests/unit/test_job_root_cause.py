@@ -112,6 +112,8 @@ def test_an_application_bug_pages_the_owner_and_takes_no_node(controller: Harnes
     assert alert.labels["job"] == "llm"
     assert alert.rule == JOB_FAILURE_RULE
     assert not [a for a in h.actions() if a["action"] in ("cordon", "evict", "failover")]
+    assert ('sn_job_root_cause_info{category="app-bug",job="llm",node="gpu-1",rank="1"} 1.0'
+            in h.controller.metrics().decode())
 
 
 def _hang(h: Harness) -> list[str]:

@@ -187,6 +187,12 @@ class JobTriage:
             ep = self._episodes.get(job)
             return None if ep is None else ep.decided
 
+    def causes(self) -> list[JobRootCause]:
+        """The latest root cause of each job the controller still knows."""
+        with self._lock:
+            decided = [ep.decided for ep in self._episodes.values() if ep.decided is not None]
+        return [cause for cause in decided if self._jobs.job(cause.job) is not None]
+
     # ------------------------------------------------------------------ intake
 
     def _take_finding(self, node: str, event: EventRecord) -> None:

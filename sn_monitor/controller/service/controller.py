@@ -228,7 +228,8 @@ class Controller:
             fleet=self.fleet, registry=self.registry, store=self.store,
             store_health=self.store_health, runner=self.runner, policy=self.policy,
             writer=self.writer, pipeline=self.pipeline, stalls=self.stalls, jobs=self.jobs,
-            fabric=self.fabric, workloads=self.workloads, clock=self.clock)
+            fabric=self.fabric, workloads=self.workloads, clock=self.clock,
+            triage=self.triage)
 
     # ------------------------------------------------------------------ lifecycle
 
