@@ -195,3 +195,22 @@ def test_an_episode_keeps_a_bounded_number_of_findings() -> None:
     [cause] = t.due()
     assert cause.findings == MAX_FINDINGS + 1
     assert (cause.rank, cause.category) == (1, "segfault")
+
+
+def test_a_fault_after_a_ranks_own_failure_was_read_did_not_cause_it() -> None:
+    """Lines without a time stamp of their own: when they were read bounds the faults."""
+    clock = ManualClock(T0)
+    t = triage(clock)
+    bug = finding(1, 1, "app-bug", T0, root=True, text="KeyError: 'labels'")
+    t.take("n0", "a0", [EventRecord(**{**_fields(bug), "line_time_seconds": None})])
+    t.take("n1", "a1", [xid(1, 79, T0 + 60)])
+    later = [EventRecord(**{**_fields(e), "line_time_seconds": None, "time_seconds": T0 + 90})
+             for e in timeouts(5, T0 + 90, (2, 3))["n1"]]
+    t.take("n1", "a1", later)
+    clock.advance(30)
+    [cause] = t.due()
+    assert (cause.rank, cause.category) == (1, "app-bug")
+
+
+def _fields(event: EventRecord) -> dict[str, Any]:
+    return {f: getattr(event, f) for f in event.__struct_fields__}

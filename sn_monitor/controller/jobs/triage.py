@@ -11,8 +11,11 @@ episode's first finding (time for the cascade to come in from every agent, in an
 
 - the faults on the job's nodes from ``lookback`` seconds before the first finding (NCCL
   gives up on a collective only after its timeout, ten minutes by default) up to the
-  last one: an XID on node N, then timeouts on every rank, is N's XID;
-- the findings, ordered by the line's own time stamp (else when the agent read it);
+  last one, or to the first a rank reported of its own failure: an XID on node N, then
+  timeouts on every rank, is N's XID;
+- the findings, ordered by the line's own time stamp where every one has one, else as
+  ``sn-monitor logs analyze`` orders them (severity, line, rank): when an agent read a
+  line says little of when it was printed;
 - the ranks the job's progress reports name, so that a rank that hung in silence while
   the others timed out is the suspect, not them.
 
@@ -117,6 +120,10 @@ class _Episode:
 
     started: float  # controller monotonic clock
     last: float
+    #: When the agents read its first and last line (controller wall clock).
+    read: tuple[float, float]
+    #: When they read the first line of a rank's own failure (None: none yet).
+    own: float | None = None
     findings: list[Finding] = field(default_factory=list)
     decided: JobRootCause | None = None
     reported: bool = False
@@ -205,16 +212,19 @@ class JobTriage:
             file=event.file or node, line=event.line or 1, category=event.category,
             severity=event.severity, root_candidate=bool(event.root_candidate),
             rank=event.rank, node=node, text=event.message, signature=event.signature or "",
-            params=MappingProxyType(dict(event.params)),
-            timestamp=(event.line_time_seconds if event.line_time_seconds is not None
-                       else event.time_seconds))
+            params=MappingProxyType(dict(event.params)), timestamp=event.line_time_seconds)
         now = self._clock.monotonic()
         with self._lock:
             ep = self._episodes.get(job)
             if ep is None or (ep.reported and now - ep.last >= self._quiet):
-                ep = self._episodes[job] = _Episode(started=now, last=now)
+                ep = self._episodes[job] = _Episode(
+                    started=now, last=now, read=(event.time_seconds, event.time_seconds))
             ep.last = now
             ep.changed = True
+            ep.read = (min(ep.read[0], event.time_seconds), max(ep.read[1], event.time_seconds))
+            if finding.root_candidate:
+                ep.own = event.time_seconds if ep.own is None else min(ep.own,
+                                                                        event.time_seconds)
             if len(ep.findings) < MAX_FINDINGS or (
                     finding.root_candidate and len(ep.findings) < 2 * MAX_FINDINGS):
                 ep.findings.append(finding)
@@ -255,19 +265,23 @@ class JobTriage:
         ranks = self._jobs.ranks_by_node(job)
         with self._lock:
             findings = list(ep.findings)
-            faults = self._faults_around(self._faults.get(job, ()), findings)
+            faults = self._faults_around(self._faults.get(job, ()), findings, ep)
         participants = [Participant(rank=rank, file="", node=node)
                         for node, node_ranks in ranks.items() for rank in node_ranks]
         cause = order(findings, faults, participants)
         return None if cause is None else _told(job, cause, len(findings))
 
-    def _faults_around(self, faults: Iterable[NodeFault], findings: Sequence[Finding]
-                       ) -> list[NodeFault]:
-        """The faults from ``lookback`` before the first finding to the last one."""
-        times = [f.timestamp for f in findings if f.timestamp is not None]
-        if not times:
-            return []
+    def _faults_around(self, faults: Iterable[NodeFault], findings: Sequence[Finding],
+                       ep: _Episode) -> list[NodeFault]:
+        """The faults from ``lookback`` before the first finding to the last one.
+
+        Not after a rank's own failure was read: a fault that came later did not cause
+        it (its line may have no time stamp to tell, then the fault would win).
+        """
+        times = [*ep.read, *(f.timestamp for f in findings if f.timestamp is not None)]
         since, until = min(times) - self._lookback, max(times)
+        if ep.own is not None:
+            until = min(until, ep.own)
         return [fault for fault in faults
                 if fault.timestamp is not None and since <= fault.timestamp <= until]
 
