@@ -281,7 +281,7 @@ class EventRecord(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
     #: The catalogue entry that matched.
     signature: JobLogText | None = None
     #: The line's own time stamp (agent clock, seconds since the epoch), where it has one.
-    line_time_seconds: float | None = None
+    line_time_seconds: Measure | None = None
     #: What the signature read from the line (an exit code, a collective's sequence number).
     params: Annotated[dict[Annotated[str, msgspec.Meta(max_length=32)], LabelValue],
                       msgspec.Meta(max_length=MAX_PARAMS)] = {}
