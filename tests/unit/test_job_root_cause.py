@@ -19,7 +19,13 @@ from sn_monitor.controller.actions.policy import PolicySettings
 from sn_monitor.controller.incidents.job_failures import JOB_FAILURE_RULE
 from sn_monitor.controller.jobs.spec import job_from_json
 from tests.support.api import Api
-from tests.support.harness import XID_RULE, Harness, make_harness, rules_from
+from tests.support.harness import (
+    HEARTBEAT_RULE,
+    XID_RULE,
+    Harness,
+    make_harness,
+    rules_from,
+)
 from tests.support.jobs import train
 
 NODES = ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
@@ -178,3 +184,25 @@ def test_a_malformed_job_log_event_is_refused_naming_the_field(api: Api) -> None
     refused = api.report("gpu-3", events=[unknown])
     assert refused.status_code == 422
     assert "pid" in refused.text
+
+
+def test_a_node_that_stopped_reporting_before_the_timeouts_is_the_root_cause(
+        tmp_path: Path) -> None:
+    h = make_harness(tmp_path, rules_from(HEARTBEAT_RULE), policy=POLICY)
+    try:
+        h.controller.jobs.add_job(job_from_json(json.dumps(JOB).encode()), "test")
+        for node in NODES:
+            h.report(node, temps=[50.0])
+        lost_at = h.clock.time()
+        h.clock.advance(15)  # gpu-2 says nothing more: past the 10 s heartbeat timeout
+        for node in ("gpu-0", "gpu-1", "gpu-3"):
+            h.report(node, temps=[50.0])
+        h.controller.sweep()
+        _timeouts(h, [0, 1, 3], first_id=10)
+        _decide(h)
+        cause = h.controller.get_job("llm")["root_cause"]  # type: ignore[index]
+        assert (cause["node"], cause["category"]) == ("gpu-2", "node-lost")
+        assert cause["at"] == lost_at
+    finally:
+        h.controller.close()
+        h.store.close()

@@ -67,7 +67,20 @@ class JobHealthWatch:
         """The jobs' schedules move on; a job that stopped making progress hangs."""
         for hang in self._store_health.attempt(self._jobs.tick) or ():
             self._job_hung(hang)
+        self._note_lost_nodes()
         self._failures.tick()
+
+    def _note_lost_nodes(self) -> None:
+        """A job's node that stopped reporting is a node fault for the failure triage.
+
+        Its failed nodes too: the recovery the loss started may have taken it out already.
+        """
+        for job in self._jobs.jobs():
+            for node in {*job.nodes, *job.failed_nodes}:
+                if self._fleet.state_of(node) == "lost":
+                    view = self._registry.get(node)
+                    self._triage.node_lost(job.name, node, view.received_wall
+                                           if view is not None else self._clock.time())
 
     # ------------------------------------------------------------------ hangs
 

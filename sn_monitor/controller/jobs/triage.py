@@ -2,7 +2,8 @@
 
 Agents send what they recognise in a job's log as ``job_log`` events (a
 :class:`sn_monitor.joblog.model.Finding` on the wire); faults on nodes come as events too
-(an XID, a GPU lost or fallen off the bus, a link down). The triage keeps, per job, the
+(an XID, a GPU lost or fallen off the bus, a link down), and a node that stopped reporting
+is one (:meth:`JobTriage.node_lost`). The triage keeps, per job, the
 findings of its current failure, an *episode* (from its first finding until ``quiet``
 seconds pass without one), and the recent faults of the nodes it ran on when they
 happened (its recovery may have replaced the node since). ``settle`` seconds after an
@@ -148,6 +149,7 @@ class JobTriage:
         #: have replaced the node since).
         self._faults: dict[str, deque[NodeFault]] = {}
         self._seen: dict[str, tuple[str, int]] = {}  # node -> (agent instance, highest id)
+        self._lost: dict[tuple[str, str], float] = {}  # (job, node) -> lost since (noted)
 
     def take(self, node: str, instance: str, events: Iterable[EventRecord]) -> None:
         """One report's events (dated by the controller's clock): findings and faults kept.
@@ -168,6 +170,16 @@ class JobTriage:
                 fault = self._fault(node, event)
                 if fault is not None:
                     self._take_fault(fault)
+
+    def node_lost(self, job: str, node: str, since: float) -> None:
+        """``job``'s ``node`` stopped reporting at ``since``: a fault of the job, noted once."""
+        with self._lock:
+            if self._lost.get((job, node)) == since:
+                return
+            self._lost[(job, node)] = since
+            self._faults.setdefault(job, deque(maxlen=MAX_FAULTS)).append(NodeFault(
+                node=node, category="node-lost", timestamp=since,
+                text=f"{node} stopped reporting"))
 
     def due(self) -> list[JobRootCause]:
         """Root causes decided now: each episode's once, ``settle`` seconds after it began.
