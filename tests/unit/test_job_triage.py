@@ -28,12 +28,13 @@ class Membership:
     """The orchestrator's side as the triage reads it: one job ``llm`` on n0 and n1."""
 
     ranks: dict[str, list[int]] = field(default_factory=lambda: {"n0": [0, 1], "n1": [2, 3]})
+    removed: bool = False
 
     def jobs_of_node(self, node: str) -> list[str]:
         return ["llm"] if node in NODES else []
 
     def job(self, name: str) -> _Job | None:
-        return _Job(NODES) if name == "llm" else None
+        return _Job(NODES) if name == "llm" and not self.removed else None
 
     def ranks_by_node(self, name: str) -> dict[str, list[int]]:
         return dict(self.ranks) if name == "llm" else {}
@@ -214,3 +215,16 @@ def test_a_fault_after_a_ranks_own_failure_was_read_did_not_cause_it() -> None:
 
 def _fields(event: EventRecord) -> dict[str, Any]:
     return {f: getattr(event, f) for f in event.__struct_fields__}
+
+
+def test_a_removed_job_is_forgotten() -> None:
+    clock = ManualClock(T0)
+    membership = Membership()
+    t = triage(clock, membership)
+    t.take("n0", "a", [finding(1, 0, "app-bug", T0, root=True)])
+    clock.advance(30)
+    assert len(t.due()) == 1
+    membership.removed = True
+    assert t.due() == []
+    assert t.root_cause("llm") is None
+    assert t.causes() == []

@@ -187,6 +187,7 @@ class JobTriage:
         Episodes already reported are refined with the findings that came since.
         """
         now = self._clock.monotonic()
+        self._forget_removed_jobs()
         with self._lock:
             ready = [(job, ep) for job, ep in self._episodes.items()
                      if ep.changed and now - ep.started >= self._settle]
@@ -199,6 +200,17 @@ class JobTriage:
                     ep.reported = True
                     out.append(decided)
         return out
+
+    def _forget_removed_jobs(self) -> None:
+        with self._lock:
+            jobs = {*self._episodes, *self._faults}
+        gone = {job for job in jobs if self._jobs.job(job) is None}
+        if gone:
+            with self._lock:
+                for job in gone:
+                    self._episodes.pop(job, None)
+                    self._faults.pop(job, None)
+                self._lost = {k: v for k, v in self._lost.items() if k[0] not in gone}
 
     def root_cause(self, job: str) -> JobRootCause | None:
         """The job's latest root cause (None: no failure decided since the start)."""
