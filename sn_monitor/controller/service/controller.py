@@ -204,10 +204,9 @@ class Controller:
             fleet=self.fleet, fabric=self.fabric, jobs=self.jobs, commands=drivers.queue,
             writer=self.writer, store=store, store_health=self.store_health,
             telemetry=self.telemetry, clock=clock, job_labels=self.job_labels,
-            labels_of=self._labels_of,
+            labels_of=self._labels_of, triage=self.triage,
             repair_result=lambda node, result: self.store_health.attempt(
-                self.remediation.on_result, node, result), workloads=self.workloads,
-            triage=self.triage)
+                self.remediation.on_result, node, result), workloads=self.workloads)
         drivers.queue.on_result = lambda node, result: self.writer.call(
             partial(self.intake.command_result, node, result))
 
@@ -228,8 +227,7 @@ class Controller:
             fleet=self.fleet, registry=self.registry, store=self.store,
             store_health=self.store_health, runner=self.runner, policy=self.policy,
             writer=self.writer, pipeline=self.pipeline, stalls=self.stalls, jobs=self.jobs,
-            fabric=self.fabric, workloads=self.workloads, clock=self.clock,
-            triage=self.triage)
+            fabric=self.fabric, workloads=self.workloads, clock=self.clock, triage=self.triage)
 
     # ------------------------------------------------------------------ lifecycle
 
