@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sn_monitor.clock import ManualClock
+from sn_monitor.controller.ingest.decode import controller_times
 from sn_monitor.controller.jobs.triage import APPLICATION_CATEGORIES, MAX_FINDINGS, JobTriage
-from sn_monitor.model import EventRecord
+from sn_monitor.model import EventRecord, Report
 from sn_monitor.rules.xid_catalog import load_catalog
 
 T0 = 1_700_000_000.0
@@ -228,3 +229,14 @@ def test_a_removed_job_is_forgotten() -> None:
     assert t.due() == []
     assert t.root_cause("llm") is None
     assert t.causes() == []
+
+
+def test_a_line_time_moves_with_its_event_onto_the_controllers_clock() -> None:
+    """An agent whose clock is an hour behind: its event and the line's time move alike."""
+    behind = T0 - 3600
+    event = finding(1, 0, "app-bug", behind - 5, root=True)  # read 2 s after it was printed
+    report = Report(node="n0", instance="a", sequence=1, sample_time_seconds=behind + 1,
+                    events=[event])
+    [moved] = controller_times(report, T0).events
+    assert moved.time_seconds == T0 - 4
+    assert moved.line_time_seconds == T0 - 6
