@@ -2,11 +2,11 @@
 
 Agents send what they recognise in a job's log as ``job_log`` events (a
 :class:`sn_monitor.joblog.model.Finding` on the wire); faults on nodes come as events too
-(an XID, a GPU lost or fallen off the bus, a link down), and a node that stopped reporting
-is one (:meth:`JobTriage.node_lost`). The triage keeps, per job, the
-findings of its current failure, an *episode* (from its first finding until ``quiet``
-seconds pass without one), and the recent faults of the nodes it ran on when they
-happened (its recovery may have replaced the node since). ``settle`` seconds after an
+(an XID, a GPU lost or fallen off the bus, a link down), and a node that stopped
+reporting is one (:meth:`JobTriage.node_lost`). The triage keeps, per job, the findings
+of its current failure, an *episode* (from its first finding until ``quiet`` seconds pass
+without one), and the recent faults of the nodes it ran on when they happened (its
+recovery may have replaced the node since). ``settle`` seconds after an
 episode's first finding (time for the cascade to come in from every agent, in any order)
 :func:`sn_monitor.joblog.rootcause.order` names the root cause from:
 
@@ -25,11 +25,12 @@ incident is due once per episode (:meth:`JobTriage.due`).
 
 A root cause in :data:`APPLICATION_CATEGORIES` is the job's own failure, not its node's:
 nothing here takes a node, and the hang handling reads :meth:`JobTriage.root_cause` and
-suspects no node either. The XIDs NVIDIA's catalogue puts down to the
-application (13, 43: ``RESTART_APP``, ``IGNORE``) are no node faults here.
+suspects no node either. The XIDs NVIDIA's catalogue puts down to the application (13,
+31, 43: ``RESTART_APP``, ``IGNORE``) are no node faults here.
 
 Bounded: :data:`MAX_FINDINGS` per episode (then root candidates only), :data:`MAX_FAULTS`
-per job, findings and faults only for jobs the controller knows. In memory: a restart forgets it.
+per job, findings and faults only for jobs the controller knows (a removed job's are
+forgotten). In memory: a restart forgets it.
 """
 
 from __future__ import annotations
@@ -191,11 +192,13 @@ class JobTriage:
         with self._lock:
             ready = [(job, ep) for job, ep in self._episodes.items()
                      if ep.changed and now - ep.started >= self._settle]
+            for _, ep in ready:
+                ep.changed = False  # a finding taken while it is decided: decided again
         out = []
         for job, ep in ready:
             decided = self._decide(job, ep)
             with self._lock:
-                ep.decided, ep.changed = decided, False
+                ep.decided = decided
                 if decided is not None and not ep.reported:
                     ep.reported = True
                     out.append(decided)
