@@ -16,10 +16,13 @@ import msgspec
 
 #: ``collector_stuck``: one of the agent's collectors has not returned by its deadline (a
 #: driver call that hangs); the agent itself is alive and goes on without it.
+#: ``job_log``: a failure recognised in a training job's log (source ``joblog``,
+#: :mod:`sn_monitor.joblog`); the controller orders them into the job's root cause.
 EventKind = Literal[
     "xid", "sxid", "gpu_lost", "gpu_fallen_off_bus", "link_down", "guard", "collector_stuck",
+    "job_log",
 ]
-EventSource = Literal["nvml", "kmsg", "agent"]
+EventSource = Literal["nvml", "kmsg", "agent", "joblog"]
 #: What a rule may ask the controller to do (the rule files' ``actions``).
 ActionName = Literal[
     "alert", "throttle", "release", "cordon", "uncordon", "evict",
@@ -109,6 +112,13 @@ MAX_COUNTERS = 128
 """InfiniBand counters a port may report."""
 MAX_COUNTER_NAME = 64
 """Longest InfiniBand counter name."""
+
+
+MAX_RANKS = 1 << 24
+"""Ranks one job may have (a ``job_log`` event's ``rank`` is below it)."""
+JobLogText = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+MAX_PARAMS = 8
+"""Parameters one ``job_log`` event may carry."""
 
 
 MAX_WORKLOADS = 16
@@ -253,6 +263,28 @@ class EventRecord(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
     pci_bus_id: Annotated[str, msgspec.Meta(max_length=32)] | None = None
     code: Int64 | None = None
     device: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    # A ``job_log`` event's finding (:class:`sn_monitor.joblog.model.Finding`); the line
+    # itself is ``message``, ``time_seconds`` when the agent read it. Controllers are
+    # upgraded first: an older one refuses a report with these fields (unknown fields),
+    # and an agent leaves them out (omit_defaults) for every other kind.
+    #: The job the log belongs to (None: the controller takes the job on the node).
+    job: JobLogText | None = None
+    #: One of :data:`sn_monitor.joblog.model.CATEGORIES` (or a catalogue's own).
+    category: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | None = None
+    severity: Literal["critical", "error", "warning", "info"] | None = None
+    rank: Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANKS)] | None = None
+    #: The line points at the rank that printed it (not the cascade of another's failure).
+    root_candidate: bool | None = None
+    #: The log file (or stream) and the 1-based line number of the line.
+    file: Annotated[str, msgspec.Meta(max_length=1024)] | None = None
+    line: Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)] | None = None
+    #: The catalogue entry that matched.
+    signature: JobLogText | None = None
+    #: The line's own time stamp (agent clock, seconds since the epoch), where it has one.
+    line_time_seconds: Measure | None = None
+    #: What the signature read from the line (an exit code, a collective's sequence number).
+    params: Annotated[dict[Annotated[str, msgspec.Meta(max_length=32)], LabelValue],
+                      msgspec.Meta(max_length=MAX_PARAMS)] = {}
 
 
 CommandKind = Literal["throttle", "release", "checkpoint", "reset_gpu", "reboot", "verify"]

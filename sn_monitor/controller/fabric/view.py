@@ -57,6 +57,8 @@ class JobOnFabric:
     step_time_seconds: float | None = None
     baseline_step_time_seconds: float | None = None
     slowdown_ratio: float | None = None
+    #: Its latest failure's root cause (``JobRootCause.to_dict``), None when none is known.
+    root_cause: Mapping[str, Any] | None = None
 
 
 def _worst(*healths: str) -> str:
@@ -118,7 +120,9 @@ def fleet_topology(
                   "ranks": {n: list(r) for n, r in j.ranks.items()},
                   "step_time_seconds": _round(j.step_time_seconds, 4),
                   "baseline_step_time_seconds": _round(j.baseline_step_time_seconds, 4),
-                  "slowdown_ratio": _round(j.slowdown_ratio, 4)} for j in jobs],
+                  "slowdown_ratio": _round(j.slowdown_ratio, 4),
+                  "root_cause": None if j.root_cause is None else dict(j.root_cause)}
+                 for j in jobs],
         "fail_slow": [dict(b) for b in fail_slow],
     }
 

@@ -1,7 +1,10 @@
 """The training jobs' health as incidents: hangs, fail-slow, stalled restores, topology.
 
 A job that stops making progress is a hang incident naming who stopped first, and its
-recovery; the incident closes once the job runs again. A restore that makes no progress
+recovery; the incident closes once the job runs again. When the job's failure is its own
+(the triage's root cause is an application category: a bug, a NaN loss, an OOM), the
+hang suspects no node: no node is evicted for it. The triage's root causes become job
+incidents (:mod:`.job_failures`). A restore that makes no progress
 onto a node with a critical incident open takes that node into the recovery. Every few
 seconds the jobs' paces go to the fail-slow watch, whose bottlenecks are incidents too;
 the topology shows the jobs on the fabric with their paces.
@@ -21,9 +24,11 @@ from sn_monitor.controller.fabric.view import JobOnFabric
 from sn_monitor.controller.failslow.fabric_watch import FabricWatch
 from sn_monitor.controller.failslow.watch import JobPace
 from sn_monitor.controller.incidents.fleet_state import FleetState
+from sn_monitor.controller.incidents.job_failures import JobFailureIncidents
 from sn_monitor.controller.incidents.pipeline import IncidentPipeline
 from sn_monitor.controller.ingest.decode import NodeRegistry
 from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
+from sn_monitor.controller.jobs.triage import JobTriage
 from sn_monitor.controller.jobs.views import HangFinding
 from sn_monitor.controller.storage.health import StoreHealth
 from sn_monitor.controller.storage.store import Store
@@ -39,8 +44,10 @@ class JobHealthWatch:
     def __init__(self, *, jobs: JobOrchestrator, pipeline: IncidentPipeline, fleet: FleetState,
                  fabric: FabricWatch, engine: RuleEngine, registry: NodeRegistry,
                  writer: StoreWriter, store: Store, store_health: StoreHealth,
-                 clock: Clock) -> None:
+                 clock: Clock, triage: JobTriage) -> None:
         self._jobs = jobs
+        self._triage = triage
+        self._failures = JobFailureIncidents(triage, pipeline, jobs, clock)
         self._pipeline = pipeline
         self._fleet = fleet
         self._fabric = fabric
@@ -60,6 +67,20 @@ class JobHealthWatch:
         """The jobs' schedules move on; a job that stopped making progress hangs."""
         for hang in self._store_health.attempt(self._jobs.tick) or ():
             self._job_hung(hang)
+        self._note_lost_nodes()
+        self._failures.tick()
+
+    def _note_lost_nodes(self) -> None:
+        """A job's node that stopped reporting is a node fault for the failure triage.
+
+        Its failed nodes too: the recovery the loss started may have taken it out already.
+        """
+        for job in self._jobs.jobs():
+            for node in {*job.nodes, *job.failed_nodes}:
+                if self._fleet.state_of(node) == "lost":
+                    view = self._registry.get(node)
+                    self._triage.node_lost(job.name, node, view.received_wall
+                                           if view is not None else self._clock.time())
 
     # ------------------------------------------------------------------ hangs
 
@@ -71,9 +92,15 @@ class JobHealthWatch:
         When its ranks cannot tell (every one stopped together, as a collective that waits
         on one broken link does), the job's nodes with a critical incident open are the
         suspects: restarting in place on a node whose InfiniBand port is down only hangs
-        again.
+        again. When the triage says the job failed of its own (an application category),
+        no node is: it restarts in place, and no node is evicted for its bug.
         """
-        if not hang.nodes:
+        cause = self._triage.root_cause(hang.job)
+        own = (f"; {cause.summary()} (the job's own failure: no node suspected)"
+               if cause is not None and cause.application else "")
+        if own:
+            hang = replace(hang, nodes=(), message=hang.message + own)
+        elif not hang.nodes:
             suspects = self._critical_members(hang.job)
             if suspects:
                 hang = replace(hang, nodes=suspects, message=(
@@ -86,7 +113,7 @@ class JobHealthWatch:
             status="firing", severity="critical", actions=("alert",), dry_run=False,
             value=hang.stalled_seconds,
             message=(f"job {hang.job} hung at step {hang.step}: {who}, "
-                     f"{hang.stalled_seconds:.0f} s without progress"),
+                     f"{hang.stalled_seconds:.0f} s without progress{own}"),
             observed_wall=hang.stopped_at, detected_wall=self._clock.time())
         self._pipeline.note_fired(finding)
         self._writer.call(partial(self._record_hang, finding, hang))
@@ -169,7 +196,9 @@ class JobHealthWatch:
         states = {name: self._fleet.state_of(name) for name in views}
         jobs = [JobOnFabric(name=j.name, state=j.state, nodes=j.nodes,
                             ranks=self._jobs.ranks_by_node(j.name),
-                            step_time_seconds=j.recent_step_seconds or j.median_step_seconds)
+                            step_time_seconds=j.recent_step_seconds or j.median_step_seconds,
+                            root_cause=None if (cause := self._triage.root_cause(j.name)) is None
+                            else cause.to_dict())
                 for j in self._jobs.jobs()]
         return self._fabric.topology(now=now, views=views, states=states, incidents=incidents,
                                      jobs=jobs, job=job)

@@ -208,14 +208,22 @@ def controller_times(report: Report, now: float) -> Report:
         # where both are of one magnitude, so a clock at 1e300 loses no more than it had)
         at = now + (event.time_seconds - sample) if moves else event.time_seconds
         at = min(now, max(oldest, at))
-        moved.append(event if at == event.time_seconds
-                     else msgspec.structs.replace(event, time_seconds=at))
+        moved.append(event if at == event.time_seconds else _moved(event, at))
     findings = report.findings
     if moves and findings:  # first seen by the agent: as far from the sample as there
         findings = [msgspec.structs.replace(f, observed_seconds=min(
             now, max(oldest, now + (f.observed_seconds - sample)))) for f in findings]
     return msgspec.structs.replace(report, sample_time_seconds=now if moves else sample,
                                    events=moved, findings=findings)
+
+
+def _moved(event: EventRecord, at: float) -> EventRecord:
+    """``event`` at ``at``; a job log line's own time stamp moves by as much."""
+    line_time = event.line_time_seconds
+    if line_time is None:
+        return msgspec.structs.replace(event, time_seconds=at)
+    return msgspec.structs.replace(event, time_seconds=at,
+                                   line_time_seconds=line_time + (at - event.time_seconds))
 
 
 class Accepted(NamedTuple):

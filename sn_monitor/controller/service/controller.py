@@ -42,6 +42,7 @@ from sn_monitor.controller.ingest.decode import NodeRegistry
 from sn_monitor.controller.jobs.actions import RunnerJobActions
 from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
 from sn_monitor.controller.jobs.spec import JobControl, load_jobs
+from sn_monitor.controller.jobs.triage import JobTriage
 from sn_monitor.controller.remediation.ladder import RemediationLadder
 from sn_monitor.controller.remediation.service_return import ServiceReturn
 from sn_monitor.controller.security.auth import Identity
@@ -162,6 +163,7 @@ class Controller:
                         drivers: Drivers) -> None:
         """Findings to incidents and steps; what a restart inherits; the jobs' health."""
         self.job_labels = JobLabels(self.jobs, self.registry)
+        self.triage = JobTriage(self.jobs, clock, self.xids)  # why a job died (its logs)
         #: Findings on many nodes at once that belong to their job or rack.
         self.blast = BlastRadius(self.engine.rule, self.job_labels.job_of, self._labels_of,
                                  self.progress)
@@ -192,7 +194,7 @@ class Controller:
         self.job_health = JobHealthWatch(
             jobs=self.jobs, pipeline=self.pipeline, fleet=self.fleet, fabric=self.fabric,
             engine=self.engine, registry=self.registry, writer=self.writer, store=store,
-            store_health=self.store_health, clock=clock)
+            store_health=self.store_health, clock=clock, triage=self.triage)
         self.node_states = NodeStateRefresh(
             fleet=self.fleet, registry=self.registry, store=store,
             store_health=self.store_health, clock=clock,
@@ -202,7 +204,7 @@ class Controller:
             fleet=self.fleet, fabric=self.fabric, jobs=self.jobs, commands=drivers.queue,
             writer=self.writer, store=store, store_health=self.store_health,
             telemetry=self.telemetry, clock=clock, job_labels=self.job_labels,
-            labels_of=self._labels_of,
+            labels_of=self._labels_of, triage=self.triage,
             repair_result=lambda node, result: self.store_health.attempt(
                 self.remediation.on_result, node, result), workloads=self.workloads)
         drivers.queue.on_result = lambda node, result: self.writer.call(
@@ -214,7 +216,7 @@ class Controller:
             registry=self.registry, fleet=self.fleet, store=self.store,
             store_health=self.store_health, jobs=self.jobs, remediation=self.remediation,
             breaker=self.breaker, policy=self.policy, progress=self.progress,
-            peers=lambda: self.intake.peers)
+            peers=lambda: self.intake.peers, triage=self.triage)
         self.commands = AuditedCommands(
             runner=self.runner, breaker=self.breaker, audit=self.audit,
             registry=self.registry, jobs=self.jobs, remediation=self.remediation,
@@ -225,7 +227,7 @@ class Controller:
             fleet=self.fleet, registry=self.registry, store=self.store,
             store_health=self.store_health, runner=self.runner, policy=self.policy,
             writer=self.writer, pipeline=self.pipeline, stalls=self.stalls, jobs=self.jobs,
-            fabric=self.fabric, workloads=self.workloads, clock=self.clock)
+            fabric=self.fabric, workloads=self.workloads, clock=self.clock, triage=self.triage)
 
     # ------------------------------------------------------------------ lifecycle
 

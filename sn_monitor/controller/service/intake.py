@@ -3,9 +3,9 @@
 On the event loop (thousands of reports a second): a report is decoded, judged and
 answered, and nothing here waits on the store, a file or a lock held across I/O. What a
 report means for the store (events, new nodes, incidents and the actions they start) is
-queued for the one writer; a report with events gets a
-:class:`~sn_monitor.controller.storage.writer.PendingReply` while the writer has them
-queued, so that its answer acknowledges them. The results of the commands a report
+queued for the one writer, and so are its events for the jobs' failure triage; a report
+with events gets a :class:`~sn_monitor.controller.storage.writer.PendingReply` while the
+writer has them queued, so that its answer acknowledges them. The results of the commands a report
 carries back are recorded on their actions (by the writer), and the remediation ladder
 reads them.
 """
@@ -30,6 +30,7 @@ from sn_monitor.controller.incidents.job_labels import JobLabels
 from sn_monitor.controller.incidents.pipeline import IncidentPipeline
 from sn_monitor.controller.ingest.decode import NodeRegistry, controller_times, decode_report
 from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
+from sn_monitor.controller.jobs.triage import JobTriage
 from sn_monitor.controller.remediation.ladder import describe_checks
 from sn_monitor.controller.security.auth import Identity
 from sn_monitor.controller.storage.health import StoreHealth
@@ -53,7 +54,7 @@ class ReportIntake:
                  store_health: StoreHealth, telemetry: ControllerMetrics, clock: Clock,
                  job_labels: JobLabels, labels_of: Callable[[str], dict[str, str] | None],
                  repair_result: Callable[[str, CommandResult], object],
-                 workloads: WorkloadAccounting) -> None:
+                 workloads: WorkloadAccounting, triage: JobTriage) -> None:
         """The collaborators, passed in.
 
         ``repair_result``: the remediation ladder reads an agent's command result.
@@ -74,6 +75,7 @@ class ReportIntake:
         self._labels_of = labels_of
         self._repair_result = repair_result
         self._workloads = workloads
+        self._triage = triage
         #: Each agent's address and metrics port (Prometheus service discovery).
         self.peers: dict[str, tuple[str, int]] = {}
 
@@ -104,6 +106,9 @@ class ReportIntake:
             # dated by the controller's clock, as the view the rules judge is
             events = controller_times(report, now).events
             written = self._writer.events(report.node, report.instance, events, now)
+            # the triage reads the jobs (whose lock is held around store writes): later
+            self._writer.call(partial(self._triage.take, report.node, report.instance,
+                                      events))
         if peer is not None and report.metrics_port is not None:
             self.peers[report.node] = (peer, report.metrics_port)
         edge_rules = None

@@ -18,6 +18,7 @@ from sn_monitor.controller.incidents.fleet_state import FleetState
 from sn_monitor.controller.ingest.decode import NodeRegistry
 from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
 from sn_monitor.controller.jobs.settings import UnknownJob
+from sn_monitor.controller.jobs.triage import JobTriage
 from sn_monitor.controller.remediation.ladder import RemediationLadder
 from sn_monitor.controller.storage.health import StoreHealth
 from sn_monitor.controller.storage.store import Incident, Store
@@ -33,11 +34,13 @@ class ControllerQueries:
     def __init__(self, *, registry: NodeRegistry, fleet: FleetState, store: Store,
                  store_health: StoreHealth, jobs: JobOrchestrator,
                  remediation: RemediationLadder, breaker: BreakerKeeper, policy: SafetyPolicy,
-                 progress: Clock, peers: Callable[[], Mapping[str, tuple[str, int]]]) -> None:
+                 progress: Clock, peers: Callable[[], Mapping[str, tuple[str, int]]],
+                 triage: JobTriage) -> None:
         """The collaborators, passed in.
 
         ``progress``: the clock report ages are measured on (the stall watch's);
-        ``peers``: each agent's address and metrics port.
+        ``peers``: each agent's address and metrics port; ``triage``: each job's root
+        cause, shown with the job.
         """
         self._registry = registry
         self._fleet = fleet
@@ -49,6 +52,7 @@ class ControllerQueries:
         self._policy = policy
         self._progress = progress
         self._peers = peers
+        self._triage = triage
 
     # ------------------------------------------------------------------ nodes
 
@@ -128,14 +132,20 @@ class ControllerQueries:
     # ------------------------------------------------------------------ jobs, repairs
 
     def list_jobs(self) -> list[dict[str, Any]]:
-        return [status.to_dict() for status in self._jobs.jobs()]
+        return [self._with_root_cause(status.to_dict()) for status in self._jobs.jobs()]
 
     def get_job(self, name: str) -> dict[str, Any] | None:
         status = self._jobs.job(name)
         if status is None:
             return None
-        doc = status.to_dict()
+        doc = self._with_root_cause(status.to_dict())
         doc["recoveries"] = [r.to_dict() for r in self._jobs.recoveries(name, limit=20)]
+        return doc
+
+    def _with_root_cause(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """The job's document with its latest failure's root cause (None: none known)."""
+        cause = self._triage.root_cause(doc["name"])
+        doc["root_cause"] = None if cause is None else cause.to_dict()
         return doc
 
     def restore_point(self, name: str) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from sn_monitor.controller.incidents.fleet_state import FleetState
 from sn_monitor.controller.incidents.pipeline import IncidentPipeline
 from sn_monitor.controller.ingest.decode import NodeRegistry
 from sn_monitor.controller.jobs.orchestrator import JobOrchestrator
+from sn_monitor.controller.jobs.triage import JobTriage
 from sn_monitor.controller.storage.health import StoreHealth
 from sn_monitor.controller.storage.store import Store
 from sn_monitor.controller.storage.writer import StoreWriter
@@ -33,7 +34,7 @@ class MetricsSnapshot:
                  store_health: StoreHealth, runner: ActionRunner, policy: SafetyPolicy,
                  writer: StoreWriter, pipeline: IncidentPipeline, stalls: StallWatch | None,
                  jobs: JobOrchestrator, fabric: FabricWatch, workloads: WorkloadAccounting,
-                 clock: Clock) -> None:
+                 clock: Clock, triage: JobTriage) -> None:
         self._fleet = fleet
         self._registry = registry
         self._store = store
@@ -47,6 +48,7 @@ class MetricsSnapshot:
         self._fabric = fabric
         self._workloads = workloads
         self._clock = clock
+        self._triage = triage
 
     def take(self, *, workers: Mapping[str, bool], sweeps: int,
              rules: dict[str, int]) -> ControllerState:
@@ -68,5 +70,8 @@ class MetricsSnapshot:
             jobs=self._jobs.metrics(),
             rules=rules,
             workloads=tuple(self._workloads.usage()),
+            job_root_causes=tuple(
+                (c.job, c.node or "", "" if c.rank is None else str(c.rank), c.category)
+                for c in self._triage.causes()),
             **self._fabric.paces(self._clock.time()),
         )

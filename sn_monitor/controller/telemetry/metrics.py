@@ -71,6 +71,8 @@ class ControllerState:
         default_factory=dict)
     #: The fail-slow bottlenecks standing: (job, node, link, kind).
     fail_slow: tuple[tuple[str, str, str, str], ...] = ()
+    #: Each job's latest failure's root cause: (job, node, rank, category), "" unknown.
+    job_root_causes: tuple[tuple[str, str, str, str], ...] = ()
     #: How many rules each source gave (a rules path as configured, ``packaged``, or
     #: ``config`` for ``rules: []``).
     rules: Mapping[str, int] = field(default_factory=dict)
@@ -147,6 +149,7 @@ class ControllerStateCollector(Collector):
         if state.jobs is not None:
             yield from _job_families(state.jobs)
         yield from _pace_families(state)
+        yield _root_cause_family(state)
         yield from _workload_families(state.workloads)
         yield GaugeMetricFamily("sn_controller_store_up",
                                 "1 while the store takes writes (0: the controller refuses "
@@ -184,6 +187,16 @@ def _pace_families(state: ControllerState) -> Iterator[Metric]:
     for job, node, link, kind in sorted(set(state.fail_slow)):
         named.add_metric([job, node, link, kind], 1.0)
     yield named
+
+
+def _root_cause_family(state: ControllerState) -> Metric:
+    info = GaugeMetricFamily(
+        "sn_job_root_cause_info", "1 for each job's latest failure: the node and rank that "
+        "failed first and why (category: from its logs, or the node's fault, e.g. xid-79).",
+        labels=["job", "node", "rank", "category"])
+    for labels in sorted(set(state.job_root_causes)):
+        info.add_metric(list(labels), 1.0)
+    return info
 
 
 #: A workload's labels: its key (sn_monitor.controller.workloads.accounting), the names
