@@ -101,6 +101,8 @@ class LineQueue:
         self._queue: queue.Queue[bytes] = queue.Queue(maxsize=capacity)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: One writer at a time: the thread, or :meth:`drain` called beside it.
+        self._writing = threading.Lock()
         self._failing = False
 
     def offer(self, line: bytes) -> bool:
@@ -153,6 +155,10 @@ class LineQueue:
             self.drain()
 
     def _write(self, line: bytes) -> None:
+        with self._writing:
+            self._append(line)
+
+    def _append(self, line: bytes) -> None:
         try:
             self.file.append(line)
         except OSError as err:
