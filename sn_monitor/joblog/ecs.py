@@ -170,8 +170,13 @@ def _orchestrator(source: LineSource) -> dict[str, Any]:
 
 
 def json_line(doc: Mapping[str, Any]) -> bytes:
-    """One document as one line of UTF-8 JSON (a line break inside the text is escaped)."""
-    return (json.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    r"""One document as one line of UTF-8 JSON (a line break inside the text is escaped).
+
+    A byte the reader could not decode (kept as a lone surrogate) is written as its JSON
+    escape, ``\udc80``: the line stays valid UTF-8 and valid JSON.
+    """
+    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n"
+    return text.encode("utf-8", "backslashreplace")
 
 
 def _not_empty(value: str) -> None:

@@ -177,6 +177,13 @@ def test_a_line_break_in_a_line_stays_inside_its_document() -> None:
     assert json_line(doc).count(b"\n") == 1
 
 
+def test_undecodable_bytes_and_other_scripts_stay_valid_json() -> None:
+    text = b"loss \xff \xe6\x8d\x9f\xe5\xa4\xb1 nan".decode("utf-8", "surrogateescape")
+    line = json_line(line_document(text, "x", LineSource(), read_at=READ_AT))
+    assert json.loads(line.decode("utf-8"))["message"] == text
+    assert "损失".encode() in line  # non-ASCII text written as itself, not escaped
+
+
 def test_the_options_bind_from_yaml_with_their_line() -> None:
     text = "path: /var/log/sn-monitor/joblog.ndjson\nraw_lines: true\nkeep: -1\n"
     with pytest.raises(ConfigError) as err:
