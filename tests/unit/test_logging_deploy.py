@@ -11,6 +11,7 @@ the files read and the data stream written.
 
 from __future__ import annotations
 
+import datetime
 import fnmatch
 import json
 import re
@@ -197,6 +198,28 @@ def test_loki_label_values_are_bounded_sets(tmp_path: Path) -> None:
     assert {x["job"] for x in labels} == {"llama-70b"}
     raw = labels[-1]
     assert (raw["category"], raw["level"], raw["node"]) == ("none", "none", "gpu-node-07")
+
+
+def test_the_remap_program_runs_on_written_documents(tmp_path: Path) -> None:
+    """The remap's VRL compiled and run by pyvrl (VRL in Python: ``pip install pyvrl``).
+
+    Skipped where pyvrl is not installed. It checks the program compiles, gives back each
+    document as written with ``@timestamp`` as the event's time, sets the labels the
+    Python reading above computes, and fails on a torn line (Vector then drops it).
+    """
+    pyvrl = pytest.importorskip("pyvrl")
+    program = pyvrl.Transform(remap_source() + '\n{"event": ., "meta": %}\n')
+    for doc in written_documents(tmp_path):
+        result = program.remap({"message": json.dumps(doc), "file": "j.ndjson"})
+        event, stamp = dict(result["event"]), result["event"]["timestamp"]
+        assert stamp == datetime.datetime.fromisoformat(doc["@timestamp"])
+        del event["timestamp"]
+        assert event == {k: v for k, v in doc.items() if k != "@timestamp"}
+        assert {f"{{{{ %{k} }}}}": v for k, v in result["meta"].items()} == {
+            value: render_labels(doc)[label] for label, value in loki_labels().items()
+            if value.startswith("{{")}
+    with pytest.raises(ValueError, match="parse_json"):
+        pyvrl.Transform(remap_source()).remap({"message": '{"torn'})
 
 
 def template_fields(properties: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]:
