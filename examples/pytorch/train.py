@@ -31,13 +31,20 @@ What it does, as a real training script would:
   starts from scratch. A restore point that is not a complete checkpoint stops the run
   (exit 1, saying why): starting over would silently throw the job's work away.
 
+Like Megatron-LM's ``--check-for-nan-in-loss-and-grad``, every rank checks its own loss
+before the gradients' all-reduce: a NaN or Inf stops the rank (``FloatingPointError``),
+naming it, before it spreads to every rank's weights.
+
 For measurements: ``--timeline FILE`` (rank 0) appends a JSON line per milestone
 (``started``, ``rendezvous``, ``loaded``, ``first_step``, ``checkpoint`` for each complete
 save, ``scheduled`` or ``requested``, and ``done``) with its wall time.
 ``--final-weights FILE`` (rank 0) saves the model's state dict at the end. For tests:
 ``--stall-save N`` writes the N-th save of the run but never its ``.metadata`` (rank 0
 waits instead, writing ``DIR/stalled-step_<step>``): a job killed then leaves an
-incomplete checkpoint.
+incomplete checkpoint. ``--fail MODE --fail-rank R --fail-step N``: rank R fails for real
+at step N (``failures.py``: killed, out of memory, a NaN loss, a hang, an exception), with
+``--collective-timeout S`` for the process group's timeout (the hang's peers); every
+rank's main is torchrun's ``@record``, so each failure is in torchrun's error summary.
 """
 
 from __future__ import annotations
@@ -62,11 +69,13 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
-# beside this script: the launcher's plans for warm restores
+# beside this script: the failures of tests, the launcher's plans for warm restores
+from failures import add_arguments, before_step, corrupt, from_args  # noqa: E402
 from rejoin import Plan, announce, newer_plan, wait_for_plan  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.checkpoint import FileSystemWriter  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
+from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from sn_monitor.client import JobClient, RestorePoint  # noqa: E402
@@ -265,10 +274,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "generation G that names this node (SN_REJOIN_DIR), then join it")
     parser.add_argument("--rejoin-timeout", type=float, default=3600.0, metavar="SECONDS",
                         help="the longest a process waits for the next generation's plan")
+    parser.add_argument("--collective-timeout", type=float, metavar="SECONDS",
+                        help="the process group's timeout for a collective (torch's "
+                             "default: 30 minutes)")
+    parser.add_argument("--log-every", type=int, default=0, metavar="K",
+                        help="rank 0 prints the step and its loss every K steps")
+    add_arguments(parser)
     args = parser.parse_args(argv)
     if args.steps < 0 or args.checkpoint_every < 1:
         parser.error("--steps >= 0 and --checkpoint-every >= 1")
+    if args.collective_timeout is not None and args.collective_timeout <= 0:
+        parser.error("--collective-timeout > 0")
     return args
+
+
+def collective_timeout(args: argparse.Namespace) -> timedelta | None:
+    if args.collective_timeout is None:
+        return None
+    return timedelta(seconds=args.collective_timeout)
 
 
 def connect(environ: dict[str, str]) -> JobClient | None:
@@ -336,10 +359,10 @@ class Member:
         """The environment this member's client reads (its rank and world, not torchrun's)."""
         return {**os.environ, "RANK": str(self.rank), "WORLD_SIZE": str(self.world_size)}
 
-    def form_group(self) -> None:
+    def form_group(self, timeout: timedelta | None) -> None:
         """The default process group of this generation: every member of it joins."""
         if self.plan is None:
-            dist.init_process_group(backend="gloo")
+            dist.init_process_group(backend="gloo", timeout=timeout)
             return
         host, _, port = os.environ["SN_JOB_STORE"].rpartition(":")
         store = dist.TCPStore(host, int(port), is_master=False,
@@ -347,7 +370,7 @@ class Member:
         prefixed = dist.PrefixStore(self.plan.store_prefix(os.environ.get("SN_JOB", "")),
                                     store)
         dist.init_process_group(backend="gloo", store=prefixed, rank=self.rank,
-                                world_size=self.world_size)
+                                world_size=self.world_size, timeout=timeout)
 
 
 def peer_lost(err: BaseException) -> bool:
@@ -388,7 +411,7 @@ def run_generation(args: argparse.Namespace, member: Member,
     checkpoints: Checkpointer | None = None
     try:
         point = client.restore_point() if client is not None else None
-        member.form_group()
+        member.form_group(collective_timeout(args))
         checkpoints = Checkpointer.for_new_model(args)
         return train(args, member, point, client, checkpoints, rejoin_dir)
     except (GenerationOver, RuntimeError) as err:
@@ -430,19 +453,24 @@ def train(args: argparse.Namespace, member: Member, point: RestorePoint | None,
             print(f"checkpoint {done.path} complete ({done.why})", flush=True)
 
     first = True
+    failure = from_args(args)
     loss = torch.tensor(0.0)
     model, optimizer = checkpoints.model, checkpoints.optimizer
     while step < args.steps:
         if rejoin_dir is not None and (plan := newer_plan(rejoin_dir, member.generation)):
             raise GenerationOver(f"the launcher planned generation {plan.generation}")
         step += 1
+        before_step(failure, rank, step)
         x, y = batch(args.seed, step, rank)
         optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.mse_loss(model(x), y)
+        loss = nn.functional.mse_loss(model(corrupt(failure, rank, step, x)), y)
+        check_finite(loss, rank, step)
         loss.backward()
         optimizer.step()
         if args.step_time:
             time.sleep(args.step_time)
+        if args.log_every and step % args.log_every == 0 and rank == 0:
+            print(f"step {step} loss {loss.item():.6f}", flush=True)
         if client is not None:
             client.progress(step)
         if first:
@@ -469,6 +497,14 @@ def train(args: argparse.Namespace, member: Member, point: RestorePoint | None,
     return 0
 
 
+def check_finite(loss: torch.Tensor, rank: int, step: int) -> None:
+    """Stop this rank on a NaN or Inf loss, before its gradients reach the all-reduce."""
+    if not torch.isfinite(loss).item():
+        raise FloatingPointError(f"rank {rank}: loss is {loss.item()} at step {step}: "
+                                 "non-finite local loss before the gradients' all-reduce")
+
+
+@record
 def main(argv: list[str] | None = None) -> int:
     """Generations, one after another, in this process.
 

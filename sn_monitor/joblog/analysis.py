@@ -124,8 +124,8 @@ def _participants(origin: Origin, file: str, prefixed: set[int],
     ranks = set(prefixed)
     if origin.rank is not None:
         ranks.add(origin.rank)
-    return [Participant(rank=rank, file=file, node=origin.node, lines=lines)
-            for rank in sorted(ranks)]
+    return [Participant(rank=rank, file=file, node=origin.node, lines=lines,
+                        shared=len(ranks) > 1) for rank in sorted(ranks)]
 
 
 def _chunks(path: Path) -> Iterator[str]:

@@ -81,6 +81,8 @@ class Participant:
     node: str | None = None
     #: How many lines were read from it (a silent rank is blamed at its last line).
     lines: int = 0
+    #: Whether the file holds several ranks' output (a torchrun --tee console).
+    shared: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,7 +112,8 @@ def _silent(failures: Sequence[Finding], participants: Sequence[Participant]) ->
               if f.rank is not None and f.severity in ("critical", "error")}
     if not failed or not any(f.category in CASCADE_CATEGORIES for f in failures):
         return None
-    silent = sorted((p for p in participants if p.rank not in failed), key=lambda p: p.rank)
+    silent = sorted((p for p in participants if p.rank not in failed),
+                    key=lambda p: (p.rank, p.shared, p.file))  # its own file, stderr first
     if not silent or len({p.rank for p in silent}) >= len(failed):
         return None
     suspect = silent[0]

@@ -36,7 +36,8 @@ def test_a_killed_rank_named_by_torchrun_beats_its_peers_connection_errors() -> 
 def test_a_hang_is_blamed_on_the_rank_that_reported_nothing_not_on_the_first_to_exit() -> None:
     timeouts = [finding(r, "nccl-timeout", root=False) for r in (0, 1, 3)]
     first_exit = finding(0, "app-bug", root=False, file="agent.log", line=90, exitcode="1")
-    cause = order([*timeouts, first_exit], participants=ranks(0, 1, 2, 3))
+    console = [Participant(rank=r, file="agent.log", lines=300, shared=True) for r in range(4)]
+    cause = order([*timeouts, first_exit], participants=[*console, *ranks(0, 1, 2, 3)])
     assert cause is not None
     assert (cause.rank, cause.category, cause.file, cause.line) == (2, "nccl-timeout",
                                                                     "rank2.log", 100)
