@@ -1,8 +1,10 @@
 """ECS documents of findings and raw lines, checked against ECS 9.4.0's field types.
 
-The findings are recognised from the real lines of the recognition tests (each from a
-public report, one or more per category); every document the writer puts in its file is
-checked field by field against tests/fixtures/ecs/fields.yaml (the types ECS publishes).
+The findings are recognised from the public corpus (tests/fixtures/joblogs/corpus/: real
+log lines from public reports, failures of every category and benign lines); every
+document, of a finding or of a raw line, and every document the writer puts in its file,
+is checked field by field against tests/fixtures/ecs/fields.yaml (the types ECS
+publishes).
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from tests.support.ecs_fields import FIELDS, TYPES, document_errors, flatten
 
 RECOGNIZER = Recognizer()
 READ_AT = 1_765_000_000.25
-LINES = yaml.safe_load((Path(__file__).resolve().parents[1] / "fixtures" / "ecs"
-                        / "lines.yaml").read_text())
-#: Lines that are no failure (progress lines, loss-scale warnings), from public reports.
-BENIGN_LINES = [entry["text"] for entry in LINES["benign"]]
+CORPUS = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "joblogs" / "corpus")
+                .glob("*.yaml"))
+ENTRIES = [entry for path in CORPUS for entry in yaml.safe_load(path.read_text())]
+#: Every line of the corpus, failures and benign lines (progress, warnings) alike.
+LINES = [str(entry["text"]) for entry in ENTRIES]
 TRACEBACK = ["Traceback (most recent call last):", '  File "/job/train.py", line 61, in main',
              "    batch = shard[index]", "IndexError: list index out of range"]
 POD = LineSource(node="gpu-node-07", job="llama-70b", orchestrator="kubernetes",
@@ -45,20 +48,18 @@ POD = LineSource(node="gpu-node-07", job="llama-70b", orchestrator="kubernetes",
 
 
 def real_findings() -> list[Finding]:
-    """One finding per real failure line, and the traceback's app-bug."""
-    found = [f for entry in LINES["failures"]
-             for f in recognise_lines(RECOGNIZER, "logs/rank3.log", [entry["text"]], year=2025)]
+    """The findings in the corpus's lines, each read alone, and a traceback's app-bug."""
+    found = [f for line in LINES
+             for f in recognise_lines(RECOGNIZER, "logs/rank3.log", [line], year=2025)]
     return found + recognise_lines(RECOGNIZER, "logs/rank1.log", TRACEBACK, year=2025)
 
 
 FINDINGS = real_findings()
 
 
-def test_the_real_lines_give_findings_of_every_category() -> None:
+def test_the_corpus_gives_findings_of_every_category() -> None:
+    assert len(CORPUS) > 1
     assert {f.category for f in FINDINGS} == set(CATEGORIES)
-    for entry in LINES["failures"]:
-        found = recognise_lines(RECOGNIZER, "x.log", [entry["text"]], year=2025)
-        assert [f.category for f in found] == [entry["category"]], entry["source"]
 
 
 @pytest.mark.parametrize("finding", FINDINGS, ids=lambda f: f"{f.category}-{f.signature}")
@@ -110,17 +111,19 @@ def test_a_line_without_a_time_is_stamped_when_it_was_read() -> None:
     assert document_errors(doc) == []
 
 
-@pytest.mark.parametrize("text", BENIGN_LINES)
-def test_a_raw_line_is_an_event_without_finding_fields(text: str) -> None:
-    doc = json.loads(json_line(line_document(text, "/var/log/containers/x.log", POD,
-                                             read_at=READ_AT, logged_at=READ_AT - 1, rank=5)))
-    assert document_errors(doc) == []
-    assert doc["event"]["kind"] == "event"
-    assert doc["@timestamp"] == iso_time(READ_AT - 1)
-    assert {"category", "root_candidate", "params", "line"}.isdisjoint(doc["sn_monitor"])
-    assert "level" not in doc["log"]
-    assert "rule" not in doc
-    assert doc["sn_monitor"]["rank"] == 5
+def test_a_raw_line_is_an_event_without_finding_fields() -> None:
+    for text in LINES:
+        doc = json.loads(json_line(line_document(text, "/var/log/containers/x.log", POD,
+                                                 read_at=READ_AT, logged_at=READ_AT - 1,
+                                                 rank=5)))
+        assert document_errors(doc) == [], text
+        assert doc["message"] == text
+        assert doc["event"]["kind"] == "event"
+        assert doc["@timestamp"] == iso_time(READ_AT - 1)
+        assert {"category", "root_candidate", "params", "line"}.isdisjoint(doc["sn_monitor"])
+        assert "level" not in doc["log"]
+        assert "rule" not in doc
+        assert doc["sn_monitor"]["rank"] == 5
 
 
 def test_the_check_rejects_what_ecs_would_not_index() -> None:
@@ -155,9 +158,9 @@ def test_every_document_the_writer_writes_is_ecs(tmp_path: Path) -> None:
     output = EcsOutput(options, POD, ManualClock(start=READ_AT))
     for finding in FINDINGS:
         assert output.finding(finding)
-    for text in [*BENIGN_LINES, *TRACEBACK]:
+    for text in [*LINES, *TRACEBACK]:
         assert output.line(text, "logs/rank1.log", rank=1)
-    assert output.flush() == len(FINDINGS) + len(BENIGN_LINES) + len(TRACEBACK)
+    assert output.flush() == len(FINDINGS) + len(LINES) + len(TRACEBACK)
     lines = (tmp_path / "joblog.ndjson").read_text().splitlines()
     docs = [json.loads(line) for line in lines]
     assert len(docs) == output.counts.written
