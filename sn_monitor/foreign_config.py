@@ -1,12 +1,14 @@
 """Files that ship beside sn-monitor's own but belong to other tools.
 
 `deploy/` holds Kubernetes manifests, Prometheus and Alertmanager configurations,
-Prometheus rule files and systemd units next to sn-monitor's configs. ``check-config``
-is pointed at all of them (``sn-monitor check-config $(find deploy -type f)``): it
-tells these apart by their content, says what each is instead of reading it as an agent
-config ("apiVersion: unknown key"), and checks it with its own tool (``promtool``,
-``amtool``) where that is on PATH. A Kubernetes manifest is named, not checked: only an
-API server knows its schemas (``kubectl apply --dry-run=server``).
+Prometheus rule files, systemd units and the log shippers' files (a Vector pipeline, a
+Filebeat config, an Elasticsearch index template) next to sn-monitor's configs.
+``check-config`` is pointed at all of them (``sn-monitor check-config $(find deploy -type
+f)``): it tells these apart by their content, says what each is instead of reading it as
+an agent config ("apiVersion: unknown key"), and checks it with its own tool
+(``promtool``, ``amtool``, ``vector``, ``filebeat``) where that is on PATH. A Kubernetes
+manifest is named, not checked: only an API server knows its schemas (``kubectl apply
+--dry-run=server``).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def recognise(path: Path) -> ForeignFile | None:
     manifest = _kubernetes_manifest(documents)
     if manifest is not None or len(documents) != 1:
         return manifest
-    return _monitoring_config(documents[0], str(path))
+    return _monitoring_config(documents[0], str(path)) or _shipping_config(documents[0],
+                                                                          str(path))
 
 
 def _mappings(path: Path) -> list[dict[Any, Any]] | None:
@@ -109,6 +112,19 @@ def _monitoring_config(doc: dict[Any, Any], name: str) -> ForeignFile | None:
     if isinstance(doc.get("groups"), list) and all(
             isinstance(g, dict) and "rules" in g for g in doc["groups"]):
         return ForeignFile("Prometheus rule file", ("promtool", "check", "rules", name))
+    return None
+
+
+def _shipping_config(doc: dict[Any, Any], name: str) -> ForeignFile | None:
+    """A Vector pipeline, a Filebeat config or an Elasticsearch index template."""
+    if "sinks" in doc and ("sources" in doc or "transforms" in doc):
+        return ForeignFile("Vector configuration",
+                           ("vector", "validate", "--no-environment", name))
+    if "filebeat.inputs" in doc or isinstance(doc.get("filebeat"), dict):
+        return ForeignFile("Filebeat configuration", ("filebeat", "test", "config", "-c", name))
+    if "index_patterns" in doc:
+        return ForeignFile("Elasticsearch index template",
+                           hint="PUT _index_template/<name> on a cluster checks it")
     return None
 
 

@@ -39,6 +39,10 @@ OTHERS = {
     "prometheus/*.yml": "Prometheus configs (promtool, test_prometheus_files.py)",
     "alertmanager/*.yml": "Alertmanager config (amtool, test_prometheus_files.py)",
     "systemd/*.service": "systemd units (tests/integration/test_systemd.py)",
+    "logging/vector.yaml": "Vector pipeline (vector validate, test_logging_deploy.py)",
+    "logging/filebeat.yml": "Filebeat config (filebeat test config, test_logging_deploy.py)",
+    "logging/index-template.json": "Elasticsearch index template (test_logging_deploy.py)",
+    "logging/README.md": "documentation",
 }
 
 NO_KUBERNETES = """\

@@ -46,6 +46,11 @@ def _file(tmp_path: Path, name: str, text: str) -> Path:
     ("alertmanager.yml", ALERTMANAGER, "Alertmanager configuration"),
     ("recording.yml", RULES, "Prometheus rule file"),
     ("sn-agent.service", "[Unit]\nDescription=x\n", "systemd unit"),
+    ("vector.yaml", "sources: {f: {type: file}}\nsinks: {l: {type: loki, inputs: [f]}}\n",
+     "Vector configuration"),
+    ("filebeat.yml", "filebeat.inputs: [{type: filestream, id: x}]\n", "Filebeat configuration"),
+    ("template.json", '{"index_patterns": ["logs-x-*"], "data_stream": {}}',
+     "Elasticsearch index template"),
 ])
 def test_other_tools_files_are_told_apart(tmp_path: Path, name: str, text: str,
                                           kind: str) -> None:
