@@ -16,11 +16,11 @@ import msgspec
 
 #: ``collector_stuck``: one of the agent's collectors has not returned by its deadline (a
 #: driver call that hangs); the agent itself is alive and goes on without it.
-#: ``job_log``: a failure recognised in a training job's log (source ``joblog``,
+#: ``log``: a failure recognised in a training job's log (source ``joblog``,
 #: :mod:`sn_monitor.joblog`); the controller orders them into the job's root cause.
 EventKind = Literal[
     "xid", "sxid", "gpu_lost", "gpu_fallen_off_bus", "link_down", "guard", "collector_stuck",
-    "job_log",
+    "log",
 ]
 EventSource = Literal["nvml", "kmsg", "agent", "joblog"]
 #: What a rule may ask the controller to do (the rule files' ``actions``).
@@ -115,10 +115,10 @@ MAX_COUNTER_NAME = 64
 
 
 MAX_RANKS = 1 << 24
-"""Ranks one job may have (a ``job_log`` event's ``rank`` is below it)."""
+"""Ranks one job may have (a ``log`` event's ``rank`` is below it)."""
 JobLogText = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 MAX_PARAMS = 8
-"""Parameters one ``job_log`` event may carry."""
+"""Parameters one ``log`` event may carry."""
 
 
 MAX_WORKLOADS = 16
@@ -263,7 +263,7 @@ class EventRecord(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
     pci_bus_id: Annotated[str, msgspec.Meta(max_length=32)] | None = None
     code: Int64 | None = None
     device: Annotated[str, msgspec.Meta(max_length=64)] | None = None
-    # A ``job_log`` event's finding (:class:`sn_monitor.joblog.model.Finding`); the line
+    # A ``log`` event's finding (:class:`sn_monitor.joblog.model.Finding`); the line
     # itself is ``message``, ``time_seconds`` when the agent read it. Controllers are
     # upgraded first: an older one refuses a report with these fields (unknown fields),
     # and an agent leaves them out (omit_defaults) for every other kind.

@@ -1,4 +1,4 @@
-"""A job's root cause in the live controller: job_log events in reports, node faults, one
+"""A job's root cause in the live controller: log events in reports, node faults, one
 job incident, its alert to the job's owner, and no node taken for the application's fault.
 
 The controller in process (tests/support/harness.py) with a manual clock: the triage's
@@ -50,7 +50,7 @@ def controller(tmp_path: Path) -> Iterator[Harness]:
 
 def _line(event_id: int, rank: int, category: str, line_time: float, *, root: bool,
           text: str, at: float) -> dict[str, Any]:
-    return {"id": event_id, "kind": "job_log", "source": "joblog", "time_seconds": at,
+    return {"id": event_id, "kind": "log", "source": "joblog", "time_seconds": at,
             "message": text, "category": category, "severity": "error", "rank": rank,
             "root_candidate": root, "file": f"/logs/llm/rank{rank}.log", "line": 100 + rank,
             "signature": f"{category}-test", "line_time_seconds": line_time}
@@ -155,7 +155,7 @@ def test_a_hang_after_an_application_failure_suspects_no_node(controller: Harnes
 
 
 def test_the_root_cause_through_the_http_api(api: Api) -> None:
-    """A job posted, reports with job_log events, the root cause on GET /api/v1/jobs."""
+    """A job posted, reports with log events, the root cause on GET /api/v1/jobs."""
     assert api.post("/api/v1/jobs", json=JOB).status_code == 201
     now = api.h.clock.time()
     reply = api.report("gpu-3", temps=[50.0], events=[_line(

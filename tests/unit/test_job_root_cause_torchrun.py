@@ -1,5 +1,5 @@
 """The real torchrun failures (tests/fixtures/joblogs/torchrun) replayed to the live
-controller: each rank's findings sent by the agent of its node as job_log events, the
+controller: each rank's findings sent by the agent of its node as log events, the
 job's ranks known from its progress reports; the controller names the first rank and
 the category each failure's expected.yaml names (not the ranks that timed out).
 
@@ -44,7 +44,7 @@ def controller(tmp_path: Path) -> Iterator[Harness]:
 def _event(event_id: int, f: Finding, at: float) -> dict[str, Any]:
     """A finding as an agent sends it (the wire's bounds: 8 parameters, 128 characters)."""
     event: dict[str, Any] = {
-        "id": event_id, "kind": "job_log", "source": "joblog", "time_seconds": at,
+        "id": event_id, "kind": "log", "source": "joblog", "time_seconds": at,
         "message": f.text, "category": f.category, "severity": f.severity,
         "root_candidate": f.root_candidate, "file": str(Path(f.file).relative_to(TORCHRUN)),
         "line": f.line, "params": {k[:32]: v[:128] for k, v in list(f.params.items())[:8]}}

@@ -1,4 +1,4 @@
-"""The jobs' failure triage: job_log findings and node faults in, the root cause out.
+"""The jobs' failure triage: log findings and node faults in, the root cause out.
 
 The clock is a manual one: the settle time passes by moving it, never by waiting.
 """
@@ -44,7 +44,7 @@ class Membership:
 def finding(event_id: int, rank: int, category: str, at: float, *, root: bool = False,
             severity: str = "error", text: str = "", **extra: Any) -> EventRecord:
     return EventRecord(
-        id=event_id, kind="job_log", source="joblog", time_seconds=at + 2.0,
+        id=event_id, kind="log", source="joblog", time_seconds=at + 2.0,
         message=text or f"rank {rank}: {category}", category=category, severity=severity,  # type: ignore[arg-type]
         rank=rank, root_candidate=root, file=f"/logs/llm/rank{rank}.log", line=10 + event_id,
         line_time_seconds=at, **extra)

@@ -1,6 +1,6 @@
 """Why a job died: its ranks' log findings and its nodes' faults, ordered into a root cause.
 
-Agents send what they recognise in a job's log as ``job_log`` events (a
+Agents send what they recognise in a job's log as ``log`` events (a
 :class:`sn_monitor.joblog.model.Finding` on the wire); faults on nodes come as events too
 (an XID, a GPU lost or fallen off the bus, a link down), and a node that stopped
 reporting is one (:meth:`JobTriage.node_lost`). The triage keeps, per job, the findings
@@ -165,7 +165,7 @@ class JobTriage:
             if fresh:
                 self._seen[node] = (instance, max(e.id for e in fresh))
         for event in fresh:
-            if event.kind == "job_log":
+            if event.kind == "log":
                 self._take_finding(node, event)
             else:
                 fault = self._fault(node, event)
