@@ -20,11 +20,6 @@ NODES = ("n0", "n1")
 
 
 @dataclass
-class _Job:
-    nodes: tuple[str, ...]
-
-
-@dataclass
 class Membership:
     """The orchestrator's side as the triage reads it: one job ``llm`` on n0 and n1."""
 
@@ -34,8 +29,8 @@ class Membership:
     def jobs_of_node(self, node: str) -> list[str]:
         return ["llm"] if node in NODES else []
 
-    def job(self, name: str) -> _Job | None:
-        return _Job(NODES) if name == "llm" and not self.removed else None
+    def exists(self, name: str) -> bool:
+        return name == "llm" and not self.removed
 
     def ranks_by_node(self, name: str) -> dict[str, list[int]]:
         return dict(self.ranks) if name == "llm" else {}

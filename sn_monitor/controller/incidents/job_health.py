@@ -75,11 +75,11 @@ class JobHealthWatch:
 
         Its failed nodes too: the recovery the loss started may have taken it out already.
         """
-        for job in self._jobs.jobs():
-            for node in {*job.nodes, *job.failed_nodes}:
+        for job, nodes in self._jobs.members().items():
+            for node in dict.fromkeys(nodes):
                 if self._fleet.state_of(node) == "lost":
                     view = self._registry.get(node)
-                    self._triage.node_lost(job.name, node, view.received_wall
+                    self._triage.node_lost(job, node, view.received_wall
                                            if view is not None else self._clock.time())
 
     # ------------------------------------------------------------------ hangs

@@ -146,6 +146,20 @@ class JobOrchestrator:
         """
         return self.registry.jobs_of_node(node)
 
+    def members(self) -> dict[str, tuple[str, ...]]:
+        """Each job's nodes and the nodes it took out (evicted, failed spares).
+
+        Unlike :meth:`jobs`, it reads nothing that a read may move: a job's status asks
+        the checkpoint advisor, whose estimate is cached from when it is asked.
+        """
+        with self._lock:
+            return {j.name: (*j.row.nodes, *j.row.excluded) for j in self.registry.records()}
+
+    def exists(self, name: str) -> bool:
+        """Whether a job of that name is known (a read without side effects, as :meth:`members`)."""
+        with self._lock:
+            return self.registry.find(name) is not None
+
     def excluding(self, node: str) -> list[str]:
         """The jobs that took ``node`` out (evicted, or a failed spare): it may return."""
         with self._lock:

@@ -43,7 +43,6 @@ from types import MappingProxyType
 from typing import Any, Final, Protocol
 
 from sn_monitor.clock import Clock
-from sn_monitor.controller.jobs.views import JobStatus
 from sn_monitor.joblog.model import Finding, NodeFault, Participant, RootCause
 from sn_monitor.joblog.rootcause import order
 from sn_monitor.model import EventRecord
@@ -72,7 +71,7 @@ class JobMembership(Protocol):
 
     def jobs_of_node(self, node: str) -> list[str]: ...
 
-    def job(self, name: str) -> JobStatus | None: ...
+    def exists(self, name: str) -> bool: ...
 
     def ranks_by_node(self, name: str) -> dict[str, list[int]]: ...
 
@@ -207,7 +206,7 @@ class JobTriage:
     def _forget_removed_jobs(self) -> None:
         with self._lock:
             jobs = {*self._episodes, *self._faults}
-        gone = {job for job in jobs if self._jobs.job(job) is None}
+        gone = {job for job in jobs if not self._jobs.exists(job)}
         if gone:
             with self._lock:
                 for job in gone:
@@ -225,7 +224,7 @@ class JobTriage:
         """The latest root cause of each job the controller still knows."""
         with self._lock:
             decided = [ep.decided for ep in self._episodes.values() if ep.decided is not None]
-        return [cause for cause in decided if self._jobs.job(cause.job) is not None]
+        return [cause for cause in decided if self._jobs.exists(cause.job)]
 
     # ------------------------------------------------------------------ intake
 
@@ -265,7 +264,7 @@ class JobTriage:
     def _job_of(self, node: str, named: str | None) -> str | None:
         """The finding's job: the one it names, if known; else the one on its node."""
         if named is not None:
-            return named if self._jobs.job(named) is not None else None
+            return named if self._jobs.exists(named) else None
         jobs = sorted(self._jobs.jobs_of_node(node))
         return jobs[0] if jobs else None
 
