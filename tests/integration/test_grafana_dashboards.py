@@ -15,19 +15,22 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
 from jsonschema import Draft7Validator
 
 from tests.conftest import FIXTURES, ROOT, require_tool
+from tests.drivers.servers import wait_until
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
 
 GRAFANA = ROOT / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
@@ -191,6 +194,21 @@ def _query(api: str, expr: str) -> list[dict[str, Any]]:
     return list(doc["data"]["result"])
 
 
+def _eventually(probe: Callable[[], T], done: Callable[[T], bool] = bool) -> T:
+    """``probe``'s answer once ``done`` says it is there, or its last one after 300 s.
+
+    The bound is for a loaded machine, not a margin: the assertions that follow judge it.
+    """
+    answers: list[T] = []
+
+    def ready() -> bool:
+        answers.append(probe())
+        return done(answers[-1])
+
+    wait_until(ready, timeout=300.0, step=1.0)
+    return answers[-1]
+
+
 def _shows_something(result: list[dict[str, Any]]) -> bool:
     return any(math.isfinite(float(series["value"][1])) for series in result)
 
@@ -324,11 +342,7 @@ def test_the_idle_slurm_job_alone_holds_idle_gpus(prometheus: str):
     Idle shows once the notebook's GPUs have stayed quiet for ``workloads.idle_after``
     (10 simulated minutes); every workload's energy grows from the start.
     """
-    deadline = time.monotonic() + 300  # a bound for a loaded machine, not a margin
-    idle: list[dict[str, Any]] = []
-    while not idle and time.monotonic() < deadline:
-        idle = _query(prometheus, "sn_workload_idle_gpus > 0")
-        time.sleep(1)
+    idle = _eventually(lambda: _query(prometheus, "sn_workload_idle_gpus > 0"))
     assert {(s["metric"]["slurm_job"], s["value"][1]) for s in idle} == {("1002", "4")}
     energy = _query(prometheus, "sn_workload_energy_joules_total > 0")
     assert {s["metric"]["slurm_job"] for s in energy} == {"1001", "1002"}
@@ -336,30 +350,23 @@ def test_the_idle_slurm_job_alone_holds_idle_gpus(prometheus: str):
 
 def test_the_api_lists_each_job_s_idle_gpus_and_energy(demo_stack: DemoStack):
     """GET /api/v1/workloads, the controller's own accounting behind those series."""
-    deadline = time.monotonic() + 300  # a bound for a loaded machine, not a margin
-    by_job: dict[str, dict[str, Any]] = {}
-    while time.monotonic() < deadline:
+    def by_job() -> dict[str, dict[str, Any]]:
         listed = _get(f"{demo_stack.controller}/api/v1/workloads")["workloads"]
-        by_job = {w["slurm_job"]: w for w in listed if w.get("slurm_job")}
-        if by_job.get("1002", {}).get("idle_gpus"):
-            break
-        time.sleep(1)
-    assert set(by_job) == {"1001", "1002"}
-    assert (by_job["1002"]["gpus"], by_job["1002"]["idle_gpus"]) == (4, 4)
-    assert by_job["1001"]["idle_gpus"] == 0
-    assert by_job["1001"]["gpus"] > 0
-    assert all(w["energy_joules_total"] > 0 for w in by_job.values())
+        return {w["slurm_job"]: w for w in listed if w.get("slurm_job")}
+
+    jobs = _eventually(by_job, lambda seen: bool(seen.get("1002", {}).get("idle_gpus")))
+    assert set(jobs) == {"1001", "1002"}
+    assert (jobs["1002"]["gpus"], jobs["1002"]["idle_gpus"]) == (4, 4)
+    assert jobs["1001"]["idle_gpus"] == 0
+    assert jobs["1001"]["gpus"] > 0
+    assert all(w["energy_joules_total"] > 0 for w in jobs.values())
 
 
 def test_the_idle_gpu_alert_fires_for_the_idle_job_alone(prometheus: str):
     """The shipped SnWorkloadIdleGpus (its hold shortened, see :data:`IDLE_ALERT_HOLD`)
     fires for the notebook, Slurm job 1002, and for no other workload."""
     firing = f'ALERTS{{alertname="{IDLE_ALERT}",alertstate="firing"}}'
-    deadline = time.monotonic() + 300  # a bound for a loaded machine, not a margin
-    alerts: list[dict[str, Any]] = []
-    while not alerts and time.monotonic() < deadline:
-        alerts = _query(prometheus, firing)
-        time.sleep(1)
+    alerts = _eventually(lambda: _query(prometheus, firing))
     assert [(a["metric"]["slurm_job"], a["metric"]["severity"]) for a in alerts] == [
         ("1002", "warning")]
     assert _query(prometheus, f'ALERTS{{alertname="{IDLE_ALERT}",slurm_job!="1002"}}') == []
