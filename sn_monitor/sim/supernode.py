@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -48,7 +49,11 @@ from sn_monitor.sim.fleet import node_name
 from sn_monitor.sim.pace import PaceBook
 from sn_monitor.sim.slurm_jobs import demo_jobs, write_commands
 
+log = logging.getLogger(__name__)
+
 JOB = "demo"
+#: How often one agent may move to another port when another process took its own.
+PORT_CONFLICT_RETRIES = 3
 #: The shortest heartbeat timeout of the scaled rules (wall seconds).
 HEARTBEAT_FLOOR_SECONDS = 8.0
 #: Before the scenario starts, every agent's report at most this old for this long (or
@@ -227,6 +232,8 @@ class Supernode:
         self.session = requests.Session()
         self.agents: dict[str, Child] = {}
         self.agent_urls: dict[str, str] = {}
+        self._agent_env: dict[str, str] = dict(os.environ)
+        self._port_moves: dict[str, int] = {}
         self.controller: Child | None = None
 
     # ------------------------------------------------------------------ start
@@ -307,23 +314,12 @@ class Supernode:
         self.controller.start()
         progress(f"controller starting on {self.url} (state in {self.root})")
         ports = free_ports("127.0.0.1", self.port, opts.nodes)
-        agent_configs = self.root / "agents"
-        agent_configs.mkdir(exist_ok=True)
+        (self.root / "agents").mkdir(exist_ok=True)
         slurm_bin = write_commands(self.slurm_jobs, self.root / "slurm" / "bin")
-        env = {**os.environ, "PATH": f"{slurm_bin}{os.pathsep}{os.environ.get('PATH', '')}"}
+        self._agent_env = {**os.environ,
+                           "PATH": f"{slurm_bin}{os.pathsep}{os.environ.get('PATH', '')}"}
         for name, port in zip(self.names, ports, strict=True):
-            self.agent_urls[name] = f"http://127.0.0.1:{port}"
-            agent_config = agent_configs / f"{name}.yaml"
-            agent_config.write_text(yaml.safe_dump({
-                "labels": self.labels[name],
-                "attribution": {"slurm": {"enabled": True, "node": name, "refresh": "2s"}}}))
-            self.agents[name] = Child(name, [
-                sys.executable, "-m", "sn_monitor.cli", "agent", "--simulate", str(opts.gpus),
-                "--config", str(agent_config),
-                "--controller", self.url, "--node", name, "--listen", f"127.0.0.1:{port}",
-                "--state-dir", str(self.root / "agents" / name),
-                "--sim-speed", f"{opts.speed:g}", "--log-format", "json",
-                "--log-level", "warning"], logs / f"{name}.log", env)
+            self.agents[name] = self._agent(name, port)
         self._wait(lambda: self._healthy(self.url, self.controller), timeout,
                    "the controller to answer /healthz")
         for agent in self.agents.values():
@@ -387,9 +383,46 @@ class Supernode:
         except requests.RequestException:
             return False
 
+    def _agent(self, name: str, port: int) -> Child:
+        """The agent child of node ``name``, to listen on ``port`` (not started)."""
+        opts = self.options
+        self.agent_urls[name] = f"http://127.0.0.1:{port}"
+        agent_config = self.root / "agents" / f"{name}.yaml"
+        agent_config.write_text(yaml.safe_dump({
+            "labels": self.labels[name],
+            "attribution": {"slurm": {"enabled": True, "node": name, "refresh": "2s"}}}))
+        return Child(name, [
+            sys.executable, "-m", "sn_monitor.cli", "agent", "--simulate", str(opts.gpus),
+            "--config", str(agent_config),
+            "--controller", self.url, "--node", name, "--listen", f"127.0.0.1:{port}",
+            "--state-dir", str(self.root / "agents" / name),
+            "--sim-speed", f"{opts.speed:g}", "--log-format", "json",
+            "--log-level", "warning"], self.root / "logs" / f"{name}.log", self._agent_env)
+
+    def _moved_after_port_conflict(self, agent: Child) -> bool:
+        """Start ``agent`` again on another port if another process took its port.
+
+        The free ports are probed before the agents bind them: a second demo or
+        controller starting on this machine at the same time can bind one in between.
+        That agent exits at once; it moves (at most :data:`PORT_CONFLICT_RETRIES` times)
+        instead of failing the whole start.
+        """
+        port = int(self.agent_urls[agent.name].rsplit(":", 1)[1])
+        tries = self._port_moves.get(agent.name, 0)
+        if port_free("127.0.0.1", port) or tries >= PORT_CONFLICT_RETRIES:
+            return False
+        highest = max(int(url.rsplit(":", 1)[1]) for url in self.agent_urls.values())
+        self._port_moves[agent.name] = tries + 1
+        moved = self._agent(agent.name, free_ports("127.0.0.1", highest, 1)[0])
+        log.warning("agent %s: port %d was taken by another process; moving it to %s",
+                    agent.name, port, self.agent_urls[agent.name])
+        self.agents[agent.name] = moved
+        moved.start()
+        return True
+
     def _all_reporting(self) -> bool:
-        for agent in self.agents.values():
-            if not agent.running:
+        for agent in list(self.agents.values()):
+            if not agent.running and not self._moved_after_port_conflict(agent):
                 raise SupernodeError(f"agent {agent.name} exited; the end of its log "
                                      f"({agent.log_path}):\n{agent.tail()}")
         nodes = {n["name"] for n in self.get("/api/v1/nodes")["nodes"]}

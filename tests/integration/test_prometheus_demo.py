@@ -8,6 +8,10 @@ and evaluation intervals. Checked: every dashboard variable has values and the t
 groups the nodes by rack; one XID reads 1 in "XIDs in the last hour"; after the job's
 first recovery, its recovery p90 is a number. Both counters were created by their first
 event before, so ``increase()`` read 0 and the p90 NaN.
+
+The first agent's port is taken by another process between the demo's probe and the
+agent's bind, as a second demo starting on the machine at the same moment does: that
+agent moves to another port and the start goes on.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from sn_monitor.sim import supernode as supernode_module
 from sn_monitor.sim.supernode import JOB, Supernode, SupernodeOptions
 from tests.conftest import ROOT
 from tests.support.ports import free_port
@@ -53,14 +59,34 @@ def demo_config(controller: str, tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Supernode, Prometheus]]:
+def taken() -> Iterator[list[socket.socket]]:
+    """The listener that takes the first agent's port after the demo probed it."""
+    listeners: list[socket.socket] = []
+    yield listeners
+    for listener in listeners:
+        listener.close()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory,
+         taken: list[socket.socket]) -> Iterator[tuple[Supernode, Prometheus]]:
     root = tmp_path_factory.mktemp("prometheus-demo")
     supernode = Supernode(SupernodeOptions(
         state_dir=root / "demo", nodes=NODES, gpus=GPUS, spares=1,
         listen=f"127.0.0.1:{free_port()}"))
     prometheus: Prometheus | None = None
+    probe = supernode_module.free_ports
+
+    def probed_then_taken(host: str, after: int, count: int) -> list[int]:
+        ports = probe(host, after, count)
+        if not taken:
+            listener = socket.create_server((host, ports[0]))
+            taken.append(listener)
+        return ports
     try:
-        supernode.start(timeout=120)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(supernode_module, "free_ports", probed_then_taken)
+            supernode.start(timeout=120)
         prometheus = Prometheus(demo_config(supernode.url, root), root / "tsdb")
 
         def every_target_up() -> bool:
@@ -72,6 +98,15 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Supernode, 
         if prometheus is not None:
             prometheus.close()
         supernode.close()
+
+
+def test_an_agent_whose_port_was_taken_after_the_probe_moves_to_another(demo, taken):
+    supernode, _ = demo
+    (listener,) = taken
+    first = supernode.names[0]
+    moved = int(supernode.agent_urls[first].rsplit(":", 1)[1])
+    assert moved != listener.getsockname()[1]
+    assert supernode.agents[first].running
 
 
 def _variables() -> Iterator[tuple[str, dict[str, Any]]]:
