@@ -54,8 +54,8 @@ from bench.common import (
 )
 from sn_monitor.agent.joblogs.build import build_reader
 from sn_monitor.agent.joblogs.reader import JobLogReader
-from sn_monitor.agent.joblogs.stats import JobLogStats
 from sn_monitor.agent.settings import JobLogFileSettings, JobLogSettings
+from sn_monitor.agent.snapshot import JobLogStats
 from sn_monitor.clock import SystemClock
 
 RATE = 50_000_000

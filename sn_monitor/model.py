@@ -31,6 +31,26 @@ ActionName = Literal[
 
 
 @dataclass(frozen=True, slots=True)
+class JobLogFinding:
+    """What a ``log`` event says beyond its line: a failure recognised in a job's log.
+
+    The fields of :class:`sn_monitor.joblog.model.Finding` the controller orders by, and
+    the job and rank the agent knows the log by (see :class:`EventRecord`).
+    """
+
+    category: str
+    severity: Literal["critical", "error", "warning", "info"]
+    root_candidate: bool
+    file: str
+    line: int
+    job: str | None = None
+    rank: int | None = None
+    signature: str = ""
+    line_time_seconds: float | None = None
+    params: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Event:
     """One fault event seen on a node.
 
@@ -48,6 +68,8 @@ class Event:
     code: int | None = None
     device: str | None = None
     kernel_time_seconds: float | None = None
+    #: A ``log`` event's finding (None for every other kind).
+    finding: JobLogFinding | None = None
 
 
 # --------------------------------------------------------------------------- the wire

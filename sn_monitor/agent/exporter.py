@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from sn_monitor import __version__
 from sn_monitor.agent.exposition import Family, counter, gauge, to_metric
+from sn_monitor.agent.joblog_series import job_log_families
 from sn_monitor.agent.snapshot import GpuSample, IbPortSample, NetDeviceSample, NodeSnapshot
 from sn_monitor.agent.workload_series import workload_families
 
@@ -189,6 +190,7 @@ class SnapshotCollector:
         yield from self._collectors(snapshot)
         yield from self._gpus(snapshot.gpus)
         yield from workload_families(snapshot)
+        yield from job_log_families(snapshot)
         yield from self._xids(snapshot)
         yield from self._net(snapshot.net)
         yield from self._infiniband(snapshot.infiniband)

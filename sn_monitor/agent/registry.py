@@ -19,6 +19,7 @@ from sn_monitor.agent.collectors.infiniband import InfinibandCollector
 from sn_monitor.agent.collectors.kmsg import KmsgCollector
 from sn_monitor.agent.collectors.net import NetCollector
 from sn_monitor.agent.collectors.processes import ProcessesCollector
+from sn_monitor.agent.joblogs.collector import build_job_log_collector
 from sn_monitor.agent.settings import AgentSettings
 from sn_monitor.agent.workloads.kubelet import KubeletSource
 from sn_monitor.agent.workloads.model import AllocationSource
@@ -89,9 +90,12 @@ COLLECTORS: dict[str, Factory] = {
 
 
 def build_collectors(settings: AgentSettings, nvml: NvmlModule, clock: Clock) -> list[Collector]:
-    """The enabled collectors, in registry order."""
-    return [
+    """The enabled collectors, in registry order; the job's logs last (``job_logs``)."""
+    collectors: list[Collector] = [
         factory(settings, nvml, clock)
         for name, factory in COLLECTORS.items()
         if getattr(settings.collectors, name).enabled
     ]
+    if settings.job_logs.enabled:
+        collectors.append(build_job_log_collector(settings, clock))
+    return collectors

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from sn_monitor import __version__
 from sn_monitor.agent.snapshot import (
@@ -31,7 +32,9 @@ from sn_monitor.model import (
     MAX_EVENTS,
     MAX_GPUS,
     MAX_LABELS,
+    MAX_PARAMS,
     MAX_PORTS,
+    MAX_RANKS,
     MAX_WORKLOADS,
     MEASURE_MAX,
     CommandResult,
@@ -41,6 +44,7 @@ from sn_monitor.model import (
     GpuWorkloadReport,
     HostReport,
     IbPortReport,
+    JobLogFinding,
     NetReport,
     NodeTopology,
     Report,
@@ -76,6 +80,13 @@ IB_COUNTER_MARKERS: tuple[str, ...] = (
 IB_DATA_COUNTERS: frozenset[str] = frozenset({"transmitted_bytes", "received_bytes"})
 
 _MAX_IB_COUNTERS = 128
+#: A ``log`` event's bounds (:class:`~sn_monitor.model.EventRecord`): the category, the
+#: job and signature, the file (its end is kept: the name says the rank), a parameter.
+_MAX_LOG_NAME = 64
+_MAX_LOG_TEXT = 128
+_MAX_LOG_FILE = 1024
+_MAX_PARAM_NAME = 32
+_MAX_PARAM_VALUE = 128
 _MAX_KEY = 64
 _MAX_LABEL_VALUE = 128
 _MAX_TEXT = 4096
@@ -239,7 +250,31 @@ def event_record(event: Event, event_id: int) -> EventRecord:
         pci_bus_id=None if event.pci_bus_id is None else event.pci_bus_id[:_MAX_BUS_ID],
         code=event.code,
         device=None if event.device is None else event.device[:_MAX_DEVICE],
+        **({} if event.finding is None else _finding_fields(event.finding)),
     )
+
+
+def _finding_fields(finding: JobLogFinding) -> dict[str, Any]:
+    """A ``log`` event's finding as :class:`EventRecord` fields, cut to the wire's limits.
+
+    A field that cannot be cut to fit (an empty category or job) is left out rather than
+    making the whole report invalid.
+    """
+    fields: dict[str, Any] = {
+        "category": finding.category[:_MAX_LOG_NAME] or None,
+        "severity": finding.severity,
+        "root_candidate": finding.root_candidate,
+        "file": finding.file[-_MAX_LOG_FILE:] or None,
+        "line": max(1, min(finding.line, INT64_MAX)),
+        "job": (finding.job or "")[:_MAX_LOG_TEXT] or None,
+        "rank": finding.rank if finding.rank is not None and 0 <= finding.rank < MAX_RANKS
+        else None,
+        "signature": finding.signature[:_MAX_LOG_TEXT] or None,
+        "line_time_seconds": _measure(finding.line_time_seconds),
+        "params": {name[:_MAX_PARAM_NAME]: value[:_MAX_PARAM_VALUE]
+                   for name, value in finding.params[:MAX_PARAMS] if name},
+    }
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 class EventNumberer:

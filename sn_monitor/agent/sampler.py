@@ -269,6 +269,7 @@ class Sampler:
             event_counts=tuple(sorted(self._event_counts.items())),
             collectors=tuple(statuses),
             sources=tuple(source for p in parts for source in p.sources),
+            job_logs=next((p.job_logs for p in parts if p.job_logs is not None), None),
         )
 
     def _stuck_status(self, worker: CollectorWorker, events: list[Event]) -> CollectorStatus:

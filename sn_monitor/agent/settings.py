@@ -21,6 +21,8 @@ from sn_monitor.config import (
     positive,
     setting,
 )
+from sn_monitor.joblog.ecs import EcsOutputOptions
+from sn_monitor.joblog.templates import TemplateSettings
 from sn_monitor.tls import ca_bundle, check_key_pair, readable_file
 from sn_monitor.transport import check_http_url
 
@@ -441,7 +443,9 @@ class JobLogSettings:
     ``max_line_bytes`` bounds a line (longer ones are cut), ``queue_lines`` the lines
     waiting for their consumer (full: the oldest is dropped), ``max_open_files`` the files
     open at once. ``from_start``: read the files and units already there from their start
-    (default: from their end).
+    (default: from their end). The lines are recognised on the reader's thread
+    (:mod:`sn_monitor.joblog`'s catalogue) and each finding goes to the controller as a
+    ``log`` event.
     """
 
     enabled: bool = False
@@ -456,6 +460,11 @@ class JobLogSettings:
     poll_interval: Duration = setting(default=Duration(0.25), check=positive)
     rescan_interval: Duration = setting(default=Duration(1.0), check=positive)
     from_start: bool = False
+    #: The findings (and, when asked, the lines) as ECS JSON lines for Filebeat or
+    #: Vector (``deploy/logging/``); None: none written.
+    output: EcsOutputOptions | None = None
+    #: The template miner per job (new and bursting templates); None: off.
+    templates: TemplateSettings | None = None
 
 
 #: What /metrics serves: ``sn``, the agent's own ``sn_*`` families; ``dcgm``, those and

@@ -292,6 +292,59 @@ class SourceStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class SourceStats:
+    """One source's totals at one moment (see the module's drop reasons)."""
+
+    source: str
+    lines: int
+    bytes: int
+    dropped_bytes_rate: int
+    dropped_bytes_too_long: int
+    dropped_lines_queue: int
+    dropped_lines_unparsed: int
+    truncations: int
+    rotations: int
+
+    @property
+    def dropped_bytes(self) -> int:
+        """Bytes never handed on, every reason."""
+        return self.dropped_bytes_rate + self.dropped_bytes_too_long
+
+    @property
+    def dropped_lines(self) -> int:
+        """Lines read but never handed on, every reason."""
+        return self.dropped_lines_queue + self.dropped_lines_unparsed
+
+
+@dataclass(frozen=True, slots=True)
+class JobLogStats:
+    """What reading the job's logs did, for /metrics.
+
+    Every source's totals, the files open, the lines queued, the reader thread's CPU time
+    (reading and recognition), the findings and the ECS output's documents.
+    """
+
+    sources: tuple[SourceStats, ...]
+    open_files: int
+    queued_lines: int
+    cpu_seconds: float
+    #: Findings recognised, by category (recognition on: :mod:`sn_monitor.joblog`).
+    findings: tuple[tuple[str, int], ...] = ()
+    #: Template findings (``new``, ``burst``) of the jobs' template miners.
+    template_findings: tuple[tuple[str, int], ...] = ()
+    #: Findings dropped before they became events (the pending bound was full).
+    findings_dropped: int = 0
+    #: ECS documents written, dropped (queue full) and failed (disk), when an output is set.
+    output_written: int = 0
+    output_dropped: int = 0
+    output_failed: int = 0
+
+    def source(self, name: str) -> SourceStats | None:
+        """The totals of source ``name``, or None."""
+        return next((s for s in self.sources if s.source == name), None)
+
+
+@dataclass(frozen=True, slots=True)
 class Collected:
     """What one collector contributes to a cycle; the sampler merges them."""
 
@@ -302,6 +355,7 @@ class Collected:
     processes: ProcessesSample | None = None
     events: tuple[Event, ...] = ()
     sources: tuple[SourceStatus, ...] = ()
+    job_logs: JobLogStats | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,3 +405,5 @@ class NodeSnapshot:
     collectors: tuple[CollectorStatus, ...] = field(default=())
     #: The workload-allocation sources the GPU collector asked this cycle.
     sources: tuple[SourceStatus, ...] = ()
+    #: What reading the job's logs did (None: ``job_logs`` is off).
+    job_logs: JobLogStats | None = None

@@ -20,6 +20,9 @@ namespace, ``sn_monitor.*``, as ECS asks of custom fields:
   namespace and container, where known.
 - ``sn_monitor.category``, ``.root_candidate``, ``.rank``, ``.job``, ``.line``,
   ``.stream``, ``.params`` (a flat map of text: mapped as ``flattened``).
+- A template finding (a template new in the job's history, or bursting): ``event.kind``
+  ``event``, ``log.level`` ``info``, ``sn_monitor.category`` ``new-template`` or
+  ``template-burst``, ``sn_monitor.template`` ``{id, text, count, window_count}``.
 
 :class:`EcsOutput` is the agent's end of it: off unless configured
 (:class:`EcsOutputOptions`), it hands each document to a
@@ -40,6 +43,7 @@ from sn_monitor.clock import Clock
 from sn_monitor.config import at_least_one, non_negative, setting
 from sn_monitor.joblog.jsonlines import LineQueue, QueueCounts, RotatingFile
 from sn_monitor.joblog.model import Finding
+from sn_monitor.joblog.templates import TemplateFinding
 
 #: The ECS release the documents follow.
 ECS_VERSION: Final = "9.4.0"
@@ -114,6 +118,17 @@ def finding_document(finding: Finding, source: LineSource, *, read_at: float) ->
         ours["rank"] = finding.rank
     if finding.params:
         ours["params"] = {name: str(value) for name, value in finding.params.items()}
+    return doc
+
+
+def template_document(found: TemplateFinding, file: str, source: LineSource, *,
+                      read_at: float) -> dict[str, Any]:
+    """The ECS document of a template finding: the line that made it, and its template."""
+    doc = line_document(found.line, file, source, read_at=read_at)
+    doc["log"]["level"] = "info"
+    doc[NAMESPACE].update(category=found.kind, template={
+        "id": found.template_id, "text": found.template, "count": found.count,
+        "window_count": found.window_count})
     return doc
 
 
@@ -222,6 +237,13 @@ class EcsOutput:
         stamp = self._clock.time() if read_at is None else read_at
         return self._queue.offer(json_line(finding_document(finding, self.source,
                                                             read_at=stamp)))
+
+    def template(self, found: TemplateFinding, file: str, *,
+                 read_at: float | None = None) -> bool:
+        """Queue a template finding's document; False when it was dropped."""
+        stamp = self._clock.time() if read_at is None else read_at
+        return self._queue.offer(json_line(template_document(found, file, self.source,
+                                                             read_at=stamp)))
 
     def line(self, text: str, file: str, *, read_at: float | None = None,
              logged_at: float | None = None, rank: int | None = None) -> bool:

@@ -16,7 +16,11 @@ skipped, never buffered), a bounded line length and a bounded queue (drop oldest
 * :mod:`.fileset`: a glob's files followed through rotation, with an open-files bound;
 * :mod:`.journalctl`: a unit followed through a ``journalctl --follow`` subprocess;
 * :mod:`.reader`: the thread that polls the sources;
-* :mod:`.build`: the sources and the reader from the ``job_logs`` settings.
+* :mod:`.findings`: the lines recognised (:mod:`sn_monitor.joblog`), findings as ``log``
+  events, the template miners, the ECS output;
+* :mod:`.build`: the sources and the reader from the ``job_logs`` settings;
+* :mod:`.collector`: the collector the sampler asks each cycle for the findings waiting.
 
-May import: the standard library, ``sn_monitor.agent.settings``, ``sn_monitor.clock``.
+May import: the standard library, ``sn_monitor.agent.settings``, ``sn_monitor.agent.snapshot``,
+``sn_monitor.clock``, ``sn_monitor.joblog``, ``sn_monitor.model``.
 """

@@ -19,7 +19,7 @@ from sn_monitor.agent.joblogs.framing import Decoder, PlainDecoder
 from sn_monitor.agent.joblogs.journalctl import JournalUnit
 from sn_monitor.agent.joblogs.lines import LineContext
 from sn_monitor.agent.joblogs.paths import TORCHRUN_PATTERN, cri_context, path_context
-from sn_monitor.agent.joblogs.reader import JobLogReader, LogSource
+from sn_monitor.agent.joblogs.reader import Consumer, JobLogReader, LogSource
 from sn_monitor.agent.joblogs.stats import JobLogCounters, SourceCounters
 from sn_monitor.agent.settings import JobLogFileSettings, JobLogSettings
 from sn_monitor.clock import Clock
@@ -64,10 +64,12 @@ def cursor_path(state_dir: Path, unit: str) -> Path:
 
 
 def build_reader(settings: JobLogSettings, clock: Clock,
-                 state_dir: Path | None = None) -> JobLogReader:
+                 state_dir: Path | None = None,
+                 consumer: Consumer | None = None) -> JobLogReader:
     """The reader of every configured source (not started).
 
-    ``state_dir``: where the journal cursors are kept (None: in memory only).
+    ``state_dir``: where the journal cursors are kept (None: in memory only);
+    ``consumer``: what takes the lines after each poll, on the reader's thread.
     """
     counters = JobLogCounters()
     limits = limits_of(settings)
@@ -92,4 +94,4 @@ def build_reader(settings: JobLogSettings, clock: Clock,
     rate = float(settings.max_bytes_per_second)
     shared = TokenBucket(rate, max(rate, float(settings.max_line_bytes)), clock)
     return JobLogReader(sources, settings.queue_lines, shared, open_files, counters,
-                        float(settings.poll_interval))
+                        float(settings.poll_interval), consumer)

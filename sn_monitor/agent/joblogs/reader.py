@@ -22,11 +22,16 @@ from typing import Protocol
 from sn_monitor.agent.joblogs.bounds import LineQueue, TokenBucket
 from sn_monitor.agent.joblogs.fileset import OpenFiles
 from sn_monitor.agent.joblogs.lines import LogLine
-from sn_monitor.agent.joblogs.stats import JobLogCounters, JobLogStats
+from sn_monitor.agent.joblogs.stats import JobLogCounters
+from sn_monitor.agent.snapshot import JobLogStats
 
 log = logging.getLogger(__name__)
 
 THREAD_NAME = "agent-joblogs"
+#: Lines handed to the consumer at once (a chunk it can search in one go).
+HAND_ON_LINES = 4096
+#: What takes the lines after each poll, on the reader's thread (recognition).
+Consumer = Callable[[list[LogLine]], None]
 
 
 class LogSource(Protocol):
@@ -42,11 +47,15 @@ class LogSource(Protocol):
 
 
 class JobLogReader:
-    """Polls ``sources`` on its thread, lines into ``queue``, counts into ``counters``."""
+    """Polls ``sources`` on its thread, lines into ``queue``, counts into ``counters``.
+
+    With a ``consumer``, every poll ends by handing it the queued lines, on this thread;
+    without one, another thread takes them (:meth:`take`).
+    """
 
     def __init__(self, sources: Sequence[LogSource], queue_lines: int, shared: TokenBucket,
                  open_files: OpenFiles, counters: JobLogCounters,
-                 poll_interval: float) -> None:
+                 poll_interval: float, consumer: Consumer | None = None) -> None:
         if poll_interval <= 0:
             raise ValueError("the poll interval must be positive")
         self._sources = tuple(sources)
@@ -55,6 +64,7 @@ class JobLogReader:
         self._counters = counters
         self._queue = LineQueue(queue_lines, self._dropped)
         self._interval = poll_interval
+        self._consumer = consumer
         self._polls = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
@@ -95,6 +105,9 @@ class JobLogReader:
         for source in self._sources[first:] + self._sources[:first]:
             source.poll(self._shared, self._emit)
         self._counters.open_files = self._open_files.count
+        if self._consumer is not None:
+            while lines := self._queue.take(HAND_ON_LINES):
+                self._consumer(lines)
 
     def close(self) -> None:
         """Close every source (once)."""

@@ -1,9 +1,9 @@
 """What the log reading did, per source: lines and bytes read, and what was dropped, why.
 
 The reader thread counts into :class:`SourceCounters`; any other thread reads a frozen
-:class:`JobLogStats` through :meth:`JobLogCounters.snapshot` (exposition formats it
-later: ``sn_agent_log_lines_total{source}``, ``sn_agent_log_bytes_total{source}``,
-``sn_agent_log_dropped_bytes_total{source,reason}``,
+:class:`~sn_monitor.agent.snapshot.JobLogStats` through :meth:`JobLogCounters.snapshot`
+(:mod:`sn_monitor.agent.joblog_series` formats it: ``sn_agent_log_lines_total{source}``,
+``sn_agent_log_bytes_total{source}``, ``sn_agent_log_dropped_bytes_total{source,reason}``,
 ``sn_agent_log_dropped_lines_total{source,reason}``).
 
 ``bytes`` counts the bytes read (the work done); a dropped byte is one never handed on in
@@ -22,6 +22,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from sn_monitor.agent.snapshot import JobLogStats, SourceStats
+
 
 @dataclass(slots=True)
 class SourceCounters:
@@ -35,45 +37,6 @@ class SourceCounters:
     dropped_lines_unparsed: int = 0
     truncations: int = 0
     rotations: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class SourceStats:
-    """One source's totals at one moment (see the module's drop reasons)."""
-
-    source: str
-    lines: int
-    bytes: int
-    dropped_bytes_rate: int
-    dropped_bytes_too_long: int
-    dropped_lines_queue: int
-    dropped_lines_unparsed: int
-    truncations: int
-    rotations: int
-
-    @property
-    def dropped_bytes(self) -> int:
-        """Bytes never handed on, every reason."""
-        return self.dropped_bytes_rate + self.dropped_bytes_too_long
-
-    @property
-    def dropped_lines(self) -> int:
-        """Lines read but never handed on, every reason."""
-        return self.dropped_lines_queue + self.dropped_lines_unparsed
-
-
-@dataclass(frozen=True, slots=True)
-class JobLogStats:
-    """Every source's totals, the files open, the lines queued and the reader's CPU time."""
-
-    sources: tuple[SourceStats, ...]
-    open_files: int
-    queued_lines: int
-    cpu_seconds: float
-
-    def source(self, name: str) -> SourceStats | None:
-        """The totals of source ``name``, or None."""
-        return next((s for s in self.sources if s.source == name), None)
 
 
 @dataclass
