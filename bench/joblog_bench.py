@@ -19,8 +19,10 @@ repeats (every run is in the JSON). The writer runs in all: ``baseline`` (no fol
 a file), ``unbounded`` (every bound at 1 GiB/s: what the bounds save). In each, the
 follower's thread CPU (its own ``time.thread_time()``, and ``/proc/self/task/<tid>/stat``
 beside it) as a share of one core, the bytes it read and dropped, its lines, and the
-sampling loop's lateness p50/p99 and cycle time; a consumer thread takes the lines every
-100 ms (counted, not recognised: its CPU is reported apart). Goal (issue 33): the
+sampling loop's lateness p50/p99 and cycle time. The follower is the agent's: every
+poll ends with the agent's recognition of the lines read
+(:class:`~sn_monitor.agent.joblogs.findings.LogRecognition`, the packaged catalogue) on
+the same thread, so its CPU is reading and recognition together. Goal (issue 33): the
 follower at the default bounds under 5 % of a core, sampling lateness p99 under 2x the
 baseline's + 5 ms; printed beside the figures, never a failure. The exit status is 1
 only when nothing could be measured.
@@ -53,10 +55,11 @@ from bench.common import (
     stop_on_sigterm,
 )
 from sn_monitor.agent.joblogs.build import build_reader
-from sn_monitor.agent.joblogs.reader import JobLogReader
+from sn_monitor.agent.joblogs.findings import LogRecognition
 from sn_monitor.agent.settings import JobLogFileSettings, JobLogSettings
 from sn_monitor.agent.snapshot import JobLogStats
 from sn_monitor.clock import SystemClock
+from sn_monitor.joblog.recognition import Recognizer
 
 RATE = 50_000_000
 ROTATE_BYTES = 64 << 20
@@ -186,21 +189,6 @@ def thread_cpu_from_proc(tid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-@dataclass
-class Consumer:
-    """Takes the follower's lines every 100 ms, as the recognizer will (counts only)."""
-
-    reader: JobLogReader
-    lines: int = 0
-    cpu_seconds: float = 0.0
-
-    def run(self, stop: threading.Event) -> None:
-        while not stop.wait(0.1):
-            self.lines += len(self.reader.take(1_000_000))
-        self.lines += len(self.reader.take(1_000_000))
-        self.cpu_seconds = time.thread_time()
-
-
 def follower_settings(folder: Path, bounded: bool) -> JobLogSettings:
     settings = JobLogSettings(enabled=True, files=[
         JobLogFileSettings(glob=str(folder / "rank*.log"), job="bench")])
@@ -221,14 +209,14 @@ def run_phase(name: str, args: argparse.Namespace, folder: Path) -> dict[str, An
     stop = threading.Event()
     loop = SamplingLoop(args.cycle, [], [])
     threads = [threading.Thread(target=loop.run, args=(stop,), name="bench-sampling")]
-    reader = consumer = None
+    reader = recognition = None
     try:
         time.sleep(0.5)  # the writer's files exist: the follower starts at their end
         if name != "baseline":
-            reader = build_reader(follower_settings(folder, name == "default"), SystemClock())
-            consumer = Consumer(reader)
-            threads.append(threading.Thread(target=consumer.run, args=(stop,),
-                                            name="bench-consumer"))
+            clock = SystemClock()
+            recognition = LogRecognition(Recognizer(), "bench-node", clock)
+            reader = build_reader(follower_settings(folder, name == "default"), clock,
+                                  consumer=recognition.consume)
             reader.start()
         started = time.monotonic()
         for thread in threads:
@@ -236,6 +224,7 @@ def run_phase(name: str, args: argparse.Namespace, folder: Path) -> dict[str, An
         time.sleep(args.seconds)
         # the follower's figures at the phase's end, before it is stopped
         stats = reader.stats() if reader else None
+        found = recognition.counts()[0] if recognition else ()
         proc_cpu = thread_cpu_from_proc(reader.native_thread_id) if reader else None
         wall = time.monotonic() - started
     finally:
@@ -246,11 +235,12 @@ def run_phase(name: str, args: argparse.Namespace, folder: Path) -> dict[str, An
         if reader is not None:
             reader.stop(timeout=10)
         out, _ = writer.communicate(timeout=60)
-    return summarise(name, wall, loop, stats, consumer, proc_cpu, json.loads(out))
+    return summarise(name, wall, loop, stats, sum(n for _, n in found), proc_cpu,
+                     json.loads(out))
 
 
 def summarise(name: str, wall: float, loop: SamplingLoop, stats: JobLogStats | None,
-              consumer: Consumer | None, proc_cpu: float | None,
+              findings: int, proc_cpu: float | None,
               written: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {
         "phase": name, "seconds": round(wall, 2), "cycles": len(loop.lateness),
@@ -260,13 +250,13 @@ def summarise(name: str, wall: float, loop: SamplingLoop, stats: JobLogStats | N
         "cycle_work_p50_ms": round(pct(loop.work, 50) * 1e3, 3),
         "writer_mb_per_s": round(written["bytes_per_second"] / 1e6, 1),
         "writer_rotations": written["rotations"], "loadavg": loadavg_text()}
-    if stats is not None and consumer is not None:
+    if stats is not None:
         read = sum(s.bytes for s in stats.sources)
         dropped = sum(s.dropped_bytes for s in stats.sources)
         row.update({
             "follower_cpu_share": round(stats.cpu_seconds / wall, 4),
             "follower_cpu_share_proc": None if proc_cpu is None else round(proc_cpu / wall, 4),
-            "consumer_cpu_share": round(consumer.cpu_seconds / wall, 4),
+            "findings": findings,
             "read_mb_per_s": round(read / wall / 1e6, 2),
             "dropped_mb_per_s": round(dropped / wall / 1e6, 2),
             "lines_per_s": round(sum(s.lines for s in stats.sources) / wall),
@@ -296,8 +286,8 @@ def render_row(row: dict[str, Any]) -> str:
         text += (f"\n            follower CPU {row['follower_cpu_share'] * 100:5.2f} % of a core"
                  f" (/proc: {(row['follower_cpu_share_proc'] or 0) * 100:5.2f} %), read "
                  f"{row['read_mb_per_s']:.2f} MB/s, dropped {row['dropped_mb_per_s']:.2f} "
-                 f"MB/s, {row['lines_per_s']} lines/s; consumer CPU "
-                 f"{row['consumer_cpu_share'] * 100:.2f} %")
+                 f"MB/s, {row['lines_per_s']} lines/s recognised, {row['findings']} "
+                 "findings")
     return text + f"\n            load average {row['loadavg']}"
 
 

@@ -154,6 +154,40 @@ def test_a_hang_after_an_application_failure_suspects_no_node(controller: Harnes
     assert "the job's own failure" in hang["message"]
 
 
+def test_a_hang_found_before_the_triage_settles_still_suspects_no_node(
+        tmp_path: Path) -> None:
+    """A rank's own failure read, the hang found before the 30 s settle has passed (a
+    10 s hangTimeout): the hang asks the triage for its answer so far, not only for a
+    decided one."""
+    h = make_harness(tmp_path, rules_from(XID_RULE.format(clear_after="10m")), policy=POLICY)
+    quick = {**JOB, "spec": {**JOB["spec"], "hangTimeout": 10}}  # type: ignore[dict-item]
+    h.controller.jobs.add_job(job_from_json(json.dumps(quick).encode()), "test")
+    try:
+        _hang_before_the_settle(h)
+    finally:
+        h.controller.close()
+        h.store.close()
+
+
+def _hang_before_the_settle(h: Harness) -> None:
+    train(h.controller.jobs, h.clock, "llm", NODES, 1, 20)
+    train(h.controller.jobs, h.clock, "llm", NODES, 21, 23, skip=frozenset({2}))
+    now = h.clock.time()
+    h.report("gpu-2", temps=[50.0], events=[_line(
+        1, 2, "app-bug", now, root=True, at=now,
+        text="IndexError: list index out of range")])
+    h.settle()
+    assert h.controller.triage.root_cause("llm") is None  # not settled yet
+    h.clock.advance(15)  # past the hang's timeout, within the settle
+    h.controller.sweep()
+    taken = [f"{a['action']} {a['node']}" for a in h.actions()
+             if a["action"] in ("cordon", "evict", "failover")]
+    assert taken == []
+    [hang] = [i for i in h.controller.list_incidents(None, None, 100)
+              if i["rule"] == "job-hang"]
+    assert "the job's own failure" in hang["message"]
+
+
 def test_the_root_cause_through_the_http_api(api: Api) -> None:
     """A job posted, reports with log events, the root cause on GET /api/v1/jobs."""
     assert api.post("/api/v1/jobs", json=JOB).status_code == 201

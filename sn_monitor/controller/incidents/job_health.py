@@ -93,9 +93,10 @@ class JobHealthWatch:
         on one broken link does), the job's nodes with a critical incident open are the
         suspects: restarting in place on a node whose InfiniBand port is down only hangs
         again. When the triage says the job failed of its own (an application category),
-        no node is: it restarts in place, and no node is evicted for its bug.
+        no node is: it restarts in place, and no node is evicted for its bug. The triage is
+        asked for its answer so far: a hang is found before its settle ends.
         """
-        cause = self._triage.root_cause(hang.job)
+        cause = self._triage.cause_so_far(hang.job)
         own = (f"; {cause.summary()} (the job's own failure: no node suspected)"
                if cause is not None and cause.application else "")
         if own:

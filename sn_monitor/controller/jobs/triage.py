@@ -220,6 +220,21 @@ class JobTriage:
             ep = self._episodes.get(job)
             return None if ep is None else ep.decided
 
+    def cause_so_far(self, job: str) -> JobRootCause | None:
+        """The root cause from the findings in so far: the decided one, else one decided now.
+
+        For a decision that cannot wait for the settle (the hang handling: a job whose
+        ranks died of its own bug is found hung by its progress, and the hang must not
+        suspect the node of the first rank that stopped). Reported nowhere, refined later.
+        """
+        with self._lock:
+            ep = self._episodes.get(job)
+            if ep is None:
+                return None
+            if ep.decided is not None and not ep.changed:
+                return ep.decided
+        return self._decide(job, ep)
+
     def causes(self) -> list[JobRootCause]:
         """The latest root cause of each job the controller still knows."""
         with self._lock:
