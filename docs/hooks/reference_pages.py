@@ -147,6 +147,9 @@ def _default(field: dataclasses.Field[Any]) -> str:
         return "empty"
     if isinstance(value, list | dict | tuple) and not value:
         return "none"
+    if isinstance(value, list) and all(dataclasses.is_dataclass(v) for v in value):
+        names = sorted({str(getattr(v, "name", type(v).__name__)) for v in value})
+        return f"{len(value)} built in ({', '.join(f'`{n}`' for n in names)})"
     return f"`{json.dumps(value) if isinstance(value, list | dict) else value}`"
 
 
