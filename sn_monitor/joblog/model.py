@@ -99,3 +99,6 @@ class RootCause:
     #: The finding it rests on, where there is one.
     finding: Finding | None = None
     fault: NodeFault | None = None
+    #: False when only the cascade was seen (timeouts, lost peers): its rank and node
+    #: are where the first such line was read, not where the failure was.
+    pinpointed: bool = True

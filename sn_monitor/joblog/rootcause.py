@@ -24,6 +24,7 @@ catalogue) and never outranks the rules above.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from typing import Final
@@ -55,8 +56,9 @@ def order(findings: Iterable[Finding], faults: Iterable[NodeFault] = (),
     if not failures:
         return None
     return (_silent(failures, list(participants)) or _behind(failures)
-            or _from(_earliest(failures) or failures[0],
-                     "only the cascade was seen: its earliest line"))
+            or dataclasses.replace(_from(_earliest(failures) or failures[0],
+                                         "only the cascade was seen: its earliest line"),
+                                   pinpointed=False))
 
 
 def _own_first(failures: Sequence[Finding]) -> list[Finding]:

@@ -47,6 +47,10 @@ from sn_monitor.sim.scenario import Scenario, format_seconds
 from sn_monitor.sim.supernode import JOB, PortTaken, Supernode, SupernodeError, SupernodeOptions
 
 #: Faults that repair something: nothing to detect, they end an earlier fault.
+#: The rule of a job failure's incident, as the controller names it
+#: (:data:`sn_monitor.controller.incidents.job_failures.JOB_FAILURE_RULE`; the demo reads
+#: the controller over HTTP only).
+JOB_FAILURE_RULE = "job-failure"
 REPAIRS = frozenset({"cooling-repaired", "ib-port-up", "node-back", "nvml-release",
                      "fabric-ready", "stuck-process-gone", *CLEARED})
 #: After the scenario's last fault: at most this long (wall) for detections to land.
@@ -414,6 +418,7 @@ class Demo:
             "job": _job_summary(job, training),
             "out_of_service": out_of_service(nodes, actions, repairs, incidents),
             "bottlenecks": bottlenecks(incidents),
+            "job_failures": job_failures(incidents),
             "false_node_lost": false_lost,
             "false_evictions": evicted_healthy,
             "ok": not undetected and not false_lost and not evicted_healthy and training,
@@ -446,13 +451,21 @@ def _action_totals(actions: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     return totals
 
 
+def job_failures(incidents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The job's failures the controller named from its ranks' logs, first first."""
+    return [{"id": i["id"], "message": i["message"], "status": i["status"],
+             "detected_at": i["detected_at"]}
+            for i in sorted(incidents, key=lambda i: i["detected_at"])
+            if i["rule"] == JOB_FAILURE_RULE]
+
+
 def _job_summary(job: dict[str, Any], training: bool) -> dict[str, Any]:
     """The job at the end, as the controller has it, and whether it still trains."""
     ettr = job.get("effective_training_ratio")
     return {"state": job.get("state"), "state_reason": job.get("state_reason"),
             "generation": job.get("generation"),
             "last_step": job.get("last_step"), "nodes": job.get("nodes"),
-            "spares": job.get("spares"),
+            "spares": job.get("spares"), "root_cause": job.get("root_cause"),
             "effective_training_ratio": (round(ettr, 3) if isinstance(ettr, int | float)
                                          else ettr),
             "training": training}
@@ -726,6 +739,8 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     for item in summary.get("bottlenecks", []):
         slowed = str(item["message"]).partition("; ")[0]  # job J: step time +N % since T
         console.print(Text(f"{item['line']}: {slowed} ({item['status']})", style="yellow"))
+    for failure in summary.get("job_failures", []):
+        console.print(Text(f"why the job died: {failure['message']}", style="bold yellow"))
     for out in summary.get("out_of_service", []):
         console.print(f"[magenta]{out['node']} is {out['state']}[/magenta]: "
                       f"{out['action'] or 'taken out'} by {out['by']}"

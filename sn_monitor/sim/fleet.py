@@ -102,7 +102,13 @@ from sn_monitor.sim.gpu_model import H100_SXM, GpuProfile, make_gpus
 from sn_monitor.sim.hgx import simulated_topology
 from sn_monitor.sim.node import FAULTS, FaultError, SimulatedNode
 from sn_monitor.sim.node_tree import DEFAULT_IB_DEVICES, IB_COUNTER_FILES, IB_HW_COUNTER_FILES
-from sn_monitor.sim.scenario import NETDEVS, PlannedFault, Scenario, format_seconds
+from sn_monitor.sim.scenario import (
+    FAULT_SPECS,
+    NETDEVS,
+    PlannedFault,
+    Scenario,
+    format_seconds,
+)
 
 #: Distinct base reports the healthy nodes step through.
 VARIANTS = 8
@@ -340,6 +346,9 @@ class Fleet:
 
     def apply(self, planned: PlannedFault, sim_now: float) -> None:
         """Play one scenario fault on its nodes."""
+        if FAULT_SPECS[planned.fault].job_only:
+            raise FaultError(f"{planned.fault} acts on the demo's training job: "
+                             "sn-monitor demo plays it, simulate has no job")
         for index in planned.nodes:
             node = self.nodes[index]
             if planned.fault == "node-lost":

@@ -49,6 +49,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -58,6 +59,10 @@ from typing import Any
 TRAIN_MODULE = "sn_monitor.sim.train"
 #: How to run this launcher as a command: ``[*LAUNCHER, "--state", F, ...]``.
 LAUNCHER = (sys.executable, "-m", "sn_monitor.sim.launcher")
+#: A generation's folder of its ranks' pid files (``rank<N>.pid``), in the log folder.
+PEERS_SUFFIX = ".peers"
+#: In that folder: the launcher is stopping the generation (its ranks die on purpose).
+STOPPING = "stopping"
 #: What a delayed rank runs first: sleep, then become train.py (same pid).
 _DELAYED = ("import os, sys, time; time.sleep(float(sys.argv[1])); "
             "os.execv(sys.argv[2], sys.argv[2:])")
@@ -91,7 +96,7 @@ def load(state_path: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------ processes
 
 
-def _is_our_rank(pid: int) -> bool:
+def is_running_rank(pid: int) -> bool:
     """The pid is alive (not a zombie) and runs the training loop: never signal anything else."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -107,14 +112,29 @@ def kill_ranks(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
     """SIGKILL the process group of each rank still running; wait until they are gone."""
     killed = []
     for pid in pids:
-        if _is_our_rank(pid):
+        if is_running_rank(pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)  # started with its own session: pgid == pid
             killed.append(pid)
     deadline = time.monotonic() + timeout
-    while any(_is_our_rank(p) for p in killed) and time.monotonic() < deadline:
+    while any(is_running_rank(p) for p in killed) and time.monotonic() < deadline:
         time.sleep(0.02)
     return killed
+
+
+def signal_rank(state_path: Path, node: str, sig: int) -> int | None:
+    """Send ``sig`` to the current generation's rank on ``node``; its rank, or None.
+
+    Only a process that still runs the training loop is signalled (never a recycled pid).
+    """
+    with locked(state_path) as state:
+        ranks = [r for r in state.get("ranks", []) if r["node"] == node]
+    for rank in ranks:
+        if is_running_rank(rank["pid"]):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(rank["pid"], sig)
+                return int(rank["rank"])
+    return None
 
 
 def start_ranks(state: dict[str, Any], nodes: Sequence[str], generation: int,
@@ -125,10 +145,12 @@ def start_ranks(state: dict[str, Any], nodes: Sequence[str], generation: int,
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
            and not k.startswith(("SLURM_", "SN_"))}
+    peers = Path(tempfile.mkdtemp(prefix=f"gen{generation}-", suffix=PEERS_SUFFIX,
+                                  dir=log_dir))
     env.update(SN_CONTROLLER_URL=state["controller"],
                SN_JOB=state["job"], WORLD_SIZE=str(len(nodes)), LOCAL_RANK="0",
                SN_FLUSH_INTERVAL=str(state.get("flush_interval", 1.0)),
-               SN_JOB_NODES=",".join(nodes))
+               SN_JOB_NODES=",".join(nodes), SN_PEER_DIR=str(peers))
     if state.get("token_file"):
         env["SN_TOKEN_FILE"] = state["token_file"]
     python = state.get("python") or sys.executable
@@ -149,6 +171,7 @@ def start_ranks(state: dict[str, Any], nodes: Sequence[str], generation: int,
     state["ranks"] = ranks
     state["nodes"] = list(nodes)
     state["generation"] = generation
+    state["peer_dir"] = str(peers)
     state.setdefault("all_pids", []).extend(r["pid"] for r in ranks)
     return ranks
 
@@ -228,8 +251,20 @@ def _outcome(action: str, params: dict[str, Any], call: dict[str, Any], what: st
             + (" (already done: same action id)" if call["duplicate"] else ""))
 
 
+def stopping(state: dict[str, Any]) -> None:
+    """Tell the current generation's ranks that their peers are being stopped on purpose.
+
+    Marked before the first kill: a rank that finds a peer gone then waits to be killed
+    instead of failing as a broken collective does (:class:`sn_monitor.sim.train.Peers`).
+    """
+    if state.get("peer_dir"):
+        with contextlib.suppress(OSError):
+            (Path(state["peer_dir"]) / STOPPING).touch()
+
+
 def _restart_ranks(state: dict[str, Any], nodes: list[str], generation: int,
                    params: dict[str, Any]) -> dict[str, Any]:
+    stopping(state)
     killed = kill_ranks([r["pid"] for r in state.get("ranks", [])])
     delay = float(state.get("restart_delay") or 0.0) if generation else 0.0
     ranks = start_ranks(state, nodes, generation, delay)

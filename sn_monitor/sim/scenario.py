@@ -34,8 +34,9 @@ fault ``count`` times in all, ``every`` apart (a storm).
 reports without GPU values and sends one ``collector_stuck`` event.
 
 The node faults are those of :data:`sn_monitor.sim.node.FAULTS` (what ``POST /sim/fault``
-takes on a simulated agent); ``node-lost``, ``node-back`` and ``straggler`` only the
-fleet simulator (``sn-monitor simulate``) can play, because they act on a whole agent.
+takes on a simulated agent); ``node-lost``, ``node-back`` and ``straggler`` act on a whole
+agent; ``rank-error`` on the demo's training job (its rank on the node fails for real and
+prints why), so only ``sn-monitor demo`` plays it.
 
 Every error is a :class:`~sn_monitor.config.ConfigError` naming file, line and key path
 (``scenario.yaml:7: faults[3].gpu: overheat needs a gpu from 0 to 7``). Whether a node
@@ -89,11 +90,16 @@ class FaultParam:
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """What a fault needs: a GPU or not, which parameters; ``fleet_only``: simulate only."""
+    """What a fault needs: a GPU or not, which parameters, what it acts on.
+
+    ``fleet_only``: a whole agent; ``job_only``: the demo's training job (``sn-monitor
+    demo`` only).
+    """
 
     needs_gpu: bool
     params: dict[str, FaultParam] = field(default_factory=dict)
     fleet_only: bool = False
+    job_only: bool = False
     doc: str = ""
 
 
@@ -237,6 +243,14 @@ FAULT_SPECS: dict[str, FaultSpec] = {
         "utilization": FaultParam("ratio", default=0.3, low=0.0, high=1.0,
                                   doc="every GPU's utilization, 0-1")},
         fleet_only=True, doc="every GPU of the node runs at low utilization"),
+    # A fault of the demo's training job: the rank on the node fails for real.
+    "rank-error": FaultSpec(False, {
+        "error": FaultParam("choice", default="app-bug", choices=("app-bug", "ecc-error"),
+                            doc="app-bug: an IndexError in the training code; ecc-error: "
+                                "PyTorch's 'CUDA error: uncorrectable ECC error "
+                                "encountered'")},
+        job_only=True, doc="the job's rank on the node fails at its next step, its "
+                           "traceback in its log (the demo only)"),
 }
 
 _TOP_KEYS = ("kind", "name", "description", "duration", "gpus", "faults")

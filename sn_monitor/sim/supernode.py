@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 JOB = "demo"
 #: How often one agent may move to another port when another process took its own.
 PORT_CONFLICT_RETRIES = 3
+#: The shortest hang timeout of the demo's job (wall seconds): a restart's ranks start in
+#: seconds on a loaded machine, and a hang is a stall longer than that.
+HANG_FLOOR_SECONDS = 15.0
 #: The shortest heartbeat timeout of the scaled rules (wall seconds).
 HEARTBEAT_FLOOR_SECONDS = 8.0
 #: Before the scenario starts, every agent's report at most this old for this long (or
@@ -63,7 +66,9 @@ STEADY_AGE_SECONDS = HEARTBEAT_FLOOR_SECONDS / 2
 STEADY_FOR_SECONDS = 3.0
 STEADY_WAIT_SECONDS = 30.0
 #: The fleet-level faults the supernode plays itself (the rest go to POST /sim/fault).
-PROCESS_FAULTS = ("node-lost", "node-back", "straggler")
+PROCESS_FAULTS = ("node-lost", "node-back", "straggler", "rank-error")
+#: The signal that makes a demo rank fail each way (:data:`sn_monitor.sim.train.INJECTED_ERRORS`).
+RANK_ERROR_SIGNALS = {"app-bug": signal.SIGUSR1, "ecc-error": signal.SIGUSR2}
 #: The supernode's name on every agent (deploy/prometheus/prometheus-demo.yml gives the
 #: controller's series the same).
 SUPERNODE = "sn0"
@@ -259,7 +264,10 @@ class Supernode:
                 "replicas": len(self.job_nodes), "minReplicas": 1,
                 "nodes": self.job_nodes, "spares": self.spares,
                 "checkpointInterval": "5s", "maxFailures": 20,
-                "recoveryStrategy": "restart", "hangTimeout": "60s",
+                "recoveryStrategy": "restart",
+                # a rank that died (rank-error) stops the job's step: 150 simulated
+                # seconds of it is a hang (NCCL's own timeout is 10 minutes)
+                "hangTimeout": f"{max(HANG_FLOOR_SECONDS, 150.0 / opts.speed):g}s",
                 "checkpoint": {"dir": str(ckpt)},
                 "control": {"command": {"program": self._launcher_command(),
                                         "timeout": "30s"}},
@@ -290,7 +298,9 @@ class Supernode:
             "workloads": {"idle_after": f"{600.0 / opts.speed:g}s"},
             "recovery": {"checkpoint_wait": "5s", "scan_interval": "1s",
                          "evict_timeout": "30s", "restore_timeout": "90s",
-                         "save_interval": "2s"},
+                         "save_interval": "2s",
+                         # the ranks' log lines come from agents on one machine
+                         "failure_settle": f"{max(3.0, 30.0 / opts.speed):g}s"},
         }
         path = self.root / "controller.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -390,7 +400,11 @@ class Supernode:
         agent_config = self.root / "agents" / f"{name}.yaml"
         agent_config.write_text(yaml.safe_dump({
             "labels": self.labels[name],
-            "attribution": {"slurm": {"enabled": True, "node": name, "refresh": "2s"}}}))
+            "attribution": {"slurm": {"enabled": True, "node": name, "refresh": "2s"}},
+            # the ranks' logs on this node, as launcher.start_ranks names them
+            "job_logs": {"enabled": True, "files": [{
+                "glob": str(self.job_root / "logs" / f"gen*-rank*-{name}.log"), "job": JOB,
+                "rank_pattern": r"gen\d+-rank(?P<rank>\d+)-"}]}}))
         return Child(name, [
             sys.executable, "-m", "sn_monitor.cli", "agent", "--simulate", str(opts.gpus),
             "--config", str(agent_config),
@@ -459,6 +473,12 @@ class Supernode:
             return "agent resumed (SIGCONT)"
         if agent.frozen:
             return "node is lost: fault not delivered"
+        if fault == "rank-error":
+            error = str(params.get("error", "app-bug"))
+            rank = launcher.signal_rank(self.launcher_state, node, RANK_ERROR_SIGNALS[error])
+            if rank is None:
+                return "no rank of the job on this node: fault not delivered"
+            return f"rank {rank} fails at its next step ({error})"
         if fault == "straggler":
             for index in range(self.options.gpus):
                 self._post_fault(node, {"fault": "load", "gpu": index,

@@ -25,6 +25,17 @@ reads them.
 For tests: ``--crash-at S`` dies at the start of step S (exit code 1, no clean-up, like
 a node failure), ``--hang-at S`` stops making progress at the start of step S but keeps
 running (like a rank stuck in an NCCL collective) until it is killed.
+
+The demo's ``rank-error`` fault (:data:`INJECTED_ERRORS`): SIGUSR1 makes the next step
+fail as a bug in the training code does (an ``IndexError`` out of a batch lookup),
+SIGUSR2 as a GPU's uncorrectable ECC error does in PyTorch (``RuntimeError: CUDA error:
+uncorrectable ECC error encountered``). The exception is not caught: Python prints its
+traceback to the rank's log and the rank exits 1, as a real one does.
+
+The ranks do no collectives, so a real job's coupling is played by :class:`Peers`: a
+rank whose peer's process ended by itself fails its next step as gloo does (``Connection
+closed by peer``), and the whole job stops, as it would. A peer stopped on purpose by the
+launcher (a restart) fails nobody.
 """
 
 from __future__ import annotations
@@ -34,14 +45,16 @@ import json
 import math
 import os
 import re
+import signal
 import struct
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sn_monitor.client import JobClient
 from sn_monitor.dcp import DcpError, is_complete, read_metadata, write_checkpoint
+from sn_monitor.sim.launcher import STOPPING, is_running_rank
 from sn_monitor.sim.pace import Pace
 
 #: The state-dict entry that holds the step (the layers are entries of their own).
@@ -50,6 +63,13 @@ CRASH_EXIT_CODE = 1
 _STEP_DIR = re.compile(r"step_(\d+)")
 
 Model = dict[str, list[float]]
+
+#: The failure each signal asks the next step to have (the demo's ``rank-error`` fault).
+INJECTED_ERRORS = {signal.SIGUSR1: "app-bug", signal.SIGUSR2: "ecc-error"}
+#: What PyTorch prints after a CUDA error's message.
+_CUDA_HINT = ("CUDA kernel errors might be asynchronously reported at some other API call, "
+              "so the stacktrace below might be incorrect.\nFor debugging consider passing "
+              "CUDA_LAUNCH_BLOCKING=1")
 
 
 def new_model(width: int) -> Model:
@@ -137,6 +157,65 @@ def job_pace(pace_file: Path | None) -> Pace | None:
     return Pace(pace_file, nodes.split(",") if nodes else None)
 
 
+def listen_for_injected_errors() -> list[str]:
+    """The failures signalled so far (see :data:`INJECTED_ERRORS`), filled by handlers."""
+    told: list[str] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        told.append(INJECTED_ERRORS[signal.Signals(signum)])
+    for signum in INJECTED_ERRORS:
+        signal.signal(signum, on_signal)
+    return told
+
+
+class Peers:
+    """The job's other ranks, as a collective sees them (the launcher's ``SN_PEER_DIR``).
+
+    Each rank writes ``rank<N>.pid`` there at start; :meth:`check` (at most once a
+    second) raises what gloo raises in a rank whose peer is gone, unless the launcher
+    marked the generation as being stopped.
+    """
+
+    def __init__(self, directory: Path | None, rank: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._dir = directory
+        self._clock = clock
+        self._next = 0.0
+        if directory is not None:
+            (directory / f"rank{rank}.pid").write_text(str(os.getpid()))
+        self._own = f"rank{rank}.pid"
+
+    def check(self) -> None:
+        """Raise as a broken collective does when a peer ended by itself."""
+        now = self._clock()
+        if self._dir is None or now < self._next:
+            return
+        self._next = now + 1.0
+        for pid_file in self._dir.glob("rank*.pid"):
+            if pid_file.name == self._own:
+                continue
+            try:
+                pid = int(pid_file.read_text())
+            except (OSError, ValueError):
+                continue
+            if not is_running_rank(pid) and not (self._dir / STOPPING).exists():
+                raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+                                   "Connection closed by peer [127.0.0.1]:29500")
+
+
+def next_batch(shard: Sequence[int], index: int) -> int:
+    """One batch of the shard (the line an off-by-one breaks, in ``app-bug``)."""
+    return shard[index]
+
+
+def fail_as_told(kind: str, step: int) -> None:
+    """Raise what a real job raises for ``kind``, at step ``step``."""
+    if kind == "app-bug":
+        shard = list(range(8))
+        next_batch(shard, len(shard) + step % 3)  # past the end: IndexError
+    raise RuntimeError(f"CUDA error: uncorrectable ECC error encountered\n{_CUDA_HINT}")
+
+
 def step_seconds(step_time: float, pace: Pace | None) -> float:
     """One step's compute time: the healthy one, slowed by the fail-slow faults standing."""
     return step_time * (pace.factor() if pace is not None else 1.0)
@@ -175,8 +254,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     last_saved = step
     pace = job_pace(args.pace_file)
+    told = listen_for_injected_errors()
+    peers = Peers(Path(os.environ["SN_PEER_DIR"]) if os.environ.get("SN_PEER_DIR") else None,
+                  client.rank)
     while step < args.steps:
         step += 1
+        if told:
+            fail_as_told(told[0], step)
+        peers.check()
         if step == args.crash_at:
             print(f"simulated node failure at step {step}", file=sys.stderr, flush=True)
             os._exit(CRASH_EXIT_CODE)

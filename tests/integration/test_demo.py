@@ -6,16 +6,14 @@ at x10) on a machine kept busy by two CPU hogs all along, checks the JSON summar
 release of the hot GPU, the fail-over and restore of the fatal XID, the circuit breaker
 freezing the burst and closing once the partition heals (and the demo saying when), the
 job training at the end on its nodes, its effective training ratio and the one-line
-verdict counted from the run. The fail-slow scenario slows the job and the bottleneck
-finder names the link. A broken scenario file is refused before anything starts.
+verdict counted from the run. A broken scenario file is refused before anything starts.
+The packaged scenarios that take minutes each (fail-slow, remediation, job-failure) run
+in ``make e2e`` (tests/e2e/test_demo_scenarios.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,32 +21,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.demo_run import demo, faults, kill_left_over
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
-
-
-def _demo(*args: str, timeout: float = 110) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sn_monitor.cli", "demo", *args],
-                          capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def _kill_left_over(state: Path) -> None:
-    """Kill what a demo stopped midway (a test timeout) left running under ``state``.
-
-    The demo starts its controller, agents and ranks in sessions of their own, and stops
-    them itself; killed before it could, it leaves them running for good.
-    """
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(str(state).encode() in arg for arg in argv):
-            with contextlib.suppress(OSError):
-                os.kill(int(proc.name), signal.SIGKILL)
 
 
 #: Each CPU hog spins at most this long (the demo takes about two minutes here).
@@ -62,25 +38,19 @@ def summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                               f"import time\nend = time.monotonic() + {HOG_SECONDS}\n"
                               "while time.monotonic() < end: pass"]) for _ in range(2)]
     try:
-        done = _demo("--headless", "--speed", "10", "--listen", f"127.0.0.1:{free_port()}",
+        done = demo("--headless", "--speed", "10", "--listen", f"127.0.0.1:{free_port()}",
                      "--state-dir", str(state), timeout=HOG_SECONDS - 20)
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait(timeout=10)
-        _kill_left_over(state)
+        kill_left_over(state)
     logs = "\n".join(f"== {p.name}\n" + "\n".join(p.read_text().splitlines()[-15:])
                      for p in sorted((state / "logs").glob("*.log"))[:3])
     assert done.returncode == 0, f"{done.stderr}\n{done.stdout[-4000:]}\n{logs}"
     doc = json.loads(done.stdout)
     doc["_stderr"] = done.stderr
     return dict(doc)
-
-
-def _faults(summary: dict[str, Any], fault: str) -> list[dict[str, Any]]:
-    found = [f for f in summary["faults"] if f["fault"] == fault]
-    assert found, f"no {fault} in {[f['fault'] for f in summary['faults']]}"
-    return found
 
 
 def test_every_fault_kind_is_played_and_detected(summary):
@@ -96,7 +66,7 @@ def test_every_fault_kind_is_played_and_detected(summary):
 
 
 def test_the_hot_gpu_is_throttled_and_released(summary):
-    hot = _faults(summary, "overheat")[0]
+    hot = faults(summary, "overheat")[0]
     assert any(i.startswith("gpu-overheat#") for i in hot["incidents"])
     actions = " ".join(hot["actions"])
     assert "throttle succeeded" in actions
@@ -104,7 +74,7 @@ def test_the_hot_gpu_is_throttled_and_released(summary):
 
 
 def test_the_fatal_xid_fails_over_to_a_spare_and_the_job_restores(summary):
-    dead = _faults(summary, "fall-off-bus")[0]
+    dead = faults(summary, "fall-off-bus")[0]
     actions = " ".join(dead["actions"])
     assert "evict succeeded" in actions
     assert "restore succeeded" in actions
@@ -118,7 +88,7 @@ def test_the_fatal_xid_fails_over_to_a_spare_and_the_job_restores(summary):
 def test_the_burst_trips_the_breaker_and_evictions_are_frozen_until_it_heals(summary):
     assert summary["breaker"]["tripped"] is True
     assert "FROZEN" in summary["_stderr"]
-    burst = [f for f in _faults(summary, "node-lost") if f["at"] == "6m30s"]
+    burst = [f for f in faults(summary, "node-lost") if f["at"] == "6m30s"]
     assert len(burst) >= 3
     # a job node's eviction was held (then cancelled when it came back), another's refused
     frozen = [a for f in burst for a in f["actions"]
@@ -166,41 +136,10 @@ def test_the_job_trained_and_its_effective_training_ratio_is_reported(summary):
     assert 0 < job["effective_training_ratio"] <= 1
 
 
-def _headless_on_eight_nodes(tmp_path: Path, scenario: str, timeout: float) -> Any:
-    """``demo --headless`` of a packaged scenario on 8 nodes at x10: its JSON summary,
-    after checking the run exited 0 and judged itself ok."""
-    state = tmp_path / "demo"
-    try:
-        done = _demo("--headless", "--nodes", "8", "--scenario", scenario, "--speed",
-                     "10", "--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(state),
-                     timeout=timeout)
-    finally:
-        _kill_left_over(state)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    doc = json.loads(done.stdout)
-    assert doc["ok"], doc
-    return doc
-
-
-@pytest.mark.timeout(420)
-def test_the_fail_slow_scenario_slows_the_job_and_the_finder_names_the_link(tmp_path: Path):
-    """A rail NIC at half rate: the job's step time follows it, and the bottleneck finder
-    names the node and port."""
-    doc = _headless_on_eight_nodes(tmp_path, "fail-slow", timeout=400)
-    (slow,) = _faults(doc, "nic-degraded")
-    assert slow["incidents"][0].startswith("fail-slow#")
-    (named,) = doc["bottlenecks"]
-    assert (named["node"], named["link"]) == ("sim-0002", "mlx5_3")
-    assert named["line"].startswith("bottleneck: node sim-0002 link mlx5_3 (")
-    assert "step time +" in named["message"]
-    assert doc["false_evictions"] == []
-    assert doc["verdict"].startswith("job recovered 0 times, ETTR ")
-
-
 def test_a_bad_scenario_file_is_refused_with_its_line(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: Scenario\nfaults:\n  - {at: 10s, node: 1, fault: overheat}\n")
-    done = _demo("--headless", "--scenario", str(bad), timeout=30)
+    done = demo("--headless", "--scenario", str(bad), timeout=30)
     assert done.returncode == 2
     assert f"{bad}:3: faults[0]: overheat needs a gpu from 0 to 7" in done.stderr
     assert done.stdout == ""
@@ -209,24 +148,6 @@ def test_a_bad_scenario_file_is_refused_with_its_line(tmp_path: Path):
 def test_a_scenario_that_does_not_fit_the_fleet_is_refused(tmp_path: Path):
     bad = tmp_path / "big.yaml"
     bad.write_text("kind: Scenario\nfaults:\n  - {at: 10s, node: 12, fault: node-lost}\n")
-    done = _demo("--headless", "--nodes", "8", "--scenario", str(bad), timeout=30)
+    done = demo("--headless", "--nodes", "8", "--scenario", str(bad), timeout=30)
     assert done.returncode == 2
     assert "node 12 is not in a fleet of 8 nodes" in done.stderr
-
-
-def test_the_remediation_scenario_repairs_one_node_and_keeps_the_other_out(tmp_path: Path):
-    """A reset that repairs a node (back in the spare pool, no person), one that does not
-    (reset, reboot, then out and a page), and a driver that hangs: from the CLI."""
-    doc = _headless_on_eight_nodes(tmp_path, "remediation", timeout=240)
-    repaired, broken = _faults(doc, "xid")
-    assert (repaired["node"], broken["node"]) == ("sim-0002", "sim-0004")
-    assert "return-to-service succeeded" in repaired["actions"]
-    assert "reset_gpu succeeded" in repaired["actions"]
-    assert "reboot succeeded" in broken["actions"]  # the reset did not clear it
-    assert "verify succeeded x2" in broken["actions"]  # after the reset, after the reboot
-    assert "return-to-service succeeded" not in broken["actions"]
-    job = doc["job"]
-    assert "sim-0002" in job["spares"]  # back, after its check
-    assert "sim-0004" not in job["spares"] + job["nodes"]  # out: a person's
-    (hang,) = _faults(doc, "nvml-hang")
-    assert [i.split("#")[0] for i in hang["incidents"]] == ["collector-stuck"]

@@ -240,3 +240,37 @@ def test_a_node_that_stopped_reporting_before_the_timeouts_is_the_root_cause(
     finally:
         h.controller.close()
         h.store.close()
+
+
+def test_a_hang_of_ranks_stopped_together_suspects_the_node_the_logs_name(
+        controller: Harness) -> None:
+    """Every rank stopped at the same step (they wait on each other): progress names no
+    node; the triage's root cause, a rank's ECC error on gpu-1, does."""
+    h = controller
+    train(h.controller.jobs, h.clock, "llm", NODES, 1, 20)
+    now = h.clock.time()
+    h.report("gpu-1", temps=[50.0], events=[_line(
+        1, 1, "ecc-error", now, root=True, at=now,
+        text="RuntimeError: CUDA error: uncorrectable ECC error encountered")])
+    _timeouts(h, [0, 2, 3], first_id=10)
+    h.settle()
+    h.clock.advance(200)
+    h.controller.sweep()
+    taken = [f"{a['action']} {a['node']}" for a in h.actions()
+             if a["action"] in ("cordon", "evict", "failover")]
+    assert "evict gpu-1" in taken
+    assert not [t for t in taken if not t.endswith("gpu-1")]
+    [hang] = [i for i in h.controller.list_incidents(None, None, 100)
+              if i["rule"] == "job-hang"]
+    assert "the job's logs name gpu-1" in hang["message"]
+
+
+def test_a_cascade_alone_suspects_no_node_from_the_logs(controller: Harness) -> None:
+    """Only timeouts were read: the first one's node is not the failure's."""
+    h = controller
+    train(h.controller.jobs, h.clock, "llm", NODES, 1, 20)
+    _timeouts(h, [0, 1, 2, 3], first_id=10)
+    h.settle()
+    h.clock.advance(200)
+    h.controller.sweep()
+    assert not [a for a in h.actions() if a["action"] in ("cordon", "evict", "failover")]

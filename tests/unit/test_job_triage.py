@@ -235,3 +235,35 @@ def test_a_line_time_moves_with_its_event_onto_the_controllers_clock() -> None:
     [moved] = controller_times(report, T0).events
     assert moved.time_seconds == T0 - 4
     assert moved.line_time_seconds == T0 - 6
+
+
+def test_a_failure_after_the_job_recovered_is_another_episode() -> None:
+    """Within ``quiet`` of the first: without recovered() it would join the first's."""
+    clock = ManualClock(T0)
+    t = triage(clock)
+    t.take("n0", "a0", [finding(1, 1, "app-bug", T0, root=True, text="IndexError: list "
+                                "index out of range")])
+    clock.advance(30)
+    [first] = t.due()
+    assert (first.rank, first.category) == (1, "app-bug")
+    t.recovered("llm")
+    clock.advance(60)
+    t.take("n1", "a1", [finding(2, 3, "ecc-error", clock.time(), root=True,
+                                text="RuntimeError: CUDA error: uncorrectable ECC error")])
+    assert t.cause_so_far("llm") is not None
+    assert t.cause_so_far("llm").category == "ecc-error"  # type: ignore[union-attr]
+    clock.advance(30)
+    [second] = t.due()
+    assert (second.rank, second.node, second.category) == (3, "n1", "ecc-error")
+    assert t.root_cause("llm") == second
+
+
+def test_recovered_before_the_failure_is_reported_changes_nothing() -> None:
+    clock = ManualClock(T0)
+    t = triage(clock)
+    t.take("n0", "a0", [finding(1, 1, "app-bug", T0, root=True)])
+    t.recovered("llm")  # not reported yet: the episode goes on
+    t.take("n1", "a1", [finding(2, 3, "nccl-timeout", T0 + 1)])
+    clock.advance(30)
+    [cause] = t.due()
+    assert (cause.rank, cause.findings) == (1, 2)

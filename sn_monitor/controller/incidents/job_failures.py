@@ -80,3 +80,4 @@ class JobFailureIncidents:
                 del self._open[job]
             self._pipeline.take([replace(finding, status="resolved",
                                          detected_wall=self._clock.time())])
+            self._triage.recovered(job)

@@ -93,22 +93,30 @@ class JobHealthWatch:
         on one broken link does), the job's nodes with a critical incident open are the
         suspects: restarting in place on a node whose InfiniBand port is down only hangs
         again. When the triage says the job failed of its own (an application category),
-        no node is: it restarts in place, and no node is evicted for its bug. The triage is
-        asked for its answer so far: a hang is found before its settle ends.
+        no node is: it restarts in place, and no node is evicted for its bug. When it names
+        another failure of one of the job's nodes (a rank's ECC error, the node's XID), that
+        node is the suspect, whatever the ranks' progress says (every rank stopped at the
+        same step when they wait on each other). The triage is asked for its answer so far:
+        a hang is found before its settle ends.
         """
         cause = self._triage.cause_so_far(hang.job)
+        stopped = hang  # what the ranks' progress says
         own = (f"; {cause.summary()} (the job's own failure: no node suspected)"
                if cause is not None and cause.application else "")
         if own:
             hang = replace(hang, nodes=(), message=hang.message + own)
+        elif (cause is not None and cause.pinpointed and cause.node is not None
+              and hang.job in self._jobs.jobs_of_node(cause.node)):
+            own = f"; the job's logs name {cause.node}: {cause.summary()}"
+            hang = replace(hang, nodes=(cause.node,), message=hang.message + own)
         elif not hang.nodes:
             suspects = self._critical_members(hang.job)
             if suspects:
                 hang = replace(hang, nodes=suspects, message=(
                     f"{hang.message}; {', '.join(suspects)} with a critical incident open"))
         node = hang.nodes[0] if hang.nodes else f"job:{hang.job}"
-        who = (f"ranks {', '.join(map(str, hang.ranks))} on {', '.join(hang.nodes)} "
-               "stopped first" if hang.nodes else "every rank stopped together")
+        who = (f"ranks {', '.join(map(str, stopped.ranks))} on {', '.join(stopped.nodes)} "
+               "stopped first" if stopped.nodes else "every rank stopped together")
         finding = Finding(
             rule="job-hang", kind="hang", node=node, subject=f"job:{hang.job}", gpu=None,
             status="firing", severity="critical", actions=("alert",), dry_run=False,

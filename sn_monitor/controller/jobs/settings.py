@@ -46,6 +46,10 @@ class JobSettings:
     require_eviction: bool = True
     #: A pre-emptive checkpoint is not requested again within this time of the last.
     preemptive_min_interval: Duration = setting(default=Duration(60.0), check=non_negative)
+    #: How long after a job's first log finding its root cause is decided: time for the
+    #: cascade's lines (every rank's timeouts, torchrun's summary) to come in from every
+    #: agent (:mod:`sn_monitor.controller.jobs.triage`).
+    failure_settle: Duration = setting(default=Duration(30.0), check=non_negative)
     #: How often a job's checkpoint directory is scanned (at most).
     scan_interval: Duration = setting(default=Duration(30.0), check=positive)
     #: How often a job's progress counters (ETTR) are saved.

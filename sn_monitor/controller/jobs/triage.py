@@ -5,10 +5,12 @@ Agents send what they recognise in a job's log as ``log`` events (a
 (an XID, a GPU lost or fallen off the bus, a link down), and a node that stopped
 reporting is one (:meth:`JobTriage.node_lost`). The triage keeps, per job, the findings
 of its current failure, an *episode* (from its first finding until ``quiet`` seconds pass
-without one), and the recent faults of the nodes it ran on when they happened (its
-recovery may have replaced the node since). ``settle`` seconds after an
-episode's first finding (time for the cascade to come in from every agent, in any order)
-:func:`sn_monitor.joblog.rootcause.order` names the root cause from:
+without one, or the job trains again after it was reported: :meth:`JobTriage.recovered`),
+and the recent faults of the nodes it ran on when they happened (its recovery may have
+replaced the node since). ``settle`` seconds (the controller's
+``recovery.failure_settle``) after an episode's first finding (time for the cascade to
+come in from every agent, in any order) :func:`sn_monitor.joblog.rootcause.order` names
+the root cause from:
 
 - the faults on the job's nodes from ``lookback`` seconds before the first finding (NCCL
   gives up on a collective only after its timeout, ten minutes by default) up to the
@@ -94,6 +96,8 @@ class JobRootCause:
     reason: str
     #: Findings the episode holds.
     findings: int
+    #: False when only the cascade was seen: ``node`` and ``rank`` are not the failure's.
+    pinpointed: bool = True
 
     @property
     def application(self) -> bool:
@@ -112,7 +116,8 @@ class JobRootCause:
         return {"job": self.job, "node": self.node, "rank": self.rank,
                 "category": self.category, "excerpt": self.excerpt, "file": self.file,
                 "line": self.line, "at": self.at, "reason": self.reason,
-                "application": self.application, "findings": self.findings}
+                "application": self.application, "findings": self.findings,
+                "pinpointed": self.pinpointed}
 
 
 @dataclass
@@ -129,6 +134,8 @@ class _Episode:
     decided: JobRootCause | None = None
     reported: bool = False
     changed: bool = True
+    #: The job trained again after the failure was reported: the next finding is another.
+    over: bool = False
 
 
 class JobTriage:
@@ -220,6 +227,17 @@ class JobTriage:
             ep = self._episodes.get(job)
             return None if ep is None else ep.decided
 
+    def recovered(self, job: str) -> None:
+        """The job trains again after its reported failure: its next finding begins another.
+
+        Without it a second failure within ``quiet`` of the first would join the first's
+        episode and be told as the first.
+        """
+        with self._lock:
+            ep = self._episodes.get(job)
+            if ep is not None and ep.reported:
+                ep.over = True
+
     def cause_so_far(self, job: str) -> JobRootCause | None:
         """The root cause from the findings in so far: the decided one, else one decided now.
 
@@ -257,7 +275,7 @@ class JobTriage:
         now = self._clock.monotonic()
         with self._lock:
             ep = self._episodes.get(job)
-            if ep is None or (ep.reported and now - ep.last >= self._quiet):
+            if ep is None or (ep.reported and (ep.over or now - ep.last >= self._quiet)):
                 ep = self._episodes[job] = _Episode(
                     started=now, last=now, read=(event.time_seconds, event.time_seconds))
             ep.last = now
@@ -337,4 +355,4 @@ def _told(job: str, cause: RootCause, findings: int) -> JobRootCause:
         excerpt, at = "", None
     return JobRootCause(job=job, category=cause.category, node=cause.node, rank=cause.rank,
                         file=cause.file or None, line=cause.line, excerpt=excerpt, at=at,
-                        reason=cause.reason, findings=findings)
+                        reason=cause.reason, findings=findings, pinpointed=cause.pinpointed)

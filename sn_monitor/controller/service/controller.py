@@ -163,7 +163,8 @@ class Controller:
                         drivers: Drivers) -> None:
         """Findings to incidents and steps; what a restart inherits; the jobs' health."""
         self.job_labels = JobLabels(self.jobs, self.registry)
-        self.triage = JobTriage(self.jobs, clock, self.xids)  # why a job died (its logs)
+        self.triage = JobTriage(  # why a job died (its logs)
+            self.jobs, clock, self.xids, settle=float(settings.recovery.failure_settle))
         #: Findings on many nodes at once that belong to their job or rack.
         self.blast = BlastRadius(self.engine.rule, self.job_labels.job_of, self._labels_of,
                                  self.progress)
