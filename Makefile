@@ -70,9 +70,11 @@ test: $(STAMP) $(WHEELS)
 	WHEELHOUSE=$(WHEELHOUSE) $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile \
 		--ignore=tests/e2e
 
-# The end-to-end runs with a real PyTorch job (tests/e2e/: torchrun, gloo, DCP, a dead
-# node replaced by a spare, final weights compared with an uninterrupted run): a few
-# minutes, so not in `make test`; .ci/run runs both.
+# The end-to-end runs that take minutes each (tests/e2e/): a real PyTorch job (torchrun,
+# gloo, DCP, a dead node replaced by a spare, final weights compared with an
+# uninterrupted run; five real failures named by logs analyze and a live controller) and
+# the demo's long scenarios (fail-slow, remediation, job-failure). Not in `make test`;
+# .ci/run runs both.
 e2e: $(EXAMPLES)
 	REQUIRE_TORCH=1 $(BIN)/pytest -q -o timeout=900 tests/e2e
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from sn_monitor.agent.spool import write_atomically
+from sn_monitor.durable import write_atomically
 from sn_monitor.model import Report
 
 log = logging.getLogger(__name__)

@@ -40,6 +40,7 @@ import msgspec
 
 from sn_monitor.agent.report import event_record
 from sn_monitor.clock import Clock
+from sn_monitor.durable import fsync_directory, write_atomically
 from sn_monitor.model import Event, EventRecord
 
 log = logging.getLogger(__name__)
@@ -52,26 +53,6 @@ _DROP_WARNING_INTERVAL_SECONDS = 60.0
 
 def _segment_name(first_id: int) -> str:
     return f"events-{first_id:020d}.jsonl"
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a create, rename or unlink in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file, whole."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    _fsync_directory(path.parent)
 
 
 @dataclass(slots=True)
@@ -259,7 +240,7 @@ class EventSpool:
             return self._segments[-1]
         path = self._directory / _segment_name(first_id)
         path.touch()
-        _fsync_directory(self._directory)
+        fsync_directory(self._directory)
         segment = _Segment(path, first_id, first_id - 1, 0, 0)
         self._segments.append(segment)
         return segment

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from sn_monitor.cli.exit_status import refuse
 from sn_monitor.cli.options import (
@@ -15,6 +16,9 @@ from sn_monitor.cli.options import (
     positive_int_arg,
 )
 from sn_monitor.config import ConfigError
+
+if TYPE_CHECKING:  # the simulator is imported when the command runs (a fast --help)
+    from sn_monitor.sim.scenario import Scenario
 
 
 def add_parser(commands: Commands) -> None:
@@ -70,6 +74,19 @@ def add_parser(commands: Commands) -> None:
     simulate.set_defaults(func=run_simulate)
 
 
+def _refusal(args: argparse.Namespace, scenario: Scenario | None) -> str | None:
+    """Why these options and this scenario cannot run, or None."""
+    from sn_monitor.sim.scenario import demo_job_faults
+
+    if scenario is not None and (job_faults := demo_job_faults(scenario)):
+        return (f"scenario {scenario.name!r} plays {', '.join(job_faults)}, a fault of the "
+                "demo's training job, and simulate has no job (play the scenario with "
+                "sn-monitor demo)")
+    if args.speed <= 0 or not 0 <= args.jitter < 1:
+        return "--speed must be above 0 and --jitter from 0 to 0.99"
+    return None
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     """``sn-monitor simulate``: many simulated agents against one controller."""
     configure_command_logging(args)
@@ -88,8 +105,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         return refuse(err)
     except TokenError as err:
         return refuse(f"sn-monitor simulate: {err}")
-    if args.speed <= 0 or not 0 <= args.jitter < 1:
-        return refuse("sn-monitor simulate: --speed must be above 0 and --jitter from 0 to 0.99")
+    if (why := _refusal(args, scenario)) is not None:
+        return refuse(f"sn-monitor simulate: {why}")
     duration = args.duration
     if duration is None and scenario is not None and scenario.duration is not None:
         duration = scenario.duration / args.speed

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -52,6 +51,7 @@ from sn_monitor.config import (
     positive,
     setting,
 )
+from sn_monitor.durable import write_atomically
 from sn_monitor.errors import SnMonitorError
 
 WILDCARD = "<*>"
@@ -562,18 +562,8 @@ class JobTemplates:
 
     def save(self, path: Path) -> None:
         """Write the state to ``path`` atomically: a crash leaves the old file or the new."""
-        data = json.dumps(self.to_state(), separators=(",", ":"), allow_nan=False).encode()
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the rename itself survives a crash
-        finally:
-            os.close(directory)
+        write_atomically(path, json.dumps(self.to_state(), separators=(",", ":"),
+                                          allow_nan=False).encode())
 
     @classmethod
     def load(cls, path: Path, settings: TemplateSettings | None = None,

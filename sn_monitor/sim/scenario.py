@@ -253,6 +253,11 @@ FAULT_SPECS: dict[str, FaultSpec] = {
                            "traceback in its log (the demo only)"),
 }
 
+def demo_job_faults(scenario: Scenario) -> list[str]:
+    """The faults of ``scenario`` that act on the demo's training job (only the demo's)."""
+    return sorted({f.fault for f in scenario.faults if FAULT_SPECS[f.fault].job_only})
+
+
 _TOP_KEYS = ("kind", "name", "description", "duration", "gpus", "faults")
 _FAULT_KEYS = ("at", "node", "count", "gpu", "fault", "params", "repeat")
 #: ``node: 0-23``: a range of node indices, both ends included.

@@ -346,7 +346,7 @@ class Supernode:
             "--log-dir", str(self.job_root / "logs"), "--flush-interval", "0.5",
             "--", "--steps", "1000000000", "--step-time", f"{opts.step_time:g}",
             "--checkpoint-every", str(opts.checkpoint_every), "--width", "16",
-            "--pace-file", str(self.pace.path))
+            "--pace-file", str(self.pace.path), "--peers")
         self._run_launcher("start", "--nodes", ",".join(self.job_nodes))
 
         def training() -> bool:

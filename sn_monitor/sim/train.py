@@ -32,10 +32,12 @@ SIGUSR2 as a GPU's uncorrectable ECC error does in PyTorch (``RuntimeError: CUDA
 uncorrectable ECC error encountered``). The exception is not caught: Python prints its
 traceback to the rank's log and the rank exits 1, as a real one does.
 
-The ranks do no collectives, so a real job's coupling is played by :class:`Peers`: a
-rank whose peer's process ended by itself fails its next step as gloo does (``Connection
-closed by peer``), and the whole job stops, as it would. A peer stopped on purpose by the
-launcher (a restart) fails nobody.
+The ranks do no collectives, so with ``--peers`` (the demo's) a real job's coupling is
+played by :class:`Peers`: a rank whose peer's process ended by itself fails its next step
+as gloo does (``Connection closed by peer``), and the whole job stops, as it would. A
+peer stopped on purpose by the launcher (a restart) fails nobody. Without it, a rank
+goes on whatever happens to the others (the recovery tests kill one and expect the rest
+to be stopped by the launcher).
 """
 
 from __future__ import annotations
@@ -143,6 +145,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="exit non-zero at the start of STEP (a node failure)")
     parser.add_argument("--hang-at", type=int, metavar="STEP",
                         help="stop making progress at the start of STEP (a hang)")
+    parser.add_argument("--peers", action="store_true",
+                        help="fail as gloo does when a peer rank ended by itself (the "
+                             "launcher's SN_PEER_DIR; the demo's)")
     args = parser.parse_args(argv)
     if args.steps < 0 or args.checkpoint_every < 1 or args.step_time < 0:
         parser.error("--steps >= 0, --checkpoint-every >= 1 and --step-time >= 0")
@@ -216,6 +221,21 @@ def fail_as_told(kind: str, step: int) -> None:
     raise RuntimeError(f"CUDA error: uncorrectable ECC error encountered\n{_CUDA_HINT}")
 
 
+def fail_if_told(args: argparse.Namespace, step: int, told: Sequence[str],
+                 peers: Peers) -> None:
+    """At the start of ``step``: the failures asked for (signals, a peer gone, the flags)."""
+    if told:
+        fail_as_told(told[0], step)
+    peers.check()
+    if step == args.crash_at:
+        print(f"simulated node failure at step {step}", file=sys.stderr, flush=True)
+        os._exit(CRASH_EXIT_CODE)
+    if step == args.hang_at:
+        print(f"simulated hang at step {step}", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(1)
+
+
 def step_seconds(step_time: float, pace: Pace | None) -> float:
     """One step's compute time: the healthy one, slowed by the fail-slow faults standing."""
     return step_time * (pace.factor() if pace is not None else 1.0)
@@ -255,20 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     last_saved = step
     pace = job_pace(args.pace_file)
     told = listen_for_injected_errors()
-    peers = Peers(Path(os.environ["SN_PEER_DIR"]) if os.environ.get("SN_PEER_DIR") else None,
-                  client.rank)
+    peer_dir = os.environ.get("SN_PEER_DIR") if args.peers else None
+    peers = Peers(Path(peer_dir) if peer_dir else None, client.rank)
     while step < args.steps:
         step += 1
-        if told:
-            fail_as_told(told[0], step)
-        peers.check()
-        if step == args.crash_at:
-            print(f"simulated node failure at step {step}", file=sys.stderr, flush=True)
-            os._exit(CRASH_EXIT_CODE)
-        if step == args.hang_at:
-            print(f"simulated hang at step {step}", file=sys.stderr, flush=True)
-            while True:
-                time.sleep(1)
+        fail_if_told(args, step, told, peers)
         if args.step_time:
             time.sleep(step_seconds(args.step_time, pace))
         loss = train_step(model, step)

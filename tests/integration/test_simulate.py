@@ -86,6 +86,17 @@ def test_no_controller_is_a_failure_not_a_quiet_success() -> None:
     assert "accepted no report" in err
 
 
+def test_a_fault_of_the_demo_job_is_refused_before_anything_starts() -> None:
+    """``rank-error`` acts on the demo's training job; simulate has none."""
+    result = subprocess.run([sys.executable, "-m", "sn_monitor.cli", "simulate", "--controller",
+                             f"http://127.0.0.1:{free_port()}", "--scenario", "job-failure"],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert result.returncode == 2
+    assert "plays rank-error, a fault of the demo's training job" in result.stderr
+    assert "sn-monitor demo" in result.stderr
+    assert result.stdout == ""
+
+
 def play(controller: Controller, tmp_path: Path, fault: str,
          *args: str) -> tuple[int, dict[str, Any], str]:
     """``simulate`` of 16 nodes every 500 ms with a one-fault scenario, as an agent."""

@@ -12,7 +12,7 @@ import json
 import logging
 from pathlib import Path
 
-from sn_monitor.agent.spool import write_atomically
+from sn_monitor.durable import write_atomically
 
 log = logging.getLogger(__package__)  # the guard's one logger, named as before the split
 
