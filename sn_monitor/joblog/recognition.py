@@ -42,6 +42,37 @@ Reader = TracebackReader | RootCauseReader
 _PREFIX_RANKS = re.compile(r"^\[(?:rank|default)(\d+)\]:", re.MULTILINE)
 
 
+class KeywordFinder:
+    """Every keyword a line holds, for the lines the prefilter hit (a third of a busy log).
+
+    Testing each of the catalogue's ~100 keywords with ``in`` costs ~11 us a line. The
+    keywords that start with a capital letter or punctuation join one regex, longest first,
+    searched from each hit's start + 1 (so a keyword starting inside another is found
+    too); a hit also holds every keyword that is a prefix of it. The others are few and
+    tested with ``in``. ~4.7 us a line, the same set.
+    """
+
+    def __init__(self, words: Iterable[str]) -> None:
+        unique = sorted(set(words))
+        capital = [w for w in unique
+                   if not (w[0].islower() or w[0].isdigit() or w[0].isspace())]
+        self._capital = (re.compile("|".join(re.escape(w) for w in sorted(
+            capital, key=len, reverse=True))) if capital else None)
+        self._prefixes = {w: tuple(v for v in capital if w.startswith(v)) for w in capital}
+        self._others = tuple(w for w in unique if w not in self._prefixes)
+
+    def find(self, line: str) -> set[str]:
+        """The keywords in ``line``."""
+        found = {word for word in self._others if word in line}
+        if self._capital is None:
+            return found
+        pos = 0
+        while (hit := self._capital.search(line, pos)) is not None:
+            found.update(self._prefixes[hit.group()])
+            pos = hit.start() + 1
+        return found
+
+
 class Recognizer:
     """The catalogue compiled: which signature, if any, a line or a block matches."""
 
@@ -54,10 +85,16 @@ class Recognizer:
         self._signatures_of: dict[str, tuple[int, ...]] = {
             word: tuple(i for i, s in enumerate(self._lines) if word in s.keywords)
             for word in self._words}
+        self._keywords = KeywordFinder(self._words)
+
+    @property
+    def keywords(self) -> tuple[str, ...]:
+        """The line signatures' keywords, sorted."""
+        return self._words
 
     def match(self, line: str) -> tuple[Signature, dict[str, str]] | None:
         """The first line signature that matches ``line``, with the params it read."""
-        candidates = {i for word in self._words if word in line
+        candidates = {i for word in self._keywords.find(line)
                       for i in self._signatures_of[word]}
         for index in sorted(candidates):
             signature = self._lines[index]

@@ -7,11 +7,16 @@ that is not the loss, a loss scale that is still large, NCCL INFO lines, warning
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sn_monitor.joblog.blocks import MAX_BLOCK_LINES
 from sn_monitor.joblog.context import Origin
-from sn_monitor.joblog.recognition import Recognizer, recognise_lines
+from sn_monitor.joblog.recognition import KeywordFinder, Recognizer, recognise_lines
+from tests.fuzzing import examples
 
 RECOGNIZER = Recognizer()
 GH = "https://github.com/"
@@ -350,3 +355,36 @@ def test_a_finding_keeps_the_head_and_tail_of_an_endless_line() -> None:
     assert len(found.text) < 5000
     assert found.text.startswith("xxxx")
     assert found.text.endswith("an illegal memory access was encountered")
+
+
+#: The loss-is-nan patterns written letter-first for speed, and the (?i)\b forms they
+#: replace (what they must match, exactly).
+_CASELESS_FORMS = {
+    1: r"(?i)\bloss (?:is|was) (?P<value>nan|inf)",
+    2: r"(?i)\bloss at (?:epoch|step|iteration) \d+\s*[-:=]\s*(?P<value>nan|inf)\b",
+    3: r"(?i)\boutputs? (?:is|are) nan",
+}
+_PIECES = ["loss", "LOSS", "Loss", "lo\u017fs", "xloss", "_loss", "is", "was", "IS", "nan",
+           "NaN", "inf", "INF", "at", "epoch", "Step", "3", " : ", "=", "-", "output",
+           "Outputs", "are", "aoutput", "é", "\t", ".", "/", " "]
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), min_size=1, max_size=12).map("".join))
+def test_the_letter_first_nan_patterns_match_what_their_caseless_forms_match(
+        line: str) -> None:
+    (signature,) = [s for s in RECOGNIZER.catalogue.lines() if s.name == "loss-is-nan"]
+    for index, caseless in _CASELESS_FORMS.items():
+        ours, theirs = signature.patterns[index].search(line), re.search(caseless, line)
+        assert (ours is None) == (theirs is None), (index, line)
+        if ours is not None and theirs is not None:
+            assert ours.groupdict() == theirs.groupdict(), (index, line)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.lists(st.sampled_from([*sorted(RECOGNIZER.keywords)[::3], "x", " ", ":", "Err", "CUDA"]),
+                min_size=1, max_size=8).map("".join))
+def test_the_keyword_finder_finds_every_keyword_a_line_holds(line: str) -> None:
+    """Keywords inside, overlapping and as prefixes of others included."""
+    finder = KeywordFinder(RECOGNIZER.keywords)
+    assert finder.find(line) == {word for word in RECOGNIZER.keywords if word in line}
