@@ -2,9 +2,9 @@
 
 Each cycle (:class:`SamplingLoop`: never overlapping, missed slots skipped) samples, lets the
 :class:`ThermalGuard` act on the fresh snapshot, spools the cycle's events and hands the
-snapshot to the report thread. Each collector runs on its own thread with a deadline
-(:mod:`sn_monitor.agent.watchdog`), so a driver call that hangs costs one cycle its
-deadline once, never the loop: the cycle goes on without that collector. Reporting runs
+snapshot to the report thread. The collectors are called on a runner thread, each with a
+deadline (:mod:`sn_monitor.agent.watchdog`), so a driver call that hangs costs one cycle
+its deadline once, never the loop: the cycle goes on without that collector. Reporting runs
 on its own thread so a slow or hanging controller never delays sampling or the guard;
 events are spooled on the sampling thread first, so a report skipped in between loses
 none. With a controller, the node's topology is collected after the first sample and

@@ -5,10 +5,11 @@ snapshot is served. Events from NVML and from the kernel log are joined here: th
 kernel log's PCI address is mapped to the GPU index, and one XID seen by both sources
 is counted once.
 
-Every collector runs on its own thread (:mod:`sn_monitor.agent.watchdog`) and has a
-deadline. One that has not returned by then is *stuck*: the cycle goes on without it,
-as without a failed collector (none of its values are served, not even its last good
-ones), and its status says ``stuck``. The cycle in which it becomes stuck carries one
+The collectors' calls are made on a runner thread, one after another, each with a
+deadline (:mod:`sn_monitor.agent.watchdog`). One that has not returned by then is
+*stuck*: the cycle goes on without it, as without a failed collector (none of its values
+are served, not even its last good ones), the collectors after it are called as usual,
+and its status says ``stuck``. The cycle in which it becomes stuck carries one
 ``collector_stuck`` event. It gets no new call while the stuck one hangs; when that call
 returns, its values are dropped as stale (its events, facts with their own times, are
 kept) and the next cycle calls it again as usual.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -33,7 +33,7 @@ from sn_monitor.agent.snapshot import (
     NodeSnapshot,
     XidCount,
 )
-from sn_monitor.agent.watchdog import CallOutcome, CollectorWorker
+from sn_monitor.agent.watchdog import CallOutcome, CollectorWatchdog, CycleCalls
 from sn_monitor.clock import Clock
 from sn_monitor.model import Event
 from sn_monitor.rules.xid_catalog import gpu_fatal_codes
@@ -150,7 +150,8 @@ class Sampler:
     ``deadlines`` maps collector names to seconds on ``clock``
     (:data:`~sn_monitor.agent.settings.DEFAULT_DEADLINE_SECONDS` for the others); the
     waits are real, ``deadline / time_scale`` seconds (a simulation run faster than the
-    wall scales its clock the same way). :meth:`close` stops the collectors' threads.
+    wall scales its clock the same way). :meth:`close` stops the runner thread and closes
+    the collectors.
     """
 
     def __init__(
@@ -165,14 +166,15 @@ class Sampler:
             raise ValueError(f"time_scale must be positive, got {time_scale}")
         self.node = node
         self._collectors = list(collectors)
-        self._workers = [CollectorWorker(c, clock) for c in self._collectors]
         given = dict(deadlines or {})
         self._deadlines = {c.name: float(given.get(c.name, DEFAULT_DEADLINE_SECONDS))
                            for c in self._collectors}
         for name, seconds in self._deadlines.items():
             if seconds <= 0:
                 raise ValueError(f"collector {name}: the deadline must be positive")
-        self._time_scale = time_scale
+        self._watchdog = CollectorWatchdog(
+            self._collectors, clock,
+            {name: seconds / time_scale for name, seconds in self._deadlines.items()})
         self._clock = clock
         self._ledger = XidLedger(clock)
         self._latest: NodeSnapshot | None = None
@@ -205,27 +207,13 @@ class Sampler:
 
     def _sample(self) -> NodeSnapshot:
         extra_events: list[Event] = []
-        self._call_collectors(extra_events)
-        statuses, parts = self._gather(extra_events)
+        calls = self._watchdog.cycle()
+        for name, late in calls.late:  # stuck calls that have returned since the last cycle
+            extra_events += self._returned_late(name, late)
+        statuses, parts = self._gather(calls, extra_events)
         return self._compose(parts, statuses, extra_events)
 
-    def _call_collectors(self, extra_events: list[Event]) -> None:
-        """Call each collector not stuck, one after another, each up to its deadline.
-
-        The events of a stuck call that has returned since go to ``extra_events``.
-        """
-        for worker in self._workers:
-            if worker.busy:
-                continue  # stuck since an earlier cycle: no second call into it
-            late = worker.take()
-            if late is not None:  # a stuck call that has returned since the last cycle
-                extra_events += self._returned_late(worker.name, late)
-            # One at a time: collectors are Python, and side by side they only fight for
-            # the GIL (2.4x the CPU per sample, measured with bench.agent_bench).
-            worker.start_call()
-            worker.wait(self._deadlines[worker.name] / self._time_scale)
-
-    def _gather(self, extra_events: list[Event]
+    def _gather(self, calls: CycleCalls, extra_events: list[Event]
                 ) -> tuple[list[CollectorStatus], list[Collected]]:
         """Each collector's status and the values of those that succeeded this cycle.
 
@@ -233,14 +221,14 @@ class Sampler:
         """
         statuses: list[CollectorStatus] = []
         parts: list[Collected] = []
-        for worker in self._workers:
-            if worker.busy:
-                statuses.append(self._stuck_status(worker, extra_events))
+        for collector in self._collectors:
+            name = collector.name
+            if name in calls.stuck:
+                statuses.append(self._stuck_status(name, calls.stuck[name], extra_events))
                 continue
-            outcome = worker.take()
-            assert outcome is not None  # called this cycle and returned
-            ok = self._account(worker.name, outcome, parts)
-            statuses.append(CollectorStatus(worker.name, ok, outcome.duration_seconds))
+            outcome = calls.returned[name]
+            ok = self._account(name, outcome, parts)
+            statuses.append(CollectorStatus(name, ok, outcome.duration_seconds))
         return statuses, parts
 
     def _compose(self, parts: list[Collected], statuses: list[CollectorStatus],
@@ -272,10 +260,9 @@ class Sampler:
             job_logs=next((p.job_logs for p in parts if p.job_logs is not None), None),
         )
 
-    def _stuck_status(self, worker: CollectorWorker, events: list[Event]) -> CollectorStatus:
+    def _stuck_status(self, name: str, started: float | None,
+                      events: list[Event]) -> CollectorStatus:
         """The status of a collector whose call is still running past its deadline."""
-        name = worker.name
-        started = worker.started
         hung = 0.0 if started is None else max(0.0, self._clock.monotonic() - started)
         if name not in self._stuck:
             self._stuck.add(name)
@@ -326,9 +313,7 @@ class Sampler:
 
         True when none is left running: the next cycle then finds the stuck ones un-stuck.
         """
-        end = time.monotonic() + timeout
-        return all(worker.wait(end - time.monotonic()) or not worker.busy
-                   for worker in self._workers if worker.busy)
+        return self._watchdog.settle(timeout)
 
     def __enter__(self) -> Sampler:
         return self
@@ -337,15 +322,21 @@ class Sampler:
         self.close()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop every collector's thread and close the collector (``timeout`` for all).
+        """Stop the runner thread and close every collector (``timeout`` for all).
 
-        A stuck collector cannot be closed under its hung call: its thread is left to
-        close it if the call ever returns, and that is logged.
+        It waits for a cycle in progress (up to ``timeout``). A stuck collector cannot be
+        closed under its hung call: its runner thread is left to close it if the call ever
+        returns, and that is logged.
         """
-        end = time.monotonic() + timeout
-        for worker in self._workers:
-            wait = 0.0 if worker.busy and worker.name in self._stuck else end - time.monotonic()
-            if not worker.close(wait):
-                log.error("collector %s is still stuck at close: its thread is left to "
-                          "close it if the call ever returns", worker.name,
-                          extra={"collector": worker.name, "node": self.node})
+        if not self._lock.acquire(timeout=max(0.0, timeout)):
+            log.error("a cycle is still running at close: the collectors are left open",
+                      extra={"node": self.node})
+            return
+        try:
+            left = self._watchdog.close(timeout)
+        finally:
+            self._lock.release()
+        for name in left:
+            log.error("collector %s is still running at close: its runner thread is left "
+                      "to close it if the call ever returns", name,
+                      extra={"collector": name, "node": self.node})

@@ -2,8 +2,8 @@
 
 Through the real agent (collectors from the registry, sampler, guard, exporter) on a
 simulated node whose fake NVML is made to hang. The hung collector's deadline is short
-(50 ms); the cycle that finds it stuck waits that long on a threading.Event, and no test
-waits on anything else but Events that the code under test sets. Every hang is released
+(50 ms); the cycle that finds it stuck waits that long (on the runner's condition), and
+no test waits on anything else but what the code under test signals. Every hang is released
 in the fixture's teardown, before the agent stops, so no collector thread outlives a test.
 """
 
@@ -234,11 +234,103 @@ def test_close_leaves_a_stuck_collector_to_close_itself_when_it_returns():
         assert not slow.closed
     finally:
         slow.go.set()
-    assert sampler.settle(WAIT)
-    for thread in threading.enumerate():
-        if thread.name == "agent-collect-kmsg":
-            thread.join(WAIT)
+    assert sampler.settle(WAIT)  # the call returned and its runner thread ended
     assert slow.closed
+
+
+class RecordingCollector:
+    """Answers at once, and records the thread each call was made on."""
+
+    def __init__(self, name: str, order: list[str] | None = None) -> None:
+        self.name = name
+        self.order = order if order is not None else []
+        self.threads: list[str] = []
+        self.closed = False
+
+    def collect(self) -> Collected:
+        self.order.append(self.name)
+        self.threads.append(threading.current_thread().name)
+        return Collected()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def runner_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("agent-collect")}
+
+
+def test_a_cycle_makes_every_call_in_order_on_one_runner_thread():
+    order: list[str] = []
+    collectors = [RecordingCollector(name, order) for name in ("nvml", "net", "host")]
+    sampler = Sampler("n1", collectors, ManualClock())
+    try:
+        for _ in range(3):
+            assert all(status.success for status in sampler.sample().collectors)
+        assert runner_threads() == {"agent-collect"}
+    finally:
+        sampler.close()
+    assert order == ["nvml", "net", "host"] * 3
+    # One handoff a cycle: the same runner thread, never the sampling one, for every call.
+    assert {t for c in collectors for t in c.threads} == {"agent-collect"}
+    assert all(c.closed for c in collectors)
+    assert runner_threads() == set()  # stopped at close
+
+
+def test_the_calls_after_a_stuck_one_go_to_a_fresh_runner_in_the_same_cycle():
+    before, after = RecordingCollector("net"), RecordingCollector("host")
+    slow = BlockingCollector("nvml", Collected(gpus=(GPU0,)), after=Collected(gpus=(GPU0,)))
+    sampler = Sampler("n1", [before, slow, after], ManualClock(), deadlines={"nvml": DEADLINE})
+    try:
+        first = sampler.sample()
+        assert [(c.name, c.success, c.stuck) for c in first.collectors] == [
+            ("net", True, False), ("nvml", False, True), ("host", True, False)]
+        assert len(stuck_events(first)) == 1
+        # The runner stays with the hung call; the next one took the rest of the line.
+        assert runner_threads() == {"agent-collect", "agent-collect-stuck-nvml"}
+        second = sampler.sample()
+        assert [c.stuck for c in second.collectors] == [False, True, False]
+        assert slow.calls == 1  # no second call while the first hangs
+        assert stuck_events(second) == []
+        assert before.threads == after.threads == ["agent-collect"] * 2
+
+        slow.go.set()
+        assert sampler.settle(WAIT)
+        assert runner_threads() == {"agent-collect"}  # the abandoned runner has ended
+        third = sampler.sample()
+        assert all(c.success for c in third.collectors)
+        assert third.gpus == (GPU0,)
+        assert slow.calls == 2
+        assert sampler.stuck() == frozenset()
+    finally:
+        slow.go.set()
+        sampler.close()
+    assert [before.closed, slow.closed, after.closed] == [True, True, True]
+
+
+def test_two_collectors_stuck_in_one_cycle_are_two_events_and_each_comes_back():
+    first_slow = BlockingCollector("nvml", Collected())
+    second_slow = BlockingCollector("kmsg", Collected())
+    quick = RecordingCollector("host")
+    sampler = Sampler("n1", [first_slow, second_slow, quick], ManualClock(),
+                      deadlines={"nvml": DEADLINE, "kmsg": DEADLINE})
+    try:
+        snapshot = sampler.sample()
+        assert [c.stuck for c in snapshot.collectors] == [True, True, False]
+        assert [e.message.split(" has ")[0] for e in stuck_events(snapshot)] == [
+            "collector nvml", "collector kmsg"]
+        assert sampler.stuck() == {"nvml", "kmsg"}
+        assert quick.threads == ["agent-collect"]
+        first_slow.go.set()
+        assert not sampler.settle(DEADLINE)  # kmsg still hangs
+        second_slow.go.set()
+        assert sampler.settle(WAIT)
+        assert all(c.success for c in sampler.sample().collectors)
+        assert (first_slow.calls, second_slow.calls) == (2, 2)
+    finally:
+        first_slow.go.set()
+        second_slow.go.set()
+        sampler.close()
 
 
 def test_deadlines_come_from_the_settings_and_must_be_positive():
