@@ -5,7 +5,7 @@ Run with ``python -m bench.joblog_bench`` (``make bench``); ``--quick`` for a sm
 (each phase once for 6 s, a 0.25 s sampling cycle). A writer process appends realistic
 training-log lines (Megatron and DeepSpeed progress, NCCL INFO, Hugging Face dicts,
 warnings) at ``--rate`` bytes per second (default 50 MB/s) to ``--files`` rank files
-(default 4: 4 x 256 KiB/s a file reaches the 1 MiB/s of all together) in a tmpfs
+(default 4: each file alone could take the 256 KiB/s of all together) in a tmpfs
 folder, renaming each to ``.1`` at 64 MiB and starting a new one (rotation). In the same
 process as the follower, a stand-in sampling loop runs a cycle every ``--cycle`` seconds
 (default 1 s) on its own thread: it reads /proc files and does ~5 ms of Python work,
@@ -15,7 +15,7 @@ starts (a fixed grid on the monotonic clock).
 Phases, each ``--seconds`` long (default 30), run ``--repeats`` times (default 3) in turn
 so that the machine's load falls on each alike; each figure is the median over the
 repeats (every run is in the JSON). The writer runs in all: ``baseline`` (no follower),
-``default`` (the follower with the default ``job_logs`` bounds: 1 MiB/s in all, 256 KiB/s
+``default`` (the follower with the default ``job_logs`` bounds: 256 KiB/s in all and
 a file), ``unbounded`` (every bound at 1 GiB/s: what the bounds save). In each, the
 follower's thread CPU (its own ``time.thread_time()``, and ``/proc/self/task/<tid>/stat``
 beside it) as a share of one core, the bytes it read and dropped, its lines, and the
