@@ -73,7 +73,7 @@ test: $(STAMP) $(WHEELS)
 # The end-to-end runs that take minutes each (tests/e2e/): a real PyTorch job (torchrun,
 # gloo, DCP, a dead node replaced by a spare, final weights compared with an
 # uninterrupted run; five real failures named by logs analyze and a live controller) and
-# the demo's long scenarios (fail-slow, remediation, job-failure). Not in `make test`;
+# the demo's scenarios (default, fail-slow, remediation, job-failure). Not in `make test`;
 # .ci/run runs both.
 e2e: $(EXAMPLES)
 	REQUIRE_TORCH=1 $(BIN)/pytest -q -o timeout=900 tests/e2e

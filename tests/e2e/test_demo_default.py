@@ -6,9 +6,9 @@ at x10) on a machine kept busy by two CPU hogs all along, checks the JSON summar
 release of the hot GPU, the fail-over and restore of the fatal XID, the circuit breaker
 freezing the burst and closing once the partition heals (and the demo saying when), the
 job training at the end on its nodes, its effective training ratio and the one-line
-verdict counted from the run. A broken scenario file is refused before anything starts.
-The packaged scenarios that take minutes each (fail-slow, remediation, job-failure) run
-in ``make e2e`` (tests/e2e/test_demo_scenarios.py).
+verdict counted from the run. Two minutes on two cores: in ``make e2e``, with the other
+packaged scenarios (tests/e2e/test_demo_scenarios.py); a broken scenario file refused
+before anything starts is checked in ``make test`` (tests/integration/test_demo_refusals.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -134,20 +133,3 @@ def test_the_job_trained_and_its_effective_training_ratio_is_reported(summary):
     assert job["last_step"] > 0
     assert job["generation"] >= 1
     assert 0 < job["effective_training_ratio"] <= 1
-
-
-def test_a_bad_scenario_file_is_refused_with_its_line(tmp_path: Path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("kind: Scenario\nfaults:\n  - {at: 10s, node: 1, fault: overheat}\n")
-    done = demo("--headless", "--scenario", str(bad), timeout=30)
-    assert done.returncode == 2
-    assert f"{bad}:3: faults[0]: overheat needs a gpu from 0 to 7" in done.stderr
-    assert done.stdout == ""
-
-
-def test_a_scenario_that_does_not_fit_the_fleet_is_refused(tmp_path: Path):
-    bad = tmp_path / "big.yaml"
-    bad.write_text("kind: Scenario\nfaults:\n  - {at: 10s, node: 12, fault: node-lost}\n")
-    done = demo("--headless", "--nodes", "8", "--scenario", str(bad), timeout=30)
-    assert done.returncode == 2
-    assert "node 12 is not in a fleet of 8 nodes" in done.stderr
