@@ -23,6 +23,7 @@ from sn_monitor.agent.joblogs.build import build_reader
 from sn_monitor.agent.joblogs.collector import JobLogCollector
 from sn_monitor.agent.joblogs.findings import LogRecognition
 from sn_monitor.agent.joblogs.lines import LineContext, LogLine
+from sn_monitor.agent.registry import build_collectors
 from sn_monitor.agent.report import event_record
 from sn_monitor.agent.settings import AgentSettings, agent_settings_from
 from sn_monitor.agent.snapshot import NodeSnapshot
@@ -155,3 +156,22 @@ def test_findings_and_template_findings_go_to_the_ecs_output(tmp_path: Path) -> 
     assert "new-template" in kinds
     _, templates, _ = recognition.counts()
     assert dict(templates).get("new-template", 0) >= 1
+
+
+def test_the_registry_builds_the_job_log_collector_only_when_job_logs_is_on(
+        tmp_path: Path) -> None:
+    off = {name: {"enabled": False}
+           for name in ("nvml", "net", "infiniband", "host", "kmsg", "processes")}
+    on_doc = {"node": NODE, "state_dir": str(tmp_path / "state"), "collectors": off,
+              "job_logs": {"enabled": True, "files": [
+                  {"glob": str(tmp_path / "logs" / "*.log"), "job": "llm"}]}}
+    built = build_collectors(agent_settings_from(parse_yaml(yaml.safe_dump(on_doc),
+                                                            "agent.yaml")),
+                             None, ManualClock(0.0))
+    assert [c.name for c in built] == ["joblogs"]
+    for collector in built:
+        collector.close()
+    off_doc = {**on_doc, "job_logs": {"enabled": False}}
+    assert build_collectors(agent_settings_from(parse_yaml(yaml.safe_dump(off_doc),
+                                                           "agent.yaml")),
+                            None, ManualClock(0.0)) == []
