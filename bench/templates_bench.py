@@ -28,7 +28,8 @@ from typing import Any
 
 from bench.common import add_output_args, finish, machine, results_path, stop_on_sigterm
 from sn_monitor.clock import ManualClock
-from sn_monitor.joblog.templates import JobTemplates, LineMasker, TemplateSettings
+from sn_monitor.joblog.template_settings import TemplateSettings
+from sn_monitor.joblog.templates import JobTemplates, LineMasker
 
 SEED = 33
 NCCL_KINDS = (

@@ -21,8 +21,8 @@ from sn_monitor.config import (
     positive,
     setting,
 )
-from sn_monitor.joblog.ecs import EcsOutputOptions
-from sn_monitor.joblog.templates import TemplateSettings
+from sn_monitor.joblog.ecs_options import EcsOutputOptions
+from sn_monitor.joblog.template_settings import TemplateSettings
 from sn_monitor.tls import ca_bundle, check_key_pair, readable_file
 from sn_monitor.transport import check_http_url
 

@@ -29,9 +29,10 @@ from sn_monitor.agent.settings import AgentSettings, agent_settings_from
 from sn_monitor.agent.snapshot import NodeSnapshot
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import Duration, parse_yaml
-from sn_monitor.joblog.ecs import EcsOutput, EcsOutputOptions, LineSource
+from sn_monitor.joblog.ecs import EcsOutput, LineSource
+from sn_monitor.joblog.ecs_options import EcsOutputOptions
 from sn_monitor.joblog.recognition import Recognizer
-from sn_monitor.joblog.templates import TemplateSettings
+from sn_monitor.joblog.template_settings import TemplateSettings
 from sn_monitor.model import EventRecord
 from tests.support.ecs_fields import document_errors
 

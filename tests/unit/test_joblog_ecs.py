@@ -22,13 +22,13 @@ from sn_monitor.joblog.ecs import (
     ECS_VERSION,
     EVENT_CLASS,
     EcsOutput,
-    EcsOutputOptions,
     LineSource,
     finding_document,
     iso_time,
     json_line,
     line_document,
 )
+from sn_monitor.joblog.ecs_options import EcsOutputOptions
 from sn_monitor.joblog.model import CATEGORIES, Finding
 from sn_monitor.joblog.recognition import Recognizer, recognise_lines
 from tests.support.ecs_fields import FIELDS, TYPES, document_errors, flatten

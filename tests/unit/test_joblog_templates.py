@@ -10,12 +10,11 @@ import pytest
 
 from sn_monitor.clock import ManualClock
 from sn_monitor.config import ConfigError, bind, parse_yaml
+from sn_monitor.joblog.template_settings import KeptParameter, TemplateSettings
 from sn_monitor.joblog.templates import (
     WILDCARD,
     JobTemplates,
-    KeptParameter,
     LineMasker,
-    TemplateSettings,
     TemplateStateError,
     state_size_limit,
 )

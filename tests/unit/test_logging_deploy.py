@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from sn_monitor.clock import ManualClock
-from sn_monitor.joblog.ecs import EcsOutput, EcsOutputOptions, LineSource
+from sn_monitor.joblog.ecs import EcsOutput, LineSource
+from sn_monitor.joblog.ecs_options import EcsOutputOptions
 from sn_monitor.joblog.model import CATEGORIES, SEVERITIES, Finding
 from tests.support.ecs_fields import TYPES, flatten
 

@@ -34,7 +34,8 @@ from sn_monitor.joblog.context import Origin
 from sn_monitor.joblog.ecs import EcsOutput
 from sn_monitor.joblog.model import Finding
 from sn_monitor.joblog.recognition import LogStream, Recognizer
-from sn_monitor.joblog.templates import JobTemplates, TemplateSettings
+from sn_monitor.joblog.template_settings import TemplateSettings
+from sn_monitor.joblog.templates import JobTemplates
 from sn_monitor.model import MAX_PARAMS, Event, JobLogFinding
 
 #: Findings waiting for the collector; at one sample a second, far more than a cascade
