@@ -9,6 +9,8 @@ generation on purpose.
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 import sys
 import traceback
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from sn_monitor.joblog.recognition import Recognizer, recognise_lines
-from sn_monitor.sim.launcher import STOPPING
+from sn_monitor.sim.launcher import STOPPING, signal_rank
 from sn_monitor.sim.train import Peers, fail_as_told
 
 RECOGNIZER = Recognizer()
@@ -67,3 +69,13 @@ def test_a_generation_being_stopped_fails_nobody(tmp_path: Path) -> None:
 
 def test_without_a_peer_folder_nothing_is_checked() -> None:
     Peers(None, rank=0).check()
+
+
+def test_a_rank_error_on_a_node_without_a_running_rank_signals_nothing(tmp_path: Path) -> None:
+    """The demo's fault then says "not delivered": no pid is signalled, dead or recycled."""
+    state = tmp_path / "launcher.json"
+    state.write_text(json.dumps({"ranks": [
+        {"rank": 0, "node": "sim-0000", "pid": dead_pid()},
+        {"rank": 1, "node": "sim-0001", "pid": dead_pid()}]}))
+    assert signal_rank(state, "sim-0001", signal.SIGUSR1) is None
+    assert signal_rank(state, "sim-0009", signal.SIGUSR1) is None
