@@ -498,6 +498,13 @@ class Report(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
     Empty (an agent before edge rules, or one that has not got them yet): the controller
     evaluates every rule on the full report. ``takes_rules``: the agent can evaluate
     rules (the controller offers them in its reply).
+
+    ``events_only``: a report sent the moment a fault event happened (an XID, a GPU
+    fallen off the bus), between two samples: it carries events and no sample, so its
+    values lists are empty and the controller keeps the node's last ones, judges only its
+    event rules on it, and does not count it as a sample (it is no heartbeat). It shares
+    ``sequence`` with the sampled reports; its ``sample_time_seconds`` is the time it was
+    sent, on the agent's clock.
     """
 
     node: NodeName
@@ -520,6 +527,7 @@ class Report(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
     takes_rules: bool = False
     topology_digest: TopologyDigest = ""
     topology: NodeTopology | None = None
+    events_only: bool = False
 
 
 class EdgeRules(msgspec.Struct, frozen=True, gc=False):

@@ -145,7 +145,28 @@ def decode_report(body: bytes) -> Report:
     except RecursionError:  # msgspec skipping a deeply nested value; the types stop it first
         raise Malformed("malformed JSON: nested too deeply") from None
     _check_unique(report)
+    if report.events_only:
+        _check_events_only(report)
     return report
+
+
+#: What an events-only report must leave out: it carries no sample (see ``Report``).
+_SAMPLE_FIELDS: Final = ("gpus", "infiniband", "network", "host", "findings", "topology")
+
+
+def _check_events_only(report: Report) -> None:
+    """Refuse an events-only report that carries a sample's values (Invalid, naming it).
+
+    Its values would be judged as a sample by no rule and kept as the node's latest by
+    none: a field that says one thing and means nothing is refused instead.
+    """
+    for name in _SAMPLE_FIELDS:
+        if getattr(report, name):
+            raise Invalid(f"invalid report: an events_only report carries no sample, "
+                          f"so `$.{name}` must be left out")
+    if not report.events:
+        raise Invalid("invalid report: an events_only report carries at least one event "
+                      "- at `$.events`")
 
 
 def _check_unique(report: Report) -> None:
