@@ -308,7 +308,7 @@ class FleetNode:
         self.asked_at = -math.inf
         #: Its next report carries the topology (the first, and after topology_wanted).
         self.topology_due = True
-        #: New events wait to go at once in an events-only report (the fast path).
+        #: Its next report is an events-only one: its new events, at once (the fast path).
         self.urgent = False
 
     def event(self, kind: str, message: str, *, gpu: int | None = None,
