@@ -102,7 +102,14 @@ from sn_monitor.sim.fleet_client import (
     Outgoing,
     Samples,
 )
-from sn_monitor.sim.fleet_node import IB_ACTIVE, FleetNode, NodeFaults, gpu_values, remedy
+from sn_monitor.sim.fleet_node import (
+    IB_ACTIVE,
+    FleetNode,
+    NodeFaults,
+    events_only_report,
+    gpu_values,
+    remedy,
+)
 from sn_monitor.sim.gpu_model import H100_SXM, GpuProfile, make_gpus
 from sn_monitor.sim.hgx import simulated_topology
 from sn_monitor.sim.node import FAULTS, FaultError, SimulatedNode
@@ -477,7 +484,7 @@ class Fleet:
                 if self.progress is not None and now >= next_progress:
                     t0, sent0 = last_progress
                     rate = (self.stats.sent - sent0) / max(1e-9, now - t0)
-                    self.progress(self._progress_line(now - start, rate))
+                    self.progress(progress_line(self.stats, self.latency, now - start, rate))
                     last_progress = (now, self.stats.sent)
                     next_progress += 10.0
             client.finish()
@@ -556,11 +563,8 @@ class Fleet:
         topology = node.topology_due
         if node.urgent and node.events:
             node.urgent = False
-            report = Report(node=node.name, instance=self.instance, sequence=node.sequence,
-                            sample_time_seconds=wall, interval_seconds=self.interval_field,
-                            agent_version=__version__, events=node.events[:MAX_EVENTS],
-                            labels=node_labels(self.options.first + node.index),
-                            events_only=True)
+            report = events_only_report(node, self.instance, wall, self.interval_field,
+                                        node_labels(self.options.first + node.index))
             return Outgoing(_encoder.encode(report), len(report.events), 0, False)
         if node.slow:
             body, events, results = self.slow_body(node, node.sequence, wall, sim_now)
@@ -591,13 +595,6 @@ class Fleet:
             node.rules_version = reply.edge_rules.version
         if reply.topology_wanted:
             node.topology_due = True
-
-    def _progress_line(self, t: float, rate: float) -> str:
-        s = self.stats
-        lat = self.latency.summary()
-        return (f"t={t:5.0f}s  sent {s.sent} ({rate:.0f}/s)  accepted {s.accepted}  "
-                f"refused {sum(s.refused.values())}  failed {s.failed}  not sent "
-                f"{s.not_sent}  p99 {lat['p99']} ms")
 
     # ------------------------------------------------------------ results
 
@@ -630,6 +627,13 @@ class Fleet:
             "simulator_cpu_seconds": round(self.cpu_seconds, 3),
             "simulator_cpu_percent": round(100 * self.cpu_seconds / seconds, 1),
         }
+
+
+def progress_line(s: FleetStats, latency: Samples, t: float, rate: float) -> str:
+    """What ``simulate`` prints every 10 s while it runs."""
+    return (f"t={t:5.0f}s  sent {s.sent} ({rate:.0f}/s)  accepted {s.accepted}  "
+            f"refused {sum(s.refused.values())}  failed {s.failed}  not sent "
+            f"{s.not_sent}  p99 {latency.summary()['p99']} ms")
 
 
 def _tail(report: Report) -> bytes:
