@@ -180,6 +180,16 @@ class NvmlLibrary:
             events.extend(self._events.drain())
             return Collected(gpus=tuple(gpus), events=tuple(events))
 
+    def wait_xid_events(self, timeout: float) -> tuple[Event, ...]:
+        """Block up to ``timeout`` seconds for XID events (the fast path's waiter thread).
+
+        Not under the adapter's lock: samples, the guard and the topology go on while it
+        waits, and :meth:`close` waits at most one ``timeout`` for it. Events it returns
+        are not drained by a collect again. Raises :class:`NvmlError` when the wait fails
+        (logged once); the caller waits before asking again.
+        """
+        return tuple(self._events.wait(timeout))
+
     def set_power_limit_watts(self, index: int, watts: float) -> None:
         """Set GPU ``index``'s power cap (needs root); raises :class:`NvmlError` on refusal."""
         with self._lock:
