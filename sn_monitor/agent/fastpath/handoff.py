@@ -43,5 +43,7 @@ class EventHandoff:
         self._spool(new)
         self._send_now()
         for event in new:
-            log.info("%s: sent at once (%s)", event.message, event.source,
+            log.info("%s %s on GPU %s from %s: handed to the reporter at once", event.kind,
+                     event.code if event.code is not None else "",
+                     "?" if event.gpu is None else event.gpu, event.source,
                      extra={"node": self._node, "gpu": event.gpu})
