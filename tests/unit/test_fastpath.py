@@ -80,6 +80,26 @@ def test_waiter_delivers_an_xid_injected_after_it_started_and_stops():
     collector.close()
 
 
+def test_an_xid_74_the_waiter_took_makes_the_next_cycle_read_every_link():
+    gpus = make_gpus(1)
+    fake_nvml.configure(gpus)
+    collector = NvmlCollector(fake_nvml, ManualClock())
+    collector.collect()
+    collector.collect()
+    counters = fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter")
+    received = Received()
+    waiter = NvmlEventWaiter(collector.library, received, wait_seconds=0.05)
+    waiter.start()
+    gpus[0].inject_xid(74)
+    assert [(e.gpu, e.code) for e in received.next()] == [(0, 74)]
+    waiter.stop(timeout=WAIT)
+    collector.collect()
+    links = len(gpus[0].nvlinks)
+    # Every link's counters, as after the cycle's own drain of an XID 74.
+    assert fake_nvml.call_count("nvmlDeviceGetNvLinkErrorCounter") >= counters + links
+    collector.close()
+
+
 def test_waiter_before_the_first_registration_waits_for_it():
     gpus = make_gpus(1)
     fake_nvml.configure(gpus)

@@ -100,10 +100,6 @@ class XidEvents:
 
         While the waiter is in its wait, it takes what is queued: the drain leaves it.
         """
-        with self._stale_lock:
-            stale, self._links_stale = self._links_stale, []
-        for device in stale:
-            device.forget_nvlinks()
         if self._event_set is None or not self._set_lock.acquire(blocking=False):
             return []
         try:
@@ -113,6 +109,13 @@ class XidEvents:
         finally:
             self._set_lock.release()
         return [self._xid_event(each, forget_links=True) for each in data]
+
+    def forget_stale_links(self) -> None:
+        """Make the GPUs the waiter took an XID 74 for read every link (before a collect)."""
+        with self._stale_lock:
+            stale, self._links_stale = self._links_stale, []
+        for device in stale:
+            device.forget_nvlinks()
 
     def wait(self, timeout: float) -> list[Event]:
         """Block up to ``timeout`` seconds for XIDs; every one queued by then, as events.
@@ -183,7 +186,8 @@ class XidEvents:
     def _xid_event(self, data: Any, *, forget_links: bool) -> Event:
         """The event for one XID; ``forget_links``: under the adapter's lock (a drain).
 
-        The waiter, without that lock, leaves XID 74's "read every link" to the next drain.
+        The waiter, without that lock, leaves XID 74's "read every link" to the next
+        collect (:meth:`forget_stale_links`).
         """
         device = self._by_handle.get(handle_key(data.device))
         code = int(data.eventData)

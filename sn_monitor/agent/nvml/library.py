@@ -170,6 +170,7 @@ class NvmlLibrary:
                 raise NvmlError("NVML is not initialized")
             if self._driver_version is None and not self._driver_version_absent:
                 self._read_driver_version()
+            self._events.forget_stale_links()
             gpus: list[GpuSample] = []
             events: list[Event] = []
             for device in self._devices:
