@@ -36,6 +36,7 @@ PARTS: dict[str, str] = {
     "controller_bench": "controller.json",
     "recovery_bench": "recovery.json",
     "simulate_bench": "simulate.json",
+    "event_bench": "events.json",
     "ha_bench": "ha.json",
     "ingest_bench": "ingest.json",
     "failslow_bench": "failslow.json",

@@ -44,6 +44,10 @@ def add_parser(commands: Commands) -> None:
                           help="post every report, one request in flight per connection, as "
                                "agents before the reports' stream do (default: a stream per "
                                "connection, answered only when there is something to say)")
+    simulate.add_argument("--events-at-next-report", action="store_true",
+                          help="send a fault's events with the node's next report, as agents "
+                               "before the fast event path do (default: at once, in an "
+                               "events-only report)")
     simulate.add_argument("--interval", type=duration_arg, default=1.0, metavar="S",
                           help="report interval of each node: 1s, 500ms, 2 (default 1s)")
     simulate.add_argument("--scenario", metavar="F",
@@ -115,7 +119,8 @@ def run_simulate(args: argparse.Namespace) -> int:
                            gpus=args.gpus, connections=args.connections, jitter=args.jitter,
                            seed=args.seed, token=token, ca_file=args.ca_file,
                            first=args.first, full_reports=args.full_reports,
-                           post_reports=args.post_reports)
+                           post_reports=args.post_reports,
+                           fast_events=not args.events_at_next_report)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -162,6 +162,24 @@ class RuleEngine:
             return self._agents.full_report(node, out, now)
         return out
 
+    def observe_events(self, view: NodeView, now: Now | None = None) -> list[Finding]:
+        """Apply the event rules only to ``view``'s latest events (an events-only report).
+
+        No sample came with them, so the rules that read values have nothing new to judge
+        (and must not take the last sample twice: a rate over no time, a ``for`` held by
+        a stale value); the node-local rules are not involved, events are not theirs.
+        """
+        out: list[Finding] = []
+        report = view.report
+        if report is None or not report.events:
+            return out
+        if now is None:
+            now = self._now()
+        for evaluator, scoped, events_only, _ in self._plan:
+            if events_only and (not scoped or evaluator.applies(view)):
+                evaluator.observe(view, now, out)
+        return out
+
     def _observe_remote(self, view: NodeView, report: Report, now: Now,
                         out: list[Finding]) -> None:
         node = view.name

@@ -284,7 +284,7 @@ class FleetNode:
 
     __slots__ = ("asked_at", "events", "faults", "head", "in_flight", "index", "labels",
                  "lost", "name", "next_event_id", "results", "results_in_flight", "rules",
-                 "rules_version", "sequence", "topology_due")
+                 "rules_version", "sequence", "topology_due", "urgent")
 
     def __init__(self, index: int, name: str, head: bytes, labels: bytes,
                  first_event_id: int) -> None:
@@ -308,6 +308,8 @@ class FleetNode:
         self.asked_at = -math.inf
         #: Its next report carries the topology (the first, and after topology_wanted).
         self.topology_due = True
+        #: New events wait to go at once in an events-only report (the fast path).
+        self.urgent = False
 
     def event(self, kind: str, message: str, *, gpu: int | None = None,
               code: int | None = None, pci_bus_id: str | None = None,

@@ -9,6 +9,7 @@ would. The fake NVML holds its GPUs in module state, so one process holds one no
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -288,7 +289,11 @@ def clear_fail_slow(node: SimulatedNode) -> None:
 
 
 def fault_endpoint(node: SimulatedNode) -> Callable[[bytes], tuple[int, dict[str, Any]]]:
-    """``POST /sim/fault`` on a simulated agent: ``{"fault": "overheat", "gpu": 3, ...}``."""
+    """``POST /sim/fault`` on a simulated agent: ``{"fault": "overheat", "gpu": 3, ...}``.
+
+    The answer says what was injected and when (``injected_at``, wall clock seconds, read
+    just before): what a benchmark measures a detection from.
+    """
 
     def handle(body: bytes) -> tuple[int, dict[str, Any]]:
         try:
@@ -302,7 +307,8 @@ def fault_endpoint(node: SimulatedNode) -> Callable[[bytes], tuple[int, dict[str
             return 422, {"error": "gpu must be a whole number"}
         fault = doc.pop("fault")
         try:
-            return 200, {"result": node.inject(fault, gpu, **doc)}
+            injected_at = time.time()  # the wall clock a controller dates incidents on
+            return 200, {"result": node.inject(fault, gpu, **doc), "injected_at": injected_at}
         except FaultError as err:
             return 422, {"error": str(err)}
 

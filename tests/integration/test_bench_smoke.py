@@ -41,6 +41,7 @@ PARTS: dict[str, set[str]] = {
                          "profile", "failures"},
     "recovery_bench": {"meta", "latency", "mttr", "failures"},
     "simulate_bench": {"meta", "levels", "failures"},
+    "event_bench": {"meta", "runs", "idle", "loaded", "burst", "held", "failures"},
     "ha_bench": {"meta", "lease_duration", "retry_period", "SIGTERM", "SIGKILL", "failures"},
     "ingest_bench": {"meta", "runs", "median_us", "failures"},
     "failslow_bench": {"meta", "summary", "per_kind", "faults", "false_positives", "failures"},

@@ -134,3 +134,36 @@ def test_a_counter_that_rises_on_a_node_judging_its_own_rules_is_caught(
     assert status == 0, err
     incidents = controller.get("/api/v1/incidents", node="sim-0005", limit=100)["incidents"]
     assert any(i["rule"] == "ecc-uncorrectable" and i["gpu"] == 1 for i in incidents), incidents
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["at-once", "at-next-report"])
+def test_a_faults_events_go_at_once_in_an_events_only_report(
+        controller: Controller, tmp_path: Path, fast: bool) -> None:
+    """Nodes that report every 10 minutes: only the fast path brings the XID in the run.
+
+    The nodes' first reports are spread over the first interval (seeded: the same in both
+    runs), so the faulted node's next report falls far after the run (and the one report
+    that ends the stream is node 0's); with the fast path its events go at once, and the
+    incident opens.
+    """
+    args = () if fast else ("--events-at-next-report",)
+    status, summary, err = simulate(
+        "--controller", controller.url, "--nodes", "4", "--interval", "10m",
+        "--duration", "6", "--connections", "1", "--token-file", str(controller.agent_token_file),
+        "--scenario", str(_one_fault(tmp_path, "{at: 2s, node: 1, gpu: 2, fault: xid, "
+                                               "code: 79}")), *args)
+    assert status == 0, err
+    assert len(summary["faults_played"]) == 1, summary
+    incidents = controller.get("/api/v1/incidents", node="sim-0001", limit=100)["incidents"]
+    fatal = [i for i in incidents if i["rule"] == "fatal-xid" and i["gpu"] == 2]
+    if fast:
+        assert fatal, incidents
+        assert summary["events"]["acknowledged"] == 1, summary
+    else:
+        assert fatal == [], incidents  # its next report is minutes away
+
+
+def _one_fault(tmp_path: Path, fault: str) -> Path:
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(f"kind: Scenario\nname: one-fault\nfaults:\n  - {fault}\n")
+    return scenario

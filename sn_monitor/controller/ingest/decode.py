@@ -247,6 +247,19 @@ def _moved(event: EventRecord, at: float) -> EventRecord:
                                    line_time_seconds=line_time + (at - event.time_seconds))
 
 
+def _with_events(last: Report | None, arrived: Report) -> Report:
+    """The node's last sample with the events of an events-only report that ``arrived``.
+
+    The view the rules judge keeps the sample's values and time (no sample came); its
+    events, sequence and labels are the new report's. A node with no sample yet is
+    judged on the events-only report itself.
+    """
+    if last is None:
+        return arrived
+    return msgspec.structs.replace(last, events=arrived.events, sequence=arrived.sequence,
+                                   instance=arrived.instance, labels=arrived.labels)
+
+
 class Accepted(NamedTuple):
     """What ingest did with a report: ``applied`` False for a duplicate or a stale one.
 
@@ -305,7 +318,9 @@ class NodeRegistry:
         """Apply ``report`` unless it is older than what this node already applied.
 
         Its timestamps are mapped onto the controller's clock first
-        (:func:`controller_times`): the view keeps that copy, for the rules.
+        (:func:`controller_times`): the view keeps that copy, for the rules. An
+        events-only report brings its events into the view and leaves the last sample's
+        values and receive time as they were: it is no sample, and no heartbeat.
         """
         now_mono = self._clock.monotonic()
         now_wall = self._clock.time()
@@ -332,6 +347,9 @@ class NodeRegistry:
             labels_changed = not new_node and before is not None and before != report.labels
             if labels_changed or new_node or before is None:
                 view.labels = dict(report.labels)
+            if report.events_only:
+                view.report = _with_events(view.report, controller_times(report, now_wall))
+                return Accepted(view, True, new_node, labels_changed)
             if (report.rules_version and view.report is not None and not report.gpus
                     and not report.infiniband and not report.network):
                 # its agent sends the values the rules here read every few reports only

@@ -38,9 +38,10 @@ from sn_monitor.controller.storage.store import Store, StoreError
 from sn_monitor.controller.storage.writer import PendingReply, StoreWriter
 from sn_monitor.controller.telemetry.metrics import ControllerMetrics
 from sn_monitor.controller.workloads.accounting import WorkloadAccounting
-from sn_monitor.model import CommandResult, EventRecord, Report, ReportReply
+from sn_monitor.model import CommandResult, EdgeRules, EventRecord, Report, ReportReply
 from sn_monitor.rules.alerts import WebhookRejected, decode_webhook
 from sn_monitor.rules.base import Now
+from sn_monitor.rules.view import NodeView
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,9 @@ class ReportIntake:
             raise Forbidden(f"{identity.name} may not report for node {report.node}")
         accepted = self._registry.accept(report)
         view = accepted.view
-        now = view.received_wall if accepted.applied else self._clock.time()
+        # an events-only report is no sample: the view's receive time stays the sample's
+        now = (view.received_wall if accepted.applied and not report.events_only
+               else self._clock.time())
         if accepted.new_node or accepted.labels_changed:
             self._writer.call(partial(self._node_seen, report.node, dict(report.labels), now))
         written = None
@@ -113,20 +116,11 @@ class ReportIntake:
             self.peers[report.node] = (peer, report.metrics_port)
         edge_rules = None
         topology_wanted = False
-        if accepted.applied:
-            topology_wanted = self._fabric.take_report(report)
-            if report.gpus:  # a trimmed report without them leaves the last ones standing
-                self._workloads.take(report.node, report.gpus)
-            self._job_labels.label(accepted.view)
-            with self._rules.held() as engine:
-                findings = engine.observe(view, Now(view.received_monotonic, now))
-                if report.takes_rules:
-                    edge_rules = engine.edge_rules(accepted.view, report.rules_version)
-            if findings:
-                self._pipeline.handle(findings)
-            if self._fleet.gpus_gone(report.node) is not None and report.gpus:
-                self._gpus_back(report)
-            self._fleet.reporting(report.node)
+        if report.events_only:
+            if accepted.applied:
+                self._judge_events(view, now)
+        elif accepted.applied:
+            topology_wanted, edge_rules = self._judge_sample(report, view, now)
         elif report.takes_rules:
             with self._rules.held() as engine:
                 edge_rules = engine.edge_rules(accepted.view, report.rules_version)
@@ -143,6 +137,37 @@ class ReportIntake:
             return reply
         acknowledged = partial(self._acknowledging, reply, report)
         return acknowledged() if written.done() else PendingReply(written, acknowledged)
+
+    def _judge_sample(self, report: Report, view: NodeView, now: float
+                      ) -> tuple[bool, EdgeRules | None]:
+        """A sample applied: every rule judges it; (topology wanted, edge rules to send)."""
+        topology_wanted = self._fabric.take_report(report)
+        if report.gpus:  # a trimmed report without them leaves the last ones standing
+            self._workloads.take(report.node, report.gpus)
+        self._job_labels.label(view)
+        edge_rules = None
+        with self._rules.held() as engine:
+            findings = engine.observe(view, Now(view.received_monotonic, now))
+            if report.takes_rules:
+                edge_rules = engine.edge_rules(view, report.rules_version)
+        if findings:
+            self._pipeline.handle(findings)
+        if self._fleet.gpus_gone(report.node) is not None and report.gpus:
+            self._gpus_back(report)
+        self._fleet.reporting(report.node)
+        return topology_wanted, edge_rules
+
+    def _judge_events(self, view: NodeView, now: float) -> None:
+        """An events-only report applied: its events go through the event rules at once.
+
+        Nothing else moves: no sample came (the heartbeat, the workloads, the fabric and
+        the node-local rules wait for the next one), and what the event rules find is
+        handled now, not at the next sweep.
+        """
+        with self._rules.held() as engine:
+            findings = engine.observe_events(view, Now(self._clock.monotonic(), now))
+        if findings:
+            self._pipeline.handle(findings)
 
     def _acknowledging(self, reply: ReportReply, report: Report) -> ReportReply:
         """``reply`` acknowledging the report's events stored (after the writer had them)."""
