@@ -25,11 +25,6 @@ class FastEventPath:
         if kernel_log is not None:
             self._threads.append(KernelLogFollower(kernel_log, handoff.deliver, node=node))
 
-    @property
-    def threads(self) -> int:
-        """How many threads it runs (0: neither source is there)."""
-        return len(self._threads)
-
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
