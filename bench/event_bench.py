@@ -310,7 +310,7 @@ def run_once(tmp: Path, index: int, opts: argparse.Namespace, cores: tuple[int |
             reader.join(timeout=5)
         summary = json.loads("".join(line for _, line in stdout))
         out["simulate"] = {k: summary[k] for k in ("sent", "accepted", "not_sent", "refused",
-                                                   "failed", "sent_per_second")}
+                                                   "events", "failed", "sent_per_second")}
         out["burst"] = burst_latencies(controller, [node_name(k, opts.background)
                                                     for k in range(opts.burst)])
     finally:
@@ -355,8 +355,11 @@ def summarise(results: dict[str, Any]) -> None:
         figures["by_run"] = [_figures([i["detected_s"] for i in r.get(phase, [])
                                        if i["detected_s"] is not None]) for r in runs]
         results[phase] = figures
+    events = [r["simulate"]["events"] for r in runs if "simulate" in r]
     results["burst"] = {**_figures([v for r in runs for v in r.get("burst", [])]),
-                        "by_run": [_figures(r.get("burst", [])) for r in runs]}
+                        "by_run": [_figures(r.get("burst", [])) for r in runs],
+                        "sent_at_once": sum(e["events_only_sent"] for e in events),
+                        "with_next_report": sum(e["events_only_deferred"] for e in events)}
     loaded_runs = results["loaded"]["by_run"]
     results["held"] = {
         "loaded_runs_within_goal": sum(
@@ -374,10 +377,10 @@ def render(results: dict[str, Any]) -> str:
              f"{PROBES} probe agents, {meta['background']} background nodes at 1 s, a burst "
              f"of {meta['burst']}; load average {meta['loadavg_start']} -> "
              f"{meta['loadavg_end']}", "",
-             f"  {'ms':<44}{'n':>5}{'p50':>9}{'p99':>9}{'max':>9}"]
+             f"  {'ms':<50}{'n':>5}{'p50':>9}{'p99':>9}{'max':>9}"]
 
     def row(label: str, f: dict[str, Any]) -> str:
-        return (f"  {label:<44}{f['n']:>5}{fmt(_ms(f['p50']), 1):>9}"
+        return (f"  {label:<50}{f['n']:>5}{fmt(_ms(f['p50']), 1):>9}"
                 f"{fmt(_ms(f['p99']), 1):>9}{fmt(_ms(f['max']), 1):>9}")
 
     for phase, title in (("idle", "idle"), ("loaded", f"{meta['background']} nodes")):
@@ -387,7 +390,11 @@ def render(results: dict[str, Any]) -> str:
             lines.append(row(f"{title}: injection -> {what}", f))
         if results[phase]["missed"]:
             lines.append(f"    never detected: {', '.join(results[phase]['missed'])}")
-    lines.append(row(f"burst of {meta['burst']}: XID -> incident", results["burst"]))
+    burst = results["burst"]
+    lines.append(row(f"burst of {meta['burst']}: XID -> incident", burst))
+    lines.append(f"    the burst's events: {burst['sent_at_once']} sent at once, "
+                 f"{burst['with_next_report']} with their node's next report (it still "
+                 "waited for an answer)")
     lines.append("")
     for k, f in enumerate(results["loaded"]["by_run"]):
         lines.append(f"  run {k + 1}, loaded: p50 {fmt(_ms(f['p50']), 1)} ms, p99 "

@@ -20,7 +20,11 @@ fake NVML, the collectors) and keeps what the controller sees: the reports.
   Fleet-level faults: ``node-lost`` (the node stops reporting), ``node-back``,
   ``straggler`` (every GPU of the node at low utilization).
 - **Events and commands.** XIDs (and a GPU falling off the bus) become events numbered
-  per node, sent with every report until ``events_stored_through`` covers them.
+  per node, sent with every report until ``events_stored_through`` covers them. As an
+  agent's fast path does, a node sends its new events at once, right after its fault is
+  played, in an events-only report (``Report.events_only``), unless its previous report
+  still waits for an answer; ``--events-at-next-report`` sends them with its next report
+  instead, as agents before the fast path did.
   Commands in a reply are carried out (``throttle`` caps the GPU's power, so the thermal
   model cools it; ``release`` restores the limit) and their results go out with the
   node's next report. There is no local thermal guard: the controller's throttle is
@@ -65,9 +69,9 @@ import random
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, cast
 
 import msgspec
@@ -98,7 +102,14 @@ from sn_monitor.sim.fleet_client import (
     Outgoing,
     Samples,
 )
-from sn_monitor.sim.fleet_node import IB_ACTIVE, FleetNode, NodeFaults, gpu_values, remedy
+from sn_monitor.sim.fleet_node import (
+    IB_ACTIVE,
+    FleetNode,
+    NodeFaults,
+    events_only_report,
+    gpu_values,
+    remedy,
+)
 from sn_monitor.sim.gpu_model import H100_SXM, GpuProfile, make_gpus
 from sn_monitor.sim.hgx import simulated_topology
 from sn_monitor.sim.node import FAULTS, FaultError, SimulatedNode
@@ -239,8 +250,6 @@ class Fleet:
             scenario.check_gpus(options.gpus)
             self.plan = scenario.resolve(options.nodes, self.names)
         self.scenario = scenario
-        #: Nodes whose new events go at once in an events-only report (fast_events).
-        self.urgent: deque[int] = deque()
         self.stats = FleetStats()
         self.latency = Samples(self.rng)
         self.lag = Samples(self.rng)
@@ -350,8 +359,13 @@ class Fleet:
 
     # ------------------------------------------------------------ faults
 
-    def apply(self, planned: PlannedFault, sim_now: float) -> None:
-        """Play one scenario fault on its nodes."""
+    def apply(self, planned: PlannedFault, sim_now: float,
+              send_now: Callable[[FleetNode], None] | None = None) -> None:
+        """Play one scenario fault on its nodes.
+
+        ``send_now``: called with each node that has new events, right after its fault
+        (the fast path: its events leave before the next node's fault is played).
+        """
         if FAULT_SPECS[planned.fault].job_only:
             raise FaultError(f"{planned.fault} acts on the demo's training job: "
                              "sn-monitor demo plays it, simulate has no job")
@@ -374,9 +388,8 @@ class Fleet:
                                       dict(planned.params))
                 except (TypeError, ValueError, KeyError, IndexError) as err:
                     raise FaultError(f"{planned.fault} on {node.name}: {err}") from None
-            if self.options.fast_events and len(node.events) > events_before:
-                node.urgent = True
-                self.urgent.append(index)
+            if send_now is not None and len(node.events) > events_before:
+                send_now(node)
         who = self.names[planned.nodes[0]]
         if len(planned.nodes) > 1:
             some = ", ".join(self.names[i] for i in planned.nodes[:4])
@@ -456,6 +469,7 @@ class Fleet:
                             nodes=self.nodes, stats=self.stats, latency=self.latency,
                             now=start)
         due = self._first_reports(start)
+        send_now = partial(self._send_events, client) if opts.fast_events else None
         plan = list(self.plan)
         next_progress = start + 10.0
         last_progress = (start, 0)
@@ -463,14 +477,14 @@ class Fleet:
             while not stop.is_set() and (now := time.monotonic()) < end:
                 sim_now = (now - start) * opts.speed
                 while plan and plan[0].at <= sim_now:
-                    self.apply(plan.pop(0), sim_now)
+                    self.apply(plan.pop(0), sim_now, send_now)
                 client.maintain(now)
                 self._send_due(due, client, now)
                 client.wait(self._wait_seconds(due if client.free else [], plan, end))
                 if self.progress is not None and now >= next_progress:
                     t0, sent0 = last_progress
                     rate = (self.stats.sent - sent0) / max(1e-9, now - t0)
-                    self.progress(self._progress_line(now - start, rate))
+                    self.progress(progress_line(self.stats, self.latency, now - start, rate))
                     last_progress = (now, self.stats.sent)
                     next_progress += 10.0
             client.finish()
@@ -479,6 +493,19 @@ class Fleet:
             self.cpu_seconds = time.process_time() - cpu0
             client.close()
         return self.stats
+
+    def _send_events(self, client: LoadClient, node: FleetNode) -> None:
+        """``node``'s new events at once in an events-only report, as an agent sends them.
+
+        Not while its previous report waits for an answer (an agent's reporter sends one
+        at a time), nor on no free connection: they go with its next report then.
+        """
+        if node.lost or node.in_flight or not client.free:
+            self.stats.events_only_deferred += 1
+            return
+        node.urgent = True
+        client.send(node, time.monotonic())
+        self.stats.events_only_sent += 1
 
     def _first_reports(self, start: float) -> list[tuple[float, int]]:
         """When each node reports first (a heap): evenly over the first interval, shuffled."""
@@ -496,11 +523,6 @@ class Fleet:
         A report overdue by more than an interval, or whose node's previous report is
         still unanswered, is not sent (counted); a lost node's is skipped.
         """
-        while client.free and self.urgent:
-            node = self.nodes[self.urgent.popleft()]
-            if node.urgent and not node.lost and not node.in_flight:
-                client.send(node, now)  # the events at once, between two samples
-            node.urgent = False  # else they go with its next report
         while due and due[0][0] < now - self.options.interval:
             _, i = heapq.heappop(due)
             self.stats.not_sent += 1
@@ -541,11 +563,8 @@ class Fleet:
         topology = node.topology_due
         if node.urgent and node.events:
             node.urgent = False
-            report = Report(node=node.name, instance=self.instance, sequence=node.sequence,
-                            sample_time_seconds=wall, interval_seconds=self.interval_field,
-                            agent_version=__version__, events=node.events[:MAX_EVENTS],
-                            labels=node_labels(self.options.first + node.index),
-                            events_only=True)
+            report = events_only_report(node, self.instance, wall, self.interval_field,
+                                        node_labels(self.options.first + node.index))
             return Outgoing(_encoder.encode(report), len(report.events), 0, False)
         if node.slow:
             body, events, results = self.slow_body(node, node.sequence, wall, sim_now)
@@ -577,13 +596,6 @@ class Fleet:
         if reply.topology_wanted:
             node.topology_due = True
 
-    def _progress_line(self, t: float, rate: float) -> str:
-        s = self.stats
-        lat = self.latency.summary()
-        return (f"t={t:5.0f}s  sent {s.sent} ({rate:.0f}/s)  accepted {s.accepted}  "
-                f"refused {sum(s.refused.values())}  failed {s.failed}  not sent "
-                f"{s.not_sent}  p99 {lat['p99']} ms")
-
     # ------------------------------------------------------------ results
 
     def summary(self) -> dict[str, Any]:
@@ -607,12 +619,21 @@ class Fleet:
             "latency_ms": self.latency.summary(),
             "schedule_lag_ms": self.lag.summary(),
             "commands": dict(s.commands),
-            "events": {"sent": s.events_sent, "acknowledged": s.events_acknowledged},
+            "events": {"sent": s.events_sent, "acknowledged": s.events_acknowledged,
+                       "events_only_sent": s.events_only_sent,
+                       "events_only_deferred": s.events_only_deferred},
             "faults_played": list(s.faults_played),
             "messages": dict(s.messages),
             "simulator_cpu_seconds": round(self.cpu_seconds, 3),
             "simulator_cpu_percent": round(100 * self.cpu_seconds / seconds, 1),
         }
+
+
+def progress_line(s: FleetStats, latency: Samples, t: float, rate: float) -> str:
+    """What ``simulate`` prints every 10 s while it runs."""
+    return (f"t={t:5.0f}s  sent {s.sent} ({rate:.0f}/s)  accepted {s.accepted}  "
+            f"refused {sum(s.refused.values())}  failed {s.failed}  not sent "
+            f"{s.not_sent}  p99 {latency.summary()['p99']} ms")
 
 
 def _tail(report: Report) -> bytes:

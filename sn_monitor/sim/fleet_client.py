@@ -124,6 +124,10 @@ class FleetStats:
     commands: Counter[str] = field(default_factory=Counter)
     events_sent: int = 0
     events_acknowledged: int = 0
+    #: Events-only reports sent at once (fast_events), and those whose node was still
+    #: waiting for an answer, so that its events went with its next report.
+    events_only_sent: int = 0
+    events_only_deferred: int = 0
     messages: Counter[str] = field(default_factory=Counter)
     faults_played: list[str] = field(default_factory=list)
 

@@ -21,12 +21,21 @@ from typing import Any
 
 import msgspec
 
+from sn_monitor import __version__
 from sn_monitor.agent.nvml import THROTTLE_REASONS
 from sn_monitor.agent.rules import NodeRules
 from sn_monitor.agent.settings import VerifySettings
 from sn_monitor.agent.snapshot import GpuSample, NodeSnapshot, NvLinkSample
 from sn_monitor.agent.verify import snapshot_checks
-from sn_monitor.model import Command, CommandResult, EventRecord, GpuReport, HostReport, Report
+from sn_monitor.model import (
+    MAX_EVENTS,
+    Command,
+    CommandResult,
+    EventRecord,
+    GpuReport,
+    HostReport,
+    Report,
+)
 from sn_monitor.sim.gpu_model import FABRIC_COMPLETED, H100_SXM, SimulatedGpu
 from sn_monitor.sim.node_tree import DEFAULT_IB_DEVICES
 from sn_monitor.sim.scenario import NETDEVS
@@ -308,7 +317,7 @@ class FleetNode:
         self.asked_at = -math.inf
         #: Its next report carries the topology (the first, and after topology_wanted).
         self.topology_due = True
-        #: New events wait to go at once in an events-only report (the fast path).
+        #: Its next report is an events-only one: its new events, at once (the fast path).
         self.urgent = False
 
     def event(self, kind: str, message: str, *, gpu: int | None = None,
@@ -325,3 +334,12 @@ class FleetNode:
         """Whether this node's report must be encoded from structs (not the template)."""
         return (self.faults is not None or bool(self.events) or bool(self.results)
                 or self.topology_due)
+
+
+def events_only_report(node: FleetNode, instance: str, now: float, interval: float,
+                       labels: dict[str, str]) -> Report:
+    """``node``'s events-only report (:attr:`Report.events_only`): its events, no sample."""
+    return Report(node=node.name, instance=instance, sequence=node.sequence,
+                  sample_time_seconds=now, interval_seconds=interval,
+                  agent_version=__version__, events=node.events[:MAX_EVENTS], labels=labels,
+                  events_only=True)

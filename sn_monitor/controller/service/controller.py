@@ -259,6 +259,7 @@ class Controller:
         (their records say so, and the next start resumes them).
         """
         self.store_health.attempt(self.jobs.save_all)
+        self.store_health.attempt(self.remediation.persist)
         idle = self.runner.close(timeout)
         self.drivers.close()
         return idle
