@@ -11,8 +11,12 @@ none. With a controller, the node's topology is collected after the first sample
 every minute on a thread of its own (:mod:`sn_monitor.agent.topology_loop`) and handed to
 the reporter; with ``labels_from_node`` on (the Kubernetes DaemonSet), the node's Node is
 read at start and every few minutes on another (:mod:`sn_monitor.agent.node_labels`) and
-its supernode and rack go into the reports. SIGTERM or SIGINT starts an orderly stop with
-a hard deadline well below systemd's default ``TimeoutStopSec``.
+its supernode and rack go into the reports. With a controller and ``events.fast`` on,
+the fast path's threads (:mod:`sn_monitor.agent.fastpath`) take XIDs from NVML's event
+wait and the kernel log between cycles, join them with the sampler's ledger, spool them
+and wake the report thread, which sends them at once in an event-only report (or in the
+sampled report already waiting). SIGTERM or SIGINT starts an orderly stop with a hard
+deadline well below systemd's default ``TimeoutStopSec``.
 """
 
 from __future__ import annotations
@@ -30,11 +34,14 @@ from typing import Any
 
 from sn_monitor.agent.collectors.base import Collector
 from sn_monitor.agent.collectors.gpu import NvmlCollector
+from sn_monitor.agent.collectors.kmsg import KmsgCollector
 from sn_monitor.agent.commands import CommandExecutor, Remedies
 from sn_monitor.agent.counter_memory import CounterMemory
 from sn_monitor.agent.exporter import AgentStatus, SnapshotCollector
 from sn_monitor.agent.exposition import ExpositionCache
 from sn_monitor.agent.exposition_dcgm import DcgmCollector, served_families
+from sn_monitor.agent.fastpath.handoff import EventHandoff
+from sn_monitor.agent.fastpath.threads import FastEventPath
 from sn_monitor.agent.guard import ThermalGuard
 from sn_monitor.agent.node_labels import NodeLabelLoop, NodeReader, build_node_label_loop
 from sn_monitor.agent.nvml import NvmlError, NvmlLibrary
@@ -111,6 +118,8 @@ class ReportLoop:
 
     Only the newest snapshot waits: when the controller is slower than the sampling
     interval, older ones are skipped (their events are already in the spool).
+    :meth:`send_events_now` (the fast path, events already spooled) wakes it to send them:
+    in the snapshot's report when one is waiting, else in an event-only report.
     """
 
     def __init__(self, reporter: Reporter, executor: CommandExecutor) -> None:
@@ -118,6 +127,7 @@ class ReportLoop:
         self._executor = executor
         self._cond = threading.Condition()
         self._pending: tuple[NodeSnapshot, frozenset[int]] | None = None
+        self._events_due = False
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="agent-report", daemon=True)
 
@@ -130,18 +140,25 @@ class ReportLoop:
             self._pending = (snapshot, throttled)
             self._cond.notify()
 
+    def send_events_now(self) -> None:
+        """Send the spooled events at once (with the waiting snapshot, if any)."""
+        with self._cond:
+            self._events_due = True
+            self._cond.notify()
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while self._pending is None and not self._stopping:
+                while self._pending is None and not self._events_due and not self._stopping:
                     self._cond.wait()
                 if self._stopping:
                     return
-                assert self._pending is not None
-                snapshot, throttled = self._pending
-                self._pending = None
+                pending, self._pending, self._events_due = self._pending, None, False
             try:
-                commands = self._reporter.send(snapshot, throttled)
+                if pending is not None:  # its report carries every spooled event
+                    commands = self._reporter.send(*pending)
+                else:
+                    commands = self._reporter.send_events()
                 results = self._executor.execute(commands) if commands else []
                 results += self._executor.finished()  # slow commands done since the last
                 if results:
@@ -200,6 +217,7 @@ class Agent:
         self._report_loop: ReportLoop | None = None
         self._topology_loop: TopologyLoop | None = None
         self._label_loop: tuple[NodeLabelLoop, NodeReader] | None = None
+        self._fast_path: FastEventPath | None = None
         self.notifier = SystemdNotifier(clock)
         if protection is not None and protection.reporter is not None:
             if settings.labels_from_node.enabled:
@@ -213,6 +231,10 @@ class Agent:
                 TOPOLOGY_INTERVAL_SECONDS / time_scale,
                 node=settings.node,
             )
+            if settings.events.fast:
+                self._fast_path = _fast_path(collectors, EventHandoff(
+                    self.sampler.admit, protection.reporter.spool_events,
+                    self._report_loop.send_events_now, node=settings.node), settings.node)
         elif settings.labels_from_node.enabled:
             log.info("labels_from_node is on but no controller is set: labels go only in "
                      "reports, so the Node is not read", extra={"node": settings.node})
@@ -291,6 +313,8 @@ class Agent:
         self.tick()
         if self._topology_loop is not None:
             self._topology_loop.start()  # after the first sample: NVML is initialised
+        if self._fast_path is not None:
+            self._fast_path.start()  # after the first sample: the event set, the log open
         self.http.start()
         self._sampling.start()
         self.notifier.ready(f"sampling every {self.settings.interval}s")
@@ -305,6 +329,8 @@ class Agent:
         self._stopped.set()
         self.notifier.stopping()
         self._sampling.stop(timeout=STOP_DEADLINE_SECONDS / 2)
+        if self._fast_path is not None:
+            self._fast_path.stop(timeout=2.0)
         if self._topology_loop is not None:
             self._topology_loop.stop(timeout=2.0)
         if self._label_loop is not None:
@@ -351,6 +377,14 @@ def _nvml_library(collectors: Sequence[Collector]) -> NvmlLibrary | None:
         if isinstance(collector, NvmlCollector):
             return collector.library
     return None
+
+
+def _fast_path(collectors: Sequence[Collector], handoff: EventHandoff,
+               node: str) -> FastEventPath:
+    """The fast path's threads on the enabled sources: NVML's event set, the kernel log."""
+    kernel_log = next((c for c in collectors if isinstance(c, KmsgCollector)), None)
+    return FastEventPath(handoff, xids=_nvml_library(collectors), kernel_log=kernel_log,
+                         node=node)
 
 
 def _power_setter(collectors: Sequence[Collector]) -> Callable[[int, float], None]:

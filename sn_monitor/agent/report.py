@@ -6,6 +6,9 @@ a report it refuses is a report lost, and with it the events riding on it. So va
 are made to fit here (ratios clamped, negative counters left out, text truncated)
 rather than trusted to be in range.
 
+:func:`build_events_report` makes the other kind, the event-only report the fast path
+sends the moment a fault happened: the events and who sends them, no sample.
+
 The report is sent every second by every node, so it carries what the rules need and
 no more: per-GPU values, the error-ish InfiniBand counters (see
 :data:`IB_COUNTER_MARKERS`) and per-interface error counters. Byte and packet counters
@@ -343,4 +346,38 @@ def build_report(
         command_results=list(command_results[:MAX_EVENTS]),
         topology_digest=topology_digest,
         topology=topology,
+    )
+
+
+def build_events_report(
+    node: str,
+    *,
+    instance: str,
+    sequence: int,
+    time_seconds: float,
+    labels: Mapping[str, str],
+    interval: float,
+    events: Sequence[EventRecord],
+    agent_version: str = __version__,
+    metrics_port: int | None = None,
+) -> Report:
+    """An event-only report (``events_only``): ``events`` (at least one) and no sample.
+
+    ``time_seconds`` is when it is sent, on the agent's clock; ``sequence`` is shared
+    with the sampled reports. No values, findings, topology or command results: the
+    controller keeps the node's last values and judges only its event rules on it.
+    """
+    if not events:
+        raise ValueError("an event-only report carries at least one event")
+    return Report(
+        node=node,
+        instance=instance,
+        sequence=sequence,
+        sample_time_seconds=time_seconds,
+        agent_version=agent_version[:_MAX_KEY],
+        interval_seconds=min(3600.0, interval),
+        metrics_port=metrics_port,
+        labels=_labels(labels),
+        events=list(events[:MAX_EVENTS]),
+        events_only=True,
     )

@@ -3,7 +3,10 @@
 A failing collector never blanks the others: its status says so and the rest of the
 snapshot is served. Events from NVML and from the kernel log are joined here: the
 kernel log's PCI address is mapped to the GPU index, and one XID seen by both sources
-is counted once.
+is counted once. The agent's fast path (:mod:`sn_monitor.agent.fastpath`) hands the
+events it takes between cycles to the same join (:meth:`Sampler.admit`): they count in
+the next snapshot's XID counters, but its ``events`` holds only those the cycle admitted
+itself, so that each event is spooled once, by whichever path took it.
 
 The collectors' calls are made on a runner thread, one after another, each with a
 deadline (:mod:`sn_monitor.agent.watchdog`). One that has not returned by then is
@@ -67,6 +70,8 @@ class XidLedger:
     reboot, :func:`~sn_monitor.rules.xid_catalog.gpu_fatal_codes`) are counted from 0 on
     every GPU the agent knows, before their first error: Prometheus' ``increase()``
     sees a series' first error only if the series was there before it.
+
+    Thread-safe: the sampling cycle and the fast path's threads share one ledger.
     """
 
     def __init__(self, clock: Clock, window: float = 10.0,
@@ -77,9 +82,14 @@ class XidLedger:
         self._recent: deque[_Seen] = deque()
         self._counts: dict[tuple[int | None, int], int] = {}
         self._last: dict[int, int] = {}
+        self._lock = threading.Lock()
 
     def admit(self, events: Iterable[Event]) -> list[Event]:
         """Return the events that are new (duplicates dropped) and count their XIDs."""
+        with self._lock:
+            return self._admit(events)
+
+    def _admit(self, events: Iterable[Event]) -> list[Event]:
         now = self._clock.monotonic()
         while self._recent and now - self._recent[0].at > self._window:
             self._recent.popleft()
@@ -119,16 +129,19 @@ class XidLedger:
         its GPU's UUID from ``gpus``.
         """
         uuids = {g.index: g.uuid for g in gpus}
-        keys = set(self._counts) | {(g.index, code) for g in gpus for code in self._watched}
+        with self._lock:
+            counts = dict(self._counts)
+        keys = set(counts) | {(g.index, code) for g in gpus for code in self._watched}
         return tuple(
-            XidCount(gpu=gpu, xid=code, count=self._counts.get((gpu, code), 0),
+            XidCount(gpu=gpu, xid=code, count=counts.get((gpu, code), 0),
                      uuid="" if gpu is None else uuids.get(gpu, ""))
             for gpu, code in sorted(keys, key=lambda key: (key[0] is None, key[0] or 0, key[1]))
         )
 
     def last(self) -> tuple[tuple[int, int], ...]:
         """(GPU index, code of its latest counted XID), by GPU index."""
-        return tuple(sorted(self._last.items()))
+        with self._lock:
+            return tuple(sorted(self._last.items()))
 
 
 def map_events_to_gpus(events: Sequence[Event], gpus: Sequence[GpuSample]) -> list[Event]:
@@ -183,6 +196,7 @@ class Sampler:
         self._stuck: set[str] = set()
         self._known_gpus: tuple[GpuSample, ...] = ()
         self._event_counts: dict[str, int] = {}
+        self._counts_lock = threading.Lock()
 
     @property
     def latest(self) -> NodeSnapshot | None:
@@ -192,6 +206,23 @@ class Sampler:
     def stuck(self) -> frozenset[str]:
         """The collectors stuck at the end of the last cycle."""
         return frozenset(self._stuck)
+
+    def admit(self, events: Sequence[Event]) -> list[Event]:
+        """Join events taken between cycles (the fast path); return those that are new.
+
+        Their PCI addresses are mapped with the GPUs of the last sample; they count in
+        the next snapshot's XID and event counters but are not among its ``events``:
+        the caller spools them. Thread-safe, and never waits for a cycle.
+        """
+        return self._admit(map_events_to_gpus(events, self._known_gpus))
+
+    def _admit(self, events: Sequence[Event]) -> list[Event]:
+        """The new events among ``events`` (already mapped to GPUs), counted by kind."""
+        admitted = self._ledger.admit(events)
+        with self._counts_lock:
+            for event in admitted:
+                self._event_counts[event.kind] = self._event_counts.get(event.kind, 0) + 1
+        return admitted
 
     def sample(self) -> NodeSnapshot:
         """Run one cycle. Thread-safe: overlapping calls run one after the other.
@@ -240,9 +271,9 @@ class Sampler:
         events = map_events_to_gpus([*extra_events, *(e for p in parts for e in p.events)],
                                     self._known_gpus)
         host = next((p.host for p in parts if p.host is not None), None)
-        admitted = tuple(self._ledger.admit(events))
-        for event in admitted:
-            self._event_counts[event.kind] = self._event_counts.get(event.kind, 0) + 1
+        admitted = tuple(self._admit(events))
+        with self._counts_lock:
+            event_counts = tuple(sorted(self._event_counts.items()))
         return NodeSnapshot(
             node=self.node,
             timestamp_seconds=self._clock.time(),
@@ -254,7 +285,7 @@ class Sampler:
             events=admitted,
             xid_counts=self._ledger.counts(self._known_gpus),
             last_xids=self._ledger.last(),
-            event_counts=tuple(sorted(self._event_counts.items())),
+            event_counts=event_counts,
             collectors=tuple(statuses),
             sources=tuple(source for p in parts for source in p.sources),
             job_logs=next((p.job_logs for p in parts if p.job_logs is not None), None),

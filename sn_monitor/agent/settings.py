@@ -469,6 +469,21 @@ class JobLogSettings:
     templates: TemplateSettings | None = None
 
 
+@dataclass(frozen=True)
+class EventSettings:
+    """How fault events leave the agent.
+
+    ``fast`` (on by default): a thread blocked in NVML's event wait and one following
+    the kernel log hand an XID, or a GPU fallen off the bus, to the reporter the moment
+    it happens, and the reporter sends it at once in an event-only report instead of
+    with the next sample (:mod:`sn_monitor.agent.fastpath`). Off: events go with the
+    sampled reports only. Only with a controller: without one there is nothing to send
+    at once, and /metrics changes with each sample either way.
+    """
+
+    fast: bool = True
+
+
 #: What /metrics serves: ``sn``, the agent's own ``sn_*`` families; ``dcgm``, those and
 #: dcgm-exporter's ``DCGM_FI_*`` families (:mod:`sn_monitor.agent.exposition_dcgm`), for
 #: a node where the agent replaces dcgm-exporter; ``dcgm-only``, dcgm-exporter's alone
@@ -490,6 +505,7 @@ class AgentSettings:
     state_dir: str = "/var/lib/sn-monitor"
     paths: PathSettings = field(default_factory=PathSettings)
     collectors: CollectorSettings = field(default_factory=CollectorSettings)
+    events: EventSettings = field(default_factory=EventSettings)
     attribution: AttributionSettings = field(default_factory=AttributionSettings)
     guard: GuardSettings = field(default_factory=GuardSettings)
     remediation: RemediationSettings = field(default_factory=RemediationSettings)

@@ -9,7 +9,9 @@ same on both.
 
 Module state (the installed GPUs, init refcount, call counts) sits behind one lock:
 the sampler and the thermal guard may call from different threads. The fake never
-moves time: the simulation driver calls ``gpu.step(dt)``.
+moves time: the simulation driver calls ``gpu.step(dt)``. The one call that waits is
+``nvmlEventSetWait_v2``, as the driver's does: up to its timeout in real time, outside the
+lock, until an XID is queued on a GPU (the agent's event waiter thread blocks there).
 
 MIG (:mod:`sn_monitor.sim.mig`): a GPU whose profile has MIG profiles answers the MIG
 calls from its :attr:`SimulatedGpu.mig <sn_monitor.sim.gpu_model.SimulatedGpu.mig>`, with
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -443,8 +446,37 @@ class _State:
     mig_handles: dict[tuple[int, str], _MigDeviceHandle] = field(default_factory=dict)
 
 
+class _XidSignal:
+    """Counts the XIDs queued on the installed GPUs; the event wait blocks on it.
+
+    Its condition's lock is taken under a GPU's lock (the GPU notifies as it queues) and
+    never held while another lock is taken.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._posted = 0
+
+    @property
+    def posted(self) -> int:
+        """XIDs queued so far (read before looking, to wait past what was seen)."""
+        with self._cond:
+            return self._posted
+
+    def post(self) -> None:
+        with self._cond:
+            self._posted += 1
+            self._cond.notify_all()
+
+    def wait_past(self, seen: int, timeout: float) -> None:
+        """Block up to ``timeout`` real seconds until more than ``seen`` XIDs were queued."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._posted != seen, timeout)
+
+
 _lock = threading.RLock()
 _state = _State()
+_xids = _XidSignal()
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -467,6 +499,8 @@ def configure(
     """
     with _lock:
         gpu_list = list(gpus)
+        for gpu in gpu_list:
+            gpu.listen_xids(_xids.post)
         _state.gpus = gpu_list
         _state.handles = [_DeviceHandle(gpu) for gpu in gpu_list]
         _state.driver_version = driver_version
@@ -643,15 +677,17 @@ def _hang_for(name: str, args: tuple[Any, ...]) -> Hang | None:
     return next((h for h in _state.hangs if h.matches(gpu, name)), None)
 
 
-def _nvml_function(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+def _nvml_function(fn: Callable[_P, _R], *, name: str | None = None) -> Callable[_P, _R]:
     """Count the call, then fail the way NVML would before reaching the device.
+
+    ``name`` is the NVML function it stands for (default: ``fn``'s own name).
 
     In order: a hang injected for this call (see :func:`inject_hang`: it blocks outside
     the lock), function missing from this driver, an error injected for this call (see
     :func:`inject_error`), not initialized, and (when the first argument is a device
     handle) GPU lost, function not supported on this GPU.
     """
-    name = fn.__name__
+    name = name or fn.__name__
 
     @functools.wraps(fn)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
@@ -1412,13 +1448,31 @@ def nvmlDeviceRegisterEvents(handle: Any, eventTypes: int, eventSet: Any) -> Non
     eventSet.registrations[gpu.index] = (mask | eventTypes, cursor)
 
 
-@_nvml_function
 def nvmlEventSetWait_v2(eventSet: Any, timeoutms: int) -> _EventData:
-    """The oldest undelivered XID of the lowest-numbered device, else Timeout at once.
+    """The oldest undelivered XID of the lowest-numbered device, waiting for one if none.
 
-    Simulated time does not pass while waiting, so the fake never sleeps whatever
-    ``timeoutms`` says. Lost GPUs still deliver (XID 79 arrives after the loss).
+    It blocks up to ``timeoutms`` real milliseconds, outside the module lock, until an
+    XID is queued on any GPU (:meth:`SimulatedGpu.inject_xid
+    <sn_monitor.sim.gpu_model.SimulatedGpu.inject_xid>`, a fall off the bus), then raises
+    Timeout; 0 raises Timeout at once when nothing is queued. Each look at the queues
+    counts as one call (and meets injected errors and hangs as one). Lost GPUs still
+    deliver (XID 79 arrives after the loss).
     """
+    deadline = time.monotonic() + max(0, int(timeoutms)) / 1000.0
+    while True:
+        seen = _xids.posted
+        try:
+            return _next_xid(eventSet, 0)
+        except NVMLError_Timeout:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+        _xids.wait_past(seen, left)
+
+
+def _take_xid(eventSet: Any, timeoutms: int) -> _EventData:
+    """The oldest undelivered XID of the lowest-numbered device, else Timeout at once."""
+    del timeoutms  # the caller waits
     if not isinstance(eventSet, _EventSet) or eventSet.freed:
         raise NVMLError_InvalidArgument()
     for index in sorted(eventSet.registrations):
@@ -1435,6 +1489,9 @@ def nvmlEventSetWait_v2(eventSet: Any, timeoutms: int) -> _EventData:
                     eventData=gpu.xid_log[cursor],
                 )
     raise NVMLError_Timeout()
+
+
+_next_xid = _nvml_function(_take_xid, name="nvmlEventSetWait_v2")
 
 
 @_nvml_function

@@ -267,6 +267,7 @@ class SimulatedGpu:
         self.row_remap_failed = False
         self.nvlinks = [NvLinkState() for _ in range(profile.nvlink_count)]
         self.xid_log: list[int] = []
+        self._xid_listeners: list[Callable[[], None]] = []
         # The NVLink fabric: registered with Fabric Manager, as on a healthy HGX node.
         self.fabric_state = FABRIC_COMPLETED
         self.fabric_status = NVML_SUCCESS
@@ -463,7 +464,22 @@ class SimulatedGpu:
     def inject_xid(self, code: int) -> None:
         """Queue an XID critical-error event; repeats of one code are separate events."""
         with self.lock:
-            self.xid_log.append(code)
+            self._queue_xid(code)
+
+    def listen_xids(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (once per listener, however often given) after each XID queued.
+
+        The fake NVML's event wait blocks until then. It is called under the GPU's lock,
+        so it must take no lock of its own that is held while this GPU's is taken.
+        """
+        with self.lock:
+            if listener not in self._xid_listeners:
+                self._xid_listeners.append(listener)
+
+    def _queue_xid(self, code: int) -> None:
+        self.xid_log.append(code)
+        for listener in self._xid_listeners:
+            listener()
 
     def inject_ecc_corrected(self, count: int = 1) -> None:
         with self.lock:
@@ -587,7 +603,7 @@ class SimulatedGpu:
     def _fall_off_bus(self) -> None:
         if not self.lost:
             self.lost = True
-            self.xid_log.append(XID_FALLEN_OFF_BUS)
+            self._queue_xid(XID_FALLEN_OFF_BUS)
 
 
 def make_gpus(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -125,7 +126,7 @@ def test_missing_function_raises_function_not_found():
     assert fake_nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle) >= 0
 
 
-def test_event_set_drains_xids_then_times_out_without_sleeping():
+def test_event_set_drains_xids_then_times_out_at_once_for_a_zero_timeout():
     gpus = make_gpus(2)
     start(gpus)
     gpus[0].inject_xid(31)  # before registration: not delivered
@@ -147,8 +148,45 @@ def test_event_set_drains_xids_then_times_out_without_sleeping():
         seen.append((handles[id(data.device)], data.eventData))
     assert sorted(seen) == [(0, 79), (1, 48), (1, 48)]
     with pytest.raises(fake_nvml.NVMLError_Timeout):
-        fake_nvml.nvmlEventSetWait_v2(event_set, 10_000)
+        fake_nvml.nvmlEventSetWait_v2(event_set, 0)
     fake_nvml.nvmlEventSetFree(event_set)
+
+
+def test_event_set_wait_blocks_until_an_xid_is_injected():
+    gpus = make_gpus(2)
+    start(gpus)
+    event_set = fake_nvml.nvmlEventSetCreate()
+    handle = fake_nvml.nvmlDeviceGetHandleByIndex(1)
+    fake_nvml.nvmlDeviceRegisterEvents(handle, fake_nvml.nvmlEventTypeXidCriticalError,
+                                       event_set)
+    waiting = threading.Event()
+    got: list[object] = []
+
+    def wait() -> None:
+        waiting.set()
+        got.append(fake_nvml.nvmlEventSetWait_v2(event_set, 60_000))
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    assert waiting.wait(5)
+    # Blocked: no XID queued, so nothing came back (and Timeout would take 60 s).
+    assert got == []
+    gpus[1].inject_xid(48)
+    waiter.join(30)
+    assert not waiter.is_alive()
+    assert [(data.eventType, data.eventData) for data in got] == [
+        (fake_nvml.nvmlEventTypeXidCriticalError, 48)]
+    fake_nvml.nvmlEventSetFree(event_set)
+
+
+def test_event_set_wait_times_out_after_its_timeout_when_nothing_comes():
+    start(make_gpus(1))
+    event_set = fake_nvml.nvmlEventSetCreate()
+    fake_nvml.nvmlDeviceRegisterEvents(fake_nvml.nvmlDeviceGetHandleByIndex(0),
+                                       fake_nvml.nvmlEventTypeXidCriticalError, event_set)
+    with pytest.raises(fake_nvml.NVMLError_Timeout):
+        fake_nvml.nvmlEventSetWait_v2(event_set, 20)
+    assert fake_nvml.call_count("nvmlEventSetWait_v2") >= 1
 
 
 def test_nvlink_beyond_count_is_invalid_argument():

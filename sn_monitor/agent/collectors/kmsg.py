@@ -10,8 +10,11 @@ reported off the bus twice in a row (an Xid 79 and the driver's own line after i
 
 :class:`KmsgCollector` reads ``/dev/kmsg`` without blocking, or follows a regular text
 file like ``tail -F`` (tests, or a dmesg / journald export), and hands the faults it
-found since the last cycle to the sampler as events. It never maps a PCI address to a
-GPU index: the sampler does that with what NVML reports.
+found since the last cycle to the sampler as events. It is the source's one reader: the
+agent's kernel-log follower (:mod:`sn_monitor.agent.fastpath.kernel_follower`) calls the
+same :meth:`KmsgCollector.collect` the moment the log has something new, under the
+collector's lock, so the offsets stay whole and each fault is taken once. It never maps
+a PCI address to a GPU index: the sampler does that with what NVML reports.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 import os
 import re
 import stat
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Literal
@@ -511,7 +515,8 @@ class KmsgCollector:
     starts at the end (``start_at_end``) so that an agent restart does not report the
     whole boot again. A regular file is followed from a remembered offset; a rotated
     (new inode) or truncated file is read again from its start. A file may hold dmesg
-    or journald text, or raw ``prio,seq,usec,flags;text`` records.
+    or journald text, or raw ``prio,seq,usec,flags;text`` records. Thread-safe: the cycle
+    and the kernel-log follower call :meth:`collect` one at a time.
     """
 
     name = "kmsg"
@@ -537,9 +542,27 @@ class KmsgCollector:
         self._opened_before = False
         self._overrun_warned = False
         self._last_sequence: int | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def path(self) -> Path:
+        """The kernel log this collector reads (a character device or a file)."""
+        return self._path
+
+    @property
+    def device_fd(self) -> int | None:
+        """The open ``/dev/kmsg`` descriptor, to poll for new records (None: not open, a file).
+
+        It stays open until :meth:`close`; the poller must not read it.
+        """
+        return self._fd
 
     def collect(self) -> Collected:
         """Return the faults logged since the last call (at most ``max_lines`` read)."""
+        with self._lock:
+            return self._collect()
+
+    def _collect(self) -> Collected:
         if self._fd is None and self._file is None:
             self._open()
         faults = self._read_device(self._fd) if self._fd is not None else self._read_file()
@@ -550,6 +573,10 @@ class KmsgCollector:
 
     def close(self) -> None:
         """Close the device or file; a later ``collect()`` opens it again."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -650,7 +677,7 @@ class KmsgCollector:
             budget -= self._read_lines(budget, faults)
             if budget <= 0:
                 return faults  # the rest of the old file first, next cycle
-            self.close()
+            self._close()
             if st is None:
                 if faults:
                     return faults

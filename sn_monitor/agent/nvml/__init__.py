@@ -23,7 +23,9 @@ module passed in: the real ``pynvml`` (:func:`load_pynvml`) or
   bytes/s and 0..1 ratios here, nowhere else.
 * No blocking reads in the cycle (PCIe throughput from GPM, else read seldom), and NVLink
   without ~700 driver calls a cycle (per-link reads only when something may have changed).
-* XID events from an NVML event set, drained without blocking on every collect.
+* XID events from an NVML event set, drained without blocking on every collect, and
+  waited on by the agent's fast path (:meth:`NvmlLibrary.wait_xid_events`) on a thread
+  of its own, outside the adapter's lock.
 * The NVLink fabric's registration and the compute processes on each GPU (with their
   SM utilisation where the driver samples it), every cycle: one call each per GPU.
 * MIG: the mode of each GPU and, while it is on, its MIG devices (UUID, GPU and compute
@@ -44,7 +46,7 @@ Its modules, each owning one part (a module imports only those listed before it)
 * :mod:`.process_utilization`: each compute process's SM utilisation.
 * :mod:`.processes`: the compute processes on a GPU or a MIG device.
 * :mod:`.mig`: the MIG mode, the MIG devices and what each holds.
-* :mod:`.events`: the XID event set, its registrations and its drain.
+* :mod:`.events`: the XID event set, its registrations, its wait and its drain.
 * :mod:`.sampling`: one GPU's :class:`~sn_monitor.agent.snapshot.GpuSample` a cycle.
 * :mod:`.library`: :class:`NvmlLibrary`, the face and the life cycle.
 

@@ -170,6 +170,7 @@ class NvmlLibrary:
                 raise NvmlError("NVML is not initialized")
             if self._driver_version is None and not self._driver_version_absent:
                 self._read_driver_version()
+            self._events.forget_stale_links()
             gpus: list[GpuSample] = []
             events: list[Event] = []
             for device in self._devices:
@@ -179,6 +180,16 @@ class NvmlLibrary:
                     events.append(event)
             events.extend(self._events.drain())
             return Collected(gpus=tuple(gpus), events=tuple(events))
+
+    def wait_xid_events(self, timeout: float) -> tuple[Event, ...]:
+        """Block up to ``timeout`` seconds for XID events (the fast path's waiter thread).
+
+        Not under the adapter's lock: samples, the guard and the topology go on while it
+        waits, and :meth:`close` waits at most one ``timeout`` for it. Events it returns
+        are not drained by a collect again. Raises :class:`NvmlError` when the wait fails
+        (logged once); the caller waits before asking again.
+        """
+        return tuple(self._events.wait(timeout))
 
     def set_power_limit_watts(self, index: int, watts: float) -> None:
         """Set GPU ``index``'s power cap (needs root); raises :class:`NvmlError` on refusal."""

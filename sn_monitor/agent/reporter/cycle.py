@@ -3,7 +3,11 @@
 :class:`Reporter` builds each report (:func:`~sn_monitor.agent.report.build_report`) with
 the spooled events that fit, hands it to the stream or the post, and takes the reply:
 events acknowledged, command results dropped, topology and rules noted, commands handed
-back. Imports every other module of the package.
+back. Between two samples, :meth:`Reporter.send_events` sends the spooled events at once
+in an event-only report (:func:`~sn_monitor.agent.report.build_events_report`; the fast
+path's). A controller that refuses one (an earlier version: 400 or 422 for the field it
+does not know) keeps the events spooled for the next sampled report and gets no more
+event-only reports; that is logged once. Imports every other module of the package.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import msgspec
 
 from sn_monitor import __version__
 from sn_monitor.agent.counter_memory import CounterMemory
-from sn_monitor.agent.report import build_report
+from sn_monitor.agent.report import build_events_report, build_report
 from sn_monitor.agent.reporter.edge_rules import EdgeRulesIntake
 from sn_monitor.agent.reporter.failover import Controllers
 from sn_monitor.agent.reporter.posting import ReportPoster
@@ -109,6 +113,8 @@ class Reporter:
         self._encoder = msgspec.json.Encoder()
         self._results: list[CommandResult] = []
         self._highest_sent = -1
+        #: The controllers that refused an event-only report: they get none again.
+        self._no_events_only: set[str] = set()
         #: Random per process start: with ``sequence`` it tells a restart from a replay.
         self.instance = uuid.uuid4().hex
         #: The sequence number of the last report built (the first is 1).
@@ -274,6 +280,38 @@ class Reporter:
         commands, self._commands_due = self._commands_due, []
         return commands
 
+    def send_events(self) -> list[Command]:
+        """Send the spooled events now in an event-only report; return the reply's commands.
+
+        Nothing is sent while backing off, with no event spooled, or to a controller that
+        refused one: the events then go with the next sampled report. The report asks
+        for an answer, which acknowledges its events. Never raises for a network or
+        controller problem.
+        """
+        now = self._clock.monotonic()
+        backoff_until = self._controllers.backoff_until
+        if (backoff_until is not None and now < backoff_until) or self.url in self._no_events_only:
+            return []
+        events = self._within_budget(self._spool.pending(self._max_events))
+        if not events:
+            return []
+        self.sequence += 1
+        report = build_events_report(
+            self._node,
+            instance=self.instance,
+            sequence=self.sequence,
+            time_seconds=self._clock.time(),
+            labels=self._labels,
+            interval=self._interval,
+            events=events,
+            agent_version=self._agent_version,
+            metrics_port=self._metrics_port,
+        )
+        self._highest_sent = max(self._highest_sent, events[-1].id)
+        self._deliver(self._encoder.encode(report), True, 0, events_only=True)
+        commands, self._commands_due = self._commands_due, []
+        return commands
+
     def _within_budget(self, events: list[EventRecord]) -> list[EventRecord]:
         """The oldest events that fit :data:`MAX_EVENT_BYTES_PER_REPORT` (at least one)."""
         used = 0
@@ -283,11 +321,14 @@ class Reporter:
                 return events[:count]
         return events
 
-    def _deliver(self, body: bytes, ask: bool, results_sent: int) -> None:
+    def _deliver(self, body: bytes, ask: bool, results_sent: int, *,
+                 events_only: bool = False) -> None:
         """Send ``body`` to the current controller, then the next while they fail over.
 
         A round ends at a delivery, at a failure that is not the controller's absence,
-        or when every controller was tried; without a delivery, it backs off.
+        or when every controller was tried; without a delivery, it backs off, except
+        after an event-only report refused for what it is (``events_only``): the next
+        sampled report goes as usual.
         """
         controllers = self._controllers
         retry_after: float | None = None
@@ -309,11 +350,21 @@ class Reporter:
                     f"no controller accepted the report ({'; '.join(round_failures)})",
                     retry_after=retry_after,
                 )
+            elif events_only and outcome.refused:
+                self._refuse_events_only()
             else:
                 controllers.failed(outcome.message, retry_after=retry_after,
                                    quiet=outcome.quiet)
             return
         raise AssertionError("unreachable: the last attempt returns")
+
+    def _refuse_events_only(self) -> None:
+        """The current controller refused an event-only report: send it none again."""
+        url = self.url
+        self._no_events_only.add(url)
+        log.warning("controller %s does not take event-only reports (an earlier version?): "
+                    "fault events go with the sampled reports to it", redact_url(url),
+                    extra={"node": self._node})
 
     def _attempt(self, body: bytes, ask: bool, results_sent: int) -> Literal[True] | Failure:
         """One try at the current controller: on its stream, else posted."""

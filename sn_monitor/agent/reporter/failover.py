@@ -20,6 +20,8 @@ from sn_monitor.transport import redact_url
 log = logging.getLogger(__package__)  # the reporter's one logger (see .replies)
 
 _JITTER = 0.2
+#: The statuses of a report refused for what it says (malformed, invalid).
+_REFUSED_FOR_CONTENT = frozenset({400, 422})
 _MAX_LOGGED_MESSAGES = 64
 
 
@@ -80,7 +82,7 @@ class Controllers:
                 self._logged.clear()
             self._logged.add(message)
             log.error("%s", message, extra={"node": self._node})
-        return Failure(message, quiet=True)
+        return Failure(message, quiet=True, refused=status in _REFUSED_FOR_CONTENT)
 
     def switch(self, why: str, *, last: bool) -> None:
         """Move to the next controller; ``last``: back to where this round began.

@@ -44,6 +44,9 @@ class Failure:
     quiet: bool = False
     #: The controller is unreachable or a standby: the next one gets the report at once.
     fail_over: bool = False
+    #: The controller refused this report for what it says (400, 422): sent again as it
+    #: is, it would be refused again.
+    refused: bool = False
 
 
 def decode_reply(body: bytes, named: str) -> Reply | Failure:
