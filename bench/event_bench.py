@@ -394,7 +394,7 @@ def render(results: dict[str, Any]) -> str:
     lines.append(row(f"burst of {meta['burst']}: XID -> incident", burst))
     lines.append(f"    the burst's events: {burst['sent_at_once']} sent at once, "
                  f"{burst['with_next_report']} with their node's next report (it still "
-                 "waited for an answer)")
+                 "waited for an answer: earlier events unacknowledged, or no free connection)")
     lines.append("")
     for k, f in enumerate(results["loaded"]["by_run"]):
         lines.append(f"  run {k + 1}, loaded: p50 {fmt(_ms(f['p50']), 1)} ms, p99 "

@@ -360,11 +360,12 @@ class Fleet:
     # ------------------------------------------------------------ faults
 
     def apply(self, planned: PlannedFault, sim_now: float,
-              send_now: Callable[[FleetNode], None] | None = None) -> None:
+              send_now: Callable[[FleetNode, int], None] | None = None) -> None:
         """Play one scenario fault on its nodes.
 
-        ``send_now``: called with each node that has new events, right after its fault
-        (the fast path: its events leave before the next node's fault is played).
+        ``send_now``: called with each node that has new events and how many it had
+        before, right after its fault (the fast path: its events leave before the next
+        node's fault is played).
         """
         if FAULT_SPECS[planned.fault].job_only:
             raise FaultError(f"{planned.fault} acts on the demo's training job: "
@@ -389,7 +390,7 @@ class Fleet:
                 except (TypeError, ValueError, KeyError, IndexError) as err:
                     raise FaultError(f"{planned.fault} on {node.name}: {err}") from None
             if send_now is not None and len(node.events) > events_before:
-                send_now(node)
+                send_now(node, events_before)
         who = self.names[planned.nodes[0]]
         if len(planned.nodes) > 1:
             some = ", ".join(self.names[i] for i in planned.nodes[:4])
@@ -494,13 +495,15 @@ class Fleet:
             client.close()
         return self.stats
 
-    def _send_events(self, client: LoadClient, node: FleetNode) -> None:
+    def _send_events(self, client: LoadClient, node: FleetNode, earlier: int) -> None:
         """``node``'s new events at once in an events-only report, as an agent sends them.
 
-        Not while its previous report waits for an answer (an agent's reporter sends one
-        at a time), nor on no free connection: they go with its next report then.
+        Not while ``earlier`` events of it wait for their acknowledgement (an agent waits
+        for that answer), nor on no free connection: they go with its next report then.
+        Its healthy report waiting for an answer holds nothing back: only the streams
+        this fleet shares among nodes make that answer wait behind other nodes'.
         """
-        if node.lost or node.in_flight or not client.free:
+        if node.lost or earlier or not client.free:
             self.stats.events_only_deferred += 1
             return
         node.urgent = True

@@ -302,8 +302,9 @@ class Connection:
             self.node = node
             self.sent_at = time.perf_counter()
             client.busy.add(self)
+        if out.results or not node.in_flight:  # an events-only report carries none
+            node.results_in_flight = out.results
         node.in_flight = True
-        node.results_in_flight = out.results
 
     def _send_bytes(self, data: bytes, now: float) -> bool:
         assert self.sock is not None
