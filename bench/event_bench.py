@@ -40,6 +40,12 @@ with ``time.time()`` when it plays it):
 - **burst**: ``detected_at - observed_at`` of the burst nodes' ``fatal-xid`` incidents
   (``observed_at`` is the event's time, stamped by simulate at injection).
 
+Before the runs, **idle cost**: two more probes reporting side by side to their own
+controller, one with the fast path (``events: {fast: true}``, the default) and one
+without, no fault injected: their CPU over 60 s (8 s with ``--quick``), from
+/proc/PID/stat. The fast path's threads block while nothing happens, so the two should
+cost the same.
+
 The load average is printed at the start and the end. Nothing fails on a figure (a
 goal missed is a result); the exit status is 1 when something could not be measured: a
 process did not start, a fault was never detected, no burst incident was found.
@@ -71,6 +77,7 @@ from bench.common import (
     free_port,
     loadavg_text,
     pct,
+    proc_cpu_seconds,
     results_path,
     sn_monitor_command,
     stop_on_sigterm,
@@ -128,8 +135,8 @@ def _http(port: int, method: str, path: str, body: bytes | None = None) -> tuple
 class ProbeAgent:
     """A real ``sn-monitor agent --simulate 8`` reporting every second, faulted over HTTP."""
 
-    def __init__(self, tmp: Path, index: int, controller_port: int, core: int | None,
-                 program: Sequence[str]) -> None:
+    def __init__(self, tmp: Path, index: int | str, controller_port: int, core: int | None,
+                 program: Sequence[str], fast: bool = True) -> None:
         self.node = f"probe-{index}"
         self.port = free_port()
         self.dir = tmp / self.node
@@ -139,6 +146,10 @@ class ProbeAgent:
                         "--listen", f"127.0.0.1:{self.port}",
                         "--controller", f"http://127.0.0.1:{controller_port}",
                         "--state-dir", str(self.dir / "state"), "--log-level", "warning"]
+        if not fast:
+            config = self.dir / "agent.yaml"
+            config.write_text("events: {fast: false}\n")
+            self.command += ["--config", str(config)]
         self.log_path = self.dir / "agent.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -155,6 +166,11 @@ class ProbeAgent:
         name = fault["fault"] + (f" {fault['code']}" if "code" in fault else "")
         return Injection(self.node, gpu, name, float(json.loads(body)["injected_at"]))
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
@@ -163,6 +179,40 @@ class ProbeAgent:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+
+
+def idle_cost(tmp: Path, cores: tuple[int | None, int | None], program: Sequence[str],
+              seconds: float) -> dict[str, Any]:
+    """CPU of two idle probes side by side, the fast path on and off, over ``seconds``.
+
+    The fast path's threads block (NVML's event wait, ``poll()`` on the kernel log) while
+    nothing happens: the two must cost the same.
+    """
+    controller_core, other_core = cores
+    controller = ControllerProcess(tmp, "idle-cost", controller_core, program)
+    probes = {"on": ProbeAgent(tmp / "idle-cost", "on", controller.port, other_core, program),
+              "off": ProbeAgent(tmp / "idle-cost", "off", controller.port, other_core,
+                                program, fast=False)}
+    try:
+        controller.start()
+        for probe in probes.values():
+            probe.start()
+        wait_reported(controller, [p.node for p in probes.values()])
+        time.sleep(5.0)  # past start-up: the first samples, the event sets registered
+        before = {k: proc_cpu_seconds(p.pid) for k, p in probes.items()}
+        time.sleep(seconds)
+        after = {k: proc_cpu_seconds(p.pid) for k, p in probes.items()}
+    finally:
+        for probe in probes.values():
+            probe.stop()
+        controller.stop()
+    out: dict[str, Any] = {"seconds": seconds}
+    for key in probes:
+        b, a = before[key], after[key]
+        if a is None or b is None:
+            raise RuntimeError(f"the CPU of the probe with the fast path {key} was not read")
+        out[f"cpu_percent_{key}"] = 100 * (a - b) / seconds
+    return out
 
 
 def wait_reported(controller: ControllerProcess, names: Sequence[str],
@@ -393,13 +443,18 @@ def render(results: dict[str, Any]) -> str:
     burst = results["burst"]
     lines.append(row(f"burst of {meta['burst']}: XID -> incident", burst))
     lines.append(f"    the burst's events: {burst['sent_at_once']} sent at once, "
-                 f"{burst['with_next_report']} with their node's next report (it still "
-                 "waited for an answer: earlier events unacknowledged, or no free connection)")
+                 f"{burst['with_next_report']} with their node's next report (its earlier "
+                 "events unacknowledged, or no connection free)")
     lines.append("")
     for k, f in enumerate(results["loaded"]["by_run"]):
         lines.append(f"  run {k + 1}, loaded: p50 {fmt(_ms(f['p50']), 1)} ms, p99 "
                      f"{fmt(_ms(f['p99']), 1)} ms (n={f['n']}); burst p99 "
                      f"{fmt(_ms(results['burst']['by_run'][k]['p99']), 1)} ms")
+    idle = results.get("idle_cost", {})
+    if "error" not in idle and idle:
+        lines.append(f"  idle probe CPU over {idle['seconds']:g} s, side by side: fast path on "
+                     f"{idle['cpu_percent_on']:.2f} %, off {idle['cpu_percent_off']:.2f} % "
+                     "of a core")
     held = results["held"]
     lines.append(f"  goal (p50 <= {GOAL_P50_S * 1e3:g} ms, p99 <= {GOAL_P99_S * 1e3:g} ms "
                  f"with the background): {held['loaded_runs_within_goal']} of "
@@ -414,6 +469,8 @@ def _ms(seconds: float | None) -> float | None:
 
 def problems(results: dict[str, Any]) -> list[str]:
     out = [f"run {r['run']}: {r['error']}" for r in results["runs"] if "error" in r]
+    if "error" in results.get("idle_cost", {}):
+        out.append(f"idle cost: {results['idle_cost']['error']}")
     for phase in ("idle", "loaded"):
         if results.get(phase, {}).get("missed"):
             out.append(f"{phase}: faults never detected: {results[phase]['missed']}")
@@ -456,6 +513,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "controller_config": CONTROLLER_CONFIG, "sn_monitor_command": program,
     }, "runs": []}
     with tempfile.TemporaryDirectory(prefix="sn-eventbench-") as tmpdir:
+        print("... idle cost, the fast path on and off", file=sys.stderr, flush=True)
+        try:
+            results["idle_cost"] = idle_cost(Path(tmpdir), (controller_core, other), program,
+                                             8.0 if args.quick else 60.0)
+        except (RuntimeError, OSError) as err:
+            results["idle_cost"] = {"error": f"{type(err).__name__}: {err}"}
         for k in range(args.runs):
             print(f"... run {k + 1} of {args.runs}", file=sys.stderr, flush=True)
             try:
