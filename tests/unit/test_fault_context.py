@@ -17,8 +17,9 @@ from sn_monitor.config import ConfigError
 from sn_monitor.controller.actions.policy import PolicySettings
 from sn_monitor.controller.audit import ActionRequest
 from sn_monitor.controller.jobs.spec import job_from_json
+from sn_monitor.controller.security.auth import OPEN_ACCESS
 from sn_monitor.rules.spec import load_rules
-from tests.support.harness import Harness, make_harness, rules_from, xid
+from tests.support.harness import Harness, make_harness, report_body, rules_from, xid
 
 APP_XID = """
 - name: app-xid
@@ -349,3 +350,32 @@ def test_a_lost_gpu_that_reads_healthy_again_closes_its_incident(make: Any) -> N
     assert still["rule"] == "fatal-xid"
     assert [a.params["status"] for a in alerts(h) if a.rule == "gpu-lost"] == [
         "firing", "resolved"]
+
+
+def test_a_reading_sampled_before_the_loss_does_not_close_it(make: Any) -> None:
+    """The fast path's event can overtake the sample taken just before the fault."""
+    h = make("""
+- name: gpu-fallen-off-bus
+  event: gpu_fallen_off_bus
+  severity: critical
+  actions: [alert]
+""")
+    gpus = [{"index": i, "temperature_celsius": 50.0} for i in range(4)]
+    sampled_before = h.clock.time()
+    h.clock.advance(0.3)
+    fell = {"id": 0, "kind": "gpu_fallen_off_bus", "source": "kmsg", "gpu": 2,
+            "time_seconds": h.clock.time(), "message": "GPU has fallen off the bus"}
+    h.report("n1", events_only=True, events=[fell])
+    h.clock.advance(0.2)
+    # the sample taken before the fall, sent after its event: GPU 2 still answered then
+    h.controller.ingest(report_body("n1", sequence=2, sample_time=sampled_before, gpus=gpus),
+                        OPEN_ACCESS, None)
+    h.sequences["n1/i1"] = 2
+    h.settle()
+    (still,) = h.controller.list_incidents("open", "n1", 10)
+    assert still["rule"] == "gpu-fallen-off-bus"
+    h.clock.advance(1)
+    h.report("n1", gpus=gpus)  # sampled after the fall: it answers again
+    h.settle()
+    assert [i["rule"] for i in h.controller.list_incidents("closed", "n1", 10)] == [
+        "gpu-fallen-off-bus"]

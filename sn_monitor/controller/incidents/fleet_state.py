@@ -53,9 +53,10 @@ class FleetState:
         #: when each was detected (wall).
         self._fatal: dict[str, dict[tuple[str, str], float]] = {}
         self._lost: set[str] = set()
-        #: GPUs with a lost / fallen-off-bus incident open, by node: a healthy reading
-        #: of one closes them (checked on the reports of these nodes only).
-        self._gone_gpus: dict[str, set[int]] = {}
+        #: GPUs with a lost / fallen-off-bus incident open, by node, with when the agent
+        #: first saw the loss (wall): a healthy reading sampled after that closes them
+        #: (checked on the reports of these nodes only).
+        self._gone_gpus: dict[str, dict[int, float]] = {}
         #: Nodes an eviction ran on, until they are uncordoned.
         self._evicted: set[str] = set()
         self._cordoned: set[str] = set()
@@ -87,7 +88,8 @@ class FleetState:
         with self._lock:
             self._firing.setdefault(f.node, set()).add((f.rule, f.subject))
             if f.gpu is not None and self._heals_by_reading(f.rule):
-                self._gone_gpus.setdefault(f.node, set()).add(f.gpu)
+                gone = self._gone_gpus.setdefault(f.node, {})
+                gone[f.gpu] = min(gone.get(f.gpu, f.observed_wall), f.observed_wall)
             if means_broken(f):
                 self._fatal.setdefault(f.node, {})[(f.rule, f.subject)] = f.detected_wall
             if f.kind == "heartbeat":
@@ -105,7 +107,7 @@ class FleetState:
             if f.gpu is not None and self._heals_by_reading(f.rule):
                 gone = self._gone_gpus.get(f.node)
                 if gone is not None:
-                    gone.discard(f.gpu)
+                    gone.pop(f.gpu, None)
                     if not gone:
                         del self._gone_gpus[f.node]
             self._firing.get(f.node, set()).discard((f.rule, f.subject))
@@ -135,9 +137,15 @@ class FleetState:
 
     # ------------------------------------------------------------------ reports
 
-    def gpus_gone(self, node: str) -> set[int] | None:
-        """The GPUs of ``node`` a healthy reading brings back (None: none)."""
-        return self._gone_gpus.get(node)
+    def gpus_gone(self, node: str) -> dict[int, float] | None:
+        """The GPUs of ``node`` a healthy reading brings back, with when each loss was seen.
+
+        None: none. A reading sampled before that time says nothing of the loss: the
+        fault's event can arrive (on the fast path) before a sample taken just before it.
+        """
+        with self._lock:
+            gone = self._gone_gpus.get(node)
+            return dict(gone) if gone is not None else None
 
     def reporting(self, node: str) -> None:
         """``node`` reports again: it is no longer lost."""

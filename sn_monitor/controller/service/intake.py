@@ -153,7 +153,7 @@ class ReportIntake:
         if findings:
             self._pipeline.handle(findings)
         if self._fleet.gpus_gone(report.node) is not None and report.gpus:
-            self._gpus_back(report)
+            self._gpus_back(view.report or report)
         self._fleet.reporting(report.node)
         return topology_wanted, edge_rules
 
@@ -177,8 +177,10 @@ class ReportIntake:
 
     def _gpus_back(self, report: Report) -> None:
         """A GPU that was lost (or fell off the bus) reads healthy again: those close."""
-        gone = self._fleet.gpus_gone(report.node) or set()
-        back = [g.index for g in report.gpus if g.index in gone and not g.lost]
+        gone = self._fleet.gpus_gone(report.node) or {}
+        sampled = report.sample_time_seconds
+        back = [g.index for g in report.gpus
+                if g.index in gone and not g.lost and sampled > gone[g.index]]
         for gpu in back:
             with self._rules.held() as engine:
                 findings = engine.cancel(
