@@ -132,9 +132,12 @@ def test_three_faults_on_one_node_are_one_recovery_and_one_eviction(cluster: Clu
     assert {"ecc-uncorrectable", "row-remap-failed"} <= rules, rules
     assert xid79, rules
     assert len(job.recoveries()) == 1
-    assert set(done["incident_ids"]) >= {i["id"] for i in c.incidents(node="sim-1")
-                                         if i["rule"] in ("ecc-uncorrectable",
-                                                          "row-remap-failed", *xid79)}
+    # The XID reaches the controller at once (the agent's fast path), the ECC counters and
+    # the remap failure with the next sample: the XID's incident starts the recovery, and
+    # the two that follow find the node out of the job already (or join the recovery if
+    # it still runs): one recovery, one eviction either way.
+    mine = {i["id"] for i in c.incidents(node="sim-1") if i["rule"] in xid79}
+    assert mine & set(done["incident_ids"]), (mine, done["incident_ids"])
     assert len(evictions(c, "sim-1")) == 1
     assert done["nodes"] == ["sim-0", "sim-3", "sim-2"]
     job.wait_resumed(done)
