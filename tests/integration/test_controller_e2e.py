@@ -57,6 +57,17 @@ def _one_open(c: Cluster, rule: str, node: str) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
+def _xid79_open(c: Cluster, node: str) -> dict[str, Any] | None:
+    """The incident of a GPU that fell off the bus (XID 79).
+
+    The driver reports it twice, as NVML's XID 79 event and as the kernel log's "fallen
+    off the bus" line; the agent counts one fault seen by two sources once, sending
+    whichever it reads first (both now at once, on the fast path): ``fatal-xid`` or
+    ``gpu-fallen-off-bus``.
+    """
+    return _one_open(c, "fatal-xid", node) or _one_open(c, "gpu-fallen-off-bus", node)
+
+
 def _temperature(c: Cluster, node: str, gpu: int) -> float | None:
     return metric_value(c.agents[node].metrics(), "sn_gpu_temperature_celsius", gpu=str(gpu))
 
@@ -133,8 +144,8 @@ def test_xid_79_evicts_the_node_once_through_the_command_driver(cluster: Cluster
     c, node, gpu = cluster, "sim-1", 2
     c.agents[node].fault("fall-off-bus", gpu)
 
-    fatal = c.wait_for(lambda: _one_open(c, "fatal-xid", node), WAIT,
-                       f"a fatal-xid incident for {node}")
+    fatal = c.wait_for(lambda: _xid79_open(c, node), WAIT,
+                       f"an XID 79 incident for {node}")
     assert fatal["gpu"] == gpu
     assert fatal["value"] == 79
 
@@ -295,8 +306,8 @@ def test_a_controller_killed_mid_incident_resumes_without_repeating(
         restart_cluster: Cluster) -> None:
     c, node, gpu = restart_cluster, "sim-1", 5
     c.agents[node].fault("fall-off-bus", gpu)
-    incident = c.wait_for(lambda: _one_open(c, "fatal-xid", node), WAIT,
-                          f"a fatal-xid incident for {node}")
+    incident = c.wait_for(lambda: _xid79_open(c, node), WAIT,
+                          f"an XID 79 incident for {node}")
 
     def both_ran() -> list[dict[str, str]] | None:
         calls = [x for x in c.script_calls() if x["SN_NODE"] == node]
