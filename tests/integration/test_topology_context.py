@@ -198,11 +198,12 @@ def check_incident(c: Cluster, chrome: Any) -> dict[str, Any]:
                                           if i["id"] == incident["id"]], "the incident shown")[0]
     assert shown["node"] == FIRST
     assert {incident["rule"], FIRST, f"GPU {GPU}", incident["severity"]} <= set(shown["cells"])
-    waiting = c.wait_for(lambda: c.actions(state="awaiting_approval", node=FIRST), 60,
-                         "the eviction waiting for approval")
-    wait_page(chrome, c, lambda: {(a["id"], a["node"], a["action"]) for a in panels(chrome)[
-        "approvals"]} >= {(a["id"], FIRST, a["action"]) for a in waiting},
-        "the eviction in the approvals panel")
+    def approvals_shown() -> set[tuple[str, str, str]]:
+        api = {(a["id"], a["node"], a["action"])
+               for a in c.actions(state="awaiting_approval", node=FIRST)}
+        page = {(a["id"], a["node"], a["action"]) for a in panels(chrome)["approvals"]}
+        return {a for a in api & page if a[2] == "evict"}
+    wait_page(chrome, c, approvals_shown, "the eviction waiting for approval, on the page")
     return incident
 
 
@@ -212,14 +213,18 @@ def check_search_and_filters(c: Cluster, chrome: Any) -> None:
     search = chrome.find_element("id", "node-search")
     search.send_keys("sim-1", Keys.ENTER)
     wait_page(chrome, c, lambda: card(chrome) == "sim-1", "the searched node's card")
-    failed = wait_page(chrome, c, lambda: chrome.execute_script(
-        "return [...document.querySelectorAll('#topology .node[data-health=\"failed\"]')]"
-        ".map((n) => n.dataset.node)"), "a failed node drawn")
+    def failed_and_matched() -> dict[str, list[str]]:
+        return dict(chrome.execute_script("""
+            const names = (sel) => [...document.querySelectorAll(sel)].map(
+              (n) => n.dataset.node).sort();
+            return {failed: names('#topology .node[data-health="failed"]'),
+                    matched: names('#topology .node.match')};"""))
+    wait_page(chrome, c, lambda: FIRST in failed_and_matched()["failed"], f"{FIRST} failed")
     click(chrome, '#summary button[data-filter="failed"]')
-    wait_page(chrome, c, lambda: card(chrome) in failed, "a failed node selected")
-    matched = chrome.execute_script(
-        "return [...document.querySelectorAll('#topology .node.match')].map((n) => n.dataset.node)")
-    assert sorted(matched) == sorted(failed)
+    wait_page(chrome, c, lambda: card(chrome) in failed_and_matched()["failed"],
+              "a failed node selected")
+    seen = failed_and_matched()
+    assert seen["matched"] == seen["failed"], seen
     chrome.find_element("tag name", "body").send_keys(Keys.ESCAPE)
     wait_page(chrome, c, lambda: card(chrome) is None, "the card closed")
 
