@@ -3,29 +3,24 @@
 
 The page must draw the simulated supernode (every node in its rack, the 8 rails), show a
 port that an injected fault took down as failed, and open a node's GPUs and NICs on a
-click. A screenshot is kept in ``build/test-artifacts/topology.png``.
-
-Without Chromium the test is skipped, unless ``REQUIRE_CHROMIUM`` is set (``.ci/run``
-sets it): then it fails.
+click. A screenshot is kept in ``build/test-artifacts/topology.png``. Without Chromium the
+test is skipped (``tests/support/browser.py``).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 
 from tests.integration.cluster import ROOT, Cluster
+from tests.support.browser import console_errors, headless_chromium, wait_page
 
 pytestmark = pytest.mark.integration
-
-T = TypeVar("T")
 
 ARTIFACT = ROOT / "build" / "test-artifacts" / "topology.png"
 #: Node -> rack, all in supernode sn0.
@@ -33,51 +28,13 @@ RACKS = {"sim-0": "r0", "sim-1": "r0", "sim-2": "r1", "sim-3": "r1"}
 RAILS = 8
 #: The port the test takes down.
 NODE, DEVICE = "sim-2", "mlx5_3"
-#: Generous: the machine running the tests may be loaded. The page polls every 2 s and
-#: normally shows a change within a few seconds.
-WAIT = 60.0
 RED = "#e5484d"
-
-
-def _chromium() -> tuple[str, str]:
-    """The browser and its driver, or skip (fail with REQUIRE_CHROMIUM) naming what is absent."""
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    missing = [name for name, path in (("chromium", browser), ("chromedriver", driver))
-               if path is None]
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        missing.append("the selenium package (pip install -e '.[dev]')")
-    if missing:
-        why = f"no {', '.join(missing)}: apt-get install chromium chromium-driver"
-        if os.environ.get("REQUIRE_CHROMIUM"):
-            pytest.fail(f"REQUIRE_CHROMIUM is set but there is {why}")
-        pytest.skip(why)
-    assert browser is not None
-    assert driver is not None
-    return browser, driver
 
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
-    binary, driver = _chromium()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1600,1000", f"--user-data-dir={tmp_path / 'chromium'}"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = Service(driver, log_output=str(tmp_path / "chromedriver.log"))
-    chrome = webdriver.Chrome(service=service, options=options)
-    chrome.set_page_load_timeout(60)
-    try:
+    with headless_chromium(tmp_path) as chrome:
         yield chrome
-    finally:
-        chrome.quit()
 
 
 @pytest.fixture
@@ -91,24 +48,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield c.start()
     finally:
         c.close()
-
-
-def wait_page(chrome: Any, c: Cluster, probe: Callable[[], T], what: str,
-              timeout: float = WAIT) -> T:
-    """Poll the page (through ``probe``) until it answers something truthy, or fail."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        last = probe()
-        if last:
-            return last
-        if time.monotonic() >= deadline:
-            status = chrome.execute_script(
-                "const s = document.getElementById('status'); "
-                "return s ? s.dataset.state + ': ' + s.textContent : null")
-            raise AssertionError(f"waited {timeout:g}s for {what}; last: {last!r}; page status: "
-                                 f"{status}\n{c.logs()}")
-        time.sleep(0.2)
 
 
 def drawing(chrome: Any) -> dict[str, Any]:
@@ -200,6 +139,5 @@ def test_the_page_draws_the_supernode_shows_a_port_down_and_opens_a_node(
     assert chrome.save_screenshot(str(ARTIFACT))
     print(f"screenshot: {ARTIFACT}")
 
-    errors = [e for e in chrome.get_log("browser")
-              if e["level"] == "SEVERE" and e.get("source") != "network"]
+    errors = console_errors(chrome)
     assert errors == [], errors
