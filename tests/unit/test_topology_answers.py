@@ -224,11 +224,11 @@ def test_a_slow_build_spaces_the_next_ones() -> None:
     clock = ManualClock()
 
     def slow() -> FleetFabric:
-        clock.advance(3.0)  # the build takes 3 s: the next one no sooner than 30 s on
+        clock.advance(3.0)  # the build takes 3 s: the next one no sooner than 30 s after it began
         return FleetFabric(now=0.0, views={}, states={}, incidents=[], wirings={},
                            readings={}, jobs=[], fail_slow=[])
 
-    desk = TopologyDesk(slow, clock)
+    desk = TopologyDesk(slow, clock, busy_share=0.1)
     desk.overview()
     clock.advance(26.0)
     desk.overview()

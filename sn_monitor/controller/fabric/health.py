@@ -20,6 +20,7 @@ those its topology, its readings or its report name.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from sn_monitor.controller.fabric.book import NodeWiring
@@ -38,6 +39,8 @@ _RANK = {"ok": 0, "unknown": 0, "degraded": 1, "failed": 2}
 #: A node's health by its state, before its report, incidents and parts are counted.
 _NODE_HEALTH = {"healthy": "ok", "degraded": "degraded", "cordoned": "degraded",
                 "lost": "failed", "evicted": "failed"}
+#: A device's place among its node's NICs: a few names, the same on every node (cached).
+_device_key = lru_cache(maxsize=4096)(natural_key)
 #: A port whose link rate is below this share of its rail's best is degraded.
 _SLOW_LINK_SHARE = 0.9
 
@@ -96,7 +99,7 @@ def nic_ports(view: NodeView, wiring: NodeWiring | None, readings: NodeValues | 
     for port_report in view.report.infiniband if view.report else ():
         ports_of.setdefault(port_report.device, [])
     return [(device, topo_nics.get(device), ports_of.get(device, []))
-            for device in sorted(set(topo_nics) | set(ports_of), key=natural_key)]
+            for device in sorted(set(topo_nics) | set(ports_of), key=_device_key)]
 
 
 class JudgedPort(NamedTuple):

@@ -51,7 +51,7 @@ from sn_monitor.controller.fabric.view import FleetFabric, fleet_topology
 #: The least time between two builds of one answer, seconds.
 DEFAULT_PERIOD_SECONDS = 1.0
 #: The most of a core one answer's builds may take (the period grows with the build).
-DEFAULT_BUSY_SHARE = 0.1
+DEFAULT_BUSY_SHARE = 0.08
 #: The versions of the overview kept to answer ``since``, per job filter.
 DEFAULT_HISTORY = 8
 #: The job filters kept per kind of answer.
