@@ -197,7 +197,7 @@ class HeldFabric:
 def test_requests_that_meet_a_build_wait_for_it_and_share_it(kind: str) -> None:
     clock = ManualClock()
     fabric = HeldFabric()
-    desk = TopologyDesk(fabric, clock)
+    desk = TopologyDesk(fabric, clock, cpu_clock=clock.monotonic)
     read = getattr(desk, kind)
     answers: list[Any] = []
     readers = [threading.Thread(target=lambda: answers.append(read()), name=f"reader-{i}")
@@ -224,11 +224,11 @@ def test_a_slow_build_spaces_the_next_ones() -> None:
     clock = ManualClock()
 
     def slow() -> FleetFabric:
-        clock.advance(3.0)  # the build takes 3 s: the next one no sooner than 30 s after it began
+        clock.advance(3.0)  # a 3 s build: the next one no sooner than 30 s after it began
         return FleetFabric(now=0.0, views={}, states={}, incidents=[], wirings={},
                            readings={}, jobs=[], fail_slow=[])
 
-    desk = TopologyDesk(slow, clock, busy_share=0.1)
+    desk = TopologyDesk(slow, clock, busy_share=0.1, cpu_clock=clock.monotonic)
     desk.overview()
     clock.advance(26.0)
     desk.overview()

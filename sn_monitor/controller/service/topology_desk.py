@@ -8,13 +8,13 @@ keeps, per job filter, the latest of each, encoded (an :class:`Edition`), and an
 every request from it. What holds:
 
 - **One build for all.** A kind's answer for one filter is built at most once per
-  ``period_seconds``, and never sooner than ``1 / busy_share`` times its last build took
-  after that build began, so that however many pages poll, its builds take at most
-  ``busy_share`` of a core. A request that finds it due builds it (in the thread pool:
-  the API calls the desk off the event loop) while the others wait on the same lock,
-  then read what it built. Since what is shown includes live rates that every report
-  moves, the period, not a change, is the trigger; a build that finds the same content
-  keeps its version.
+  ``period_seconds``, and never sooner than ``1 / busy_share`` times its last build's CPU
+  time (``cpu_clock``: the building thread's) after that build began, so that however
+  many pages poll, its builds take at most ``busy_share`` of a core. A request that
+  finds it due builds it (in the thread pool: the API calls the desk off the event
+  loop) while the others wait on the same lock, then read what it built. What is shown
+  includes live rates that every report moves, so the period, not a change, is the
+  trigger; a build that finds the same content keeps its version.
 - **Versions move only with what is shown.** The overview's version is a number that
   grows by one when its rows, counts or rails change; the first is the desk's start time
   in milliseconds, so a version from before a restart is never taken for a later one (a
@@ -37,6 +37,7 @@ import hashlib
 import itertools
 import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -87,6 +88,7 @@ class _Shelf:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     built_at: float = -math.inf
+    #: The CPU seconds of its last build.
     took: float = 0.0
 
 
@@ -115,9 +117,11 @@ class TopologyDesk:
     def __init__(self, fabric: Callable[[], FleetFabric], clock: Clock, *,
                  period_seconds: float = DEFAULT_PERIOD_SECONDS,
                  busy_share: float = DEFAULT_BUSY_SHARE,
-                 history: int = DEFAULT_HISTORY) -> None:
+                 history: int = DEFAULT_HISTORY,
+                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
         self._fabric = fabric
         self._clock = clock
+        self._cpu_clock = cpu_clock
         self._period = period_seconds
         self._busy_share = busy_share
         self._history = history
@@ -163,11 +167,11 @@ class TopologyDesk:
         return self._clock.monotonic() - shelf.built_at >= wait
 
     def _timed(self, shelf: _Shelf, build: Callable[[], None]) -> None:
-        started = self._clock.monotonic()
+        started, cpu = self._clock.monotonic(), self._cpu_clock()
         build()
         self.builds += 1
         shelf.built_at = started
-        shelf.took = self._clock.monotonic() - started
+        shelf.took = self._cpu_clock() - cpu
 
     def _build_document(self, shelf: _DocumentShelf, job: str | None) -> None:
         doc = fleet_topology(self._fabric(), job)
