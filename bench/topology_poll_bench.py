@@ -13,8 +13,9 @@ cost), then over as long with two pollers that read ``GET /api/v1/topology/overv
 every 2 s as a page does: ``since`` the version it holds, ``If-None-Match`` its tag,
 ``Accept-Encoding: gzip``. The difference is the pages' cost (the goal: at most 10 % of
 a core). Also: each poll's latency (p50, max) and bytes on the wire, how many were 304,
-and the whole overview and the whole document read once each (bytes plain and gzip,
-latency).
+how many versions the pages saw (the overview's freshness: a version per build that
+found a change, and the scenario changes it between any two builds), and the whole
+overview and the whole document read once each (bytes plain and gzip, latency).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class Poller:
         self.version: int | None = None
         self.etag: str | None = None
         self.polls: list[tuple[float, int, int]] = []  # (seconds, status, bytes on the wire)
+        self.versions: set[int] = set()
         self.stop = threading.Event()
         self.errors: list[str] = []
 
@@ -89,6 +91,7 @@ class Poller:
             doc = json.loads(gzip.decompress(body) if response.getheader(
                 "Content-Encoding") == "gzip" else body)
             self.version, self.etag = doc["version"], etag
+            self.versions.add(doc["version"])
 
     def run(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -185,6 +188,7 @@ def run_level(tmp: Path, nodes: int, window: float, core: int | None) -> dict[st
                         "p50_seconds": pct(seconds, 50), "max_seconds": max(seconds),
                         "p50_bytes": pct([float(b) for _, _, b in polls], 50),
                         "max_bytes": max(b for _, _, b in polls),
+                        "versions": len(set().union(*(p.versions for p in pollers))),
                         "errors": [e for p in pollers for e in p.errors][:5]}
         out["polling_cpu_percent"] = out["cpu_polled_percent"] - out["cpu_alone_percent"]
     finally:
@@ -203,7 +207,7 @@ def render(results: dict[str, Any]) -> str:
     lines = [f"controller {results['meta']['pinning']}",
              "| nodes | overview plain / gzip | document plain / gzip, read s | CPU alone % | "
              "CPU polled % | polling % | poll p50 ms | max ms | update p50 / max bytes | "
-             "304 |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "304 | versions |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for level in results["levels"]:
         if "error" in level:
             lines.append(f"| {level['nodes']} | not measured: {level['error'][:200]} |")
@@ -216,7 +220,7 @@ def render(results: dict[str, Any]) -> str:
             f"{fmt(level['cpu_alone_percent'], 1)} | {fmt(level['cpu_polled_percent'], 1)} | "
             f"{fmt(level['polling_cpu_percent'], 1)} | {fmt(p['p50_seconds'] * 1e3, 1)} | "
             f"{fmt(p['max_seconds'] * 1e3, 0)} | {p['p50_bytes']:.0f} / {p['max_bytes']} | "
-            f"{p['not_modified']} of {p['n']} |")
+            f"{p['not_modified']} of {p['n']} | {p.get('versions', 0)} |")
     lines.append(f"goals: polling <= {CPU_GOAL:.0%} of a core, an update <= "
                  f"{UPDATE_BYTES_GOAL / 1e6:g} MB, poll p50 <= {LATENCY_GOAL_S * 1e3:g} ms")
     return "\n".join(lines)
