@@ -197,8 +197,11 @@ def port_down(fleet: Fleet, node: int) -> bytes:
 
 def measure_answers(fleet: Fleet, reads: int) -> dict[str, Any]:
     """What a page reads from the controller's desk (module docstring)."""
-    desk = fleet.controller.topology_desk
-    fleet.clock.advance(1.0)  # the desk's period (its clock is the fleet's)
+    from sn_monitor.controller.service.topology_desk import TopologyDesk
+    # the controller's sources, and the fleet's clock for the spacing too: a build each
+    # time the clock moves a second (the controller's own desk spaces them by their CPU)
+    desk = TopologyDesk(fleet.controller.job_health.fabric, fleet.clock,
+                        cpu_clock=fleet.clock.monotonic)
     started = time.perf_counter()
     document = desk.document()
     built = time.perf_counter()
