@@ -9,7 +9,7 @@ from starlette.responses import Response
 from sn_monitor.controller.api.answers import edition_answer, json_off_loop, off_loop
 from sn_monitor.controller.api.body_headers import whole_number
 from sn_monitor.controller.api.routes.call import Call
-from sn_monitor.controller.api.routes.docs import ERROR, JOB_NAME, query_param
+from sn_monitor.controller.api.routes.docs import ERROR, query_param
 from sn_monitor.controller.api.routes.endpoint import Endpoint, Operation
 from sn_monitor.controller.errors import Invalid
 
@@ -75,7 +75,7 @@ ENDPOINTS = (
         "that version is no longer kept (full: true). Under 1 MB at 8,192 nodes; "
         "ETag (the version) / If-None-Match, gzip when asked",
         {"200": _OVERVIEW, **_CACHED, "422": ERROR},
-        parameters=[query_param("job", JOB_NAME),
+        parameters=[query_param("job"),
                     query_param("since", {"type": "integer", "minimum": 0})])),
     Endpoint("GET", "/api/v1/sd", "read", service_discovery, Operation(
         "Prometheus HTTP service discovery of every agent",
