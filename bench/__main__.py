@@ -41,6 +41,7 @@ PARTS: dict[str, str] = {
     "ingest_bench": "ingest.json",
     "failslow_bench": "failslow.json",
     "topology_bench": "topology.json",
+    "topology_poll_bench": "topology_poll.json",
     "body_shape_bench": "body_shape.json",
     "joblog_bench": "joblog.json",
     "torch_recovery_bench": "torch_recovery.json",

@@ -9,6 +9,13 @@ rounds of counters, so every port has rates). Measured:
   the full collections of the cyclic garbage collector during those reads (each stops
   every thread, the event loop too: a document made of a million dicts and lists, alive
   while it grows, used to cause several a read, a second or two each at 4,096 nodes);
+- **answers**: what a page reads (the controller's :class:`TopologyDesk`): the whole
+  document's bytes plain and gzip, and the seconds to compress it (once per build); the
+  overview's build seconds (median of the reads, nothing new to work in; and once after
+  a round of reports, when the meter works every node's new rates in first), its bytes
+  plain and gzip; the bytes of
+  a ``since`` update after one node's port went down, and the rows it holds; the seconds
+  of an answer from the cache (a second page, the same version);
 - **reports**: every node reports once more, on this thread (the event loop's part),
   first with nothing else running, then while another thread reads the topology again
   and again (a page left open, or several). Each report's ingest time: its median, p99
@@ -133,17 +140,18 @@ def measure(nodes: int, reads: int) -> dict[str, Any]:
         try:
             for _ in range(2):  # the topologies, then counters: rates on every port
                 fleet.ingest(fleet.bodies())
-            fleet.controller.topology()  # the meter makes its readings of every node: once
+            fleet.controller.job_health.topology()  # the meter reads every node: once
             fleet.ingest(fleet.bodies())  # new counters, worked in by the first read
             build, encode, size = [], [], 0
             with FullCollections() as full:
                 for _ in range(reads):
                     started = time.perf_counter()
-                    doc = fleet.controller.topology()
+                    doc = fleet.controller.job_health.topology()
                     built = time.perf_counter()
                     size = len(fleet.encoder.encode(doc))
                     build.append(built - started)
                     encode.append(time.perf_counter() - built)
+            answers = measure_answers(fleet, reads)
             alone = fleet.ingest(fleet.bodies())
             stop = threading.Event()
             read_count = 0
@@ -151,7 +159,7 @@ def measure(nodes: int, reads: int) -> dict[str, Any]:
             def read_again_and_again() -> None:
                 nonlocal read_count
                 while not stop.is_set():
-                    fleet.encoder.encode(fleet.controller.topology())
+                    fleet.encoder.encode(fleet.controller.job_health.topology())
                     read_count += 1
 
             reader = threading.Thread(target=read_again_and_again, name="topology-reader")
@@ -169,9 +177,62 @@ def measure(nodes: int, reads: int) -> dict[str, Any]:
                      "encode_seconds": statistics.median(encode), "reads": reads,
                      "full_collections": len(full.pauses),
                      "longest_full_collection_seconds": max(full.pauses, default=0.0)},
+        "answers": answers,
         "reports": {"alone": summary(alone), "during_reads": summary(during),
                     "reads_meanwhile": read_count},
     }
+
+
+def port_down(fleet: Fleet, node: int) -> bytes:
+    """A report of node ``node`` whose first port is down, the next in its sequence."""
+    fleet.round += 1
+    template = fleet.reports[fleet.round % len(fleet.reports)]
+    ports = list(template.infiniband)
+    ports[0] = msgspec.structs.replace(ports[0], state=1)
+    return fleet.encoder.encode(msgspec.structs.replace(
+        template, node=fleet.names[node], instance="bench", sequence=fleet.round,
+        sample_time_seconds=fleet.clock.time(), labels=fleet.labels[node],
+        infiniband=ports))
+
+
+def measure_answers(fleet: Fleet, reads: int) -> dict[str, Any]:
+    """What a page reads from the controller's desk (module docstring)."""
+    from sn_monitor.controller.service.topology_desk import TopologyDesk
+    # the controller's sources, and the fleet's clock for the spacing too: a build each
+    # time the clock moves a second (the controller's own desk spaces them by their CPU)
+    desk = TopologyDesk(fleet.controller.job_health.fabric, fleet.clock,
+                        cpu_clock=fleet.clock.monotonic)
+    started = time.perf_counter()
+    document = desk.document()
+    built = time.perf_counter()
+    squeezed = document.gzipped()
+    out: dict[str, Any] = {
+        "document_build_seconds": built - started,
+        "document_gzip_seconds": time.perf_counter() - built,
+        "document_bytes": len(document.body), "document_gzip_bytes": len(squeezed)}
+    took = []
+    for _ in range(reads):
+        fleet.clock.advance(1.0)
+        started = time.perf_counter()
+        whole = desk.overview()
+        took.append(time.perf_counter() - started)
+    held = msgspec.json.decode(whole.body)["version"]
+    out.update(overview_build_seconds=statistics.median(took),
+               overview_bytes=len(whole.body), overview_gzip_bytes=len(whole.gzipped()))
+    fleet.ingest(fleet.bodies())  # new counters from every node: the rates to work in
+    started = time.perf_counter()
+    desk.overview()
+    out["overview_build_after_reports_seconds"] = time.perf_counter() - started
+    fleet.ingest([port_down(fleet, 0)])
+    fleet.clock.advance(1.0)
+    update = desk.overview(since=held)
+    started = time.perf_counter()
+    again = desk.overview(since=held)  # a second page: the same answer, from the cache
+    out["cached_answer_seconds"] = time.perf_counter() - started
+    doc = msgspec.json.decode(update.body)
+    out.update(update_bytes=len(update.body), update_rows=len(doc["nodes"]),
+               update_full=doc["full"], update_shared=again is update)
+    return out
 
 
 def render(results: dict[str, Any]) -> str:
@@ -181,6 +242,7 @@ def render(results: dict[str, Any]) -> str:
              f"{fmt(doc['encode_seconds'], 3)} s (median of {doc['reads']}); "
              f"{doc['full_collections']} full garbage collections meanwhile (longest "
              f"{fmt(doc['longest_full_collection_seconds'], 3)} s)",
+             answers_line(results["answers"]),
              "| a report's ingest | median ms | p99 ms | max ms |", "|---|---|---|---|"]
     for name, label in (("alone", "nothing else running"),
                         ("during_reads", f"while {reports['reads_meanwhile']} topology "
@@ -189,6 +251,18 @@ def render(results: dict[str, Any]) -> str:
         lines.append(f"| {label} | {fmt(s['median'] * 1e3, 3)} | {fmt(s['p99'] * 1e3, 2)} | "
                      f"{fmt(s['max'] * 1e3, 1)} |")
     return "\n".join(lines)
+
+
+def answers_line(a: dict[str, Any]) -> str:
+    return (f"answers: document {a['document_bytes'] / 1e6:.1f} MB, gzip "
+            f"{a['document_gzip_bytes'] / 1e6:.2f} MB in {fmt(a['document_gzip_seconds'], 2)} s; "
+            f"overview {a['overview_bytes'] / 1e3:.0f} KB, gzip "
+            f"{a['overview_gzip_bytes'] / 1e3:.0f} KB, built in "
+            f"{fmt(a['overview_build_seconds'], 3)} s ("
+            f"{fmt(a['overview_build_after_reports_seconds'], 3)} s after a round of "
+            f"reports); one node's port down: an update of "
+            f"{a['update_bytes']} bytes, {a['update_rows']} row(s) (full: {a['update_full']}); "
+            f"from the cache in {a['cached_answer_seconds'] * 1e6:.0f} us")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

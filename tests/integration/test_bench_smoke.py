@@ -46,7 +46,8 @@ PARTS: dict[str, set[str]] = {
     "ha_bench": {"meta", "lease_duration", "retry_period", "SIGTERM", "SIGKILL", "failures"},
     "ingest_bench": {"meta", "runs", "median_us", "failures"},
     "failslow_bench": {"meta", "summary", "per_kind", "faults", "false_positives", "failures"},
-    "topology_bench": {"meta", "document", "reports", "failures"},
+    "topology_bench": {"meta", "document", "answers", "reports", "failures"},
+    "topology_poll_bench": {"meta", "levels", "failures"},
     "body_shape_bench": {"meta", "shapes", "failures"},
     "joblog_bench": {"meta", "phases", "runs", "goal", "failures"},
 }

@@ -57,19 +57,19 @@ if _slow:
 
 _hold = os.environ.get("SN_TEST_HOLD_TOPOLOGY")
 if _hold:
-    import sn_monitor.controller.failslow.fabric_watch as _fabric_watch
+    import sn_monitor.controller.service.topology_desk as _topology_desk
 
-    _build = _fabric_watch.fleet_topology
+    _build = _topology_desk.fleet_topology
 
-    def _held_build(**kwargs):
+    def _held_build(*args, **kwargs):
         if os.path.exists(_hold):
             pathlib.Path(_hold + ".building").touch()
             deadline = time.monotonic() + 300  # a bound on the test, should it fail
             while os.path.exists(_hold) and time.monotonic() < deadline:
                 time.sleep(0.05)
-        return _build(**kwargs)
+        return _build(*args, **kwargs)
 
-    _fabric_watch.fleet_topology = _held_build
+    _topology_desk.fleet_topology = _held_build
 
 _breaks = os.environ.get("SN_TEST_BREAK_DIR")
 if _breaks:

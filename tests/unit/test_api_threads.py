@@ -20,6 +20,7 @@ from starlette.testclient import TestClient
 from sn_monitor.controller.api import answers
 from sn_monitor.controller.api.app import build_app
 from sn_monitor.controller.errors import Unavailable
+from sn_monitor.controller.service.topology_desk import Edition
 from sn_monitor.model import ReportReply
 
 #: The routes whose controller call runs on the loop (memory only, microseconds).
@@ -48,6 +49,7 @@ class RecordingController:
         answers: dict[str, Any] = {
             "ingest": ReportReply(sequence=1), "health": (True, {"status": "ok"}),
             "metrics": b"", "delete_job": None, "restore_point": {"step": 1},
+            "topology": Edition('"1"', b"{}"), "topology_overview": Edition('"1"', b"{}"),
         }
 
         def call(*args: Any, **kwargs: Any) -> Any:

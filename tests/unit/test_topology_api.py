@@ -92,6 +92,7 @@ def test_topology_serves_racks_rails_rates_and_health(api: Api) -> None:
 
     send(api, "gpu-1", 3, t + 6, labels=labels, topology_digest=DIGEST,
          infiniband=ports(6_000_000_000, state=1))
+    api.h.clock.advance(1.0)  # the document is built at most once a second
     doc = api.get("/api/v1/topology").json()
     down = doc["nodes"]["gpu-1"]["nics"][1]["ports"][0]
     assert (down["state"], down["health"]) == (1, "failed")

@@ -10,6 +10,11 @@ checkpoints on shared storage, call Alertmanager or a driver, or render thousand
 rows. Their answers are encoded there too (:func:`json_off_loop`): the topology of
 4,096 nodes is tens of MB of JSON. ``tests/unit/test_api_threads.py`` checks every
 route against this rule.
+
+An answer the controller keeps encoded (an :class:`~.topology_desk.Edition`: the
+topology, built once for every viewer) is sent as the request asks
+(:func:`edition_answer`): ``304 Not Modified`` with no body when ``If-None-Match`` names
+its entity tag, its gzip (made once, with it) when ``Accept-Encoding`` takes gzip.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from typing import Any, ParamSpec, TypeVar
 
 import msgspec
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from sn_monitor.controller.api.statuses import error_headers, status_of
 from sn_monitor.controller.errors import ControllerError, NotFound
+from sn_monitor.controller.service.topology_desk import Edition
 
 _encoder = msgspec.json.Encoder()
 
@@ -66,3 +73,37 @@ def found(doc: _T | None, missing: str) -> _T:
     if doc is None:
         raise NotFound(missing)
     return doc
+
+
+def edition_answer(headers: Headers, edition: Edition) -> Response:
+    """``edition`` as the request's ``headers`` ask (module docstring); in the thread pool.
+
+    ``Vary: Accept-Encoding`` on every answer, so that a cache keeps the two bodies apart.
+    """
+    tags = {"ETag": edition.etag, "Vary": "Accept-Encoding"}
+    held = _entity_tags(headers.get("if-none-match", ""))
+    if edition.etag in held or "*" in held:
+        return Response(status_code=304, headers=tags)
+    if _takes_gzip(headers.get("accept-encoding", "")):
+        return Response(edition.gzipped(), media_type="application/json",
+                        headers={**tags, "Content-Encoding": "gzip"})
+    return Response(edition.body, media_type="application/json", headers=tags)
+
+
+def _entity_tags(value: str) -> set[str]:
+    """The tags an ``If-None-Match`` names (weakly compared: ``W/`` dropped)."""
+    return {tag.strip().removeprefix("W/") for tag in value.split(",") if tag.strip()}
+
+
+def _takes_gzip(value: str) -> bool:
+    """Whether an ``Accept-Encoding`` takes gzip (named, or ``*``, with a q above 0)."""
+    for item in value.split(","):
+        coding, _, params = item.partition(";")
+        if coding.strip().lower() not in ("gzip", "*"):
+            continue
+        q = params.strip().removeprefix("q=").strip() if params.strip().startswith("q=") else "1"
+        try:
+            return float(q) > 0
+        except ValueError:
+            return False
+    return False

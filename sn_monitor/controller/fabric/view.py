@@ -10,39 +10,36 @@ soon as it is made (a ``msgspec.Raw`` in ``nodes``): a whole document of a milli
 dicts and lists, alive while it grows, made the cyclic garbage collector walk the
 process again and again, every thread (the event loop too) stopped a second each time;
 encoded with any msgspec JSON encoder, the document reads the same. Each node, GPU, port
-and rail gets a ``health`` the page colours: ``ok``, ``degraded``, ``failed``, or
-``unknown`` (no report yet).
-
-- a **port** is ``failed`` when its state is not ACTIVE, ``degraded`` when its rate is
-  below the best of its rail, it counts errors, or a bottleneck names it;
-- a **GPU** is ``failed`` when lost or a critical incident names it, ``degraded`` when
-  another incident names it, a slowing throttle reason is active or a bottleneck names it;
-- a **node** is ``failed`` when lost or evicted or a critical incident is open on it,
-  ``degraded`` when cordoned, degraded, any incident is open, or a part of it is not ok;
-- a **rail** is ``failed`` when all its ports are, ``degraded`` when any is not ok.
+and rail gets a ``health`` the page colours, by the rules of
+:mod:`~sn_monitor.controller.fabric.health`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from sn_monitor.controller.fabric.book import NodeWiring
-from sn_monitor.controller.fabric.meter import (
-    SLOWING_REASONS,
-    GpuValues,
-    NodeValues,
-    PortValues,
+from sn_monitor.controller.fabric.health import (
+    JudgedPort,
+    gpu_health,
+    gpu_indexes,
+    incidents_by_node,
+    judged_ports,
+    marked_links,
+    nic_ports,
+    node_health,
+    rail_best,
+    rail_health,
+    rail_of,
 )
-from sn_monitor.model import GpuTopology, NicPortTopology, NicTopology
-from sn_monitor.natural import natural_key
+from sn_monitor.controller.fabric.meter import GpuValues, NodeValues, PortValues
+from sn_monitor.model import GpuTopology, NicTopology
 from sn_monitor.rules.view import NodeView
 
-_ACTIVE = 4
-_RANK = {"ok": 0, "unknown": 0, "degraded": 1, "failed": 2}
 _encoder = msgspec.json.Encoder()
 
 
@@ -61,39 +58,42 @@ class JobOnFabric:
     root_cause: Mapping[str, Any] | None = None
 
 
-def _worst(*healths: str) -> str:
-    return max(healths, key=lambda h: _RANK[h], default="ok")
+@dataclass(frozen=True, slots=True)
+class FleetFabric:
+    """What the topology shows, gathered under the locks, then read with none held."""
+
+    now: float
+    views: Mapping[str, NodeView]
+    states: Mapping[str, str]
+    incidents: Sequence[Mapping[str, Any]]
+    wirings: Mapping[str, NodeWiring]
+    readings: Mapping[str, NodeValues]
+    jobs: Sequence[JobOnFabric]
+    fail_slow: Sequence[Mapping[str, Any]]
+
+    def jobs_of(self) -> dict[str, list[str]]:
+        """Each node's jobs, by name, in order."""
+        jobs_of: dict[str, list[str]] = {}
+        for j in self.jobs:
+            for node in j.nodes:
+                jobs_of.setdefault(node, []).append(j.name)
+        return {node: sorted(names) for node, names in jobs_of.items()}
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def fleet_topology(
-    *,
-    now: float,
-    views: Mapping[str, NodeView],
-    states: Mapping[str, str],
-    incidents: Iterable[Mapping[str, Any]],
-    wirings: Mapping[str, NodeWiring],
-    readings: Mapping[str, NodeValues],
-    jobs: Sequence[JobOnFabric],
-    fail_slow: Sequence[Mapping[str, Any]],
-    job: str | None = None,
-) -> dict[str, Any]:
+def fleet_topology(fabric: FleetFabric, job: str | None = None) -> dict[str, Any]:
     """The ``/api/v1/topology`` document (see the module docstring).
 
     ``nodes`` maps each node to its part, already encoded (``msgspec.Raw``).
     """
-    by_node: dict[str, list[Mapping[str, Any]]] = {}
-    for incident in incidents:
-        by_node.setdefault(str(incident["node"]), []).append(incident)
-    marked = {(str(b["node"]), str(b["link"])) for b in fail_slow}
-    best = _rail_best(views, wirings, readings)
-    jobs_of: dict[str, list[str]] = {}
-    for j in jobs:
-        for node in j.nodes:
-            jobs_of.setdefault(node, []).append(j.name)
+    views, wirings, readings = fabric.views, fabric.wirings, fabric.readings
+    by_node = incidents_by_node(fabric.incidents)
+    marked = marked_links(fabric.fail_slow)
+    best = rail_best(views, wirings, readings)
+    jobs_of = fabric.jobs_of()
     nodes: dict[str, msgspec.Raw] = {}
     on_rails: dict[int, list[tuple[str, str, int, str]]] = {}
     tree: dict[str, dict[str, list[str]]] = {}
@@ -102,14 +102,14 @@ def fleet_topology(
         supernode = view.labels.get("supernode", "")
         rack = view.labels.get("rack", "")
         tree.setdefault(supernode, {}).setdefault(rack, []).append(name)
-        part = _node(view, states.get(name, view.state), by_node.get(name, []),
+        part = _node(view, fabric.states.get(name, view.state), by_node.get(name, []),
                      wirings.get(name), readings.get(name), best, marked,
-                     sorted(jobs_of.get(name, [])))
+                     jobs_of.get(name, []))
         _take_rail_ports(name, part, on_rails)
         nodes[name] = msgspec.Raw(_encoder.encode(part))
     rails = _rails(on_rails)
     return {
-        "time": now,
+        "time": fabric.now,
         "job": job,
         "supernodes": [{"name": sn, "racks": [{"name": r, "nodes": members}
                                               for r, members in sorted(racks.items())]}
@@ -122,30 +122,11 @@ def fleet_topology(
                   "baseline_step_time_seconds": _round(j.baseline_step_time_seconds, 4),
                   "slowdown_ratio": _round(j.slowdown_ratio, 4),
                   "root_cause": None if j.root_cause is None else dict(j.root_cause)}
-                 for j in jobs],
-        "fail_slow": [dict(b) for b in fail_slow],
+                 for j in fabric.jobs],
+        "fail_slow": [dict(b) for b in fabric.fail_slow],
     }
 
 
-def _rail_best(views: Mapping[str, NodeView], wirings: Mapping[str, NodeWiring],
-               readings: Mapping[str, NodeValues]) -> dict[int, float]:
-    """Each rail's best link rate among the nodes that report one."""
-    best: dict[int, float] = {}
-    for name in views:
-        values = readings.get(name)
-        if values is None:
-            continue
-        wiring = wirings.get(name)
-        for (device, _), port in values.ports.items():
-            rail = wiring.rail(device) if wiring is not None else None
-            if rail is not None and port.rate_bytes_per_second:
-                best[rail] = max(best.get(rail, 0.0), port.rate_bytes_per_second)
-    return best
-
-
-#: A node's health by its state, before its report, incidents and parts are counted.
-_NODE_HEALTH = {"healthy": "ok", "degraded": "degraded", "cordoned": "degraded",
-                "lost": "failed", "evicted": "failed"}
 #: The values a GPU's part copies from its reading, and the digits each is rounded to
 #: (None: as it is), in the order the part lists them: clocks before its throttle
 #: reasons, NVLink values after its link count.
@@ -174,10 +155,6 @@ def _copied(reading: GpuValues | PortValues | None,
             else _round(getattr(reading, name), digits) for name, digits in fields}
 
 
-def _incident_health(incident: Mapping[str, Any]) -> str:
-    return "failed" if incident.get("severity") == "critical" else "degraded"
-
-
 def _node(view: NodeView, state: str, incidents: list[Mapping[str, Any]],
           wiring: NodeWiring | None, readings: NodeValues | None, best: Mapping[int, float],
           marked: set[tuple[str, str]], jobs: list[str]) -> dict[str, Any]:
@@ -188,7 +165,9 @@ def _node(view: NodeView, state: str, incidents: list[Mapping[str, Any]],
         "supernode": view.labels.get("supernode", ""),
         "rack": view.labels.get("rack", ""),
         "state": state,
-        "health": _node_health(view, state, incidents, gpus, nics),
+        "health": node_health(view, state, incidents,
+                              [g["health"] for g in gpus]
+                              + [p["health"] for n in nics for p in n["ports"]]),
         "jobs": jobs,
         "incidents": [{k: i.get(k) for k in ("id", "rule", "severity", "gpu", "message")}
                       for i in incidents],
@@ -204,40 +183,16 @@ def _node_gpus(view: NodeView, wiring: NodeWiring | None, readings: NodeValues |
                marked: set[tuple[str, str]]) -> list[dict[str, Any]]:
     """The parts of every GPU the topology, the readings or the report names."""
     topo_gpus = {g.index: g for g in wiring.topology.gpus} if wiring else {}
-    report = view.report
-    gpu_indexes = set(topo_gpus) | set(readings.gpus if readings else ()) | {
-        g.index for g in (report.gpus if report else ())}
     return [_gpu(view.name, i, topo_gpus.get(i), readings.gpus.get(i) if readings else None,
-                 incidents, marked) for i in sorted(gpu_indexes)]
+                 incidents, marked) for i in gpu_indexes(view, wiring, readings)]
 
 
 def _node_nics(view: NodeView, wiring: NodeWiring | None, readings: NodeValues | None,
                best: Mapping[int, float],
                marked: set[tuple[str, str]]) -> list[dict[str, Any]]:
     """The parts of every NIC the topology, the readings or the report names."""
-    topo_nics = {n.device: n for n in wiring.topology.nics} if wiring else {}
-    report = view.report
-    ports_of: dict[str, list[PortValues]] = {}
-    for (device, _), port in sorted((readings.ports if readings else {}).items()):
-        ports_of.setdefault(device, []).append(port)
-    for port_report in report.infiniband if report else ():
-        ports_of.setdefault(port_report.device, [])
-    return [_nic(view.name, device, topo_nics.get(device), ports_of.get(device, []), best,
-                 marked)
-            for device in sorted(set(topo_nics) | set(ports_of), key=natural_key)]
-
-
-def _node_health(view: NodeView, state: str, incidents: list[Mapping[str, Any]],
-                 gpus: list[dict[str, Any]], nics: list[dict[str, Any]]) -> str:
-    health = _NODE_HEALTH.get(state, "unknown")
-    if view.report is None:
-        health = "unknown"
-    for incident in incidents:
-        health = _worst(health, _incident_health(incident))
-    parts = [g["health"] for g in gpus] + [p["health"] for n in nics for p in n["ports"]]
-    if any(h != "ok" for h in parts if h != "unknown") and health == "ok":
-        health = "degraded"
-    return health
+    return [_nic(view.name, device, topo, ports, best, marked)
+            for device, topo, ports in nic_ports(view, wiring, readings)]
 
 
 def _gpu(node: str, index: int, topo: GpuTopology | None, reading: GpuValues | None,
@@ -247,7 +202,7 @@ def _gpu(node: str, index: int, topo: GpuTopology | None, reading: GpuValues | N
         "uuid": topo.uuid if topo else "",
         "pci_bus_id": topo.pci_bus_id if topo else "",
         "numa_node": topo.numa_node if topo else None,
-        "health": _gpu_health(node, index, reading, incidents, marked),
+        "health": gpu_health(node, index, reading, incidents, marked),
         **_copied(reading, _GPU_CLOCKS),
         "throttle_reasons": list(reading.throttle_reasons) if reading else [],
         "nvlinks": topo.nvlinks if topo else None,
@@ -258,64 +213,31 @@ def _gpu(node: str, index: int, topo: GpuTopology | None, reading: GpuValues | N
     }
 
 
-def _gpu_health(node: str, index: int, reading: GpuValues | None,
-                incidents: list[Mapping[str, Any]], marked: set[tuple[str, str]]) -> str:
-    health = "unknown" if reading is None else "ok"
-    if reading is not None and reading.lost:
-        health = "failed"
-    for incident in incidents:
-        if incident.get("gpu") == index:
-            health = _worst(health, _incident_health(incident))
-    reasons = reading.throttle_reasons if reading else ()
-    if any(r in SLOWING_REASONS for r in reasons) or (node, f"gpu{index}") in marked or (
-            node, f"gpu{index}/nvlink") in marked:
-        health = _worst(health, "degraded")
-    return health
-
-
 def _nic(node: str, device: str, topo: NicTopology | None, ports: list[PortValues],
          best: Mapping[int, float], marked: set[tuple[str, str]]) -> dict[str, Any]:
-    rail = topo.rail if topo is not None and topo.role == "rail" else None
-    topo_ports = {p.port: p for p in topo.ports} if topo else {}
-    numbers = sorted(set(topo_ports) | {p.port for p in ports})
-    by_number = {p.port: p for p in ports}
-    top = best.get(rail) if rail is not None else None
     return {
         "device": device,
         "role": topo.role if topo else "other",
-        "rail": rail,
+        "rail": rail_of(topo),
         "pci_bus_id": topo.pci_bus_id if topo else "",
         "numa_node": topo.numa_node if topo else None,
         "netdev": topo.netdev if topo else "",
-        "ports": [_port(node, device, number, by_number.get(number), topo_ports.get(number),
-                        top, marked) for number in numbers],
+        "ports": [_port(p) for p in judged_ports(node, device, topo, ports, best, marked)],
     }
 
 
-def _port(node: str, device: str, number: int, reading: PortValues | None,
-          tp: NicPortTopology | None, top: float | None,
-          marked: set[tuple[str, str]]) -> dict[str, Any]:
-    """One port's part: ``reading`` its rates, ``tp`` its wiring, ``top`` its rail's best."""
-    rate = reading.rate_bytes_per_second if reading else None
-    if rate is None and tp is not None:
-        rate = tp.rate_bytes_per_second
-    health = "unknown"
-    if reading is not None:
-        health = "ok"
-        if reading.state is not None and reading.state != _ACTIVE:
-            health = "failed"
-        elif ((top and rate and rate < 0.9 * top) or (reading.errors_per_second or 0) > 0
-              or (node, device) in marked):
-            health = "degraded"
+def _port(port: JudgedPort) -> dict[str, Any]:
+    """One port's part."""
+    tp = port.wiring
     return {
-        "port": number,
+        "port": port.number,
         "guid": tp.guid if tp else "",
         "link_layer": tp.link_layer if tp else "",
-        "state": reading.state if reading else None,
-        "health": health,
-        "rate_bytes_per_second": rate,
-        "max_rate_bytes_per_second": top or rate,
-        **_copied(reading, _PORT_RATES),
+        "state": port.reading.state if port.reading else None,
+        "health": port.health,
+        "rate_bytes_per_second": port.rate,
+        "max_rate_bytes_per_second": port.top or port.rate,
+        **_copied(port.reading, _PORT_RATES),
     }
 
 
@@ -340,14 +262,7 @@ def _rails(rails: Mapping[int, list[tuple[str, str, int, str]]]) -> list[dict[st
     """
     out = []
     for rail, members in sorted(rails.items()):
-        healths = [h for _, _, _, h in members]
-        known = [h for h in healths if h != "unknown"]
-        if known and all(h == "failed" for h in known):
-            health = "failed"
-        elif any(h in ("failed", "degraded") for h in known):
-            health = "degraded"
-        else:
-            health = "ok" if known else "unknown"
+        health = rail_health([h for _, _, _, h in members])
         ports = [{"node": node, "device": device, "port": port}
                  for node, device, port, _ in members]
         out.append({"rail": rail, "health": health, "ports": msgspec.Raw(_encoder.encode(ports))})

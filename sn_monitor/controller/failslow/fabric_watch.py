@@ -11,11 +11,11 @@ would wait on the fabric lock, every report behind it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from sn_monitor.controller.fabric.view import JobOnFabric, fleet_topology
+from sn_monitor.controller.fabric.view import FleetFabric, JobOnFabric
 from sn_monitor.controller.failslow.finder import BottleneckFinder
 from sn_monitor.controller.failslow.watch import FailSlowWatch, JobPace
 from sn_monitor.model import Report
@@ -69,10 +69,13 @@ class FabricWatch:
                           for b in self.failslow.standing.values())
         return {"job_paces": paces, "fail_slow": named}
 
-    def topology(self, *, now: float, views: Mapping[str, NodeView], states: Mapping[str, str],
-                 incidents: Iterable[Mapping[str, Any]], jobs: Sequence[JobOnFabric],
-                 job: str | None) -> dict[str, Any]:
-        """The fleet graph, rates and bottlenecks (fabric.view); ``jobs`` take their paces."""
+    def fabric(self, *, now: float, views: Mapping[str, NodeView], states: Mapping[str, str],
+               incidents: Sequence[Mapping[str, Any]],
+               jobs: Sequence[JobOnFabric]) -> FleetFabric:
+        """What the fleet graph shows (fabric.view): ``jobs`` with their paces, and more.
+
+        The wirings, rates and standing bottlenecks join what the caller gathered.
+        """
         paced: list[JobOnFabric] = []
         with self._lock:
             for j in jobs:
@@ -88,6 +91,5 @@ class FabricWatch:
             wirings = self.finder.book.wirings()
         meter = self.finder.meter
         readings = {name: values for name in views if (values := meter.values(name)) is not None}
-        return fleet_topology(now=now, views=views, states=states, incidents=incidents,
-                              wirings=wirings, readings=readings, jobs=paced,
-                              fail_slow=fail_slow, job=job)
+        return FleetFabric(now=now, views=views, states=states, incidents=incidents,
+                           wirings=wirings, readings=readings, jobs=paced, fail_slow=fail_slow)

@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 
 from sn_monitor.clock import Clock
-from sn_monitor.controller.fabric.view import JobOnFabric
+from sn_monitor.controller.fabric.view import FleetFabric, JobOnFabric, fleet_topology
 from sn_monitor.controller.failslow.fabric_watch import FabricWatch
 from sn_monitor.controller.failslow.watch import JobPace
 from sn_monitor.controller.incidents.fleet_state import FleetState
@@ -191,7 +191,11 @@ class JobHealthWatch:
         self._pipeline.take(self._fabric.tick(paces, now))
 
     def topology(self, job: str | None = None) -> dict[str, Any]:
-        """``GET /api/v1/topology``: the fleet graph, rates and bottlenecks (fabric.view).
+        """``GET /api/v1/topology``: the fleet graph, rates and bottlenecks (fabric.view)."""
+        return fleet_topology(self.fabric(), job)
+
+    def fabric(self) -> FleetFabric:
+        """What the topology shows: the fleet graph's inputs (fabric.view).
 
         The jobs are read before the fabric lock (their lock may wait on a store); see
         :mod:`~sn_monitor.controller.failslow.fabric_watch` for the rest.
@@ -209,5 +213,5 @@ class JobHealthWatch:
                             root_cause=None if (cause := self._triage.root_cause(j.name)) is None
                             else cause.to_dict())
                 for j in self._jobs.jobs()]
-        return self._fabric.topology(now=now, views=views, states=states, incidents=incidents,
-                                     jobs=jobs, job=job)
+        return self._fabric.fabric(now=now, views=views, states=states, incidents=incidents,
+                                   jobs=jobs)

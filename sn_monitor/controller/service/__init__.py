@@ -6,6 +6,7 @@
 - ``queries.py``: the read API's documents (nodes, incidents, actions, jobs, health).
 - ``commands.py``: manual actions, approvals and the breaker by hand, audited.
 - ``job_desk.py``: the API's job changes (audited) and the ranks' progress reports.
+- ``topology_desk.py``: the topology's answers, built once per update for every viewer.
 - ``snapshot.py``: the state the controller's own metrics show, gathered at a scrape.
 - ``audit_trail.py``: the audit records of API calls that are not driver actions.
 

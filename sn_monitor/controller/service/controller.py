@@ -52,6 +52,7 @@ from sn_monitor.controller.service.intake import ReportIntake, count_stored_even
 from sn_monitor.controller.service.job_desk import JobDesk
 from sn_monitor.controller.service.queries import ControllerQueries
 from sn_monitor.controller.service.snapshot import MetricsSnapshot
+from sn_monitor.controller.service.topology_desk import Edition, TopologyDesk
 from sn_monitor.controller.settings import ControllerSettings
 from sn_monitor.controller.storage.health import StoreHealth
 from sn_monitor.controller.storage.store import Store
@@ -224,6 +225,7 @@ class Controller:
             store=self.store, store_health=self.store_health, clock=self.clock,
             cluster=self.cluster)
         self.job_desk = JobDesk(self.jobs, self.audit)
+        self.topology_desk = TopologyDesk(self.job_health.fabric, self.clock)
         self.snapshot = MetricsSnapshot(
             fleet=self.fleet, registry=self.registry, store=self.store,
             store_health=self.store_health, runner=self.runner, policy=self.policy,
@@ -373,9 +375,12 @@ class Controller:
         # copies it into memory every NODE_REFRESH_SECONDS: read here (FleetState.summary).
         return self.fleet.summary(self.store_health.attempt(self.store.cordoned_by_us))
 
-    def topology(self, job: str | None = None) -> dict[str, Any]:
-        """``GET /api/v1/topology`` (:meth:`JobHealthWatch.topology`)."""
-        return self.job_health.topology(job)
+    def topology(self, job: str | None = None) -> Edition:
+        """``GET /api/v1/topology``: built once for every viewer (:class:`TopologyDesk`)."""
+        return self.topology_desk.document(job)
+
+    def topology_overview(self, job: str | None, since: int | None) -> Edition:
+        return self.topology_desk.overview(job, since)
 
     def state(self) -> ControllerState:
         """What the controller's own metrics show (:class:`MetricsSnapshot`)."""

@@ -1,0 +1,257 @@
+"""The topology's answers at fleet size: shared builds, versions, ETag/304, gzip, ``since``.
+
+Against the real controller behind the HTTP app (``make_api``), and the desk alone with
+a source of inputs that a test holds, to count builds.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from sn_monitor.clock import ManualClock
+from sn_monitor.controller.fabric.view import FleetFabric
+from sn_monitor.controller.jobs.spec import job_from_json
+from sn_monitor.controller.service.topology_desk import TopologyDesk
+from sn_monitor.model import (
+    GpuReport,
+    IbPortReport,
+    NicPortTopology,
+    NicTopology,
+    NodeTopology,
+    Report,
+    topology_digest,
+)
+from tests.support.api import AGENT, READ, Api, bearer, make_api
+
+TOPOLOGY = NodeTopology(nics=[
+    NicTopology(device=f"mlx5_{i}", role="rail", rail=i,
+                ports=[NicPortTopology(port=1, guid=f"0000:0000:0000:000{i}",
+                                       link_layer="InfiniBand", rate_bytes_per_second=5e10)])
+    for i in range(2)])
+DIGEST = topology_digest(TOPOLOGY)
+LETTER = {"ok": "o", "degraded": "d", "failed": "f", "unknown": "u"}
+PLAIN = {"Accept-Encoding": "identity"}
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Any:
+    made, h = make_api(tmp_path)
+    yield made
+    h.controller.close()
+    h.store.close()
+
+
+def send(api: Api, node: str, seq: int, *, down: int | None = None,
+         gpus: list[GpuReport] | None = None, rack: str = "r1") -> None:
+    """A report of ``node`` (its rail ``down`` not ACTIVE), carrying its topology."""
+    report = Report(
+        node=node, instance="i", sequence=seq, sample_time_seconds=api.h.clock.time(),
+        labels={"supernode": "sn0", "rack": rack}, topology_digest=DIGEST, topology=TOPOLOGY,
+        gpus=gpus or [], infiniband=[
+            IbPortReport(device=f"mlx5_{i}", port=1, state=1 if i == down else 4,
+                         rate_bytes_per_second=5e10, counters={"transmitted_bytes": seq})
+            for i in range(2)])
+    answer = api.client.post("/api/v1/reports", content=msgspec.json.encode(report),
+                             headers=bearer(AGENT))
+    assert answer.status_code == 200, answer.text
+
+
+def read(api: Api, path: str, **headers: str) -> Any:
+    """``path`` read with a read token, plainly unless ``headers`` say otherwise."""
+    return api.client.get(path, headers={**bearer(READ), **PLAIN, **headers})
+
+
+def overview(api: Api, query: str = "", **headers: str) -> Any:
+    return read(api, f"/api/v1/topology/overview{query}", **headers)
+
+
+def rows_of(doc: dict[str, Any]) -> dict[str, list[Any]]:
+    return {row[0]: row for row in doc["nodes"]}
+
+
+def test_an_unchanged_overview_keeps_its_version_and_answers_304(api: Api) -> None:
+    send(api, "gpu-1", 1)
+    first = overview(api)
+    assert first.status_code == 200
+    etag = first.headers["etag"]
+    assert etag == f'"{first.json()["version"]}"'
+    api.h.clock.advance(5.0)
+    send(api, "gpu-1", 2)  # new counters, the same health
+    again = overview(api, **{"If-None-Match": etag})
+    assert (again.status_code, again.content, again.headers["etag"]) == (304, b"", etag)
+
+    send(api, "gpu-1", 3, down=1)
+    api.h.clock.advance(1.0)
+    moved = overview(api, **{"If-None-Match": etag})
+    assert moved.status_code == 200
+    assert moved.json()["version"] == first.json()["version"] + 1
+    assert moved.headers["etag"] != etag
+
+
+def test_the_document_answers_304_to_its_own_tag(api: Api) -> None:
+    send(api, "gpu-1", 1)
+    tag = read(api, "/api/v1/topology").headers["etag"]
+    assert read(api, "/api/v1/topology", **{"If-None-Match": tag}).status_code == 304
+    assert read(api, "/api/v1/topology", **{"If-None-Match": f'"x", W/{tag}'}
+                ).status_code == 304
+    assert read(api, "/api/v1/topology?job=llm", **{"If-None-Match": tag}
+                ).status_code == 200  # another filter, another tag
+
+
+@pytest.mark.parametrize("path", ["/api/v1/topology", "/api/v1/topology/overview"])
+def test_gzip_when_asked_the_same_document(api: Api, path: str) -> None:
+    send(api, "gpu-1", 1)
+    send(api, "gpu-2", 1, down=0)
+    plain = read(api, path)
+    assert "content-encoding" not in plain.headers
+    squeezed = api.client.stream("GET", path, headers={**bearer(READ),
+                                                       "Accept-Encoding": "gzip"})
+    with squeezed as answer:
+        assert answer.headers["content-encoding"] == "gzip"
+        assert answer.headers["vary"] == "Accept-Encoding"
+        raw = b"".join(answer.iter_raw())
+    assert gzip.decompress(raw) == plain.content
+    refused = read(api, path, **{"Accept-Encoding": "gzip;q=0, identity"})
+    assert "content-encoding" not in refused.headers
+
+
+def test_since_answers_only_the_rows_that_changed(api: Api) -> None:
+    for node in ("gpu-1", "gpu-2", "gpu-3"):
+        send(api, node, 1)
+    held = overview(api).json()
+    assert held["full"] is True
+    assert len(held["nodes"]) == 3
+    send(api, "gpu-2", 2, down=0)
+    api.h.clock.advance(1.0)
+    update = overview(api, f"?since={held['version']}").json()
+    assert (update["full"], update["since"], update["removed"]) == (False, held["version"], [])
+    assert [row[0] for row in update["nodes"]] == ["gpu-2"]
+    assert update["nodes"][0][3] == "degraded"
+    assert update["nodes"][0][6] == "fo"
+    assert update["counts"] == {"ok": 2, "degraded": 1, "failed": 0, "unknown": 0}
+    assert update["rails"] == {"0": "degraded", "1": "ok"}
+    unchanged = overview(api, f"?since={update['version']}").json()
+    assert (unchanged["full"], unchanged["nodes"]) == (False, [])
+
+
+def test_since_a_version_no_longer_kept_answers_the_whole(api: Api) -> None:
+    send(api, "gpu-1", 1)
+    oldest = overview(api).json()["version"]
+    for seq in range(2, 12):  # ten changes: more versions than are kept
+        send(api, "gpu-1", seq, down=seq % 2)
+        api.h.clock.advance(1.0)
+        overview(api)
+    whole = overview(api, f"?since={oldest}").json()
+    assert (whole["full"], len(whole["nodes"])) == (True, 1)
+    assert overview(api, f"?since={oldest - 1}").json()["full"] is True
+    assert overview(api, "?since=-1").status_code == 422
+    assert overview(api, "?sense=1").status_code == 422
+
+
+def test_the_overview_agrees_with_the_document(api: Api) -> None:
+    send(api, "gpu-1", 1)
+    send(api, "gpu-2", 1, down=1, rack="r2")
+    send(api, "gpu-3", 1, gpus=[GpuReport(index=0, uuid="u0"),
+                                GpuReport(index=1, uuid="u1", lost=True)])
+    doc = read(api, "/api/v1/topology").json()
+    rows = rows_of(overview(api).json())
+    assert set(rows) == set(doc["nodes"])
+    for name, part in doc["nodes"].items():
+        gpus = "".join(LETTER[g["health"]] for g in part["gpus"])
+        rails = "".join(LETTER[p["health"]] for n in part["nics"] if n["rail"] is not None
+                        for p in n["ports"])
+        assert rows[name][1:7] == [part["supernode"], part["rack"], part["health"],
+                                   part["state"], gpus, rails], name
+    assert [rows[n][3] for n in sorted(rows)] == ["ok", "degraded", "degraded"]
+    assert [rows[n][5:7] for n in sorted(rows)] == [["", "oo"], ["", "of"], ["of", "oo"]]
+    assert {str(r["rail"]): r["health"] for r in doc["rails"]} == overview(api).json()["rails"]
+
+
+# ---------------------------------------------------------------- the desk alone
+
+
+class HeldFabric:
+    """A source of inputs that holds the first build until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.building = threading.Event()
+        self.go = threading.Event()
+        self.builds = 0
+
+    def __call__(self) -> FleetFabric:
+        self.builds += 1
+        self.building.set()
+        assert self.go.wait(30), "the test never let the build go"
+        return FleetFabric(now=0.0, views={}, states={}, incidents=[], wirings={},
+                           readings={}, jobs=[], fail_slow=[])
+
+
+@pytest.mark.parametrize("kind", ["document", "overview"])
+def test_requests_that_meet_a_build_wait_for_it_and_share_it(kind: str) -> None:
+    clock = ManualClock()
+    fabric = HeldFabric()
+    desk = TopologyDesk(fabric, clock, cpu_clock=clock.monotonic)
+    read = getattr(desk, kind)
+    answers: list[Any] = []
+    readers = [threading.Thread(target=lambda: answers.append(read()), name=f"reader-{i}")
+               for i in range(2)]
+    readers[0].start()
+    assert fabric.building.wait(30)
+    readers[1].start()
+    fabric.go.set()
+    for reader in readers:
+        reader.join(30)
+    assert len(answers) == 2
+    assert answers[0] is answers[1]
+    assert (fabric.builds, desk.builds) == (1, 1)
+    assert answers[0].gzipped() is answers[1].gzipped()  # compressed once
+
+    read()
+    assert desk.builds == 1  # within the period: the same build
+    clock.advance(1.0)
+    assert read() is answers[0]  # built again, the same content: the same answer
+    assert desk.builds == 2
+
+
+def test_a_slow_build_spaces_the_next_ones() -> None:
+    clock = ManualClock()
+
+    def slow() -> FleetFabric:
+        clock.advance(3.0)  # a 3 s build: the next one no sooner than 30 s after it began
+        return FleetFabric(now=0.0, views={}, states={}, incidents=[], wirings={},
+                           readings={}, jobs=[], fail_slow=[])
+
+    desk = TopologyDesk(slow, clock, busy_share=0.1, cpu_clock=clock.monotonic)
+    desk.overview()
+    clock.advance(26.0)
+    desk.overview()
+    assert desk.builds == 1
+    clock.advance(1.0)
+    desk.overview()
+    assert desk.builds == 2
+
+
+def test_a_job_filter_keeps_the_jobs_nodes_and_its_own_tag(api: Api, tmp_path: Path) -> None:
+    doc = {"apiVersion": "training.ai/v1", "kind": "DistributedJob",
+           "metadata": {"name": "llm"},
+           "spec": {"replicas": 2, "nodes": ["gpu-1", "gpu-2"],
+                    "checkpoint": {"dir": str(tmp_path / "ckpt")}}}
+    api.h.controller.jobs.add_job(job_from_json(json.dumps(doc).encode()), "test")
+    for node in ("gpu-1", "gpu-2", "gpu-3"):
+        send(api, node, 1)
+    whole = overview(api)
+    of_job = overview(api, "?job=llm")
+    assert {r[0]: r[7] for r in whole.json()["nodes"]} == {
+        "gpu-1": "llm", "gpu-2": "llm", "gpu-3": None}
+    assert [r[0] for r in of_job.json()["nodes"]] == ["gpu-1", "gpu-2"]
+    assert of_job.json()["counts"]["ok"] == 2
+    assert of_job.headers["etag"] != whole.headers["etag"]
+    assert overview(api, "?job=llm", **{"If-None-Match": of_job.headers["etag"]}
+                    ).status_code == 304
