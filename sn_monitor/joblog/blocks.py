@@ -29,6 +29,39 @@ _EXIT_VALUE = re.compile(r"^\s*(?P<exitcode>-?\d+)(?:\s*\(pid:\s*(?P<pid>\d+)\))
 
 Status = Literal["more", "done", "not-a-block"]
 
+_TABLE_LINE = re.compile(r"^\s*(?:exitcode|traceback|error_file)\s*:")
+_TABLE_ENTRY = re.compile(r"^\s*\[\d+\]:\s*$")
+#: How far back from a field of torchrun's failure table its entry's rank may be.
+_TABLE_ENTRY_LINES: Final = 6
+
+
+def table_rank(text: str, start: int) -> int | None:
+    """The rank of the torchrun failure-table entry whose field starts ``text`` at ``start``.
+
+    torchrun's ``Failures:`` table lists each failed rank as an entry (``[0]:``, then
+    ``time``, ``host``, ``rank : 2 (local_rank: 2)``, ``exitcode``, ...): the exitcode or
+    traceback line that names the failure does not name the rank, the entry's rank line
+    above it does. None when the line is no such field or no rank line is found in its
+    entry (within the text given: a live stream's chunk may have cut it off).
+    """
+    end = text.find("\n", start)
+    if _TABLE_LINE.match(text[start:end if end >= 0 else len(text)]) is None:
+        return None
+    stop = start
+    for _ in range(_TABLE_ENTRY_LINES):
+        if stop <= 0:
+            return None
+        begin = text.rfind("\n", 0, stop - 1) + 1
+        line = text[begin:stop - 1]
+        if _TABLE_ENTRY.match(line) or line.strip().startswith(("===", "---")):
+            return None
+        found = _FIELD.match(line)
+        if found is not None and found["key"] == "rank":
+            rank = _RANK_VALUE.match(found["value"])
+            return int(rank["rank"]) if rank is not None else None
+        stop = begin
+    return None
+
 
 @dataclass
 class TracebackReader:

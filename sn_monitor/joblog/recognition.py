@@ -27,6 +27,7 @@ from sn_monitor.joblog.blocks import (
     TRACEBACK_MARK,
     RootCauseReader,
     TracebackReader,
+    table_rank,
 )
 from sn_monitor.joblog.catalogue import Block, Catalogue, Signature, load_catalogue
 from sn_monitor.joblog.context import Origin, line_node, line_rank, line_time, split_prefix
@@ -134,6 +135,8 @@ class LogStream:
         self.prefixed_ranks: set[int] = set()
         self._recognizer = recognizer
         self._open: dict[str, tuple[Reader, int, str]] = {}
+        #: The rank of the torchrun failure-table entry the line being read belongs to.
+        self._entry_rank: int | None = None
 
     def feed(self, text: str) -> list[Finding]:
         """The findings in ``text``: whole lines (a last line without a newline is whole)."""
@@ -166,6 +169,7 @@ class LogStream:
         stop = len(text) if stop < 0 else stop
         raw = text[start:stop].rstrip("\r")
         self.lines += 1
+        self._entry_rank = table_rank(text, start) if keyword else None
         self._take(raw, self.lines, found, keyword)
         return stop + 1
 
@@ -250,7 +254,7 @@ class LogStream:
 
     def _finding(self, signature: Signature, params: Mapping[str, str], number: int,
                  raw: str) -> Finding:
-        fallback = self.origin.rank
+        fallback = self.origin.rank if self._entry_rank is None else self._entry_rank
         for name in ("rank", "task", "local_rank"):
             if fallback is None and params.get(name, "").isdigit():
                 fallback = int(params[name])

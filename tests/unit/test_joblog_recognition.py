@@ -388,3 +388,48 @@ def test_the_keyword_finder_finds_every_keyword_a_line_holds(line: str) -> None:
     """Keywords inside, overlapping and as prefixes of others included."""
     finder = KeywordFinder(RECOGNIZER.keywords)
     assert finder.find(line) == {word for word in RECOGNIZER.keywords if word in line}
+
+
+# torchrun's console after rank 2 was SIGKILLed (a real run's, trimmed): its own "Root
+# Cause" names rank 1, which torchrun stopped with SIGTERM after it saw rank 1 exit first;
+# the "Failures:" table lists rank 2's SIGKILL, its rank on the line above the exit code.
+FAILURES_TABLE = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+/srv/job/examples/pytorch/train.py FAILED
+------------------------------------------------------------
+Failures:
+[0]:
+  time      : 2026-12-07_11:26:50
+  host      : localhost
+  rank      : 2 (local_rank: 2)
+  exitcode  : -9 (pid: 11034)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 11034
+[1]:
+  time      : 2026-12-07_11:26:50
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 11032)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 11032
+------------------------------------------------------------
+Root Cause (first observed failure):
+[2]:
+  time      : 2026-12-07_11:26:49
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 11033)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 11033
+============================================================
+"""
+
+
+def test_a_failure_table_entry_lends_its_rank_to_its_exit_code_and_signal() -> None:
+    found = RECOGNIZER.scan("torchrun.log", FAILURES_TABLE, year=2026)
+    by_line = {f.line: (f.rank, f.category) for f in found}
+    assert by_line[10] == (2, "process-killed")  # the SIGKILL: rank 2's entry
+    assert by_line[12] == (2, "process-killed")
+    assert by_line[17] == (0, "process-killed")  # the next entry's SIGTERM: rank 0
+    assert by_line[26] == (1, "process-killed")  # the Root Cause block's own rank
