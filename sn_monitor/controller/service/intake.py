@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -152,8 +152,9 @@ class ReportIntake:
                 edge_rules = engine.edge_rules(view, report.rules_version)
         if findings:
             self._pipeline.handle(findings)
-        if self._fleet.gpus_gone(report.node) is not None and report.gpus:
-            self._gpus_back(view.report or report)
+        gone = self._fleet.gpus_gone(report.node) if report.gpus else None
+        if gone:
+            self._gpus_back(view.report or report, gone)
         self._fleet.reporting(report.node)
         return topology_wanted, edge_rules
 
@@ -175,9 +176,11 @@ class ReportIntake:
         return msgspec.structs.replace(
             reply, events_stored_through=min(stored, max(e.id for e in report.events)))
 
-    def _gpus_back(self, report: Report) -> None:
-        """A GPU that was lost (or fell off the bus) reads healthy again: those close."""
-        gone = self._fleet.gpus_gone(report.node) or {}
+    def _gpus_back(self, report: Report, gone: Mapping[int, float]) -> None:
+        """A GPU that was lost (or fell off the bus) reads healthy again: those close.
+
+        ``gone``: the node's lost GPUs, each with when its loss was seen.
+        """
         sampled = report.sample_time_seconds
         back = [g.index for g in report.gpus
                 if g.index in gone and not g.lost and sampled > gone[g.index]]
