@@ -16,8 +16,9 @@ import msgspec
 import pytest
 
 from sn_monitor.agent.settings import RemediationSettings, VerifySettings
+from sn_monitor.clock import ManualClock
 from sn_monitor.controller.jobs.spec import job_from_json
-from sn_monitor.controller.remediation.ladder import LadderSettings
+from sn_monitor.controller.remediation.ladder import LadderSettings, RemediationLadder
 from sn_monitor.model import ReportReply
 from sn_monitor.rules.spec import load_rules, packaged_rules
 from tests.support.commands import Remedied
@@ -341,3 +342,46 @@ def test_saved_ladders_that_cannot_be_read_are_logged_and_forgotten(
     r.xid(95, gpu=3)  # and the ladder works on
     r.run()
     assert (r.repair()["rung"], r.repair()["step"]) == ("reset_gpu", "done")
+
+
+class _FlakyStore:
+    """The ladder's ports with a store that refuses the first write (an outage)."""
+
+    def __init__(self) -> None:
+        self.saved: list[str] = []
+        self.refusals = 1
+
+    def submit_rung(self, action: str, repair: Any, reason: str) -> tuple[str, str]:
+        return f"{action}-1", "submitted"
+
+    def return_to_service(self, repair: Any, checks: str) -> None:
+        return None
+
+    def needs_replacement(self, repair: Any, *, cordon: bool = True) -> None:
+        return None
+
+    def did_nothing(self, action_id: str) -> None:
+        return None
+
+    def load(self) -> str | None:
+        return None
+
+    def save(self, text: str) -> None:
+        if self.refusals:
+            self.refusals -= 1
+            raise OSError("database is locked")
+        self.saved.append(text)
+
+
+def test_ladders_not_written_in_an_outage_are_written_at_the_next_sweep() -> None:
+    store = _FlakyStore()
+    ladder = RemediationLadder(LadderSettings(), ManualClock(1_700_000_000.0), store)
+    ladder.start("n1", 0, "reset_gpu", rule="fatal-xid", reason="XID 48", incident_id=1)
+    assert store.saved == []  # written once a sweep, not at each change
+    with pytest.raises(OSError, match="database is locked"):
+        ladder.persist()
+    ladder.persist()  # the next sweep's write carries what the refused one had
+    (text,) = store.saved
+    assert '"node": "n1"' in text
+    ladder.persist()  # nothing changed since: nothing written
+    assert len(store.saved) == 1
