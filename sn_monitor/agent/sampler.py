@@ -53,8 +53,8 @@ class _Seen:
     matched: bool = False
 
 
-#: Event kinds that carry an XID code: the kernel log's "fallen off the bus" is Xid 79.
-XID_KINDS = frozenset({"xid", "gpu_fallen_off_bus"})
+#: Event kinds that carry an XID code (NVML's event and the kernel log's ``Xid`` line).
+XID_KINDS = frozenset({"xid"})
 
 
 class XidLedger:

@@ -60,12 +60,11 @@ def _one_open(c: Cluster, rule: str, node: str) -> dict[str, Any] | None:
 def _xid79_open(c: Cluster, node: str) -> dict[str, Any] | None:
     """The incident of a GPU that fell off the bus (XID 79).
 
-    The driver reports it twice, as NVML's XID 79 event and as the kernel log's "fallen
-    off the bus" line; the agent counts one fault seen by two sources once, sending
-    whichever it reads first (both now at once, on the fast path): ``fatal-xid`` or
-    ``gpu-fallen-off-bus``.
+    The driver reports it twice, as NVML's XID 79 event and as the kernel log's Xid
+    line; the agent counts one fault seen by two sources once, as one XID: ``fatal-xid``
+    whichever source it read first.
     """
-    return _one_open(c, "fatal-xid", node) or _one_open(c, "gpu-fallen-off-bus", node)
+    return _one_open(c, "fatal-xid", node)
 
 
 def _temperature(c: Cluster, node: str, gpu: int) -> float | None:
@@ -155,7 +154,7 @@ def test_xid_79_evicts_the_node_once_through_the_command_driver(cluster: Cluster
     c.wait_for(evicted, WAIT, f"the evict script to run for {node}")
     c.wait_for(lambda: [x for x in c.script_calls(c.job_log) if x["SN_NODE"] == node],
                WAIT, f"the failover script to run for {node}")
-    # every rule that fired (fatal-xid, gpu-lost, gpu-fallen-off-bus) has had its settle
+    # every rule that fired (fatal-xid, gpu-lost) has had its settle
     # time and its evict/failover decided: nothing is left pending. Once the node is
     # evicted, later findings plan no more evictions (it is out of service already);
     # ones decided before that were refused by the cooldown.
@@ -177,7 +176,7 @@ def test_xid_79_evicts_the_node_once_through_the_command_driver(cluster: Cluster
                 assert other["verdict"].startswith(f"cooldown: {action} ran on {node}"), other
     calls = evicted()
     assert len(calls) == 1, calls
-    assert calls[0]["SN_RULE"] in ("fatal-xid", "gpu-lost", "gpu-fallen-off-bus")
+    assert calls[0]["SN_RULE"] in ("fatal-xid", "gpu-lost")
     jobs = [x for x in c.script_calls(c.job_log) if x["SN_NODE"] == node]
     assert [x["SN_ACTION"] for x in jobs] == ["failover"], jobs
 

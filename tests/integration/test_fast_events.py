@@ -40,12 +40,11 @@ def _sample_time(c: Cluster, node: str) -> float | None:
 
 
 def _fatal_xid(c: Cluster, node: str, gpu: int) -> dict[str, Any] | None:
-    """The XID 79's incident: ``fatal-xid`` from NVML's event, or ``gpu-fallen-off-bus``
-    from the kernel log's line, whichever of the two the agent read first (it counts one
-    fault seen by both once). The second closes on the next healthy reading of the GPU
-    (the simulated XID leaves it answering), so closed ones count too."""
-    found = [i for i in c.incidents(node=node)
-             if i["rule"] in ("fatal-xid", "gpu-fallen-off-bus") and i["gpu"] == gpu]
+    """The XID 79's open incident: ``fatal-xid``, from NVML's event or the kernel log's
+    line, whichever of the two the agent read first (it counts one fault seen by both
+    once)."""
+    found = [i for i in c.incidents(status="open", node=node)
+             if i["rule"] == "fatal-xid" and i["gpu"] == gpu]
     return found[0] if found else None
 
 

@@ -127,10 +127,6 @@ class CrashWorld:
         """A fatal XID (48, a double-bit ECC error) on the next GPU of ``node`` not yet used:
         an XID incident stays open for its rule's ``clear_after`` (10 m), and a node comes
         back in later rounds.
-
-        Not 79: the simulated XID 79 leaves the GPU answering NVML, and when the kernel
-        log's "fallen off the bus" line beats the NVML event to the agent, the healthy
-        reading that follows closes the incident before its settle time (ci41).
         """
         gpu = self.faulted.get(node, 0)
         self.faulted[node] = gpu + 1

@@ -188,8 +188,8 @@ def check_jobs(c: Cluster, chrome: Any) -> None:
 def check_incident(c: Cluster, chrome: Any) -> dict[str, Any]:
     """A GPU off the bus: its incident in the panel, its eviction waiting for approval.
 
-    Which rule names it first (fatal-xid, gpu-fallen-off-bus, gpu-lost) depends on what
-    the agent read first: any incident of the node's GPU will do.
+    Which rule names it first (fatal-xid from its XID 79, gpu-lost from a sample) depends
+    on what the agent read first: any incident of the node's GPU will do.
     """
     c.agents[FIRST].fault("fall-off-bus", GPU)
     incident = c.wait_for(lambda: [i for i in c.incidents(status="open", node=FIRST)

@@ -155,12 +155,18 @@ def test_the_thread_reads_and_stops(tmp_path: Path) -> None:
     _job_tree(tmp_path)
     reader = build_reader(_settings(tmp_path), SystemClock())
     reader.start()
-    assert THREAD_NAME in {t.name for t in threading.enumerate()}
-    got = wait_for(lambda: reader.take(100), "the first lines")
-    append(tmp_path / "job" / "attempt_0" / "1" / "stderr.log", "later\n")
-    got += wait_for(lambda: reader.take(100), "the line written later")
-    assert "later" in [line.text for line in got]
-    assert reader.stop(timeout=5.0)
+    try:
+        assert THREAD_NAME in {t.name for t in threading.enumerate()}
+        got = wait_for(lambda: reader.take(100), "the first lines")
+        append(tmp_path / "job" / "attempt_0" / "1" / "stderr.log", "later\n")
+
+        def later_read() -> bool:
+            # a take may still hold lines of the first read: gather until "later" comes
+            got.extend(reader.take(100))
+            return "later" in [line.text for line in got]
+        wait_for(later_read, "the line written later")
+    finally:
+        assert reader.stop(timeout=30.0)
     assert THREAD_NAME not in {t.name for t in threading.enumerate()}
     assert reader.stats().open_files == 0
     assert reader.stats().cpu_seconds > 0

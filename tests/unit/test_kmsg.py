@@ -49,21 +49,21 @@ LINES: list[tuple[str, Expected | None]] = [
     (
         "NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, "
         "GPU has fallen off the bus.",
-        (OFF, 79, "0000:18:00.0", None),
+        (XID, 79, "0000:18:00.0", None),
     ),
     (
         "[6781741.548779] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, "
         "GPU has fallen off the bus.",
-        (OFF, 79, "0000:91:00.0", None),
+        (XID, 79, "0000:91:00.0", None),
     ),
     (
         "NVRM: Xid (PCI:0000:04:00): 79, GPU has fallen off the bus",
-        (OFF, 79, "0000:04:00.0", None),
+        (XID, 79, "0000:04:00.0", None),
     ),
     (
         "NVRM: Xid (PCI:0000:b3:00.0): 79, GPU has fallen off the bus and is not responding "
         "to commands.",
-        (OFF, 79, "0000:b3:00.0", None),
+        (XID, 79, "0000:b3:00.0", None),
     ),
     # Without the PCI: prefix (older drivers).
     (
@@ -331,13 +331,15 @@ def test_sxid_fields() -> None:
     )
 
 
-def test_parse_fallen_off_bus_ignores_other_xids() -> None:
+def test_an_xid_79_line_is_an_xid_not_the_drivers_sentence() -> None:
+    """NVML reports the same XID 79: both sources must name it alike, or the rule that
+    fires would depend on which one the agent read first."""
     assert parse_fallen_off_bus("NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x, Boom") is None
-    fallen = parse_fallen_off_bus(
-        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
-    )
-    assert fallen is not None
-    assert (fallen.pci_bus_id, fallen.code) == ("0000:3b:00.0", 79)
+    line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    assert parse_fallen_off_bus(line) is None
+    fault = parse_kernel_line(line)
+    assert fault is not None
+    assert (fault.kind, fault.code, fault.pci_bus_id) == ("xid", 79, "0000:3b:00.0")
 
 
 @pytest.mark.parametrize(
@@ -438,10 +440,31 @@ def test_fallen_off_bus_told_twice_is_one_event() -> None:
     ]
     faults = [f for f in (parser.feed(line) for line in lines) if f is not None]
     assert [(f.kind, f.code, f.pci_bus_id) for f in faults] == [
-        ("gpu_fallen_off_bus", 79, "0000:91:00.0"),
+        ("xid", 79, "0000:91:00.0"),
         ("sxid", 20034, "0000:06:00.0"),
     ]
     assert faults[0].kernel_time_seconds == 6781741.548779
+
+
+def test_the_drivers_sentence_alone_is_a_fall_off_the_bus_and_xid_79s_are_never_dropped(
+) -> None:
+    parser = KernelLogParser()
+    lines = [
+        "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.",
+        "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.",
+        "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+        "the bus.",
+        "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+        "the bus.",
+        "NVRM: GPU 0000:92:00.0: GPU has fallen off the bus.",
+    ]
+    faults = [f for f in (parser.feed(line) for line in lines) if f is not None]
+    assert [(f.kind, f.code, f.pci_bus_id) for f in faults] == [
+        ("gpu_fallen_off_bus", None, "0000:91:00.0"),
+        ("xid", 79, "0000:91:00.0"),
+        ("xid", 79, "0000:91:00.0"),
+        ("gpu_fallen_off_bus", None, "0000:92:00.0"),
+    ]
 
 
 def test_an_xid_ends_an_unfinished_fallen_off_bus_record() -> None:
@@ -579,7 +602,7 @@ def test_follow_from_start_when_asked(tmp_path: Path) -> None:
     collector = KmsgCollector(path, ManualClock(), start_at_end=False)
     events = collector.collect().events
     collector.close()
-    assert [(e.kind, e.code) for e in events] == [("xid", 13), ("gpu_fallen_off_bus", 79)]
+    assert [(e.kind, e.code) for e in events] == [("xid", 13), ("xid", 79)]
 
 
 def test_follow_waits_for_a_partial_line(tmp_path: Path) -> None:
@@ -602,7 +625,7 @@ def test_follow_truncation_reads_from_start(tmp_path: Path) -> None:
     assert collector.collect().events == ()
     path.write_text(XID_79)
     (event,) = collector.collect().events
-    assert (event.kind, event.pci_bus_id) == ("gpu_fallen_off_bus", "0000:3c:00.0")
+    assert (event.kind, event.code, event.pci_bus_id) == ("xid", 79, "0000:3c:00.0")
     collector.close()
 
 

@@ -202,11 +202,19 @@ def test_manual_clock_refuses_to_go_back(bad):
         ManualClock().advance(bad)
 
 
-def test_kernel_fallen_off_the_bus_is_the_nvml_xid_79():
+@pytest.mark.parametrize("first", ["nvml", "kmsg"])
+def test_the_kernel_logs_xid_79_is_the_nvml_xid_79_whichever_comes_first(first):
+    """One fault, one event of one kind: the rule it fires does not depend on the race."""
+    second = "kmsg" if first == "nvml" else "nvml"
     ledger = XidLedger(ManualClock())
-    off_bus = Event(
-        kind="gpu_fallen_off_bus", source="kmsg", time_seconds=0, message="m", gpu=3, code=79
-    )
-    kept = ledger.admit([_xid("nvml", 3, 79), off_bus])
-    assert len(kept) == 1
+    [kept] = ledger.admit([_xid(first, 3, 79)])
+    assert ledger.admit([_xid(second, 3, 79)]) == []
+    assert (kept.kind, kept.code, kept.source) == ("xid", 79, first)
+    assert ledger.counts() == (XidCount(gpu=3, xid=79, count=1),)
+
+
+def test_the_drivers_fallen_off_the_bus_sentence_is_no_xid():
+    ledger = XidLedger(ManualClock())
+    off_bus = Event(kind="gpu_fallen_off_bus", source="kmsg", time_seconds=0, message="m", gpu=3)
+    assert ledger.admit([_xid("nvml", 3, 79), off_bus])[1] == off_bus
     assert ledger.counts() == (XidCount(gpu=3, xid=79, count=1),)

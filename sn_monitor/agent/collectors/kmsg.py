@@ -8,6 +8,13 @@ line into a :class:`KernelFault` (or None, as for most of the log). A
 "fallen off the bus" message that dmesg prints over three lines, and the same GPU
 reported off the bus twice in a row (an Xid 79 and the driver's own line after it).
 
+An ``Xid 79`` line is an XID like any other (kind ``xid``, code 79), not a "fallen off
+the bus" fault: NVML's event set reports the same XID 79, and the sampler joins the two
+into one event (:class:`~sn_monitor.agent.sampler.XidLedger`). Were the two sources to
+name one fault differently, the fault's rule would depend on which source the agent
+happened to read first. ``gpu_fallen_off_bus`` is the driver's own sentence, when no
+Xid 79 of the same GPU came just before it.
+
 :class:`KmsgCollector` reads ``/dev/kmsg`` without blocking, or follows a regular text
 file like ``tail -F`` (tests, or a dmesg / journald export), and hands the faults it
 found since the last cycle to the sampler as events. It is the source's one reader: the
@@ -49,8 +56,9 @@ _KMSG_READ_SIZE = 16_384
 #: Longer lines in a followed file are skipped (a kernel record is at most 8 KiB).
 _MAX_LINE_BYTES = 65_536
 
-#: A second "fallen off the bus" for the same GPU within this many lines is the same
-#: incident told twice (Xid 79 followed by "GPU 0000:3b:00.0: GPU has fallen off the bus.").
+#: The driver's "fallen off the bus" sentence within this many lines of an Xid 79, or of
+#: another such sentence, for the same GPU is the same incident told twice (Xid 79
+#: followed by "GPU 0000:3b:00.0: GPU has fallen off the bus.").
 _FALLEN_OFF_DEDUP_LINES = 16
 
 #: How many lines after "The NVIDIA GPU 0000:3b:00.0" dmesg may take to say "fallen off
@@ -206,11 +214,10 @@ class SxidEvent:
 
 @dataclass(frozen=True, slots=True)
 class FallenOffBus:
-    """A GPU that stopped answering on PCIe (Xid 79 or the driver's own sentence)."""
+    """A GPU that stopped answering on PCIe, in the driver's own sentence."""
 
     pci_bus_id: str | None
     message: str
-    code: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,18 +352,13 @@ def parse_sxid_line(text: str) -> SxidEvent | None:
 
 
 def parse_fallen_off_bus(text: str) -> FallenOffBus | None:
-    """A GPU fell off the bus: Xid 79, or the driver's sentence in its two shapes.
+    """A GPU fell off the bus, in the driver's sentence in its two shapes.
 
     ``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.`` and ``NVRM: The NVIDIA GPU
     0000:3b:00.0 (PCI ID: 10de:2330) installed in this system has fallen off the bus
     and is not responding to commands.``; the latter is one kernel record printed over
     three ``NVRM:`` lines, which ``text`` may hold with its newlines.
     """
-    xid = parse_xid_line(text)
-    if xid is not None:
-        if xid.code != 79:
-            return None
-        return FallenOffBus(pci_bus_id=xid.pci_bus_id, message=xid.message, code=79)
     joined = _CONTINUATION.sub(" ", text.strip())
     if _FALLEN_OFF_SENTENCE not in joined:
         return None
@@ -381,7 +383,6 @@ def parse_kernel_line(text: str) -> KernelFault | None:
         return KernelFault(
             kind="gpu_fallen_off_bus",
             message=fallen.message,
-            code=fallen.code,
             pci_bus_id=fallen.pci_bus_id,
             kernel_time_seconds=kernel_time,
         )
@@ -472,14 +473,19 @@ class KernelLogParser:
         fault = KernelFault(
             kind="gpu_fallen_off_bus",
             message=fallen.message,
-            code=fallen.code,
             pci_bus_id=fallen.pci_bus_id,
             kernel_time_seconds=kernel_time,
         )
         return True, self._emit(fault)
 
     def _emit(self, fault: KernelFault) -> KernelFault | None:
-        if fault.kind != "gpu_fallen_off_bus":
+        """``fault``, or None where it is the same fall off the bus told again.
+
+        The driver's sentence after an Xid 79, or after the same sentence, of the same GPU
+        is dropped; the Xid 79 itself always goes out (NVML reports it too).
+        """
+        told = fault.kind == "gpu_fallen_off_bus" or (fault.kind == "xid" and fault.code == 79)
+        if not told:
             return fault
         if len(self._fallen_at) > 64:
             self._fallen_at = {
@@ -489,9 +495,8 @@ class KernelLogParser:
             }
         last = self._fallen_at.get(fault.pci_bus_id)
         self._fallen_at[fault.pci_bus_id] = self._line
-        if last is not None and self._line - last <= _FALLEN_OFF_DEDUP_LINES:
-            return None
-        return fault
+        repeat = last is not None and self._line - last <= _FALLEN_OFF_DEDUP_LINES
+        return None if repeat and fault.kind == "gpu_fallen_off_bus" else fault
 
 
 # ---------------------------------------------------------------------------
