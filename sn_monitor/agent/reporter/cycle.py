@@ -247,10 +247,9 @@ class Reporter:
         The snapshot's own events are not spooled here: :meth:`spool_events` does that on
         the sampling thread, so a report skipped while the controller is slow loses none.
         """
-        now = self._clock.monotonic()
-        backoff_until = self._controllers.backoff_until
-        if backoff_until is not None and now < backoff_until:
+        if self._controllers.backing_off():
             return []
+        now = self._clock.monotonic()
         events = self._within_budget(self._spool.pending(self._max_events))
         results = self._results[:MAX_EVENTS]
         self.sequence += 1
@@ -288,9 +287,7 @@ class Reporter:
         for an answer, which acknowledges its events. Never raises for a network or
         controller problem.
         """
-        now = self._clock.monotonic()
-        backoff_until = self._controllers.backoff_until
-        if (backoff_until is not None and now < backoff_until) or self.url in self._no_events_only:
+        if self._controllers.backing_off() or self.url in self._no_events_only:
             return []
         events = self._within_budget(self._spool.pending(self._max_events))
         if not events:

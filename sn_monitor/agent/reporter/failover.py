@@ -58,6 +58,10 @@ class Controllers:
         #: Monotonic time before which no report is attempted (None: not backing off).
         self.backoff_until: float | None = None
 
+    def backing_off(self) -> bool:
+        """Whether a failed round's backoff still holds every report back."""
+        return self.backoff_until is not None and self._clock.monotonic() < self.backoff_until
+
     @property
     def url(self) -> str:
         """The controller the next report goes to."""
