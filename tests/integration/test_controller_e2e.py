@@ -195,11 +195,14 @@ def test_xid_79_evicts_the_node_once_through_the_command_driver(cluster: Cluster
     assert len(evicted()) == 1, c.script_calls()
     assert len([x for x in c.script_calls(c.job_log) if x["SN_NODE"] == node]) == 1
 
-    # the node list learns who is cordoned from the store every few seconds
-    node_doc = c.wait_for(lambda: (d := c.get(f"/api/v1/nodes/{node}"))["cordoned_by_us"]
-                          and d, WAIT, f"{node} shown as cordoned by sn-monitor")
-    assert node_doc["gpus_lost"] == 1
-    assert node_doc["state"] == "evicted"
+    # the node list learns who is cordoned from the store every few seconds, and counts
+    # the lost GPU from the node's latest sample (one whose NVML read ran past its
+    # deadline on a loaded machine has no GPU in it: the next one has)
+    node_doc = c.wait_for(
+        lambda: (d := c.get(f"/api/v1/nodes/{node}"))["cordoned_by_us"] and d["gpus"] == 8
+        and d, WAIT, f"{node} shown as cordoned by sn-monitor, with its 8 GPUs")
+    assert node_doc["gpus_lost"] == 1, node_doc
+    assert node_doc["state"] == "evicted", node_doc
 
 
 # ---------------------------------------------------------------------- 3. node lost
