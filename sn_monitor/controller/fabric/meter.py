@@ -306,21 +306,35 @@ class FabricMeter:
             if not pending and not latest:
                 return
             readings.pending, readings.latest_ports = [], ()
-        readings.frozen = None
+        if pending:
+            readings.frozen = None
         for now, ports, gpus in pending:
             for port in ports:
                 self._port(readings, port, now)
             for gpu in gpus:
                 self._gpu(readings, gpu, now)
         for port in latest:
-            reading = readings.ports.get((port.device, port.port))
-            if reading is None:
-                reading = readings.ports[(port.device, port.port)] = PortReading(
-                    port.device, port.port)
-            if port.state is not None:
-                reading.state = port.state
-            if port.rate_bytes_per_second is not None:
-                reading.rate_bytes_per_second = port.rate_bytes_per_second
+            self._latest(readings, port)
+
+    @staticmethod
+    def _latest(readings: NodeReadings, port: IbPortReport) -> None:
+        """A port's state and link rate, the latest report's.
+
+        The frozen values are made again only when one changes: every report carries
+        them, and most change nothing.
+        """
+        reading = readings.ports.get((port.device, port.port))
+        if reading is None:
+            reading = readings.ports[(port.device, port.port)] = PortReading(
+                port.device, port.port)
+            readings.frozen = None
+        if port.state is not None and port.state != reading.state:
+            reading.state = port.state
+            readings.frozen = None
+        if (port.rate_bytes_per_second is not None
+                and port.rate_bytes_per_second != reading.rate_bytes_per_second):
+            reading.rate_bytes_per_second = port.rate_bytes_per_second
+            readings.frozen = None
 
     def _port(self, readings: NodeReadings, port: IbPortReport, now: float) -> None:
         key = (port.device, port.port)

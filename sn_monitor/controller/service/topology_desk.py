@@ -46,7 +46,8 @@ from typing import Any, TypeVar
 import msgspec
 
 from sn_monitor.clock import Clock
-from sn_monitor.controller.fabric.overview import FleetOverview, changed_rows, fleet_overview
+from sn_monitor.controller.fabric.overview import FleetOverview, changed_rows
+from sn_monitor.controller.fabric.overview_rows import OverviewRows
 from sn_monitor.controller.fabric.view import FleetFabric, fleet_topology
 
 #: The least time between two builds of one answer, seconds.
@@ -129,6 +130,8 @@ class TopologyDesk:
         self._shelves_lock = threading.Lock()
         self._documents: OrderedDict[str | None, _DocumentShelf] = OrderedDict()
         self._overviews: OrderedDict[str | None, _OverviewShelf] = OrderedDict()
+        #: Each node's overview row, kept between builds (every job filter shares them).
+        self.rows = OverviewRows()
         #: How many answers were built (documents and overviews), for tests and benches.
         self.builds = 0
 
@@ -182,7 +185,7 @@ class TopologyDesk:
             shelf.edition = Edition(_etag(digest, job), _encoder.encode(doc))
 
     def _build_overview(self, shelf: _OverviewShelf, job: str | None) -> None:
-        overview = fleet_overview(self._fabric(), job)
+        overview = self.rows.overview(self._fabric(), job)
         if overview.same_as(shelf.latest):
             return
         shelf.latest = overview
