@@ -328,14 +328,34 @@ class DocumentReader:
             self.stop.wait(DOCUMENT_EVERY_S)
 
 
+#: The errors a check may meet (it is counted broken, and the next one tries again).
+CHECK_ERRORS = (OSError, RuntimeError, http.client.HTTPException, ValueError)
+
+
+def get_json(port: int, path: str, timeout: float = 120.0) -> Any:
+    """``path`` read as JSON (RuntimeError unless 200), with a timeout a busy controller meets."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        body = response.read()
+    finally:
+        conn.close()
+    if response.status != 200:
+        raise RuntimeError(f"GET {path}: {response.status} {body[:200]!r}")
+    return json.loads(body)
+
+
 def lost_node_state(controller: ControllerProcess, name: str, page: Poller
                     ) -> dict[str, Any]:
     """What the API and a polling page say of ``name`` now."""
-    node = controller.get_json(f"/api/v1/nodes/{name}")
+    started = time.monotonic()
+    node = get_json(controller.port, f"/api/v1/nodes/{name}")
     row = page.rows.get(name)
     return {"state": node["state"],
             "open": sorted(i["id"] for i in node["incidents"] if i["rule"] == "node-lost"),
-            "page_state": row[4] if row is not None else None}
+            "page_state": row[4] if row is not None else None,
+            "answered_s": round(time.monotonic() - started, 2)}
 
 
 def wait_lost(controller: ControllerProcess, name: str, page: Poller, deadline_s: float
@@ -344,8 +364,12 @@ def wait_lost(controller: ControllerProcess, name: str, page: Poller, deadline_s
     started = time.monotonic()
     seen: dict[str, Any] = {}
     while time.monotonic() - started < deadline_s:
-        seen = lost_node_state(controller, name, page)
-        if seen["state"] == "lost" and seen["open"] and seen["page_state"] == "lost":
+        try:
+            seen = lost_node_state(controller, name, page)
+        except CHECK_ERRORS as err:
+            seen = {"error": f"{type(err).__name__}: {err}"}
+        if (seen.get("state"), bool(seen.get("open")), seen.get("page_state")) == (
+                "lost", True, "lost"):
             return seen["open"][0], time.monotonic() - started
         time.sleep(1.0)
     raise RuntimeError(f"{name} not seen lost within {deadline_s:g} s: {seen}")
@@ -355,21 +379,23 @@ def hold_lost(controller: ControllerProcess, name: str, page: Poller, incident: 
               hold: float) -> dict[str, Any]:
     """Every ``CHECK_EVERY_S`` for ``hold`` seconds: the incident open, the node lost."""
     started = time.monotonic()
-    checks, broken = 0, []
+    checks, broken, slowest = 0, [], 0.0
     while time.monotonic() - started < hold:
         at = round(time.monotonic() - started, 1)
         try:
             seen = lost_node_state(controller, name, page)
-        except (OSError, RuntimeError, http.client.HTTPException, ValueError) as err:
+            slowest = max(slowest, seen["answered_s"])
+        except CHECK_ERRORS as err:
             seen = {"error": f"{type(err).__name__}: {err}"}
         checks += 1
         if (seen.get("state"), seen.get("open"), seen.get("page_state")) != (
                 "lost", [incident], "lost"):
             broken.append({"at_s": at, **seen})
         time.sleep(CHECK_EVERY_S)
-    closed = [i for i in controller.get_json(f"/api/v1/incidents?status=closed&node={name}")[
+    closed = [i for i in get_json(controller.port, f"/api/v1/incidents?status=closed&node={name}")[
         "incidents"] if i["rule"] == "node-lost"]
     return {"held_s": round(time.monotonic() - started, 1), "checks": checks,
+            "slowest_check_s": slowest,
             "broken": broken[:20], "broken_count": len(broken),
             "closed_node_lost": [{"id": i["id"], "message": i["message"]} for i in closed]}
 
@@ -436,7 +462,8 @@ def render_hold(results: dict[str, Any]) -> str:
             f"{level['seen_lost_after_s']} s after the check began; then for "
             f"{h['held_s']} s, {h['checks']} checks every {CHECK_EVERY_S:g} s: {verdict} "
             f"({h['broken_count']} checks broken, {len(h['closed_node_lost'])} node-lost "
-            "incidents of the node closed)",
+            f"incidents of the node closed; slowest check answered in "
+            f"{fmt(h['slowest_check_s'], 2)} s)",
             f"  meanwhile: controller {fmt(level.get('cpu_percent'), 1)} % of a core; two pages "
             f"polling the overview: {p['n']} polls, p50 {fmt(p.get('p50_seconds', 0) * 1e3, 1)} "
             f"ms, max {fmt(p.get('max_seconds', 0) * 1e3, 0)} ms, "

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from sn_monitor.controller.fabric.book import TopologyBook
@@ -27,8 +29,10 @@ from sn_monitor.model import (
     NicTopology,
     NodeTopology,
     Report,
+    topology_digest,
 )
 from sn_monitor.rules.view import NodeView
+from tests.support.api import AGENT, Api, bearer, make_api
 
 RAILS = 2
 GPUS = 2
@@ -274,3 +278,61 @@ def test_the_meter_keeps_its_frozen_values_while_no_port_state_changes() -> None
     assert slower is not down
     assert slower is not None
     assert slower.ports[("mlx5_0", 1)].rate_bytes_per_second == RATE / 2
+
+
+# ---------------------------------------------------------------- the health readings
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Any:
+    made, h = make_api(tmp_path)
+    yield made
+    h.controller.close()
+    h.store.close()
+
+
+def report(api: Api, node: str, seq: int, *, down: bool = False, errors: int = 0,
+           lost: bool = False, slowed: bool = False) -> None:
+    """A report of ``node``: its rail 1 ``down``, ``errors`` on rail 0, GPU 1 ``lost``."""
+    wiring = topology()
+    ports = [IbPortReport(device=f"mlx5_{r}", port=1, state=1 if down and r == 1 else 4,
+                          rate_bytes_per_second=RATE,
+                          counters={"transmitted_bytes": 1000 * seq,
+                                    "symbol_error": errors if r == 0 else 0})
+             for r in range(RAILS)]
+    gpus = [GpuReport(index=i, uuid=f"u{i}", lost=lost and i == 1, sm_clock_hertz=1.5e9,
+                      throttle_reasons=["hw_slowdown"] if slowed and i == 0 else [])
+            for i in range(GPUS)]
+    body = Report(node=node, instance="i", sequence=seq,
+                  sample_time_seconds=api.h.clock.time(), labels={"rack": "r1"},
+                  topology_digest=topology_digest(wiring), topology=wiring, gpus=gpus,
+                  infiniband=ports)
+    answer = api.client.post("/api/v1/reports", content=msgspec.json.encode(body),
+                             headers=bearer(AGENT))
+    assert answer.status_code == 200, answer.text
+
+
+def test_what_the_health_rules_read_gives_the_overview_the_whole_readings_give(
+        api: Api) -> None:
+    watch = api.h.controller.job_health
+    rows = OverviewRows()
+    rounds: list[dict[str, dict[str, Any]]] = [
+        {}, {"gpu-2": {"down": True}}, {"gpu-3": {"errors": 5}, "gpu-2": {"down": True}},
+        {"gpu-3": {"errors": 5}, "gpu-4": {"lost": True}}, {"gpu-1": {"slowed": True}},
+        {"gpu-3": {"errors": 9}}, {}]
+    seen: set[tuple[str, str, str]] = set()
+    for seq, changes in enumerate(rounds, start=1):
+        api.h.clock.advance(5.0)  # the meter takes a snapshot every 4.5 s
+        for i in range(1, 6):
+            report(api, f"gpu-{i}", seq, **changes.get(f"gpu-{i}", {}))
+        if seq % 2:  # the health readings first, then the whole (which works in the rest)
+            health, whole = watch.fabric(health=True), watch.fabric()
+        else:  # or the whole readings first: the health ones then have nothing new
+            whole, health = watch.fabric(), watch.fabric(health=True)
+        kept = rows.overview(health)
+        assert kept == fleet_overview(whole)
+        assert kept == fleet_overview(health)
+        seen.update(tuple(msgspec.json.decode(row)[i] for i in (0, 5, 6))
+                    for row in kept.rows.values())
+    assert {("gpu-2", "oo", "of"), ("gpu-3", "oo", "do"), ("gpu-4", "of", "oo"),
+            ("gpu-1", "do", "oo")} <= seen  # a rail down, errors, a GPU lost, one slowed
