@@ -16,11 +16,13 @@ from typing import Any
 import msgspec
 import pytest
 
+from sn_monitor.clock import ManualClock
 from sn_monitor.controller.fabric.book import TopologyBook
 from sn_monitor.controller.fabric.meter import FabricMeter, GpuValues, NodeValues, PortValues
 from sn_monitor.controller.fabric.overview import fleet_overview
 from sn_monitor.controller.fabric.overview_rows import OverviewRows
 from sn_monitor.controller.fabric.view import FleetFabric, JobOnFabric
+from sn_monitor.controller.service.topology_desk import TopologyDesk
 from sn_monitor.model import (
     GpuReport,
     GpuTopology,
@@ -336,3 +338,71 @@ def test_what_the_health_rules_read_gives_the_overview_the_whole_readings_give(
                     for row in kept.rows.values())
     assert {("gpu-2", "oo", "of"), ("gpu-3", "oo", "do"), ("gpu-4", "of", "oo"),
             ("gpu-1", "do", "oo")} <= seen  # a rail down, errors, a GPU lost, one slowed
+
+
+def meter_report(seq: int, errors: int, lost: bool, state: int) -> Report:
+    return Report(node="n", instance="i", sequence=seq, sample_time_seconds=float(seq),
+                  infiniband=[IbPortReport(device="mlx5_0", port=1, state=state,
+                                           rate_bytes_per_second=RATE,
+                                           counters={"transmitted_bytes": 100 * seq,
+                                                     "symbol_error": errors})],
+                  gpus=[GpuReport(index=0, uuid="u0", lost=lost, sm_clock_hertz=1e9,
+                                  nvlink_transmitted_bytes_total=10 * seq)])
+
+
+def test_the_health_read_first_changes_no_value_the_whole_read_gives() -> None:
+    alone, first = FabricMeter(every_seconds=1.0), FabricMeter(every_seconds=1.0)
+    steps = [(0, False, 4), (0, False, 4), (3, False, 4), (3, True, 4), (7, True, 1),
+             (7, False, 4), (7, False, 4)]
+    for seq, (errors, lost, state) in enumerate(steps, start=1):
+        for meter in (alone, first):
+            meter.observe(meter_report(seq, errors, lost, state), float(seq))
+        health = first.health("n")
+        whole = alone.values("n")
+        assert first.values("n") == whole  # errors went in once, not twice
+        assert health is not None
+        assert whole is not None
+        port, gpu = whole.ports[("mlx5_0", 1)], whole.gpus[0]
+        assert health.ports[("mlx5_0", 1)] == PortValues(
+            "mlx5_0", 1, port.state, port.rate_bytes_per_second, None, None, None, None, None,
+            None, port.errors_per_second)
+        assert (health.gpus[0].lost, health.gpus[0].throttle_reasons) == (
+            gpu.lost, gpu.throttle_reasons)
+        assert health.gpus[0].nvlink_transmit_bytes_per_second is None  # no rate
+
+
+def test_the_health_values_are_kept_while_what_they_show_is_the_same() -> None:
+    meter = FabricMeter(every_seconds=1.0)
+    meter.observe(meter_report(1, 0, False, 4), 1.0)
+    meter.observe(meter_report(2, 0, False, 4), 2.0)
+    held = meter.health("n")
+    for seq in (3, 4):  # new counters, no new errors: the same health values
+        meter.observe(meter_report(seq, 0, False, 4), float(seq))
+        assert meter.health("n") is held
+    meter.observe(meter_report(5, 2, False, 4), 5.0)
+    errors = meter.health("n")
+    assert errors is not held
+    assert errors is not None
+    assert (errors.ports[("mlx5_0", 1)].errors_per_second or 0) > 0
+    meter.observe(meter_report(6, 2, True, 4), 6.0)
+    lost = meter.health("n")
+    assert lost is not None
+    assert lost.gpus[0].lost
+
+
+def test_the_desk_builds_the_overview_from_the_health_source() -> None:
+    fleet = Fleet(4)
+    whole_reads: list[FleetFabric] = []
+
+    def whole() -> FleetFabric:
+        whole_reads.append(fleet.fabric())
+        return whole_reads[-1]
+
+    clock = ManualClock()
+    desk = TopologyDesk(whole, clock, health=fleet.fabric, cpu_clock=clock.monotonic)
+    body = msgspec.json.decode(desk.overview().body)
+    assert [row[0] for row in body["nodes"]] == sorted(fleet.nodes)
+    assert whole_reads == []  # the overview read the health source alone
+    desk.document()
+    assert len(whole_reads) == 1
+    assert desk.rows.judged == 4
