@@ -24,6 +24,12 @@ move a node's snapshots out. A reader that takes its time (the topology view) re
 :meth:`FabricMeter.values`: a node's readings as frozen values, kept until its rates
 change, which it may keep and read after every lock is let go.
 
+What the health rules read of a node (a port's state, link rate and errors rate, a GPU's
+``lost`` and throttle reasons) is worked in on its own too (:meth:`FabricMeter.health`:
+the overview reads every node every few seconds and needs no other rate); each snapshot
+marks that its share of it is in, so that the rates read later do not take it twice. The
+values are the same whichever reader came first.
+
 A report that leaves a port or GPU out (a trimmed report: the agent evaluates its
 node-local rules and sends values every few seconds) changes nothing: the rates stand
 until the next report that carries them. A counter that went backwards (the agent
@@ -151,25 +157,45 @@ class GpuReading:
     nvlink_errors: Rate = field(default_factory=Rate)
 
 
+class Snapshot:
+    """A report's ports and GPUs at controller time ``now``, not yet worked into the rates.
+
+    ``health_in``: whether what the health rules read of it (the error counters, a GPU's
+    ``lost`` and throttle reasons) is worked in already (:meth:`FabricMeter.health`); the
+    readings lock guards it.
+    """
+
+    __slots__ = ("gpus", "health_in", "now", "ports")
+
+    def __init__(self, now: float, ports: Sequence[IbPortReport],
+                 gpus: Sequence[GpuReport]) -> None:
+        self.now = now
+        self.ports = ports
+        self.gpus = gpus
+        self.health_in = False
+
+
 @dataclass(slots=True)
 class NodeReadings:
     """What the meter knows of one node; ``at``: the time of its last rates.
 
-    ``ports``, ``gpus`` and ``frozen`` are the readers' (the readings lock); ``at``,
-    ``pending`` and ``latest_ports`` the ingest's (the inbox lock).
+    ``ports``, ``gpus``, ``frozen`` and ``health`` are the readers' (the readings lock);
+    ``at``, ``pending`` and ``latest_ports`` the ingest's (the inbox lock).
     """
 
     ports: dict[tuple[str, int], PortReading] = field(default_factory=dict)
     gpus: dict[int, GpuReading] = field(default_factory=dict)
     at: float = -math.inf
     #: The newest snapshots not yet worked into the rates, oldest first, at most two
-    #: (a node read for the first time has a rate at once): (time, ports, GPUs).
-    pending: list[tuple[float, Sequence[IbPortReport], Sequence[GpuReport]]] = field(
-        default_factory=list)
+    #: (a node read for the first time has a rate at once).
+    pending: list[Snapshot] = field(default_factory=list)
     #: The ports of the latest report that carried any, for their states and link rates.
     latest_ports: Sequence[IbPortReport] = ()
     #: The readings as frozen values (:meth:`FabricMeter.values`); None once they change.
     frozen: NodeValues | None = None
+    #: What the health rules read of them, frozen (:meth:`FabricMeter.health`); None once
+    #: that changes.
+    health: NodeValues | None = None
 
 
 class PortValues(msgspec.Struct, frozen=True, gc=False):
@@ -224,6 +250,16 @@ def _frozen(readings: NodeReadings) -> NodeValues:
         g.index, g.utilization_ratio, g.temperature_celsius, g.sm_clock_hertz,
         g.sm_max_clock_hertz, g.throttle_reasons, g.processes, g.nvlinks_down, g.lost,
         g.nvlink_transmit.value, g.nvlink_errors.value) for index, g in readings.gpus.items()}
+    return NodeValues(ports, gpus)
+
+
+def _health_frozen(readings: NodeReadings) -> NodeValues:
+    """What the health rules read of the readings; every other value None."""
+    ports = {key: PortValues(p.device, p.port, p.state, p.rate_bytes_per_second, None, None,
+                             None, None, None, None, p.errors.value)
+             for key, p in readings.ports.items()}
+    gpus = {index: GpuValues(g.index, None, None, None, None, g.throttle_reasons, None, None,
+                             g.lost, None, None) for index, g in readings.gpus.items()}
     return NodeValues(ports, gpus)
 
 
@@ -282,7 +318,7 @@ class FabricMeter:
                 pending = readings.pending
                 if len(pending) >= 2:
                     del pending[0]
-                pending.append((now, report.infiniband, report.gpus))
+                pending.append(Snapshot(now, report.infiniband, report.gpus))
             if report.infiniband:  # the ports' states and link rates: the latest report's
                 readings.latest_ports = report.infiniband
 
@@ -296,37 +332,91 @@ class FabricMeter:
         with self._readings:
             yield
 
-    def _work_in(self, readings: NodeReadings) -> None:
-        """The pending snapshots into the node's rates, oldest first; the latest states.
+    def _work_in(self, readings: NodeReadings, rates: bool = True) -> None:
+        """The pending snapshots into the node's readings, oldest first; the latest states.
 
+        Without ``rates``, only what the health rules read (:meth:`health`): the snapshots
+        stay pending for the rates, marked so that it is not worked in twice.
         Called with the readings lock held; takes the inbox lock to move them out.
         """
         with self._inbox:
             pending, latest = readings.pending, readings.latest_ports
-            if not pending and not latest:
-                return
-            readings.pending, readings.latest_ports = [], ()
-        readings.frozen = None
-        for now, ports, gpus in pending:
-            for port in ports:
-                self._port(readings, port, now)
-            for gpu in gpus:
-                self._gpu(readings, gpu, now)
+            if rates:
+                readings.pending = []
+            elif pending:
+                pending = list(pending)  # ingest may drop the oldest meanwhile
+            readings.latest_ports = ()
+        for snapshot in pending:
+            if not snapshot.health_in:
+                snapshot.health_in = True
+                moved = [self._port_health(readings, port, snapshot.now)
+                         for port in snapshot.ports]
+                moved += [self._gpu_health(readings, gpu) for gpu in snapshot.gpus]
+                if any(moved):
+                    readings.frozen = readings.health = None
+            if rates:
+                readings.frozen = None
+                for port in snapshot.ports:
+                    self._port(readings, port, snapshot.now)
+                for gpu in snapshot.gpus:
+                    self._gpu(readings, gpu, snapshot.now)
         for port in latest:
-            reading = readings.ports.get((port.device, port.port))
-            if reading is None:
-                reading = readings.ports[(port.device, port.port)] = PortReading(
-                    port.device, port.port)
-            if port.state is not None:
-                reading.state = port.state
-            if port.rate_bytes_per_second is not None:
-                reading.rate_bytes_per_second = port.rate_bytes_per_second
+            self._latest(readings, port)
 
-    def _port(self, readings: NodeReadings, port: IbPortReport, now: float) -> None:
+    @staticmethod
+    def _latest(readings: NodeReadings, port: IbPortReport) -> None:
+        """A port's state and link rate, the latest report's.
+
+        The frozen values are made again only when one changes: every report carries
+        them, and most change nothing.
+        """
+        reading = readings.ports.get((port.device, port.port))
+        if reading is None:
+            reading = readings.ports[(port.device, port.port)] = PortReading(
+                port.device, port.port)
+            readings.frozen = readings.health = None
+        if port.state is not None and port.state != reading.state:
+            reading.state = port.state
+            readings.frozen = readings.health = None
+        if (port.rate_bytes_per_second is not None
+                and port.rate_bytes_per_second != reading.rate_bytes_per_second):
+            reading.rate_bytes_per_second = port.rate_bytes_per_second
+            readings.frozen = readings.health = None
+
+    @staticmethod
+    def _port_reading(readings: NodeReadings, port: IbPortReport) -> PortReading:
         key = (port.device, port.port)
         reading = readings.ports.get(key)
         if reading is None:
             reading = readings.ports[key] = PortReading(port.device, port.port)
+        return reading
+
+    def _port_health(self, readings: NodeReadings, port: IbPortReport, now: float) -> bool:
+        """A port's error counters, what its health reads of a snapshot.
+
+        Whether its errors rate moved (or the port is new).
+        """
+        key = (port.device, port.port)
+        reading = readings.ports.get(key)
+        made = reading is None
+        if reading is None:
+            reading = readings.ports[key] = PortReading(port.device, port.port)
+        counters = port.counters
+        if not counters:
+            return made
+        if len(counters) != reading.counted:  # the port's error counters, named once
+            reading.counted = len(counters)
+            reading.error_names = tuple(n for n in counters if _is_error(n))
+        if not reading.error_names:
+            return made
+        before = reading.errors.value
+        reading.errors.feed(sum(counters.get(n, 0) for n in reading.error_names), now,
+                            self.tau)
+        return made or reading.errors.value != before
+
+    def _port(self, readings: NodeReadings, port: IbPortReport, now: float) -> None:
+        """A port's other counters (its errors went in with :meth:`_port_health`)."""
+        reading = self._port_reading(readings, port)
         counters, tau = port.counters, self.tau
         if not counters:
             return
@@ -338,24 +428,35 @@ class FabricMeter:
             reading.has_ecn = True
             reading.ecn.feed(ecn, now, tau)
         reading.cnp.feed(_sum(counters, CNP_COUNTERS), now, tau)
-        if len(counters) != reading.counted:  # the port's error counters, named once
-            reading.counted = len(counters)
-            reading.error_names = tuple(n for n in counters if _is_error(n))
-        if reading.error_names:
-            reading.errors.feed(sum(counters.get(n, 0) for n in reading.error_names), now, tau)
 
-    def _gpu(self, readings: NodeReadings, gpu: GpuReport, now: float) -> None:
+    @staticmethod
+    def _gpu_reading(readings: NodeReadings, gpu: GpuReport) -> GpuReading:
         reading = readings.gpus.get(gpu.index)
         if reading is None:
             reading = readings.gpus[gpu.index] = GpuReading(gpu.index)
+        return reading
+
+    def _gpu_health(self, readings: NodeReadings, gpu: GpuReport) -> bool:
+        """A GPU's ``lost`` and throttle reasons, what its health reads of a snapshot.
+
+        Whether either changed (or the GPU is new).
+        """
+        made = gpu.index not in readings.gpus
+        reading = self._gpu_reading(readings, gpu)
+        before = (reading.lost, reading.throttle_reasons)
         reading.lost = gpu.lost
+        if gpu.sm_clock_hertz is not None:  # a report with clocks says which reasons hold
+            reading.throttle_reasons = tuple(gpu.throttle_reasons)
+        return made or (reading.lost, reading.throttle_reasons) != before
+
+    def _gpu(self, readings: NodeReadings, gpu: GpuReport, now: float) -> None:
+        """A GPU's other values and rates (see :meth:`_gpu_health`)."""
+        reading = self._gpu_reading(readings, gpu)
         for name in ("utilization_ratio", "temperature_celsius", "sm_clock_hertz",
                      "sm_max_clock_hertz", "processes", "nvlinks_down"):
             value = getattr(gpu, name)
             if value is not None:
                 setattr(reading, name, value)
-        if gpu.sm_clock_hertz is not None:  # a report with clocks says which reasons hold
-            reading.throttle_reasons = tuple(gpu.throttle_reasons)
         reading.nvlink_transmit.feed(gpu.nvlink_transmitted_bytes_total, now, self.tau)
         reading.nvlink_errors.feed(_nvlink_errors(gpu), now, self.tau)
 
@@ -383,6 +484,24 @@ class FabricMeter:
             if readings.frozen is None:
                 readings.frozen = _frozen(readings)
             return readings.frozen
+
+    def health(self, name: str) -> NodeValues | None:
+        """What the health rules read of the node's readings, frozen; every rate None.
+
+        A port's state, link rate and errors, a GPU's ``lost`` and throttle reasons: the
+        values :meth:`values` has for them, worked in without the other rates (a tenth of
+        the work: the overview of 8,192 nodes reads every node every few seconds). Made
+        again only after one of them may have changed. None before a report with values.
+        """
+        with self._readings:
+            with self._inbox:
+                readings = self._nodes.get(name)
+            if readings is None:
+                return None
+            self._work_in(readings, rates=False)
+            if readings.health is None:
+                readings.health = _health_frozen(readings)
+            return readings.health
 
     def nodes(self) -> list[str]:
         with self._inbox:

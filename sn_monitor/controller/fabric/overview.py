@@ -62,7 +62,7 @@ class FleetOverview:
 
 
 @dataclass(frozen=True, slots=True)
-class _Judged:
+class JudgedNode:
     """One node judged: its row, and its ports on each rail (rail, health)."""
 
     row: list[Any]
@@ -84,7 +84,7 @@ def fleet_overview(fabric: FleetFabric, job: str | None = None) -> FleetOverview
     on_rails: dict[int, list[str]] = {}
     for name in sorted(views):
         names = jobs_of.get(name, [])
-        judged = _judge(views[name], fabric.states.get(name, views[name].state),
+        judged = judged_node(views[name], fabric.states.get(name, views[name].state),
                         by_node.get(name, []), wirings.get(name), readings.get(name), best,
                         marked, names[0] if names else None)
         for rail, health in judged.on_rails:
@@ -97,9 +97,14 @@ def fleet_overview(fabric: FleetFabric, job: str | None = None) -> FleetOverview
                                         for rail, healths in sorted(on_rails.items())})
 
 
-def _judge(view: NodeView, state: str, incidents: Sequence[Mapping[str, Any]],
-           wiring: NodeWiring | None, readings: NodeValues | None, best: Mapping[int, float],
-           marked: set[tuple[str, str]], job: str | None) -> _Judged:
+def judged_node(view: NodeView, state: str, incidents: Sequence[Mapping[str, Any]],
+                wiring: NodeWiring | None, readings: NodeValues | None,
+                best: Mapping[int, float], marked: set[tuple[str, str]],
+                job: str | None) -> JudgedNode:
+    """One node's row (module docstring), judged by the health rules.
+
+    ``best``: each rail's best link rate; ``job``: the first of the node's jobs.
+    """
     gpus = [gpu_health(view.name, i, readings.gpus.get(i) if readings else None, incidents,
                        marked) for i in gpu_indexes(view, wiring, readings)]
     ports: list[str] = []
@@ -116,7 +121,7 @@ def _judge(view: NodeView, state: str, incidents: Sequence[Mapping[str, Any]],
     row = [view.name, view.labels.get("supernode", ""), view.labels.get("rack", ""), health,
            state, "".join(LETTER[h] for h in gpus),
            "".join(LETTER[h] for _, h in sorted(node_rails.items())), job]
-    return _Judged(row, on_rails)
+    return JudgedNode(row, on_rails)
 
 
 def _worse_known(held: str | None, health: str) -> str:

@@ -70,11 +70,13 @@ class FabricWatch:
         return {"job_paces": paces, "fail_slow": named}
 
     def fabric(self, *, now: float, views: Mapping[str, NodeView], states: Mapping[str, str],
-               incidents: Sequence[Mapping[str, Any]],
-               jobs: Sequence[JobOnFabric]) -> FleetFabric:
+               incidents: Sequence[Mapping[str, Any]], jobs: Sequence[JobOnFabric],
+               health: bool = False) -> FleetFabric:
         """What the fleet graph shows (fabric.view): ``jobs`` with their paces, and more.
 
-        The wirings, rates and standing bottlenecks join what the caller gathered.
+        The wirings, rates and standing bottlenecks join what the caller gathered. With
+        ``health``, each node's readings are what the health rules read of them
+        (:meth:`~.meter.FabricMeter.health`, no rates): all the overview shows.
         """
         paced: list[JobOnFabric] = []
         with self._lock:
@@ -90,6 +92,7 @@ class FabricWatch:
                           "message": b.message} for b in self.failslow.standing.values()]
             wirings = self.finder.book.wirings()
         meter = self.finder.meter
-        readings = {name: values for name in views if (values := meter.values(name)) is not None}
+        read = meter.health if health else meter.values
+        readings = {name: values for name in views if (values := read(name)) is not None}
         return FleetFabric(now=now, views=views, states=states, incidents=incidents,
                            wirings=wirings, readings=readings, jobs=paced, fail_slow=fail_slow)

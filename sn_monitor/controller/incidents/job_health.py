@@ -194,11 +194,11 @@ class JobHealthWatch:
         """``GET /api/v1/topology``: the fleet graph, rates and bottlenecks (fabric.view)."""
         return fleet_topology(self.fabric(), job)
 
-    def fabric(self) -> FleetFabric:
+    def fabric(self, health: bool = False) -> FleetFabric:
         """What the topology shows: the fleet graph's inputs (fabric.view).
 
         The jobs are read before the fabric lock (their lock may wait on a store); see
-        :mod:`~sn_monitor.controller.failslow.fabric_watch` for the rest.
+        :mod:`~sn_monitor.controller.failslow.fabric_watch` for the rest, and ``health``.
         """
         now = self._clock.time()
         incidents = [{"id": i.id, "node": i.node, "rule": i.rule, "severity": i.severity,
@@ -214,4 +214,4 @@ class JobHealthWatch:
                             else cause.to_dict())
                 for j in self._jobs.jobs()]
         return self._fabric.fabric(now=now, views=views, states=states, incidents=incidents,
-                                   jobs=jobs)
+                                   jobs=jobs, health=health)
