@@ -274,3 +274,22 @@ def test_a_scope_narrows_the_document_to_a_rack_judged_as_in_the_whole(api: Api)
     assert rack.headers["etag"] != read(api, "/api/v1/topology").headers["etag"]
     assert read(api, "/api/v1/topology?supernode=sn0&rack=r1",
                 **{"If-None-Match": rack.headers["etag"]}).status_code == 304
+
+
+def test_the_overview_carries_the_bottlenecks_and_a_new_one_moves_its_version() -> None:
+    clock = ManualClock()
+    standing: list[dict[str, Any]] = []
+
+    def fabric() -> FleetFabric:
+        return FleetFabric(now=0.0, views={}, states={}, incidents=[], wirings={},
+                           readings={}, jobs=[], fail_slow=list(standing))
+
+    desk = TopologyDesk(fabric, clock, cpu_clock=clock.monotonic)
+    before = json.loads(desk.overview().body)
+    assert before["fail_slow"] == []
+    standing.append({"job": "llm", "node": "gpu-2", "link": "mlx5_1", "kind": "congested"})
+    clock.advance(1.0)
+    after = json.loads(desk.overview(since=before["version"]).body)
+    assert after["version"] > before["version"]
+    assert (after["full"], after["nodes"]) == (False, [])
+    assert after["fail_slow"] == standing

@@ -225,7 +225,7 @@ def _overview_body(version: int, job: str | None, overview: FleetOverview, since
                    removed: Sequence[str] = ()) -> bytes:
     doc: dict[str, Any] = {
         "version": version, "full": since is None, "since": since, "job": job,
-        "counts": overview.counts, "rails": overview.rails,
+        "counts": overview.counts, "rails": overview.rails, "fail_slow": overview.fail_slow,
         "nodes": [msgspec.Raw(row) for row in (rows.values() if isinstance(rows, Mapping)
                                                else rows)],
         "removed": list(removed),

@@ -59,7 +59,10 @@ _OVERVIEW: Final[dict[str, Any]] = {
         "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
         "rails": {"type": "object", "additionalProperties": {"type": "string"}},
         "nodes": {"type": "array", "items": _OVERVIEW_ROW},
-        "removed": {"type": "array", "items": {"type": "string"}}},
+        "removed": {"type": "array", "items": {"type": "string"}},
+        "fail_slow": {"type": "array", "items": {"type": "object"},
+                      "description": "the standing fail-slow bottlenecks, as the "
+                                     "document's fail_slow"}},
         "required": ["version", "full", "counts", "rails", "nodes", "removed"]}}}}
 
 ENDPOINTS = (
