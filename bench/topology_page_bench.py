@@ -170,6 +170,15 @@ def open_failed_card(chrome: Any, screenshot: Path) -> float:
     return took
 
 
+def browser_errors() -> tuple[type[Exception], ...]:
+    """What the browser's driver raises (a crash, a timeout), when selenium is installed."""
+    try:
+        from selenium.common.exceptions import WebDriverException
+    except ImportError:
+        return ()
+    return (WebDriverException,)
+
+
 def run_level(tmp: Path, nodes: int, core: int | None, updates: int, deadline_s: float,
               screenshot: Path) -> dict[str, Any]:
     from tests.support.browser import headless_chromium
@@ -267,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, Any] = {"meta": {"quick": args.quick, "machine": machine(),
                                         "pinning": pinning}, "levels": []}
     missing = [name for name in ("chromium", "chromedriver") if shutil.which(name) is None]
+    errors: tuple[type[Exception], ...] = (RuntimeError, OSError, *browser_errors())
     with tempfile.TemporaryDirectory(prefix="sn-topology-page-") as tmp:
         for nodes in levels:
             if missing:
@@ -278,8 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 results["levels"].append(run_level(Path(tmp), nodes, core, updates, deadline,
                                                    shot))
-            except RuntimeError as err:
-                results["levels"].append({"nodes": nodes, "error": str(err)})
+            except errors as err:
+                results["levels"].append({"nodes": nodes,
+                                          "error": f"{type(err).__name__}: {err}"})
     return finish(results, out_path, problems(results), render)
 
 
