@@ -42,6 +42,7 @@ PARTS: dict[str, str] = {
     "failslow_bench": "failslow.json",
     "topology_bench": "topology.json",
     "topology_poll_bench": "topology_poll.json",
+    "topology_page_bench": "topology_page.json",
     "body_shape_bench": "body_shape.json",
     "joblog_bench": "joblog.json",
     "torch_recovery_bench": "torch_recovery.json",

@@ -25,6 +25,7 @@ import pytest
 from bench.common import stop_session
 from bench.controller_bench import LoadSpec, Templates, _sender
 from tests.postgres import find_bindir
+from tests.support.browser import chromium
 
 pytestmark = pytest.mark.integration
 
@@ -48,6 +49,7 @@ PARTS: dict[str, set[str]] = {
     "failslow_bench": {"meta", "summary", "per_kind", "faults", "false_positives", "failures"},
     "topology_bench": {"meta", "document", "answers", "reports", "failures"},
     "topology_poll_bench": {"meta", "levels", "failures"},
+    "topology_page_bench": {"meta", "levels", "failures"},
     "body_shape_bench": {"meta", "shapes", "failures"},
     "joblog_bench": {"meta", "phases", "runs", "goal", "failures"},
 }
@@ -79,6 +81,8 @@ def test_quick_run_measures(part: str, tmp_path: Path) -> None:
         if os.environ.get("REQUIRE_POSTGRES") == "1":
             pytest.fail("PostgreSQL is not installed (REQUIRE_POSTGRES=1)")
         pytest.skip("PostgreSQL is not installed")
+    if part == "topology_page_bench":
+        chromium()  # skipped without it, failed with REQUIRE_CHROMIUM
     out = tmp_path / f"{part}.json"
     code, output = run(f"bench.{part}", "--quick", "--out", str(out),
                        log=tmp_path / f"{part}.log")

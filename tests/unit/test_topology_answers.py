@@ -255,3 +255,41 @@ def test_a_job_filter_keeps_the_jobs_nodes_and_its_own_tag(api: Api, tmp_path: P
     assert of_job.headers["etag"] != whole.headers["etag"]
     assert overview(api, "?job=llm", **{"If-None-Match": of_job.headers["etag"]}
                     ).status_code == 304
+
+
+def test_a_scope_narrows_the_document_to_a_rack_judged_as_in_the_whole(api: Api) -> None:
+    send(api, "gpu-1", 1, rack="r1", down=0)
+    send(api, "gpu-2", 1, rack="r2")
+    whole = read(api, "/api/v1/topology").json()
+    rack = read(api, "/api/v1/topology?supernode=sn0&rack=r1")
+    assert rack.status_code == 200
+    doc = rack.json()
+    assert doc["scope"] == {"supernode": "sn0", "rack": "r1"}
+    assert list(doc["nodes"]) == ["gpu-1"]
+    assert doc["nodes"]["gpu-1"] == whole["nodes"]["gpu-1"]
+    assert doc["supernodes"] == [{"name": "sn0", "racks": [{"name": "r1", "nodes": ["gpu-1"]}]}]
+    assert {p["node"] for r in doc["rails"] for p in r["ports"]} == {"gpu-1"}
+    assert read(api, "/api/v1/topology?rack=r2").json()["nodes"].keys() == {"gpu-2"}
+    assert read(api, "/api/v1/topology?supernode=sn9").json()["nodes"] == {}
+    assert rack.headers["etag"] != read(api, "/api/v1/topology").headers["etag"]
+    assert read(api, "/api/v1/topology?supernode=sn0&rack=r1",
+                **{"If-None-Match": rack.headers["etag"]}).status_code == 304
+
+
+def test_the_overview_carries_the_bottlenecks_and_a_new_one_moves_its_version() -> None:
+    clock = ManualClock()
+    standing: list[dict[str, Any]] = []
+
+    def fabric() -> FleetFabric:
+        return FleetFabric(now=0.0, views={}, states={}, incidents=[], wirings={},
+                           readings={}, jobs=[], fail_slow=list(standing))
+
+    desk = TopologyDesk(fabric, clock, cpu_clock=clock.monotonic)
+    before = json.loads(desk.overview().body)
+    assert before["fail_slow"] == []
+    standing.append({"job": "llm", "node": "gpu-2", "link": "mlx5_1", "kind": "congested"})
+    clock.advance(1.0)
+    after = json.loads(desk.overview(since=before["version"]).body)
+    assert after["version"] > before["version"]
+    assert (after["full"], after["nodes"]) == (False, [])
+    assert after["fail_slow"] == standing

@@ -20,9 +20,10 @@ def page_reads() -> list[str]:
 
 
 def test_the_page_reads_the_incidents_actions_jobs_recoveries_breaker_and_topology() -> None:
+    # the overview of every node, and the topology document of the few nodes in view
     paths = {p.split("?")[0] for p in page_reads()}
-    assert paths == {"api/v1/topology", "api/v1/incidents", "api/v1/actions", "api/v1/jobs",
-                     "api/v1/recoveries", "api/v1/breaker"}
+    assert paths == {"api/v1/topology", "api/v1/topology/overview", "api/v1/incidents",
+                     "api/v1/actions", "api/v1/jobs", "api/v1/recoveries", "api/v1/breaker"}
 
 
 def test_each_read_answers_a_read_token(tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ NICs sit on (in rail order, the worst of the node's ports on it): ``o`` ok, ``d`
 degraded, ``f`` failed, ``u`` unknown. ``job`` is the first of the node's jobs by name,
 None when it is in none. Each row is encoded on its own (bytes), so that two overviews
 compare row by row (:func:`changed_rows`): what a page that holds an older one needs.
+The standing fail-slow bottlenecks (a handful, the whole document's ``fail_slow``) come
+whole with every answer: what the page's banner and its fail-slow filter read.
 """
 
 from __future__ import annotations
@@ -49,16 +51,18 @@ _encoder = msgspec.json.Encoder()
 
 @dataclass(frozen=True, slots=True)
 class FleetOverview:
-    """Each node's row (encoded), the nodes counted by health, each rail's health."""
+    """A row per node (encoded), the counts by health, the rails, the bottlenecks."""
 
     rows: Mapping[str, bytes]
     counts: Mapping[str, int]
     rails: Mapping[str, str]
+    fail_slow: Sequence[Mapping[str, Any]] = ()
 
     def same_as(self, other: FleetOverview | None) -> bool:
-        """Whether ``other`` shows the same (rows, counts and rails)."""
+        """Whether ``other`` shows the same (rows, counts, rails and bottlenecks)."""
         return (other is not None and self.counts == other.counts
-                and self.rails == other.rails and self.rows == other.rows)
+                and self.rails == other.rails and self.fail_slow == other.fail_slow
+                and self.rows == other.rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +98,8 @@ def fleet_overview(fabric: FleetFabric, job: str | None = None) -> FleetOverview
         rows[name] = _encoder.encode(judged.row)
         counts[judged.row[3]] += 1
     return FleetOverview(rows, counts, {str(rail): rail_health(healths)
-                                        for rail, healths in sorted(on_rails.items())})
+                                        for rail, healths in sorted(on_rails.items())},
+                         [dict(b) for b in fabric.fail_slow])
 
 
 def judged_node(view: NodeView, state: str, incidents: Sequence[Mapping[str, Any]],

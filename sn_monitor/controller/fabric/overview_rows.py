@@ -214,7 +214,8 @@ class OverviewRows:
             counts[kept.health] += 1
         return FleetOverview(rows, counts, {
             str(rail): rail_health(list(healths))
-            for rail, healths in sorted(self._rail_ports.items())})
+            for rail, healths in sorted(self._rail_ports.items())},
+            [dict(b) for b in fabric.fail_slow])
 
     def _keep(self, name: str, kept: _Kept | None) -> None:
         """``kept`` as the node's row (None: none), its ports moved on the rails' counts."""

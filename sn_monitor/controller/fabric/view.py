@@ -12,6 +12,11 @@ process again and again, every thread (the event loop too) stopped a second each
 encoded with any msgspec JSON encoder, the document reads the same. Each node, GPU, port
 and rail gets a ``health`` the page colours, by the rules of
 :mod:`~sn_monitor.controller.fabric.health`.
+
+A :class:`FabricScope` narrows the document to one supernode's nodes or one rack's (what
+a page zoomed into a rack draws, a few hundred KB where the whole is ~100 MB): its nodes,
+its racks and the rails' ports on them; every health is judged against the whole fleet
+(a port's expected rate is its rail's best anywhere), so a node reads the same in both.
 """
 
 from __future__ import annotations
@@ -80,12 +85,29 @@ class FleetFabric:
         return {node: sorted(names) for node, names in jobs_of.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class FabricScope:
+    """The nodes a document shows: those of a supernode, of a rack, or both (None: any)."""
+
+    supernode: str | None = None
+    rack: str | None = None
+
+    def holds(self, view: NodeView) -> bool:
+        """Whether the node ``view`` is in the scope (an unlabelled node's label is "")."""
+        return ((self.supernode is None or view.labels.get("supernode", "") == self.supernode)
+                and (self.rack is None or view.labels.get("rack", "") == self.rack))
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"supernode": self.supernode, "rack": self.rack}
+
+
 def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def fleet_topology(fabric: FleetFabric, job: str | None = None) -> dict[str, Any]:
-    """The ``/api/v1/topology`` document (see the module docstring).
+def fleet_topology(fabric: FleetFabric, job: str | None = None,
+                   scope: FabricScope | None = None) -> dict[str, Any]:
+    """The ``/api/v1/topology`` document (see the module docstring), of ``scope``'s nodes.
 
     ``nodes`` maps each node to its part, already encoded (``msgspec.Raw``).
     """
@@ -99,6 +121,8 @@ def fleet_topology(fabric: FleetFabric, job: str | None = None) -> dict[str, Any
     tree: dict[str, dict[str, list[str]]] = {}
     for name in sorted(views):
         view = views[name]
+        if scope is not None and not scope.holds(view):
+            continue
         supernode = view.labels.get("supernode", "")
         rack = view.labels.get("rack", "")
         tree.setdefault(supernode, {}).setdefault(rack, []).append(name)
@@ -111,6 +135,7 @@ def fleet_topology(fabric: FleetFabric, job: str | None = None) -> dict[str, Any
     return {
         "time": fabric.now,
         "job": job,
+        "scope": None if scope is None else scope.to_dict(),
         "supernodes": [{"name": sn, "racks": [{"name": r, "nodes": members}
                                               for r, members in sorted(racks.items())]}
                        for sn, racks in sorted(tree.items())],

@@ -24,6 +24,7 @@ from sn_monitor.controller.actions.routing import Drivers, NoDriver
 from sn_monitor.controller.actions.runner import ActionRunner
 from sn_monitor.controller.audit import ActionRecord, ActionRequest
 from sn_monitor.controller.fabric.meter import FABRIC_METRICS
+from sn_monitor.controller.fabric.view import FabricScope
 from sn_monitor.controller.failslow.fabric_watch import FabricWatch
 from sn_monitor.controller.failslow.finder import BottleneckFinder
 from sn_monitor.controller.failslow.watch import FailSlowWatch
@@ -376,9 +377,9 @@ class Controller:
         # copies it into memory every NODE_REFRESH_SECONDS: read here (FleetState.summary).
         return self.fleet.summary(self.store_health.attempt(self.store.cordoned_by_us))
 
-    def topology(self, job: str | None = None) -> Edition:
+    def topology(self, job: str | None = None, scope: FabricScope | None = None) -> Edition:
         """``GET /api/v1/topology``: built once for every viewer (:class:`TopologyDesk`)."""
-        return self.topology_desk.document(job)
+        return self.topology_desk.document(job, scope)
 
     def topology_overview(self, job: str | None, since: int | None) -> Edition:
         return self.topology_desk.overview(job, since)

@@ -4,7 +4,8 @@
 and ``GET /api/v1/topology/overview`` (a row per node,
 :mod:`~sn_monitor.controller.fabric.overview`) are read by every open page every few
 seconds; at 8,192 nodes the document takes seconds to build and is ~100 MB. The desk
-keeps, per job filter, the latest of each, encoded (an :class:`Edition`), and answers
+keeps, per job filter (and, for the document, per scope: a supernode or a rack), the
+latest of each, encoded (an :class:`Edition`), and answers
 every request from it. What holds:
 
 - **One build for all.** A kind's answer for one filter is built at most once per
@@ -31,8 +32,8 @@ every request from it. What holds:
   (``"full": true``).
 - **Compressed once.** An edition's gzip is made on the first request that accepts it,
   and kept with it.
-- **Bounded.** At most ``MAX_FILTERS`` job filters are kept per kind, the least recently
-  asked dropped first.
+- **Bounded.** At most ``MAX_FILTERS`` filters (job, scope) are kept per kind, the least
+  recently asked dropped first.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ import msgspec
 from sn_monitor.clock import Clock
 from sn_monitor.controller.fabric.overview import FleetOverview, changed_rows
 from sn_monitor.controller.fabric.overview_rows import OverviewRows
-from sn_monitor.controller.fabric.view import FleetFabric, fleet_topology
+from sn_monitor.controller.fabric.view import FabricScope, FleetFabric, fleet_topology
 
 #: The least time between two builds of one answer, seconds.
 DEFAULT_PERIOD_SECONDS = 1.0
@@ -115,6 +116,9 @@ class _OverviewShelf(_Shelf):
 
 
 _S = TypeVar("_S", bound=_Shelf)
+_K = TypeVar("_K")
+#: A document's filter: the job it highlights, the part of the fleet it shows.
+_DocumentKey = tuple[str | None, FabricScope | None]
 
 
 class TopologyDesk:
@@ -135,19 +139,19 @@ class TopologyDesk:
         self._history = history
         self._versions = itertools.count(int(clock.time() * 1000))
         self._shelves_lock = threading.Lock()
-        self._documents: OrderedDict[str | None, _DocumentShelf] = OrderedDict()
+        self._documents: OrderedDict[_DocumentKey, _DocumentShelf] = OrderedDict()
         self._overviews: OrderedDict[str | None, _OverviewShelf] = OrderedDict()
         #: Each node's overview row, kept between builds (every job filter shares them).
         self.rows = OverviewRows()
         #: How many answers were built (documents and overviews), for tests and benches.
         self.builds = 0
 
-    def document(self, job: str | None = None) -> Edition:
-        """The whole topology document (``job``: the job the page highlights)."""
-        shelf = self._shelf(self._documents, job, _DocumentShelf)
+    def document(self, job: str | None = None, scope: FabricScope | None = None) -> Edition:
+        """The topology document (``job``: the job the page highlights) of ``scope``'s nodes."""
+        shelf = self._shelf(self._documents, (job, scope), _DocumentShelf)
         with shelf.lock:
             if shelf.edition is None or self._due(shelf):
-                self._timed(shelf, lambda: self._build_document(shelf, job))
+                self._timed(shelf, lambda: self._build_document(shelf, job, scope))
             assert shelf.edition is not None
             return shelf.edition
 
@@ -161,15 +165,14 @@ class TopologyDesk:
 
     # ------------------------------------------------------------------ building
 
-    def _shelf(self, shelves: OrderedDict[str | None, _S], job: str | None,
-               make: Callable[[], _S]) -> _S:
+    def _shelf(self, shelves: OrderedDict[_K, _S], key: _K, make: Callable[[], _S]) -> _S:
         with self._shelves_lock:
-            shelf = shelves.get(job)
+            shelf = shelves.get(key)
             if shelf is None:
-                shelf = shelves[job] = make()
+                shelf = shelves[key] = make()
                 while len(shelves) > MAX_FILTERS:
                     shelves.popitem(last=False)
-            shelves.move_to_end(job)
+            shelves.move_to_end(key)
             return shelf
 
     def _due(self, shelf: _Shelf) -> bool:
@@ -184,8 +187,9 @@ class TopologyDesk:
         shelf.built_at = started
         shelf.took = self._cpu_clock() - cpu
 
-    def _build_document(self, shelf: _DocumentShelf, job: str | None) -> None:
-        doc = fleet_topology(self._fabric(), job)
+    def _build_document(self, shelf: _DocumentShelf, job: str | None,
+                        scope: FabricScope | None) -> None:
+        doc = fleet_topology(self._fabric(), job, scope)
         digest = hashlib.blake2b(_encoder.encode({k: v for k, v in doc.items() if k != "time"}),
                                  digest_size=12).hexdigest()
         if shelf.edition is None or shelf.edition.etag != _etag(digest, job):
@@ -231,7 +235,7 @@ def _overview_body(version: int, job: str | None, overview: FleetOverview, since
                    removed: Sequence[str] = ()) -> bytes:
     doc: dict[str, Any] = {
         "version": version, "full": since is None, "since": since, "job": job,
-        "counts": overview.counts, "rails": overview.rails,
+        "counts": overview.counts, "rails": overview.rails, "fail_slow": overview.fail_slow,
         "nodes": [msgspec.Raw(row) for row in (rows.values() if isinstance(rows, Mapping)
                                                else rows)],
         "removed": list(removed),

@@ -12,12 +12,15 @@ from sn_monitor.controller.api.routes.call import Call
 from sn_monitor.controller.api.routes.docs import ERROR, query_param
 from sn_monitor.controller.api.routes.endpoint import Endpoint, Operation
 from sn_monitor.controller.errors import Invalid
+from sn_monitor.controller.fabric.view import FabricScope
 
 
 async def topology(call: Call) -> Response:
-    call.only_query("job")
+    call.only_query("job", "supernode", "rack")
     job, headers = call.query("job"), call.request.headers
-    return await off_loop(lambda: edition_answer(headers, call.controller.topology(job)))
+    supernode, rack = call.query("supernode"), call.query("rack")
+    scope = None if supernode is None and rack is None else FabricScope(supernode, rack)
+    return await off_loop(lambda: edition_answer(headers, call.controller.topology(job, scope)))
 
 
 async def topology_overview(call: Call) -> Response:
@@ -56,7 +59,10 @@ _OVERVIEW: Final[dict[str, Any]] = {
         "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
         "rails": {"type": "object", "additionalProperties": {"type": "string"}},
         "nodes": {"type": "array", "items": _OVERVIEW_ROW},
-        "removed": {"type": "array", "items": {"type": "string"}}},
+        "removed": {"type": "array", "items": {"type": "string"}},
+        "fail_slow": {"type": "array", "items": {"type": "object"},
+                      "description": "the standing fail-slow bottlenecks, as the "
+                                     "document's fail_slow"}},
         "required": ["version", "full", "counts", "rails", "nodes", "removed"]}}}}
 
 ENDPOINTS = (
@@ -64,10 +70,12 @@ ENDPOINTS = (
         "The fleet graph: supernodes, racks, nodes (GPUs, NICs, NVLink peers, PCIe "
         "affinity), rails, live link rates and health, jobs and fail-slow bottlenecks. "
         "Built at most once a second (longer at thousands of nodes) for every reader; "
-        "ETag / If-None-Match, gzip when asked",
+        "ETag / If-None-Match, gzip when asked. supernode= and rack= narrow it to those "
+        "nodes (a rack's wiring without the fleet's; an unlabelled node's label is empty)",
         {"200": {"description": "the fleet graph", "headers": _ENTITY,
                  "content": {"application/json": {"schema": {"type": "object"}}}},
-         **_CACHED, "422": ERROR}, parameters=[query_param("job")])),
+         **_CACHED, "422": ERROR},
+        parameters=[query_param("job"), query_param("supernode"), query_param("rack")])),
     Endpoint("GET", "/api/v1/topology/overview", "read", topology_overview, Operation(
         "The fleet at a glance: one row per node (health, state, a letter per GPU and "
         "per rail, its job), the nodes counted by health, each rail's health; with "
