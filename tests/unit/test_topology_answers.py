@@ -28,6 +28,7 @@ from sn_monitor.model import (
     Report,
     topology_digest,
 )
+from sn_monitor.rules.view import NodeView
 from tests.support.api import AGENT, READ, Api, bearer, make_api
 
 TOPOLOGY = NodeTopology(nics=[
@@ -217,7 +218,49 @@ def test_requests_that_meet_a_build_wait_for_it_and_share_it(kind: str) -> None:
     assert desk.builds == 1  # within the period: the same build
     clock.advance(1.0)
     assert read() is answers[0]  # built again, the same content: the same answer
+    assert desk.settle(30)
     assert desk.builds == 2
+
+
+class ChangingFabric:
+    """A fleet whose one node is seen ``reported`` times; a build waits on ``go`` once
+    ``hold`` is set."""
+
+    def __init__(self) -> None:
+        self.hold = False
+        self.building, self.go = threading.Event(), threading.Event()
+        self.builds = 0
+
+    def __call__(self) -> FleetFabric:
+        self.builds += 1
+        if self.hold:
+            self.building.set()
+            assert self.go.wait(30), "the test never let the build go"
+        view = NodeView(name=f"gpu-{self.builds}", labels={}, received_monotonic=0.0,
+                        received_wall=0.0)
+        return FleetFabric(now=0.0, views={view.name: view}, states={}, incidents=[],
+                           wirings={}, readings={}, jobs=[], fail_slow=[])
+
+
+@pytest.mark.parametrize("kind", ["document", "overview"])
+def test_a_read_never_waits_for_a_rebuild_it_starts_the_next_read_gets_it(kind: str) -> None:
+    clock = ManualClock()
+    fabric = ChangingFabric()
+    # wait_under=0: every build counts as slow (as at 8,192 nodes), none is waited for
+    desk = TopologyDesk(fabric, clock, cpu_clock=clock.monotonic, wait_under=0.0)
+    read = getattr(desk, kind)
+    first = read()
+    clock.advance(1.0)
+    fabric.hold = True
+    assert read() is first  # answered at once, the build held meanwhile
+    assert fabric.building.wait(30)
+    assert read() is first  # one build at a time: none started while one is under way
+    fabric.go.set()
+    assert desk.settle(30)
+    assert fabric.builds == 2
+    later = read()
+    assert later is not first
+    assert b"gpu-2" in later.body
 
 
 def test_a_slow_build_spaces_the_next_ones() -> None:
@@ -293,3 +336,22 @@ def test_the_overview_carries_the_bottlenecks_and_a_new_one_moves_its_version() 
     assert after["version"] > before["version"]
     assert (after["full"], after["nodes"]) == (False, [])
     assert after["fail_slow"] == standing
+
+
+def test_a_rebuild_that_fails_is_logged_and_the_answer_there_is_stays(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = ManualClock()
+    fabric = ChangingFabric()
+
+    def failing() -> FleetFabric:
+        if fabric.builds:
+            raise RuntimeError("the fleet could not be read")
+        return fabric()
+
+    desk = TopologyDesk(failing, clock, cpu_clock=clock.monotonic, wait_under=0.0,
+                        refresh=lambda build: build())
+    first = desk.document()
+    clock.advance(1.0)
+    assert desk.document() is first
+    assert "could not be built again" in caplog.text
+    assert "the fleet could not be read" in caplog.text

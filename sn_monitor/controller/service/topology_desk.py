@@ -11,11 +11,16 @@ every request from it. What holds:
 - **One build for all.** A kind's answer for one filter is built at most once per
   ``period_seconds``, and never sooner than ``1 / busy_share`` times its last build's CPU
   time (``cpu_clock``: the building thread's) after that build began, so that however
-  many pages poll, its builds take at most ``busy_share`` of a core. A request that
-  finds it due builds it (in the thread pool: the API calls the desk off the event
-  loop) while the others wait on the same lock, then read what it built. What is shown
+  many pages poll, its builds take at most ``busy_share`` of a core. What is shown
   includes live rates that every report moves, so the period, not a change, is the
   trigger; a build that finds the same content keeps its version.
+- **No request waits for a slow rebuild.** The first request for an answer builds it
+  (in the thread pool: the API calls the desk off the event loop) while the others wait
+  for that build. Once there is an answer, a request that finds it due builds it again
+  and waits only where its last build took under ``wait_under`` CPU seconds (a small
+  fleet: every answer is fresh). A slower one (8,192 nodes: a second or more) is started
+  (``refresh``: a thread of its own by default) and the request is answered what there
+  is: a page's poll must not wait for it.
 - **The overview judges what changed.** It is built from what the health rules read of
   each node (``health``: no rates, :meth:`~.meter.FabricMeter.health`), and each node's
   row is kept between builds and judged again only when its inputs changed
@@ -41,6 +46,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import itertools
+import logging
 import math
 import threading
 import time
@@ -56,10 +62,14 @@ from sn_monitor.controller.fabric.overview import FleetOverview, changed_rows
 from sn_monitor.controller.fabric.overview_rows import OverviewRows
 from sn_monitor.controller.fabric.view import FabricScope, FleetFabric, fleet_topology
 
+log = logging.getLogger(__name__)
+
 #: The least time between two builds of one answer, seconds.
 DEFAULT_PERIOD_SECONDS = 1.0
 #: The most of a core one answer's builds may take (the period grows with the build).
 DEFAULT_BUSY_SHARE = 0.08
+#: A due rebuild is waited for only where the last build took less CPU than this.
+DEFAULT_WAIT_UNDER_SECONDS = 0.05
 #: The versions of the overview kept to answer ``since``, per job filter.
 DEFAULT_HISTORY = 8
 #: The job filters kept per kind of answer.
@@ -93,7 +103,10 @@ class Edition:
 class _Shelf:
     """One kind of answer for one job filter: when it was last built, and how long it took."""
 
+    #: Held while the shelf's fields are read or changed (briefly: never during a build).
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Held by the build under way: one at a time per shelf.
+    building: threading.Lock = field(default_factory=threading.Lock)
     built_at: float = -math.inf
     #: The CPU seconds of its last build.
     took: float = 0.0
@@ -129,7 +142,9 @@ class TopologyDesk:
                  period_seconds: float = DEFAULT_PERIOD_SECONDS,
                  busy_share: float = DEFAULT_BUSY_SHARE,
                  history: int = DEFAULT_HISTORY,
-                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
+                 cpu_clock: Callable[[], float] = time.thread_time,
+                 refresh: Callable[[Callable[[], None]], None] | None = None,
+                 wait_under: float = DEFAULT_WAIT_UNDER_SECONDS) -> None:
         self._fabric = fabric
         self._health = health or fabric
         self._clock = clock
@@ -137,6 +152,8 @@ class TopologyDesk:
         self._period = period_seconds
         self._busy_share = busy_share
         self._history = history
+        self._refresh = refresh or _in_a_thread
+        self._wait_under = wait_under
         self._versions = itertools.count(int(clock.time() * 1000))
         self._shelves_lock = threading.Lock()
         self._documents: OrderedDict[_DocumentKey, _DocumentShelf] = OrderedDict()
@@ -149,19 +166,30 @@ class TopologyDesk:
     def document(self, job: str | None = None, scope: FabricScope | None = None) -> Edition:
         """The topology document (``job``: the job the page highlights) of ``scope``'s nodes."""
         shelf = self._shelf(self._documents, (job, scope), _DocumentShelf)
+        self._current(shelf, lambda: shelf.edition is not None,
+                      lambda: self._build_document(shelf, job, scope))
         with shelf.lock:
-            if shelf.edition is None or self._due(shelf):
-                self._timed(shelf, lambda: self._build_document(shelf, job, scope))
             assert shelf.edition is not None
             return shelf.edition
 
     def overview(self, job: str | None = None, since: int | None = None) -> Edition:
         """The overview (of ``job``'s nodes), whole or what changed ``since`` a version."""
         shelf = self._shelf(self._overviews, job, _OverviewShelf)
+        self._current(shelf, lambda: shelf.whole is not None,
+                      lambda: self._build_overview(shelf, job))
         with shelf.lock:
-            if shelf.whole is None or self._due(shelf):
-                self._timed(shelf, lambda: self._build_overview(shelf, job))
             return self._overview_answer(shelf, job, since)
+
+    def settle(self, timeout: float) -> bool:
+        """Wait until no build is under way (benches, tests); False after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        with self._shelves_lock:
+            shelves: list[_Shelf] = [*self._documents.values(), *self._overviews.values()]
+        for shelf in shelves:
+            if not shelf.building.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                return False
+            shelf.building.release()
+        return True
 
     # ------------------------------------------------------------------ building
 
@@ -175,6 +203,40 @@ class TopologyDesk:
             shelves.move_to_end(key)
             return shelf
 
+    def _current(self, shelf: _Shelf, answered: Callable[[], bool],
+                 build: Callable[[], None]) -> None:
+        """Make sure ``shelf`` has an answer; build the next when one is due.
+
+        With no answer yet, or a quick last build, wait for the build (this thread's, or
+        the one under way). Else never wait: a due build is handed to ``refresh``,
+        unless one is under way already.
+        """
+        with shelf.lock:
+            ready = answered()
+            if ready and not self._due(shelf):
+                return
+            quick = shelf.took < self._wait_under
+        if not ready or quick:
+            with shelf.building:
+                with shelf.lock:
+                    if answered() and not self._due(shelf):
+                        return  # built meanwhile by the request this one waited for
+                self._timed(shelf, build)
+            return
+        if shelf.building.acquire(blocking=False):
+            def run() -> None:
+                try:
+                    self._timed(shelf, build)
+                except Exception:  # the answer there is stays; the next request tries again
+                    log.exception("the topology's answer could not be built again")
+                finally:
+                    shelf.building.release()
+            try:
+                self._refresh(run)
+            except BaseException:
+                shelf.building.release()
+                raise
+
     def _due(self, shelf: _Shelf) -> bool:
         wait = max(self._period, shelf.took / self._busy_share)
         return self._clock.monotonic() - shelf.built_at >= wait
@@ -182,21 +244,33 @@ class TopologyDesk:
     def _timed(self, shelf: _Shelf, build: Callable[[], None]) -> None:
         started, cpu = self._clock.monotonic(), self._cpu_clock()
         build()
+        took = self._cpu_clock() - cpu
         with self._shelves_lock:  # two kinds or filters may be built at once
             self.builds += 1
-        shelf.built_at = started
-        shelf.took = self._cpu_clock() - cpu
+        with shelf.lock:
+            shelf.built_at = started
+            shelf.took = took
 
     def _build_document(self, shelf: _DocumentShelf, job: str | None,
                         scope: FabricScope | None) -> None:
         doc = fleet_topology(self._fabric(), job, scope)
         digest = hashlib.blake2b(_encoder.encode({k: v for k, v in doc.items() if k != "time"}),
                                  digest_size=12).hexdigest()
-        if shelf.edition is None or shelf.edition.etag != _etag(digest, job):
-            shelf.edition = Edition(_etag(digest, job), _encoder.encode(doc))
+        etag = _etag(digest, job)
+        with shelf.lock:
+            if shelf.edition is not None and shelf.edition.etag == etag:
+                return
+        edition = Edition(etag, _encoder.encode(doc))
+        with shelf.lock:
+            shelf.edition = edition
 
     def _build_overview(self, shelf: _OverviewShelf, job: str | None) -> None:
         overview = self.rows.overview(self._health(), job)
+        with shelf.lock:
+            self._shelve(shelf, job, overview)
+
+    def _shelve(self, shelf: _OverviewShelf, job: str | None, overview: FleetOverview) -> None:
+        """``overview`` as ``shelf``'s latest, under a new version if it shows anything new."""
         if overview.same_as(shelf.latest):
             return
         shelf.latest = overview
@@ -221,6 +295,11 @@ class TopologyDesk:
                 shelf.whole.etag, _overview_body(shelf.version, job, shelf.latest, since,
                                                  changed, removed))
         return update
+
+
+def _in_a_thread(build: Callable[[], None]) -> None:
+    """Run ``build`` on a thread of its own (a rebuild no request waits for)."""
+    threading.Thread(target=build, name="topology-build", daemon=True).start()
 
 
 def _etag(version: str, job: str | None) -> str:
