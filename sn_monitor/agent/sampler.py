@@ -53,8 +53,6 @@ class _Seen:
     matched: bool = False
 
 
-#: Event kinds that carry an XID code (NVML's event and the kernel log's ``Xid`` line).
-XID_KINDS = frozenset({"xid"})
 
 
 class XidLedger:
@@ -95,7 +93,8 @@ class XidLedger:
             self._recent.popleft()
         kept: list[Event] = []
         for event in events:
-            if event.kind not in XID_KINDS or event.code is None:
+            # an XID (NVML's event and the kernel log's Xid line alike) carries its code
+            if event.kind != "xid" or event.code is None:
                 kept.append(event)
                 continue
             twin = next(

@@ -355,3 +355,25 @@ def test_a_rebuild_that_fails_is_logged_and_the_answer_there_is_stays(
     assert desk.document() is first
     assert "could not be built again" in caplog.text
     assert "the fleet could not be read" in caplog.text
+
+
+def test_a_rebuild_that_cannot_start_raises_and_the_next_read_starts_it() -> None:
+    clock = ManualClock()
+    fabric = ChangingFabric()
+    refused: list[int] = []
+
+    def refresh(build: Any) -> None:
+        if not refused:
+            refused.append(1)
+            raise RuntimeError("can't start new thread")
+        build()
+
+    desk = TopologyDesk(fabric, clock, cpu_clock=clock.monotonic, wait_under=0.0,
+                        refresh=refresh)
+    first = desk.overview()
+    clock.advance(1.0)
+    with pytest.raises(RuntimeError, match="new thread"):
+        desk.overview()
+    desk.overview()  # the refused start held no build: this one runs
+    assert fabric.builds == 2
+    assert desk.overview() is not first
