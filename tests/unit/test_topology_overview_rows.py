@@ -22,6 +22,7 @@ from sn_monitor.controller.fabric.meter import FabricMeter, GpuValues, NodeValue
 from sn_monitor.controller.fabric.overview import fleet_overview
 from sn_monitor.controller.fabric.overview_rows import OverviewRows
 from sn_monitor.controller.fabric.view import FleetFabric, JobOnFabric
+from sn_monitor.controller.ingest.decode import NodeRegistry
 from sn_monitor.controller.service.topology_desk import TopologyDesk
 from sn_monitor.model import (
     GpuReport,
@@ -184,10 +185,13 @@ def test_only_the_nodes_whose_inputs_changed_are_judged_again() -> None:
         node.report()
     same(rows, fleet, (None,))
     assert rows.judged == 8
+    assert rows.looked_at == 16  # every report and reading new: every node looked at
+    same(rows, fleet, (None,))
+    assert (rows.judged, rows.looked_at) == (8, 16)  # nothing new: none looked at
     fleet.nodes["gpu-03"].state = "lost"
     fleet.open_incident("gpu-05")
     same(rows, fleet, (None,))
-    assert rows.judged == 10
+    assert (rows.judged, rows.looked_at) == (10, 18)  # only those two looked at
     slow = fleet.nodes["gpu-01"]
     slow.ports["mlx5_0"] = port("mlx5_0", rate=2 * RATE)  # rail 0's best: all judged again
     slow.remake()
@@ -406,3 +410,38 @@ def test_the_desk_builds_the_overview_from_the_health_source() -> None:
     desk.document()
     assert len(whole_reads) == 1
     assert desk.rows.judged == 4
+
+
+def test_a_report_naming_the_same_parts_is_not_read_and_one_naming_others_is() -> None:
+    """The registry keeps one ``named`` tuple while a node's reports name the same parts."""
+    registry = NodeRegistry(ManualClock(1000.0))
+
+    def accept(sequence: int, gpus: range) -> NodeView:
+        registry.accept(Report(
+            node="gpu-00", instance="i", sequence=sequence, sample_time_seconds=1000.0,
+            labels={"supernode": "sn0", "rack": "r0"},
+            gpus=[GpuReport(index=i, uuid=f"u{i}") for i in gpus],
+            infiniband=[IbPortReport(device="mlx5_0", port=1, state=4)]))
+        view = registry.get("gpu-00")
+        assert view is not None
+        return view
+
+    def fabric(view: NodeView) -> FleetFabric:
+        return FleetFabric(now=0.0, views={"gpu-00": view}, states={}, incidents=[],
+                           wirings={}, readings={}, jobs=[], fail_slow=[])
+
+    rows = OverviewRows()
+    view = accept(1, range(2))
+    named = view.named
+    assert named == ((0, 1), ("mlx5_0",))
+    assert rows.overview(fabric(view)) == fleet_overview(fabric(view))
+    looked = rows.looked_at
+    view = accept(2, range(2))
+    assert view.named is named  # the same parts: the same tuple
+    assert rows.overview(fabric(view)) == fleet_overview(fabric(view))
+    assert rows.looked_at == looked  # and the node is not looked at
+    view = accept(3, range(3))  # a GPU more
+    assert view.named == ((0, 1, 2), ("mlx5_0",))
+    shown = rows.overview(fabric(view))
+    assert shown == fleet_overview(fabric(view))
+    assert msgspec.json.decode(shown.rows["gpu-00"])[5] == "uuu"

@@ -1,4 +1,4 @@
-"""The overview kept between builds: a node is judged again only when its row may change.
+"""The overview kept between builds: a build costs what changed, not the fleet.
 
 :func:`~.overview.fleet_overview` judges every node of the fleet, every GPU and port of
 it, on every build: half a second at 8,192 nodes, nearly all of it spent on nodes whose
@@ -7,10 +7,20 @@ it was judged from, reduced to what the health rules read: its labels, state, op
 incidents (severity and GPU), standing bottlenecks, first job and wiring; of its readings
 which GPUs and ports there are, per GPU whether it is lost or slowed, per port its state,
 link rate and whether it counts errors (:func:`read_parts`); of its report which GPUs and
-NICs it names (:func:`reported_parts`). A build works these inputs out for every node
-and judges again (with :func:`~.overview.judged_node`, the same rules) only the nodes
-whose inputs differ from the kept ones. The reductions are made again only for a new
-object (the meter's frozen values and a report's lists are replaced, never changed).
+NICs it names (:func:`reported_parts`).
+
+A build looks only at the nodes whose inputs may have changed, and judges again (with
+:func:`~.overview.judged_node`, the same rules) those whose inputs differ from the kept
+ones:
+
+- the dense inputs, that every node has, are compared by identity, for they are
+  replaced, never changed: the view's labels, the meter's frozen readings, the wiring;
+  and the parts the report names (the registry keeps one ``NodeView.named`` tuple while
+  they stay the same: every node reports every few seconds, and reading 8,192 reports
+  costs more than judging them), and the state;
+- the sparse ones (incidents, bottlenecks, jobs) are compared by value with the last
+  build's.
+
 Every node is judged again when a rail's best link rate moves (a port is judged against
 its rail's best). Each rail's health is kept as a count of its ports by health, moved
 as nodes are judged again.
@@ -23,8 +33,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -38,8 +48,7 @@ from sn_monitor.controller.fabric.health import (
 from sn_monitor.controller.fabric.meter import SLOWING_REASONS, NodeValues
 from sn_monitor.controller.fabric.overview import HEALTHS, FleetOverview, judged_node
 from sn_monitor.controller.fabric.view import FleetFabric
-from sn_monitor.model import GpuReport, IbPortReport
-from sn_monitor.rules.view import NodeView
+from sn_monitor.rules.view import NodeView, named_parts
 
 _encoder = msgspec.json.Encoder()
 _UNMARKED: frozenset[str] = frozenset()
@@ -58,10 +67,12 @@ class _Read:
 
 @dataclass(frozen=True, slots=True)
 class _Reported:
-    """Which GPUs and ports a node's report names (:func:`reported_parts`), and from what."""
+    """Which GPUs and ports a node's report names (:func:`reported_parts`), and from what.
 
-    gpus: Sequence[GpuReport] | None
-    ports: Sequence[IbPortReport] | None
+    ``source``: the view's ``named`` where the registry keeps it, else its report.
+    """
+
+    source: object
     parts: tuple[Any, ...]
 
 
@@ -73,6 +84,10 @@ class _Kept:
     row: bytes
     health: str
     on_rails: tuple[tuple[int, str], ...]
+    #: The view's labels and the node's state it was judged with (what a build compares
+    #: first, to find the nodes to look at).
+    labels: Mapping[str, str]
+    state: str
 
 
 def read_parts(readings: NodeValues | None) -> tuple[Any, ...]:
@@ -89,12 +104,16 @@ def read_parts(readings: NodeValues | None) -> tuple[Any, ...]:
                   for key, p in readings.ports.items()))
 
 
-def reported_parts(gpus: Sequence[GpuReport] | None,
-                   ports: Sequence[IbPortReport] | None) -> tuple[Any, ...]:
+def reported_parts(view: NodeView) -> tuple[Any, ...]:
     """What the health rules read of a node's report: which GPUs and NICs it names."""
-    if gpus is None or ports is None:
-        return ()
-    return tuple([g.index for g in gpus]), tuple([p.device for p in ports])
+    if view.named is not None:
+        return view.named
+    return () if view.report is None else named_parts(view.report)
+
+
+def _source(view: NodeView) -> object:
+    """What a node's reported parts are made from (:class:`_Reported`)."""
+    return view.named if view.named is not None else view.report
 
 
 def _rates(readings: NodeValues | None, wiring: NodeWiring | None) -> dict[int, float]:
@@ -107,6 +126,13 @@ def _rates(readings: NodeValues | None, wiring: NodeWiring | None) -> dict[int, 
         if rail is not None and port.rate_bytes_per_second:
             rates[rail] = max(rates.get(rail, 0.0), port.rate_bytes_per_second)
     return rates
+
+
+def _differing(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
+    """The names whose value differs between ``old`` and ``new`` (one of them may lack it)."""
+    if old == new:
+        return set()
+    return {name for name in old.keys() | new.keys() if old.get(name) != new.get(name)}
 
 
 def _move(counts: dict[int, Counter[Any]], rail: int, value: Any, by: int) -> None:
@@ -127,27 +153,75 @@ class OverviewRows:
         self._read: dict[str, _Read] = {}
         self._reported: dict[str, _Reported] = {}
         self._kept: dict[str, _Kept] = {}
+        #: The sparse inputs as the last build found them, per node: its open incidents
+        #: (severity and GPU), its links marked by a bottleneck, its first job.
+        self._incidents: dict[str, tuple[Any, ...]] = {}
+        self._marks: dict[str, frozenset[str]] = {}
+        self._firsts: dict[str, str] = {}
         #: Per rail: the nodes' best link rates on it, counted (its best is the largest).
         self._rail_rates: dict[int, Counter[float]] = {}
         #: Per rail: its ports' healths, counted.
         self._rail_ports: dict[int, Counter[str]] = {}
         self._best: dict[int, float] = {}
-        #: How many nodes were judged (again), for tests and benches.
+        #: How many nodes were judged (again), and how many looked at, for tests and benches.
         self.judged = 0
+        self.looked_at = 0
 
     def overview(self, fabric: FleetFabric, job: str | None = None) -> FleetOverview:
         """:func:`~.overview.fleet_overview` of ``fabric`` (``job``), judging what changed."""
         with self._lock:
             views = fabric.views
-            for name in [n for n in self._read if n not in views]:
+            for name in self._read.keys() - views.keys():
                 self._forget(name)
-            read = {name: self._read_of(name, fabric) for name in views}
+            by_node = incidents_by_node(fabric.incidents)
+            marks: dict[str, frozenset[str]] = {}
+            marked = marked_links(fabric.fail_slow)
+            for node, link in marked:
+                marks[node] = marks.get(node, _UNMARKED) | {link}
+            jobs_of = fabric.jobs_of()
+            incidents = {node: tuple((i.get("severity"), i.get("gpu")) for i in found)
+                         for node, found in by_node.items()}
+            firsts = {node: names[0] for node, names in jobs_of.items() if names}
+            looked = self._replaced(fabric)
+            for old, new in ((self._incidents, incidents), (self._marks, marks),
+                             (self._firsts, firsts)):
+                looked |= _differing(old, new)
+            self._incidents, self._marks, self._firsts = incidents, marks, firsts
+            looked &= views.keys()
+            for name in looked:
+                self._read_of(name, fabric)
             best = {rail: max(rates) for rail, rates in self._rail_rates.items()}
             if best != self._best:  # every port on a rail is judged against its best
                 self._best = best
                 for name in list(self._kept):
                     self._keep(name, None)
-            return self._rows(fabric, read, job)
+                looked = set(views)
+            self.looked_at += len(looked)
+            for name in looked:
+                self._judge(name, fabric, by_node.get(name, []), marked)
+            return self._rows(fabric, jobs_of, job)
+
+    def _replaced(self, fabric: FleetFabric) -> set[str]:
+        """The nodes whose dense inputs were replaced since the last build, or are new.
+
+        Its view's labels, its readings and wiring (objects replaced, never changed), its
+        state; and its report, where it names other GPUs or NICs than the last (every
+        node reports every few seconds, and its report rarely names others).
+        """
+        readings, wirings, states = fabric.readings, fabric.wirings, fabric.states
+        kept, read, reported = self._kept, self._read, self._reported
+        replaced = set()
+        for name, view in fabric.views.items():
+            row, source, named = kept.get(name), read.get(name), reported.get(name)
+            if (row is None or source is None or named is None
+                    or row.labels is not view.labels
+                    or source.readings is not readings.get(name)
+                    or source.wiring is not wirings.get(name)
+                    or row.state != states.get(name, view.state)
+                    or (named.source is not _source(view)
+                        and self._reported_of(name, view).parts != named.parts)):
+                replaced.add(name)
+        return replaced
 
     def _read_of(self, name: str, fabric: FleetFabric) -> _Read:
         """What the rules read of the node's readings, made again only when they are new."""
@@ -167,51 +241,44 @@ class OverviewRows:
         return made
 
     def _reported_of(self, name: str, view: NodeView) -> _Reported:
-        """Which GPUs and NICs the node's report names, worked out only for a new list."""
-        report = view.report
-        gpus = report.gpus if report is not None else None
-        ports = report.infiniband if report is not None else None
+        """Which GPUs and NICs the node's report names, worked out only for a new source."""
+        source = _source(view)
         held = self._reported.get(name)
-        if held is not None and held.gpus is gpus and held.ports is ports:
+        if held is not None and held.source is source:
             return held
-        made = self._reported[name] = _Reported(gpus, ports, reported_parts(gpus, ports))
+        made = self._reported[name] = _Reported(source, reported_parts(view))
         return made
 
-    def _rows(self, fabric: FleetFabric, read: Mapping[str, _Read],
+    def _judge(self, name: str, fabric: FleetFabric, incidents: list[Mapping[str, Any]],
+               marked: set[tuple[str, str]]) -> None:
+        """The node's row judged again, where its inputs differ from those it was judged on."""
+        view, source = fabric.views[name], self._read[name]
+        state = fabric.states.get(name, view.state)
+        first = self._firsts.get(name)
+        inputs = (view.labels.get("supernode", ""), view.labels.get("rack", ""),
+                  view.report is None, state, self._incidents.get(name, ()),
+                  source.wiring, source.parts, self._reported_of(name, view).parts,
+                  self._marks.get(name, _UNMARKED), first)
+        kept = self._kept.get(name)
+        if kept is not None and kept.inputs == inputs:
+            if kept.labels is not view.labels:
+                self._kept[name] = replace(kept, labels=view.labels)
+            return
+        judged = judged_node(view, state, incidents, source.wiring, source.readings,
+                             self._best, marked, first)
+        self._keep(name, _Kept(inputs, _encoder.encode(judged.row), judged.row[3],
+                               tuple(judged.on_rails), view.labels, state))
+        self.judged += 1
+
+    def _rows(self, fabric: FleetFabric, jobs_of: Mapping[str, list[str]],
               job: str | None) -> FleetOverview:
-        views = fabric.views
-        by_node = incidents_by_node(fabric.incidents)
-        marked = marked_links(fabric.fail_slow)
-        marks: dict[str, frozenset[str]] = {}
-        for node, link in marked:
-            marks[node] = marks.get(node, _UNMARKED) | {link}
-        jobs_of = fabric.jobs_of()
-        rows: dict[str, bytes] = {}
+        kept = self._kept
+        names = sorted(fabric.views)
+        if job is not None:
+            names = [name for name in names if job in jobs_of.get(name, ())]
+        rows = {name: kept[name].row for name in names}
         counts = dict.fromkeys(HEALTHS, 0)
-        for name in sorted(views):
-            view, source = views[name], read[name]
-            state = fabric.states.get(name, view.state)
-            incidents = by_node.get(name, [])
-            names = jobs_of.get(name, [])
-            first = names[0] if names else None
-            inputs = (view.labels.get("supernode", ""), view.labels.get("rack", ""),
-                      view.report is None, state,
-                      tuple((i.get("severity"), i.get("gpu")) for i in incidents)
-                      if incidents else (),
-                      source.wiring, source.parts, self._reported_of(name, view).parts,
-                      marks.get(name, _UNMARKED), first)
-            kept = self._kept.get(name)
-            if kept is None or kept.inputs != inputs:
-                judged = judged_node(view, state, incidents, source.wiring, source.readings,
-                                     self._best, marked, first)
-                kept = _Kept(inputs, _encoder.encode(judged.row), judged.row[3],
-                             tuple(judged.on_rails))
-                self._keep(name, kept)
-                self.judged += 1
-            if job is not None and job not in names:
-                continue
-            rows[name] = kept.row
-            counts[kept.health] += 1
+        counts.update(Counter(kept[name].health for name in names))
         return FleetOverview(rows, counts, {
             str(rail): rail_health(list(healths))
             for rail, healths in sorted(self._rail_ports.items())},

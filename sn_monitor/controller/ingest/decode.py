@@ -37,7 +37,7 @@ import msgspec
 from sn_monitor.clock import Clock
 from sn_monitor.controller.errors import Invalid, Malformed
 from sn_monitor.model import MAX_COUNTER_NAME, EventRecord, IbPortReport, Report
-from sn_monitor.rules.view import NodeState, NodeView
+from sn_monitor.rules.view import NodeState, NodeView, named_parts
 
 #: A report's sample time this far behind the controller's clock, or more, is not taken
 #: as it is: the agent's clock is wrong, or the report is very late; either way the
@@ -349,6 +349,7 @@ class NodeRegistry:
                 view.labels = dict(report.labels)
             if report.events_only:
                 view.report = _with_events(view.report, controller_times(report, now_wall))
+                view.named = named_parts(view.report, view.named)
                 return Accepted(view, True, new_node, labels_changed)
             if (report.rules_version and view.report is not None and not report.gpus
                     and not report.infiniband and not report.network):
@@ -358,6 +359,7 @@ class NodeRegistry:
                                                  infiniband=old.infiniband,
                                                  network=old.network)
             view.report = controller_times(report, now_wall)
+            view.named = named_parts(report, view.named)
             view.received_monotonic = now_mono
             view.received_wall = now_wall
             return Accepted(view, True, new_node, labels_changed)
