@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from sn_monitor.clock import ManualClock
-from sn_monitor.controller.fabric.view import FleetFabric
+from sn_monitor.controller.fabric.view import FabricScope, FleetFabric
 from sn_monitor.controller.jobs.spec import job_from_json
 from sn_monitor.controller.service.topology_desk import TopologyDesk
 from sn_monitor.model import (
@@ -50,14 +50,14 @@ def api(tmp_path: Path) -> Any:
 
 
 def send(api: Api, node: str, seq: int, *, down: int | None = None,
-         gpus: list[GpuReport] | None = None, rack: str = "r1") -> None:
+         gpus: list[GpuReport] | None = None, rack: str = "r1", rate: float = 5e10) -> None:
     """A report of ``node`` (its rail ``down`` not ACTIVE), carrying its topology."""
     report = Report(
         node=node, instance="i", sequence=seq, sample_time_seconds=api.h.clock.time(),
         labels={"supernode": "sn0", "rack": rack}, topology_digest=DIGEST, topology=TOPOLOGY,
         gpus=gpus or [], infiniband=[
             IbPortReport(device=f"mlx5_{i}", port=1, state=1 if i == down else 4,
-                         rate_bytes_per_second=5e10, counters={"transmitted_bytes": seq})
+                         rate_bytes_per_second=rate, counters={"transmitted_bytes": seq})
             for i in range(2)])
     answer = api.client.post("/api/v1/reports", content=msgspec.json.encode(report),
                              headers=bearer(AGENT))
@@ -317,6 +317,21 @@ def test_a_scope_narrows_the_document_to_a_rack_judged_as_in_the_whole(api: Api)
     assert rack.headers["etag"] != read(api, "/api/v1/topology").headers["etag"]
     assert read(api, "/api/v1/topology?supernode=sn0&rack=r1",
                 **{"If-None-Match": rack.headers["etag"]}).status_code == 304
+
+
+def test_a_rack_reads_the_rates_of_its_own_nodes_and_the_rails_best_of_all(api: Api) -> None:
+    send(api, "gpu-1", 1, rack="r1")
+    send(api, "gpu-2", 1, rack="r2", rate=1e11)  # rail 0 and 1's best: in another rack
+    scoped = api.h.controller.job_health.fabric(scope=FabricScope(rack="r1"))
+    meter = api.h.controller.fabric.finder.meter
+    assert scoped.readings["gpu-1"] is meter.values("gpu-1")
+    assert scoped.readings["gpu-2"] is meter.health("gpu-2")  # no rates: not drawn
+    whole = read(api, "/api/v1/topology").json()
+    rack = read(api, "/api/v1/topology?rack=r1").json()
+    assert rack["nodes"]["gpu-1"] == whole["nodes"]["gpu-1"]
+    ports = [p for nic in rack["nodes"]["gpu-1"]["nics"] for p in nic["ports"]]
+    assert {p["health"] for p in ports} == {"degraded"}  # slower than the rail's best
+    assert {p["max_rate_bytes_per_second"] for p in ports} == {1e11}
 
 
 def test_the_overview_carries_the_bottlenecks_and_a_new_one_moves_its_version() -> None:

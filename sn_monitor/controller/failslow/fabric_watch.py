@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from sn_monitor.controller.fabric.view import FleetFabric, JobOnFabric
+from sn_monitor.controller.fabric.meter import NodeValues
+from sn_monitor.controller.fabric.view import FabricScope, FleetFabric, JobOnFabric
 from sn_monitor.controller.failslow.finder import BottleneckFinder
 from sn_monitor.controller.failslow.watch import FailSlowWatch, JobPace
 from sn_monitor.model import Report
@@ -71,12 +72,14 @@ class FabricWatch:
 
     def fabric(self, *, now: float, views: Mapping[str, NodeView], states: Mapping[str, str],
                incidents: Sequence[Mapping[str, Any]], jobs: Sequence[JobOnFabric],
-               health: bool = False) -> FleetFabric:
+               health: bool = False, scope: FabricScope | None = None) -> FleetFabric:
         """What the fleet graph shows (fabric.view): ``jobs`` with their paces, and more.
 
         The wirings, rates and standing bottlenecks join what the caller gathered. With
         ``health``, each node's readings are what the health rules read of them
-        (:meth:`~.meter.FabricMeter.health`, no rates): all the overview shows.
+        (:meth:`~.meter.FabricMeter.health`, no rates): all the overview shows. With
+        ``scope``, so are those of the nodes out of it (a document of one rack reads
+        the others' link rates only, for its rails' best).
         """
         paced: list[JobOnFabric] = []
         with self._lock:
@@ -92,7 +95,12 @@ class FabricWatch:
                           "message": b.message} for b in self.failslow.standing.values()]
             wirings = self.finder.book.wirings()
         meter = self.finder.meter
-        read = meter.health if health else meter.values
-        readings = {name: values for name in views if (values := read(name)) is not None}
+
+        def read(name: str, view: NodeView) -> NodeValues | None:
+            whole = not health and (scope is None or scope.holds(view))
+            return meter.values(name) if whole else meter.health(name)
+
+        readings = {name: values for name, view in views.items()
+                    if (values := read(name, view)) is not None}
         return FleetFabric(now=now, views=views, states=states, incidents=incidents,
                            wirings=wirings, readings=readings, jobs=paced, fail_slow=fail_slow)

@@ -20,7 +20,12 @@ from functools import partial
 from typing import Any
 
 from sn_monitor.clock import Clock
-from sn_monitor.controller.fabric.view import FleetFabric, JobOnFabric, fleet_topology
+from sn_monitor.controller.fabric.view import (
+    FabricScope,
+    FleetFabric,
+    JobOnFabric,
+    fleet_topology,
+)
 from sn_monitor.controller.failslow.fabric_watch import FabricWatch
 from sn_monitor.controller.failslow.watch import JobPace
 from sn_monitor.controller.incidents.fleet_state import FleetState
@@ -194,11 +199,12 @@ class JobHealthWatch:
         """``GET /api/v1/topology``: the fleet graph, rates and bottlenecks (fabric.view)."""
         return fleet_topology(self.fabric(), job)
 
-    def fabric(self, health: bool = False) -> FleetFabric:
+    def fabric(self, health: bool = False, scope: FabricScope | None = None) -> FleetFabric:
         """What the topology shows: the fleet graph's inputs (fabric.view).
 
         The jobs are read before the fabric lock (their lock may wait on a store); see
-        :mod:`~sn_monitor.controller.failslow.fabric_watch` for the rest, and ``health``.
+        :mod:`~sn_monitor.controller.failslow.fabric_watch` for the rest, ``health`` and
+        ``scope``.
         """
         now = self._clock.time()
         incidents = [{"id": i.id, "node": i.node, "rule": i.rule, "severity": i.severity,
@@ -214,4 +220,4 @@ class JobHealthWatch:
                             else cause.to_dict())
                 for j in self._jobs.jobs()]
         return self._fabric.fabric(now=now, views=views, states=states, incidents=incidents,
-                                   jobs=jobs, health=health)
+                                   jobs=jobs, health=health, scope=scope)

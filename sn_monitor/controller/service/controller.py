@@ -226,8 +226,10 @@ class Controller:
             store=self.store, store_health=self.store_health, clock=self.clock,
             cluster=self.cluster)
         self.job_desk = JobDesk(self.jobs, self.audit)
-        self.topology_desk = TopologyDesk(self.job_health.fabric, self.clock,
-                                          health=partial(self.job_health.fabric, health=True))
+        self.topology_desk = TopologyDesk(
+            self.job_health.fabric, self.clock,
+            health=partial(self.job_health.fabric, health=True),
+            scoped=lambda scope: self.job_health.fabric(scope=scope))
         self.snapshot = MetricsSnapshot(
             fleet=self.fleet, registry=self.registry, store=self.store,
             store_health=self.store_health, runner=self.runner, policy=self.policy,

@@ -21,6 +21,8 @@ every request from it. What holds:
   fleet: every answer is fresh). A slower one (8,192 nodes: a second or more) is started
   (``refresh``: a thread of its own by default) and the request is answered what there
   is: a page's poll must not wait for it.
+- **A part costs its part.** A document of one supernode or rack reads the rates of its
+  own nodes only (``scoped``), the others' link rates for the rails' best.
 - **The overview judges what changed.** It is built from what the health rules read of
   each node (``health``: no rates, :meth:`~.meter.FabricMeter.health`), and each node's
   row is kept between builds and judged again only when its inputs changed
@@ -139,6 +141,7 @@ class TopologyDesk:
 
     def __init__(self, fabric: Callable[[], FleetFabric], clock: Clock, *,
                  health: Callable[[], FleetFabric] | None = None,
+                 scoped: Callable[[FabricScope], FleetFabric] | None = None,
                  period_seconds: float = DEFAULT_PERIOD_SECONDS,
                  busy_share: float = DEFAULT_BUSY_SHARE,
                  history: int = DEFAULT_HISTORY,
@@ -147,6 +150,7 @@ class TopologyDesk:
                  wait_under: float = DEFAULT_WAIT_UNDER_SECONDS) -> None:
         self._fabric = fabric
         self._health = health or fabric
+        self._scoped = scoped or (lambda _: fabric())
         self._clock = clock
         self._cpu_clock = cpu_clock
         self._period = period_seconds
@@ -253,7 +257,7 @@ class TopologyDesk:
 
     def _build_document(self, shelf: _DocumentShelf, job: str | None,
                         scope: FabricScope | None) -> None:
-        doc = fleet_topology(self._fabric(), job, scope)
+        doc = fleet_topology(self._fabric() if scope is None else self._scoped(scope), job, scope)
         digest = hashlib.blake2b(_encoder.encode({k: v for k, v in doc.items() if k != "time"}),
                                  digest_size=12).hexdigest()
         etag = _etag(digest, job)
