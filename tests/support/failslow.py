@@ -1,10 +1,17 @@
 """A fleet of eight simulated nodes with one topology, feeding the controller's fail-slow
-detector; used by its tests and by the topology API's."""
+detector; used by its tests and by the topology API's and page's. :class:`SlowJob` runs
+a job on them against a controller in process, at a pace a test sets."""
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
+import msgspec
+
+from sn_monitor.controller.jobs.spec import job_from_json
+from sn_monitor.controller.security.auth import OPEN_ACCESS
 from sn_monitor.model import (
     GpuReport,
     GpuTopology,
@@ -14,6 +21,7 @@ from sn_monitor.model import (
     NodeTopology,
     Report,
 )
+from tests.support.harness import Harness
 
 NODES = [f"n{i}" for i in range(8)]
 
@@ -79,3 +87,42 @@ class Fleet:
         ) for g in range(8)]
         return Report(node=node, instance="i", sequence=1, sample_time_seconds=0.0,
                       infiniband=ports, gpus=gpus, topology=TOPOLOGY, topology_digest="t")
+
+
+class SlowJob:
+    """The job ``llm`` on the eight nodes of a :class:`Fleet`, against ``h``'s controller.
+
+    :meth:`play` moves the controller's clock, 5 s at a time: every node reports its
+    counters and every rank the steps it took, at the pace given.
+    """
+
+    def __init__(self, h: Harness, checkpoints: Path) -> None:
+        self.h = h
+        doc = {"apiVersion": "training.ai/v1", "kind": "DistributedJob",
+               "metadata": {"name": "llm"},
+               "spec": {"replicas": len(NODES), "nodes": NODES,
+                        "checkpoint": {"dir": str(checkpoints)}}}
+        h.controller.jobs.add_job(job_from_json(json.dumps(doc).encode()), "test")
+        self.fleet = Fleet()
+        self.sequences = dict.fromkeys(NODES, 0)
+        self.step, self.step_at = 0, h.clock.time()
+
+    def play(self, seconds: int, step_time: float) -> None:
+        """``seconds`` of the job at ``step_time`` seconds a step."""
+        h, fleet = self.h, self.fleet
+        for _ in range(seconds // 5):
+            h.clock.advance(5.0)
+            now = h.clock.time()
+            updates = []  # the steps the ranks took in these 5 s, at the job's pace
+            while self.step_at + step_time <= now:
+                self.step_at += step_time * fleet.rng.uniform(0.99, 1.01)
+                self.step += 1
+                updates.append((self.step, min(self.step_at, now)))
+            for rank, node in enumerate(NODES):
+                self.sequences[node] += 1
+                report = msgspec.structs.replace(
+                    fleet.report(node, 5.0), node=node, sequence=self.sequences[node],
+                    sample_time_seconds=now)
+                h.controller.ingest(msgspec.json.encode(report), OPEN_ACCESS, None)
+                h.controller.jobs.progress("llm", rank, node, len(NODES), updates, None)
+            h.controller.sweep()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,6 @@ from typing import Any
 import msgspec
 import pytest
 
-from sn_monitor.controller.jobs.spec import job_from_json
 from sn_monitor.controller.security.auth import OPEN_ACCESS
 from sn_monitor.model import (
     IbPortReport,
@@ -21,7 +19,7 @@ from sn_monitor.model import (
     topology_digest,
 )
 from tests.support.api import AGENT, Api, bearer, make_api
-from tests.support.failslow import NODES, Fleet
+from tests.support.failslow import SlowJob
 
 TOPOLOGY = NodeTopology(nics=[
     NicTopology(device=f"mlx5_{i}", role="rail", rail=i,
@@ -132,33 +130,8 @@ def test_topology_needs_a_reader_and_takes_only_job(api: Api) -> None:
 def test_a_slow_job_opens_one_fail_slow_incident_naming_the_link(api: Api,
                                                                   tmp_path: Path) -> None:
     h = api.h
-    doc = {"apiVersion": "training.ai/v1", "kind": "DistributedJob",
-           "metadata": {"name": "llm"},
-           "spec": {"replicas": len(NODES), "nodes": NODES,
-                    "checkpoint": {"dir": str(tmp_path / "ckpt")}}}
-    h.controller.jobs.add_job(job_from_json(json.dumps(doc).encode()), "test")
-    fleet = Fleet()
-    seq = {n: 0 for n in NODES}
-    step, step_at = 0, h.clock.time()
-
-    def play(seconds: int, step_time: float) -> None:
-        nonlocal step, step_at
-        for _ in range(seconds // 5):
-            h.clock.advance(5.0)
-            now = h.clock.time()
-            updates = []  # the steps the ranks took in these 5 s, at the job's pace
-            while step_at + step_time <= now:
-                step_at += step_time * fleet.rng.uniform(0.99, 1.01)
-                step += 1
-                updates.append((step, min(step_at, now)))
-            for rank, node in enumerate(NODES):
-                seq[node] += 1
-                report = msgspec.structs.replace(
-                    fleet.report(node, 5.0), node=node, sequence=seq[node],
-                    sample_time_seconds=now)
-                h.controller.ingest(msgspec.json.encode(report), OPEN_ACCESS, None)
-                h.controller.jobs.progress("llm", rank, node, len(NODES), updates, None)
-            h.controller.sweep()
+    job = SlowJob(h, tmp_path / "ckpt")
+    fleet, play = job.fleet, job.play
 
     play(300, 2.0)
     assert [i for i in h.controller.list_incidents("open", None, 100)] == []
