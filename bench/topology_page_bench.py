@@ -23,6 +23,9 @@ and the figures are read through the DevTools protocol and from the page itself:
 - **bytes per update and the overview's GET**: the Resource Timing entries of the page's
   overview reads (encoded body bytes, request to end of answer), the first (whole) one
   apart;
+- **the first screen**: the failed node's cell red and the rail of the port down amber on
+  its rack's strip, each inside the window, as the page lays them out (``cell``,
+  ``strip``);
 - **a node's card**: seconds from a click on the "failed" count to the first failed
   node's card with its GPUs (its rack's wiring read and drawn), a screenshot of it beside
   the first screen's (``-rack``).
@@ -58,6 +61,7 @@ from bench.common import (
 from bench.controller_bench import ControllerProcess, pick_cores
 from bench.simulate_bench import scenario_text
 from bench.topology_poll_bench import INTERVAL_S, wait_for_fleet
+from sn_monitor.sim.fleet import node_labels, node_name
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The issue's goals.
@@ -68,6 +72,9 @@ UPDATE_BYTES_GOAL = 1_000_000
 GET_GOAL_MS = 500.0
 #: The node whose GPU falls off the bus, and the one whose rail port goes down (indexes).
 FAILED_INDEX, PORT_DOWN_INDEX = 3, 5
+#: The rail of that port (``mlx5_3``), and the page's colours of failed and degraded.
+DOWN_RAIL = 3
+RED, AMBER = "#e5484d", "#e5a50a"
 
 _PAGE_STATE = """
 const m = window.snTopology;
@@ -116,7 +123,7 @@ def heap(chrome: Any) -> dict[str, float]:
             "runtime_heap_used_bytes": usage["usedSize"], "dom_nodes": metrics.get("Nodes", 0)}
 
 
-def measure_page(chrome: Any, url: str, updates: int, deadline_s: float,
+def measure_page(chrome: Any, url: str, nodes: int, updates: int, deadline_s: float,
                  screenshot: Path) -> dict[str, Any]:
     """Open the page and read its figures (module docstring)."""
     chrome.execute_cdp_cmd("Performance.enable", {})
@@ -135,7 +142,8 @@ def measure_page(chrome: Any, url: str, updates: int, deadline_s: float,
     # the first screen once its panels are read too (what a person sees on opening it)
     screenshot.parent.mkdir(parents=True, exist_ok=True)
     chrome.save_screenshot(str(screenshot))
-    figures = heap(chrome)  # before the zoom below reads a rack's wiring
+    figures: dict[str, Any] = {**heap(chrome),  # before the zoom below reads a rack's wiring
+                               "first_screen": first_screen(chrome, nodes)}
     reads = last["reads"]
     after_first = [r for r in reads[1:] if r["bytes"] > 0]
     figures["card_s"] = open_failed_card(chrome, screenshot.with_name(
@@ -154,6 +162,30 @@ def measure_page(chrome: Any, url: str, updates: int, deadline_s: float,
         **figures,
         "screenshot": str(screenshot),
     }
+
+
+def first_screen(chrome: Any, nodes: int) -> dict[str, bool]:
+    """What the first screen shows of the two faults, read from the page's own layout.
+
+    The failed node's cell red, and the rail of the port down amber on its rack's strip,
+    each wholly inside the window (no scroll, no click).
+    """
+    failed, down = node_name(FAILED_INDEX, nodes), node_name(PORT_DOWN_INDEX, nodes)
+    labels = node_labels(PORT_DOWN_INDEX)
+    cell = chrome.execute_script("return window.snTopology.cell(arguments[0])", failed)
+    strip = chrome.execute_script("return window.snTopology.strip(arguments[0], arguments[1])",
+                                  labels["supernode"], labels["rack"])
+    down_cell = chrome.execute_script("return window.snTopology.cell(arguments[0])", down)
+    width, height = chrome.execute_script("return [window.innerWidth, window.innerHeight]")
+
+    def in_view(c: dict[str, Any] | None) -> bool:
+        return c is not None and min(c["left"], c["top"]) >= 0 and \
+            c["left"] + c["size"] <= width and c["top"] + c["size"] <= height
+
+    colours = strip["colours"] if strip else []
+    return {"failed_red": bool(cell) and cell["colour"] == RED, "failed_in_view": in_view(cell),
+            "rail_amber": len(colours) > DOWN_RAIL and colours[DOWN_RAIL] == AMBER,
+            "port_down_in_view": in_view(down_cell)}
 
 
 def open_failed_card(chrome: Any, screenshot: Path) -> float:
@@ -204,7 +236,7 @@ def run_level(tmp: Path, nodes: int, core: int | None, updates: int, deadline_s:
         profile.mkdir()
         with headless_chromium(profile) as chrome:
             out.update(measure_page(chrome, f"http://127.0.0.1:{controller.port}/ui/topology",
-                                    updates, deadline_s, screenshot))
+                                    nodes, updates, deadline_s, screenshot))
         if not out["updates"]:
             out["error"] = f"the page applied no update within {deadline_s:g} s"
     finally:
@@ -223,8 +255,8 @@ def render(results: dict[str, Any]) -> str:
     lines = [f"controller {results['meta']['pinning']}",
              "| nodes | first render ms | update ms p50 / max (apply p50) | updates | "
              "JS heap MB | update bytes p50 / max | first read KB | overview GET p50 / max ms "
-             "| 304 of polls | failed count to card s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| 304 of polls | failed count to card s | first screen: failed red, rail amber |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for level in results["levels"]:
         if "first_render_ms" not in level:
             lines.append(f"| {level['nodes']} | not measured: {level.get('error', '')[:200]} |")
@@ -240,12 +272,23 @@ def render(results: dict[str, Any]) -> str:
             f"{fmt(pct([float(b) for b in sizes], 50), 0)} / {max(sizes, default=0)} | "
             f"{first['bytes'] / 1e3:.0f} | {fmt(pct(gets, 50), 0)} / "
             f"{fmt(max(gets, default=None), 0)} | {level['not_modified']} of "
-            f"{max(len(gets) - 1, 0)} | {fmt(level['card_s'], 1)} |")
+            f"{max(len(gets) - 1, 0)} | {fmt(level['card_s'], 1)} | "
+            f"{_seen(level['first_screen'], 'failed')}, "
+            f"{_seen(level['first_screen'], 'rail')} |")
     lines.append(f"goals: first render <= {FIRST_RENDER_GOAL_MS:g} ms, an update <= "
                  f"{UPDATE_GOAL_MS:g} ms, JS heap <= {HEAP_GOAL_BYTES / 1e6:g} MB, <= "
                  f"{UPDATE_BYTES_GOAL / 1e6:g} MB an update, GET p50 <= {GET_GOAL_MS:g} ms "
                  "(bytes: encoded, gzip when the controller sent it)")
     return "\n".join(lines)
+
+
+def _seen(screen: dict[str, bool], fault: str) -> str:
+    """"in view" where the fault shows in its colour inside the first window, else what not."""
+    coloured = screen["failed_red"] if fault == "failed" else screen["rail_amber"]
+    shown = screen["failed_in_view"] if fault == "failed" else screen["port_down_in_view"]
+    if coloured and shown:
+        return "in view"
+    return "NOT " + ("coloured" if not coloured else "in view")
 
 
 def problems(results: dict[str, Any]) -> list[str]:
