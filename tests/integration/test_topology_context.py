@@ -26,7 +26,7 @@ import requests
 import yaml
 
 from tests.integration.cluster import ROOT, Cluster
-from tests.support.browser import console_errors, headless_chromium, wait_page
+from tests.support.browser import console_errors, wait_page
 
 pytestmark = pytest.mark.integration
 
@@ -50,12 +50,6 @@ CONFIG = {"policy": {"approval": ["evict"],
 #: The agents' remediation (a reboot would repair the node and close its incident) is a
 #: dry run, as on real hardware: the broken nodes stay broken while the page is read.
 DRY_REMEDIES = {"remediation": {"mode": "dry-run"}}
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
-    with headless_chromium(tmp_path) as chrome:
-        yield chrome
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.api import READ, Api, make_api
-from tests.support.browser import console_errors, headless_chromium, wait_page
+from tests.support.browser import console_errors, wait_page
 from tests.support.failslow import SlowJob
 from tests.support.tls import Server
 
@@ -37,12 +37,6 @@ class Served:
 
     def logs(self) -> str:
         return "(the controller runs in this process: its log is pytest's)"
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
-    with headless_chromium(tmp_path) as chrome:
-        yield chrome
 
 
 @pytest.fixture

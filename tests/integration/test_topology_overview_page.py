@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.integration.cluster import ROOT
-from tests.support.browser import console_errors, headless_chromium, wait_page
+from tests.support.browser import console_errors, wait_page
 from tests.support.simulate import Controller, running, running_controller
 
 pytestmark = pytest.mark.integration
@@ -39,12 +39,6 @@ faults:
   - {{at: 1s, node: {int(PORT_DOWN[4:]) - FIRST}, fault: ib-port-down, device: {DEVICE}}}
 """
 RED, AMBER, GREEN = "#e5484d", "#e5a50a", "#2fb36b"
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
-    with headless_chromium(tmp_path) as chrome:
-        yield chrome
 
 
 @pytest.fixture

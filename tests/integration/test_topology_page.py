@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.integration.cluster import ROOT, Cluster
-from tests.support.browser import console_errors, headless_chromium, wait_page
+from tests.support.browser import console_errors, wait_page
 
 pytestmark = pytest.mark.integration
 
@@ -29,12 +29,6 @@ RAILS = 8
 #: The port the test takes down.
 NODE, DEVICE = "sim-2", "mlx5_3"
 RED = "#e5484d"
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
-    with headless_chromium(tmp_path) as chrome:
-        yield chrome
 
 
 @pytest.fixture
