@@ -29,7 +29,7 @@ from sn_monitor.model import (
     topology_digest,
 )
 from sn_monitor.rules.view import NodeView
-from tests.support.api import AGENT, READ, Api, bearer, make_api
+from tests.support.api import AGENT, READ, Api, bearer
 
 TOPOLOGY = NodeTopology(nics=[
     NicTopology(device=f"mlx5_{i}", role="rail", rail=i,
@@ -39,14 +39,6 @@ TOPOLOGY = NodeTopology(nics=[
 DIGEST = topology_digest(TOPOLOGY)
 LETTER = {"ok": "o", "degraded": "d", "failed": "f", "unknown": "u"}
 PLAIN = {"Accept-Encoding": "identity"}
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Any:
-    made, h = make_api(tmp_path)
-    yield made
-    h.controller.close()
-    h.store.close()
 
 
 def send(api: Api, node: str, seq: int, *, down: int | None = None,

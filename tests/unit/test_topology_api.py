@@ -18,7 +18,7 @@ from sn_monitor.model import (
     Report,
     topology_digest,
 )
-from tests.support.api import AGENT, Api, bearer, make_api
+from tests.support.api import AGENT, Api, bearer
 from tests.support.failslow import SlowJob
 
 TOPOLOGY = NodeTopology(nics=[
@@ -27,14 +27,6 @@ TOPOLOGY = NodeTopology(nics=[
                                        link_layer="InfiniBand", rate_bytes_per_second=5e10)])
     for i in range(2)])
 DIGEST = topology_digest(TOPOLOGY)
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Any:
-    made, h = make_api(tmp_path)
-    yield made
-    h.controller.close()
-    h.store.close()
 
 
 def send(api: Api, node: str, seq: int, when: float, **kw: Any) -> dict[str, Any]:
