@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 
-from sn_monitor.controller.fabric.meter import FabricMeter
+from sn_monitor.controller.fabric.meter import FabricMeter, Rate
 from sn_monitor.controller.failslow.finder import BottleneckFinder, FailSlowSettings
 from sn_monitor.controller.failslow.steps import StepTrend, TrendSettings
 from sn_monitor.model import (
@@ -211,3 +212,54 @@ def test_a_bad_fail_slow_setting_names_the_file_key_and_line(tmp_path):
     path.write_text("fail_slow: {trend: {min_slowdown: 0.1}, confirm: 3}\n")
     settings = load_controller_settings(path).fail_slow
     assert (settings.trend.min_slowdown, settings.confirm) == (0.1, 3)
+
+
+def test_a_rate_at_rest_moves_only_its_time_and_reads_as_the_whole_computation() -> None:
+    """A counter that stops after moving, and moves again: every reading is the smoothed
+    rate computed in full (the short way for a counter at rest changes nothing), and one
+    at rest long enough reads 0."""
+    rate, tau = Rate(), 15.0
+    totals = [0, 100, 100, 100, 100, 250, 250, 250, 250, 250, 250, 400]
+    value: float | None = None
+    for i, total in enumerate(totals):
+        rate.feed(total, 2.0 * i, tau)
+        if i:
+            step = (total - totals[i - 1]) / 2.0
+            value = step if value is None else value + (1 - math.exp(-2.0 / tau)) * (step - value)
+            assert rate.latest == step
+        assert rate.value == value
+    at = 2.0 * len(totals)
+    while rate.value:  # at rest: decays to 0.0 (not to the smallest float) in minutes
+        rate.feed(400, at, tau)
+        at += 2.0
+        assert rate.latest == 0.0
+        assert at < 2.0 * len(totals) + 30 * tau
+    assert rate.value == 0.0
+    rate.feed(400, 1e6, tau)  # at rest: only the time moves
+    rate.feed(430, 1e6 + 3.0, tau)
+    assert rate.latest == 10.0
+    assert rate.value == pytest.approx(10.0 * (1 - math.exp(-0.2)))
+
+
+def test_a_port_that_counted_errors_once_is_healthy_again_minutes_later() -> None:
+    meter = FabricMeter(every_seconds=0)
+
+    def report(errors: int, at: float) -> Report:
+        port = IbPortReport(device="mlx5_0", port=1, state=4, rate_bytes_per_second=5e10,
+                            counters={"symbol_error": errors, "port_xmit_data": 0})
+        return Report(node="n", instance="i", sequence=1, sample_time_seconds=at,
+                      infiniband=[port])
+
+    meter.observe(report(0, 0.0), 0.0)
+    meter.observe(report(3, 2.0), 2.0)  # a burst of errors
+    health = meter.health("n")
+    assert health is not None
+    assert (health.ports[("mlx5_0", 1)].errors_per_second or 0) > 0
+    at = 2.0
+    while at < 20 * 60:  # twenty minutes at rest, a report every two seconds
+        at += 2.0
+        meter.observe(report(3, at), at)
+        meter.health("n")
+    health = meter.health("n")
+    assert health is not None
+    assert health.ports[("mlx5_0", 1)].errors_per_second == 0.0

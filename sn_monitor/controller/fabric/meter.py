@@ -81,6 +81,12 @@ DEFAULT_TAU_SECONDS = 15.0
 DEFAULT_EVERY_SECONDS = 4.5
 
 
+#: A smoothed rate under this (per second: one event in some thirty years) is 0. Its
+#: exponential decay never reaches 0 alone (it stops at the smallest float), and a port
+#: that counted one error would read as counting errors for ever.
+NEGLIGIBLE_RATE = 1e-9
+
+
 class Rate:
     """One cumulative counter's smoothed rate per second."""
 
@@ -97,6 +103,9 @@ class Rate:
     def feed(self, total: int | None, now: float, tau: float) -> None:
         if total is None:
             return
+        if total == self._last and self.value == 0.0 and self.latest == 0.0:
+            self._at = now  # a counter at rest, and at rest before: only the time moves
+            return
         last, at = self._last, self._at
         self._last, self._at = total, now
         if last is None or total < last:
@@ -111,6 +120,8 @@ class Rate:
         else:
             weight = 1.0 - math.exp(-dt / tau)
             self.value += weight * (rate - self.value)
+        if self.value < NEGLIGIBLE_RATE:
+            self.value = 0.0
 
 
 @dataclass(slots=True)
