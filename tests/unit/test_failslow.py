@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sn_monitor.controller.fabric.meter import FabricMeter, Rate
+from sn_monitor.controller.fabric.meter import FabricMeter, PortReading, Rate
 from sn_monitor.controller.failslow.finder import BottleneckFinder, FailSlowSettings
 from sn_monitor.controller.failslow.steps import StepTrend, TrendSettings
 from sn_monitor.model import (
@@ -263,3 +263,17 @@ def test_a_port_that_counted_errors_once_is_healthy_again_minutes_later() -> Non
     health = meter.health("n")
     assert health is not None
     assert health.ports[("mlx5_0", 1)].errors_per_second == 0.0
+
+
+def test_a_port_sums_its_error_counters_and_counts_one_missing_as_zero() -> None:
+    reading = PortReading("mlx5_0", 1)
+    counters = {"symbol_error": 2, "link_downed": 1, "port_xmit_data": 900}
+    reading.name_errors(counters)
+    assert reading.error_names == ("symbol_error", "link_downed")
+    assert reading.error_total(counters) == 3
+    # as many counters, one of them another: its names stay, the missing one counts 0
+    assert reading.error_total({"symbol_error": 5, "port_rcv_errors": 7,
+                                "port_xmit_data": 950}) == 5
+    alone = PortReading("mlx5_1", 1)
+    alone.name_errors({"symbol_error": 4, "port_xmit_data": 1})
+    assert alone.error_total({"symbol_error": 4, "port_xmit_data": 2}) == 4

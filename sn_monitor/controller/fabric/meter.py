@@ -39,11 +39,11 @@ restarted, a device was reset) starts its rate again.
 from __future__ import annotations
 
 import math
+import operator
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import repeat
 
 import msgspec
 
@@ -143,6 +143,24 @@ class PortReading:
     #: The names of its error counters, and how many counters the port had then.
     error_names: tuple[str, ...] = ()
     counted: int = -1
+    #: Reads every error counter at once (two or more of them; None: fewer).
+    error_get: Callable[[Mapping[str, int]], tuple[int, ...]] | None = None
+
+    def name_errors(self, counters: Mapping[str, int]) -> None:
+        """Which of ``counters`` count errors (again only when their number changes)."""
+        self.counted = len(counters)
+        self.error_names = tuple(n for n in counters if _is_error(n))
+        self.error_get = (operator.itemgetter(*self.error_names)
+                          if len(self.error_names) > 1 else None)
+
+    def error_total(self, counters: Mapping[str, int]) -> int:
+        """The sum of the port's error counters (one missing counts 0)."""
+        if self.error_get is not None:
+            try:
+                return sum(self.error_get(counters))
+            except KeyError:
+                pass
+        return sum(counters.get(n, 0) for n in self.error_names)
 
     def utilization(self) -> float | None:
         """Transmit throughput over the link's rate, 0..1; None when either is unknown."""
@@ -361,10 +379,7 @@ class FabricMeter:
         for snapshot in pending:
             if not snapshot.health_in:
                 snapshot.health_in = True
-                moved = [self._port_health(readings, port, snapshot.now)
-                         for port in snapshot.ports]
-                moved += [self._gpu_health(readings, gpu) for gpu in snapshot.gpus]
-                if any(moved):
+                if self._health_in(readings, snapshot):
                     readings.frozen = readings.health = None
             if rates:
                 readings.frozen = None
@@ -403,32 +418,51 @@ class FabricMeter:
             reading = readings.ports[key] = PortReading(port.device, port.port)
         return reading
 
-    def _port_health(self, readings: NodeReadings, port: IbPortReport, now: float) -> bool:
-        """A port's error counters, what its health reads of a snapshot.
+    def _health_in(self, readings: NodeReadings, snapshot: Snapshot) -> bool:
+        """What the health rules read of a snapshot, into the readings.
 
-        Whether its errors rate moved (or the port is new).
+        Each port's errors rate (its error counters summed), each GPU's ``lost`` and
+        throttle reasons. Whether any of it moved (or a port or GPU is new). One loop, with
+        no call per port or GPU: at 8,192 nodes the overview works in some two thousand
+        snapshots a second.
         """
-        key = (port.device, port.port)
-        reading = readings.ports.get(key)
-        made = reading is None
-        if reading is None:
-            reading = readings.ports[key] = PortReading(port.device, port.port)
-        counters = port.counters
-        if not counters:
-            return made
-        if len(counters) != reading.counted:  # the port's error counters, named once
-            reading.counted = len(counters)
-            reading.error_names = tuple(n for n in counters if _is_error(n))
-        if not reading.error_names:
-            return made
-        before = reading.errors.value
-        names = reading.error_names  # summed in C: a port has some 20 of them
-        reading.errors.feed(sum(map(counters.get, names, repeat(0, len(names)))), now,
-                            self.tau)
-        return made or reading.errors.value != before
+        moved = False
+        ports, now, tau = readings.ports, snapshot.now, self.tau
+        for port in snapshot.ports:
+            key = (port.device, port.port)
+            reading = ports.get(key)
+            if reading is None:
+                reading = ports[key] = PortReading(port.device, port.port)
+                moved = True
+            counters = port.counters
+            if not counters:
+                continue
+            if len(counters) != reading.counted:
+                reading.name_errors(counters)
+            if not reading.error_names:
+                continue
+            errors = reading.errors
+            before = errors.value
+            errors.feed(reading.error_total(counters), now, tau)
+            moved = moved or errors.value != before
+        gpus = readings.gpus
+        for gpu in snapshot.gpus:
+            held = gpus.get(gpu.index)
+            if held is None:
+                held = gpus[gpu.index] = GpuReading(gpu.index)
+                moved = True
+            if gpu.lost != held.lost:
+                held.lost = gpu.lost
+                moved = True
+            if gpu.sm_clock_hertz is not None:  # a report with clocks says which reasons hold
+                reasons = tuple(gpu.throttle_reasons)
+                if reasons != held.throttle_reasons:
+                    held.throttle_reasons = reasons
+                    moved = True
+        return moved
 
     def _port(self, readings: NodeReadings, port: IbPortReport, now: float) -> None:
-        """A port's other counters (its errors went in with :meth:`_port_health`)."""
+        """A port's other counters (its errors went in with :meth:`_health_in`)."""
         reading = self._port_reading(readings, port)
         counters, tau = port.counters, self.tau
         if not counters:
@@ -449,21 +483,8 @@ class FabricMeter:
             reading = readings.gpus[gpu.index] = GpuReading(gpu.index)
         return reading
 
-    def _gpu_health(self, readings: NodeReadings, gpu: GpuReport) -> bool:
-        """A GPU's ``lost`` and throttle reasons, what its health reads of a snapshot.
-
-        Whether either changed (or the GPU is new).
-        """
-        made = gpu.index not in readings.gpus
-        reading = self._gpu_reading(readings, gpu)
-        before = (reading.lost, reading.throttle_reasons)
-        reading.lost = gpu.lost
-        if gpu.sm_clock_hertz is not None:  # a report with clocks says which reasons hold
-            reading.throttle_reasons = tuple(gpu.throttle_reasons)
-        return made or (reading.lost, reading.throttle_reasons) != before
-
     def _gpu(self, readings: NodeReadings, gpu: GpuReport, now: float) -> None:
-        """A GPU's other values and rates (see :meth:`_gpu_health`)."""
+        """A GPU's other values and rates (its health went in with :meth:`_health_in`)."""
         reading = self._gpu_reading(readings, gpu)
         for name in ("utilization_ratio", "temperature_celsius", "sm_clock_hertz",
                      "sm_max_clock_hertz", "processes", "nvlinks_down"):
