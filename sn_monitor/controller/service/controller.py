@@ -226,10 +226,9 @@ class Controller:
             store=self.store, store_health=self.store_health, clock=self.clock,
             cluster=self.cluster)
         self.job_desk = JobDesk(self.jobs, self.audit)
-        self.topology_desk = TopologyDesk(
-            self.job_health.fabric, self.clock,
-            health=partial(self.job_health.fabric, health=True),
-            scoped=lambda scope: self.job_health.fabric(scope=scope))
+        fabric = self.job_health.fabric
+        self.topology_desk = TopologyDesk(fabric, self.clock, health=partial(fabric, health=True),
+                                          scoped=lambda scope: fabric(scope=scope))
         self.snapshot = MetricsSnapshot(
             fleet=self.fleet, registry=self.registry, store=self.store,
             store_health=self.store_health, runner=self.runner, policy=self.policy,
