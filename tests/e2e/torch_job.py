@@ -34,11 +34,6 @@ CONFIG: dict[str, Any] = {
 }
 
 
-#: How long a warm restore waits for the job's processes to answer (the launcher's
-#: default is 5 s).
-REJOIN_WAIT_S = 30.0
-
-
 class TorchJob:
     """A DistributedJob of torchrun agents, its launcher state and its files."""
 
@@ -71,11 +66,6 @@ class TorchJob:
                       "--token-file", str(c.root / "agent.token"),
                       "--checkpoint-dir", str(self.ckpt), "--log-dir", str(self.root / "logs"),
                       "--flush-interval", "0.5", "--restore", restore,
-                      # generous: on a loaded machine a rank that left the broken
-                      # generation (or was saving) may take seconds to answer, and one
-                      # that does not is started again cold; the launcher stops waiting
-                      # as soon as every node answers
-                      "--rejoin-wait", str(REJOIN_WAIT_S),
                       f"--first-generation-args={first_generation_args}", "--",
                       "--steps", str(steps), "--checkpoint-every", str(checkpoint_every),
                       "--step-time", str(step_time), "--timeline", str(self.timeline_path),
